@@ -1,0 +1,31 @@
+# Everything a fresh machine needs: `make demo` and `make test` create the environment themselves.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# CPU build of torch, pinned for set-up and CI (an unpinned torch pulls a multi-GB CUDA build).
+TORCH  ?= torch==2.13.0
+
+.PHONY: install test demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 -q
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+bench: $(STAMP)
+	$(PY) benchmarks/store_io.py
+	$(PY) benchmarks/codecs.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info demo-store
