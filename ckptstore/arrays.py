@@ -1,0 +1,241 @@
+"""Tensor <-> stored zarr v3 array: dtype map, chunk grid, parallel chunk writes and reads.
+
+Arrays are chunked along their first dimension (rows of an embedding table stay together) into
+chunks of about :data:`CHUNK_BYTES`; the row count per chunk is balanced so that the zarr edge chunk
+(always stored full size) wastes almost nothing. The ``zarr.json`` written next to the chunks is
+standard zarr v3, so ``zarr.open_array`` reads what the store wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .chunkcodec import ChunkCodec
+from .errors import CorruptedChunkError, ManifestError, UnsupportedLeafError
+from .fs import Storage
+
+__all__ = [
+    "CHUNK_BYTES",
+    "dtype_name",
+    "torch_dtype",
+    "storage_dtype",
+    "tensor_to_host",
+    "host_to_tensor",
+    "ChunkGrid",
+    "array_metadata",
+    "write_array",
+    "read_array",
+]
+
+CHUNK_BYTES = 8 * 2**20
+
+# numpy dtype used to hold each torch dtype's bits (bfloat16 and float8 have no numpy dtype: their
+# bits are kept in an unsigned integer of the same width and the torch dtype is recorded).
+_STORAGE: dict[torch.dtype, str] = {
+    torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
+    torch.bfloat16: "uint16", torch.complex128: "complex128", torch.complex64: "complex64",
+    torch.complex32: "uint32",
+    torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8",
+    torch.uint8: "uint8", torch.bool: "bool",
+}
+for _name, _np in (("uint16", "uint16"), ("uint32", "uint32"), ("uint64", "uint64"),
+                   ("float8_e4m3fn", "uint8"), ("float8_e5m2", "uint8"),
+                   ("float8_e4m3fnuz", "uint8"), ("float8_e5m2fnuz", "uint8")):
+    if hasattr(torch, _name):
+        _STORAGE[getattr(torch, _name)] = _np
+_BY_NAME = {str(d).removeprefix("torch."): d for d in _STORAGE}
+_VIEW = {"uint8": torch.uint8, "uint16": torch.uint16, "uint32": torch.uint32}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """Inverse of :func:`dtype_name` for the dtypes ckptstore stores."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ManifestError(f"unknown tensor dtype {name!r} in manifest") from None
+
+
+def storage_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype whose bits hold a torch dtype."""
+    try:
+        return np.dtype(_STORAGE[dtype])
+    except KeyError:
+        raise UnsupportedLeafError(f"tensors of dtype {dtype} cannot be stored") from None
+
+
+def _is_bit_view(dtype: torch.dtype) -> bool:
+    """True for dtypes numpy lacks, whose bits live in an unsigned integer of the same width."""
+    return _STORAGE[dtype] != dtype_name(dtype)
+
+
+def tensor_to_host(t: torch.Tensor) -> np.ndarray:
+    """A C-contiguous CPU numpy array holding the tensor's bits (a copy only where needed)."""
+    storage_dtype(t.dtype)  # raises for unsupported dtypes
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if _is_bit_view(t.dtype):
+        t = t.contiguous().view(_VIEW[_STORAGE[t.dtype]])
+    return np.ascontiguousarray(t.numpy())
+
+
+def host_to_tensor(a: np.ndarray, name: str) -> torch.Tensor:
+    """Tensor of dtype ``name`` over the bits of ``a`` (shares memory)."""
+    dtype = torch_dtype(name)
+    t = torch.from_numpy(a)
+    return t.view(dtype) if _is_bit_view(dtype) else t
+
+
+@dataclass(frozen=True)
+class ChunkGrid:
+    """Regular chunking along the first dimension."""
+
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+
+    @classmethod
+    def for_array(cls, shape: tuple[int, ...], itemsize: int,
+                  target_bytes: int = CHUNK_BYTES) -> ChunkGrid:
+        if len(shape) == 0:
+            return cls((), ())
+        rows = max(shape[0], 1)
+        row_bytes = max(itemsize * math.prod(shape[1:]), 1)
+        n = max(1, math.ceil(rows * row_bytes / target_bytes))
+        per = math.ceil(rows / n)
+        return cls(tuple(shape), (per, *(max(s, 1) for s in shape[1:])))
+
+    @property
+    def nchunks(self) -> int:
+        if not self.shape:
+            return 1
+        return math.ceil(self.shape[0] / self.chunks[0]) if self.shape[0] else 0
+
+    def key(self, i: int) -> str:
+        return "c" if not self.shape else "c/" + "/".join([str(i)] + ["0"] * (len(self.shape) - 1))
+
+    def rows(self, i: int) -> tuple[int, int]:
+        if not self.shape:
+            return 0, 1
+        lo = i * self.chunks[0]
+        return lo, min(lo + self.chunks[0], self.shape[0])
+
+    def __iter__(self) -> Iterator[tuple[int, str, int, int]]:
+        for i in range(self.nchunks):
+            yield (i, self.key(i), *self.rows(i))
+
+
+def _fill_value(np_dtype: np.dtype) -> Any:
+    if np_dtype.kind == "b":
+        return False
+    if np_dtype.kind == "c":
+        return [0.0, 0.0]
+    if np_dtype.kind == "f":
+        return 0.0
+    return 0
+
+
+def array_metadata(grid: ChunkGrid, np_dtype: np.dtype, codec: ChunkCodec,
+                   attributes: dict[str, Any]) -> bytes:
+    """Standard zarr v3 ``zarr.json`` of an array."""
+    meta = {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": list(grid.shape),
+        "data_type": np_dtype.name,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(grid.chunks)}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": _fill_value(np_dtype),
+        "codecs": codec.zarr_codecs(np_dtype.itemsize),
+        "attributes": attributes,
+        "storage_transformers": [],
+    }
+    return json.dumps(meta).encode()
+
+
+def _chunk_view(a: np.ndarray, grid: ChunkGrid, lo: int, hi: int) -> np.ndarray:
+    if not grid.shape:
+        return a.reshape(())
+    part = a[lo:hi]
+    if hi - lo < grid.chunks[0]:  # zarr stores edge chunks full size
+        full = np.zeros(grid.chunks, dtype=a.dtype)
+        full[: hi - lo] = part
+        return full
+    return part
+
+
+def write_array(storage: Storage, prefix: str, a: np.ndarray, codec: ChunkCodec,
+                attributes: dict[str, Any], submit: Callable[..., Any]) -> list[Any]:
+    """Queue the chunks of ``a`` and its ``zarr.json`` under ``prefix``; returns the futures.
+
+    ``submit(fn, *args)`` schedules work (an executor's submit, possibly bounded); each future
+    resolves to the number of bytes written.
+    """
+    grid = ChunkGrid.for_array(a.shape, a.dtype.itemsize)
+
+    def put_chunk(key: str, lo: int, hi: int) -> int:
+        data = codec.encode(_chunk_view(a, grid, lo, hi))
+        storage.put_chunk(f"{prefix}/{key}", data)
+        return len(data)
+
+    def put_meta() -> int:
+        meta = array_metadata(grid, a.dtype, codec, attributes)
+        storage.put_chunk(f"{prefix}/zarr.json", meta)
+        return len(meta)
+
+    futures = [submit(put_meta)]
+    futures += [submit(put_chunk, key, lo, hi) for _, key, lo, hi in grid]
+    return futures
+
+
+def read_array(storage: Storage, prefix: str, shape: tuple[int, ...], np_dtype: np.dtype,
+               codec: ChunkCodec, executor: Executor,
+               rows: tuple[int, int] | None = None) -> np.ndarray:
+    """Read and check the chunks of an array written by :func:`write_array`.
+
+    ``rows=(lo, hi)`` reads only the chunks that hold those rows and returns ``a[lo:hi]``.
+    """
+    grid = ChunkGrid.for_array(shape, np_dtype.itemsize)
+    lo_want, hi_want = rows if rows is not None else (0, shape[0] if shape else 1)
+    out_shape = (hi_want - lo_want, *shape[1:]) if shape else ()
+    out = np.empty(out_shape, dtype=np_dtype)
+
+    def get_chunk(key: str, lo: int, hi: int) -> None:
+        where = f"{prefix}/{key}"
+        try:
+            data = storage.read(where)
+        except FileNotFoundError:
+            raise CorruptedChunkError(f"chunk {where} is missing from the store", where) from None
+        if not grid.shape:
+            codec.decode(data, out.reshape(()), where)
+            return
+        a, b = max(lo, lo_want), min(hi, hi_want)
+        if hi - lo == grid.chunks[0] and (a, b) == (lo, hi):
+            codec.decode(data, out[lo - lo_want: hi - lo_want], where)  # straight into place
+        else:
+            tmp = np.empty(grid.chunks, dtype=np_dtype)
+            codec.decode(data, tmp, where)
+            out[a - lo_want: b - lo_want] = tmp[a - lo: b - lo]
+
+    if out.size:
+        futures = [executor.submit(get_chunk, key, lo, hi) for _, key, lo, hi in grid
+                   if hi > lo_want and lo < hi_want or not grid.shape]
+        for f in futures:
+            f.result()
+    return out

@@ -1,0 +1,112 @@
+"""The ckptstore exception tree.
+
+Every error the library raises on purpose derives from :class:`CkptStoreError`, and also from the
+builtin a caller would already catch (``KeyError`` for a missing name, ``ValueError`` for bad
+input)::
+
+    CkptStoreError
+    ├── NotAStoreError (FileNotFoundError)      the URL holds no ckptstore
+    ├── FormatVersionError                       written by a newer ckptstore
+    ├── RefError (ValueError)
+    │   ├── InvalidRefName                       a name with '..', '/', '~' ...
+    │   ├── RefNotFound (KeyError)               unknown branch, tag, commit or prefix
+    │   ├── AmbiguousRef                         an id prefix matching several commits
+    │   └── RefExists                            a tag or branch of that name exists
+    ├── ConcurrentUpdateError                    a branch moved while committing
+    ├── UnsupportedLeafError (TypeError)         an object in the state that cannot be stored
+    ├── CorruptionError (ValueError)
+    │   ├── ManifestError                        truncated / invalid commit manifest or ref file
+    │   └── CorruptedChunkError                  a chunk failed its checksum or is missing
+    └── PendingCommitError (RuntimeError)        a background persist failed
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CkptStoreError",
+    "NotAStoreError",
+    "FormatVersionError",
+    "RefError",
+    "InvalidRefName",
+    "RefNotFound",
+    "AmbiguousRef",
+    "RefExists",
+    "ConcurrentUpdateError",
+    "UnsupportedLeafError",
+    "CorruptionError",
+    "ManifestError",
+    "CorruptedChunkError",
+    "PendingCommitError",
+]
+
+
+class CkptStoreError(Exception):
+    """Base class of every error ckptstore raises on purpose."""
+
+
+class NotAStoreError(CkptStoreError, FileNotFoundError):
+    """The location holds no ckptstore (``ckptstore.open(url)`` without ``create=False`` makes one)."""
+
+
+class FormatVersionError(CkptStoreError):
+    """The store was written by a newer format version than this library reads."""
+
+
+class RefError(CkptStoreError, ValueError):
+    """Base class of ref (branch, tag, commit id) errors."""
+
+
+class InvalidRefName(RefError):
+    """A branch or tag name that is not allowed."""
+
+
+class RefNotFound(RefError, KeyError):
+    """No branch, tag or commit answers to that name."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class AmbiguousRef(RefError):
+    """A commit id prefix that matches more than one commit."""
+
+
+class RefExists(RefError):
+    """A branch or tag of that name already exists."""
+
+
+class ConcurrentUpdateError(CkptStoreError):
+    """Another writer moved the branch while this commit was written.
+
+    The commit's data and manifest are stored (``commit_id``); nothing is lost. Retry the commit on
+    the new tip, or attach the orphan with ``store.branch(name, err.commit_id)``.
+    """
+
+    def __init__(self, message: str, commit_id: str | None = None, branch: str | None = None):
+        super().__init__(message)
+        self.commit_id = commit_id
+        self.branch = branch
+
+
+class UnsupportedLeafError(CkptStoreError, TypeError):
+    """An object in the state that ckptstore cannot store without pickling."""
+
+
+class CorruptionError(CkptStoreError, ValueError):
+    """Stored bytes that fail validation."""
+
+
+class ManifestError(CorruptionError):
+    """A commit manifest, ref file or store marker that is truncated, corrupted or invalid."""
+
+
+class CorruptedChunkError(CorruptionError):
+    """A chunk of a stored array is missing or failed its checksum; ``path`` names it."""
+
+    def __init__(self, message: str, path: str | None = None):
+        super().__init__(message)
+        self.path = path
+
+
+class PendingCommitError(CkptStoreError, RuntimeError):
+    """A background persist failed; the commit was not made."""

@@ -1,0 +1,100 @@
+"""Garbage collection: retention policy, then mark and sweep with a grace period.
+
+Mark: the retained commits are, per branch, the newest ``keep_last`` along the first-parent line
+(all when None), every commit whose generation is a multiple of ``keep_every``, and tagged commits
+(``keep_tags``). Every data folder a retained commit reads (its own and any base it builds on) is
+live. Sweep: manifests first, then data, so a crash half-way leaves only more leftovers. Commits
+and data that no ref reaches (a crashed or lost commit) are removed only once older than
+``grace_period`` seconds, so a commit in flight in another process is never touched.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from .info import GCResult
+from .layout import COMMITS, DATA, HEADS, TAGS, data_dir, is_commit_id, manifest_key
+
+if TYPE_CHECKING:
+    from .store import Store
+
+__all__ = ["collect"]
+
+
+def _retained(store: Store, keep_last: int | None, keep_tags: bool,
+              keep_every: int | None) -> tuple[set[str], set[str]]:
+    """(retained commits, every commit reachable from a ref)."""
+    reachable = set(store.reachable())
+    keep: set[str] = set()
+    for tip in store.refs.branches().values():
+        line = store.reachable([tip])  # newest first along first parents
+        keep.update(line if keep_last is None else line[: max(keep_last, 1)])
+        if keep_every:
+            keep.update(c for c in line if store.manifest(c).generation % keep_every == 0)
+    if keep_tags:
+        keep.update(c for c in store.refs.tags().values() if c in reachable)
+    return keep, reachable
+
+
+def collect(store: Store, keep_last: int | None = None, keep_tags: bool = True,
+            keep_every: int | None = None, dry_run: bool = False,
+            grace_period: float = 3600.0) -> GCResult:
+    """Apply the retention policy and delete what nothing needs; see the module docstring."""
+    if keep_last is not None and keep_last < 1:
+        raise ValueError("keep_last must be at least 1 (a branch tip is always kept)")
+    if keep_every is not None and keep_every < 1:
+        raise ValueError("keep_every must be a positive number of commits")
+    storage = store.storage
+    now = time.time()
+    keep, reachable = _retained(store, keep_last, keep_tags, keep_every)
+    live_data: set[str] = set()
+    for c in keep:
+        live_data |= store.manifest(c).data_commits()
+
+    def old(commit_id: str) -> bool:
+        from .store import commit_time
+        return commit_time(commit_id) + grace_period <= now
+
+    result = GCResult(dry_run=dry_run, kept=sorted(keep))
+    all_commits = store.commit_ids()
+    for c in all_commits:
+        if c in keep or (c not in reachable and not old(c)):
+            continue
+        result.commits_removed.append(c)
+        result.bytes_freed += storage.size(manifest_key(c))
+    for name in storage.listdir(DATA):
+        if not is_commit_id(name) or name in live_data:
+            continue
+        if name in result.commits_removed or (name not in all_commits and old(name)):
+            result.data_removed.append(name)
+            result.bytes_freed += sum(storage.walk_sizes(data_dir(name)).values())
+    removed = set(result.commits_removed)
+    result.tags_removed = sorted(t for t, c in store.refs.tags().items() if c in removed)
+    if dry_run:
+        return result
+
+    for t in result.tags_removed:
+        store.refs.delete_tag(t)
+    for c in result.commits_removed:
+        storage.delete(manifest_key(c))
+        store.forget(c)
+    for d in result.data_removed:
+        storage.delete_tree(data_dir(d))
+    for branch in store.refs.branches():
+        result.ref_files_removed += store.refs.prune_moves(branch, keep=1)
+    _remove_temp_files(store, grace_period, now)
+    return result
+
+
+def _remove_temp_files(store: Store, grace_period: float, now: float) -> None:
+    """Temporary files of interrupted local writes (``.tmp-*``)."""
+    storage = store.storage
+    dirs = [COMMITS, TAGS, ""] + [f"{HEADS}/{b}" for b in storage.listdir(HEADS)]
+    for d in dirs:
+        for name in storage.listdir(d):
+            if name.startswith(".tmp-"):
+                key = f"{d}/{name}" if d else name
+                mtime = storage.mtime(key)
+                if mtime is not None and mtime + grace_period <= now:
+                    storage.delete(key)

@@ -1,0 +1,80 @@
+"""Plain result objects the store returns: commit info, gc summary, verify report."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .manifest import Manifest
+
+__all__ = ["CommitInfo", "GCResult", "VerifyReport"]
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """What one commit is: identity, ancestry, message and sizes."""
+
+    id: str
+    parent: str | None
+    time: _dt.datetime
+    message: str
+    metadata: dict[str, Any]
+    logical_bytes: int
+    stored_bytes: int
+    tensors: int
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:10]
+
+    @property
+    def step(self) -> Any:
+        return self.metadata.get("step")
+
+    @classmethod
+    def from_manifest(cls, m: Manifest) -> CommitInfo:
+        return cls(id=m.id, parent=m.parent,
+                   time=_dt.datetime.fromtimestamp(m.time, tz=_dt.timezone.utc),
+                   message=m.message, metadata=dict(m.metadata), logical_bytes=m.logical_bytes,
+                   stored_bytes=m.stored_bytes, tensors=len(m.tensors))
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["time"] = self.time.isoformat()
+        return d
+
+
+@dataclass
+class GCResult:
+    """What ``Store.gc`` removed (or would remove, with ``dry_run``)."""
+
+    commits_removed: list[str] = field(default_factory=list)
+    data_removed: list[str] = field(default_factory=list)
+    tags_removed: list[str] = field(default_factory=list)
+    ref_files_removed: int = 0
+    bytes_freed: int = 0
+    kept: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class VerifyReport:
+    """Problems ``Store.verify`` found: each names a path inside the store."""
+
+    commits_checked: int = 0
+    chunks_checked: int = 0
+    bytes_checked: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d

@@ -1,0 +1,140 @@
+"""Branches and tags.
+
+A branch is a folder of immutable, numbered ref files (``refs/heads/<branch>/<seq>``), each holding
+a commit id; the highest number is the tip. Moving a branch means creating file ``seq + 1`` with
+put-if-absent, so of two writers that both saw tip ``seq`` exactly one wins -- compare-and-swap
+without a lock, on every fsspec backend. A tag is one immutable file ``refs/tags/<name>``.
+"""
+
+from __future__ import annotations
+
+from .errors import ConcurrentUpdateError, ManifestError, RefExists, RefNotFound
+from .fs import Storage
+from .layout import (HEADS, SEQ_WIDTH, TAGS, branch_dir, branch_seq, check_ref_name,
+                     is_commit_id, tag_key)
+
+__all__ = ["Refs", "Tip"]
+
+Tip = tuple[int, str]  # (sequence number, commit id)
+
+
+def _encode(commit_id: str) -> bytes:
+    return (commit_id + "\n").encode()
+
+
+def _decode(data: bytes, where: str) -> str:
+    text = data.decode("ascii", errors="replace").strip()
+    if not is_commit_id(text):
+        raise ManifestError(f"ref file {where} is garbage ({data[:40]!r}); expected a commit id. "
+                            "Delete it or restore it from a backup.")
+    return text
+
+
+class Refs:
+    """Branch and tag files of one store."""
+
+    def __init__(self, storage: Storage):
+        self.storage = storage
+
+    # -- branches --------------------------------------------------------------------------
+    def _seqs(self, branch: str) -> list[int]:
+        names = self.storage.listdir(branch_dir(branch))
+        return sorted(int(n) for n in names if len(n) == SEQ_WIDTH and n.isdigit())
+
+    def tip(self, branch: str) -> Tip | None:
+        """``(seq, commit id)`` of the branch tip, or None if the branch does not exist."""
+        seqs = self._seqs(branch)
+        if not seqs:
+            return None
+        key = branch_seq(branch, seqs[-1])
+        try:
+            return seqs[-1], _decode(self.storage.read(key), key)
+        except FileNotFoundError:  # pruned between listing and reading: look again
+            return self.tip(branch)
+
+    def branches(self) -> dict[str, str]:
+        """``{branch: tip commit id}``."""
+        out = {}
+        for name in self.storage.listdir(HEADS):
+            try:
+                tip = self.tip(name)
+            except Exception:  # noqa: BLE001 - an invalid folder name is not a branch
+                continue
+            if tip is not None:
+                out[name] = tip[1]
+        return out
+
+    def advance(self, branch: str, expected: Tip | None, commit_id: str) -> int:
+        """Move ``branch`` from ``expected`` to ``commit_id``; return the new sequence number.
+
+        Raises :class:`ConcurrentUpdateError` if another writer moved it first.
+        """
+        seq = 0 if expected is None else expected[0] + 1
+        if not self.storage.put_if_absent(branch_seq(branch, seq), _encode(commit_id)):
+            now = self.tip(branch)
+            raise ConcurrentUpdateError(
+                f"branch {branch!r} was moved by another writer (now at "
+                f"{now[1][:12] if now else '?'}) while commit {commit_id[:12]} was written. "
+                f"Nothing is lost: commit {commit_id} is stored. Commit again on the new tip, or "
+                f"keep this one with store.branch(name, {commit_id[:12]!r}).",
+                commit_id=commit_id, branch=branch)
+        return seq
+
+    def create_branch(self, branch: str, commit_id: str) -> None:
+        check_ref_name(branch, "branch")
+        if self._seqs(branch):
+            raise RefExists(f"branch {branch!r} already exists; choose another name or use "
+                            "store.reset_branch() to move it")
+        self.advance(branch, None, commit_id)
+
+    def reset_branch(self, branch: str, commit_id: str) -> None:
+        """Point an existing branch at any commit (a new ref file: history of moves is kept)."""
+        tip = self.tip(branch)
+        if tip is None:
+            raise RefNotFound(f"no branch {branch!r}")
+        self.advance(branch, tip, commit_id)
+
+    def delete_branch(self, branch: str) -> None:
+        seqs = self._seqs(branch)
+        if not seqs:
+            raise RefNotFound(f"no branch {branch!r}")
+        for s in seqs:
+            self.storage.delete(branch_seq(branch, s))
+
+    def prune_moves(self, branch: str, keep: int = 1) -> int:
+        """Delete all but the newest ``keep`` ref files of a branch; return how many went."""
+        seqs = self._seqs(branch)
+        old = seqs[: max(len(seqs) - max(keep, 1), 0)]
+        for s in old:
+            self.storage.delete(branch_seq(branch, s))
+        return len(old)
+
+    # -- tags ------------------------------------------------------------------------------
+    def tags(self) -> dict[str, str]:
+        out = {}
+        for name in self.storage.listdir(TAGS):
+            if name.startswith("."):
+                continue
+            try:
+                out[name] = self.tag(name)
+            except (RefNotFound, ValueError):
+                continue
+        return out
+
+    def tag(self, name: str) -> str:
+        key = tag_key(name)
+        try:
+            return _decode(self.storage.read(key), key)
+        except FileNotFoundError:
+            raise RefNotFound(f"no tag {name!r}") from None
+
+    def create_tag(self, name: str, commit_id: str) -> None:
+        if not self.storage.put_if_absent(tag_key(name), _encode(commit_id)):
+            raise RefExists(f"tag {name!r} already exists; delete it first "
+                            "(store.delete_tag) or choose another name")
+
+    def delete_tag(self, name: str) -> None:
+        key = tag_key(check_ref_name(name, "tag"))
+        if not self.storage.exists(key):
+            raise RefNotFound(f"no tag {name!r}")
+        self.storage.delete(key)

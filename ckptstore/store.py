@@ -1,0 +1,353 @@
+"""The Store facade: commit, checkout, history, refs, gc and verify over one store root."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from . import __version__
+from .errors import AmbiguousRef, ManifestError, NotAStoreError, RefExists, RefNotFound
+from .fs import Storage
+from .info import CommitInfo, GCResult, VerifyReport
+from .layout import COMMITS, MARKER, check_ref_name, is_commit_id, manifest_key
+from .manifest import (FORMAT_VERSION, Manifest, PackedInfo, TensorEntry, decode_manifest,
+                       decode_marker, encode_manifest, encode_marker)
+from .plan import PACKED_ARRAY, CommitPlan, EncodingOptions, plan_commit
+from .reader import read_tensors
+from .refs import Refs
+from .state import flatten, load_into, select, tree_paths, unflatten
+from .writer import persist, snapshot
+
+__all__ = ["Store", "open", "new_commit_id"]
+
+_REF_RE = re.compile(r"^(?P<name>[^~^\s]+)(?P<ops>(?:~\d*|\^\d*)*)$")
+_OP_RE = re.compile(r"(~|\^)(\d*)")
+
+
+def new_commit_id(now: float | None = None) -> str:
+    """32 hex digits: 20 random, then the creation time in ms (so gc knows an orphan's age)."""
+    ms = int((time.time() if now is None else now) * 1000)
+    return secrets.token_hex(10) + f"{ms:012x}"[-12:]
+
+
+def commit_time(commit_id: str) -> float:
+    """Creation time (seconds) encoded in a commit id."""
+    return int(commit_id[20:], 16) / 1000.0
+
+
+class Store:
+    """A versioned checkpoint store (use :func:`ckptstore.open`)."""
+
+    def __init__(self, storage: Storage, options: EncodingOptions | None = None,
+                 io_workers: int | None = None):
+        self.storage = storage
+        self.refs = Refs(storage)
+        self.options = options or EncodingOptions()
+        cpus = os.cpu_count() or 2
+        workers = io_workers or (cpus if storage.is_local else max(16, cpus))
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="ckptstore-io")
+        self._max_inflight = 2 * workers
+        self._manifests: OrderedDict[str, Manifest] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<ckptstore.Store {self.storage.url!r}>"
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the store's worker threads."""
+        self._executor.shutdown(wait=True)
+
+    # -- commit ----------------------------------------------------------------------------
+    def commit(self, state: Any, message: str = "", branch: str = "main",
+               tags: Sequence[str] = (), metadata: dict[str, Any] | None = None) -> CommitInfo:
+        """Store ``state`` as a new commit on ``branch`` and return its :class:`CommitInfo`.
+
+        ``state`` is an ``nn.Module``, a state dict, or a mapping of names to objects with
+        ``state_dict()``/``load_state_dict()`` and plain values. The steps: flatten -> plan ->
+        snapshot -> persist (data) -> manifest -> ref. Until the ref moves nothing is visible;
+        if another writer moved the branch meanwhile, :class:`ConcurrentUpdateError` is raised
+        and the commit stays stored (unreferenced) until gc.
+        """
+        check_ref_name(branch, "branch")
+        tags = [check_ref_name(t, "tag") for t in ([tags] if isinstance(tags, str) else tags)]
+        for t in tags:
+            if self.storage.exists(f"refs/tags/{t}"):
+                raise RefExists(f"tag {t!r} already exists; choose another name")
+        metadata = _plain_metadata(metadata or {}, state)
+        tree, leaves = flatten(state)                                   # 1. flatten
+        plan = plan_commit(leaves, self.options)                        # 2. plan
+        tip = self.refs.tip(branch)
+        commit_id = new_commit_id()
+        snap = snapshot(plan)                                           # 3. snapshot
+        sizes = persist(self.storage, commit_id, plan, snap,            # 4. persist
+                        self._executor, self._max_inflight)
+        parent = self.manifest(tip[1]) if tip else None
+        manifest = self._manifest(commit_id, parent, message, metadata, tree, plan, sizes)
+        self.storage.put_if_absent(manifest_key(commit_id), encode_manifest(manifest))  # 5.
+        self.refs.advance(branch, tip, commit_id)                       # 6. ref
+        for t in tags:
+            self.refs.create_tag(t, commit_id)
+        self._remember(manifest)
+        return CommitInfo.from_manifest(manifest)
+
+    def _manifest(self, commit_id: str, parent: Manifest | None, message: str,
+                  metadata: dict[str, Any], tree: Any, plan: CommitPlan,
+                  sizes: dict[str, int]) -> Manifest:
+        codec = plan.codec.config()
+
+        def entry(p: Any) -> TensorEntry:
+            common = dict(path=p.path, dtype=p.dtype, shape=p.shape, layout=p.layout,
+                          container=p.container)
+            if p.layout == "array":
+                return TensorEntry(**common, commit=commit_id, array=p.array, codec=codec,
+                                   nbytes=p.nbytes)
+            if p.layout == "packed":
+                return TensorEntry(**common, commit=commit_id, offset=p.offset, nbytes=p.nbytes)
+            return TensorEntry(**common, base=p.base, storage_offset=p.storage_offset,
+                               stride=p.stride)
+
+        packed = (PackedInfo(array=PACKED_ARRAY, nbytes=plan.packed_nbytes, codec=codec)
+                  if plan.packed_nbytes else None)
+        return Manifest(format_version=FORMAT_VERSION, id=commit_id,
+                        parent=parent.id if parent else None,
+                        generation=parent.generation + 1 if parent else 0, time=time.time(), message=message, metadata=metadata, tree=tree,
+                        tensors=[entry(p) for p in plan.tensors],
+                        storages=[entry(p) for p in plan.storages], packed=packed,
+                        logical_bytes=plan.logical_bytes, stored_bytes=sum(sizes.values()),
+                        library=__version__)
+
+    # -- checkout --------------------------------------------------------------------------
+    def checkout(self, ref: str = "main", *, into: Any = None,
+                 paths: Sequence[str] | None = None, map_location: Any = None) -> Any:
+        """Rebuild the state of a commit.
+
+        Parameters
+        ----------
+        ref
+            Branch, tag, commit id or unique prefix, with ``~N`` / ``^`` ancestry.
+        into
+            An object with ``load_state_dict`` or a mapping ``{name: object}`` to load in place.
+        paths
+            Glob patterns of dotted paths (``"model.emb.*"``): only those entries are read.
+        map_location
+            Device to move tensors to (``"cpu"``, ``"cuda:0"``, ``torch.device``).
+        """
+        m = self.manifest(self.resolve(ref))
+        tree = select(m.tree, list(paths)) if paths else m.tree
+        wanted = [n["tensor"] for n in tree_paths(tree).values() if "tensor" in n]
+        if any(not isinstance(i, int) or not 0 <= i < len(m.tensors) for i in wanted):
+            raise ManifestError(f"commit {m.id} refers to tensors it does not have")
+        got = read_tensors(self.storage, m, wanted, self._executor, map_location)
+        tensors = [got.get(i) for i in range(len(m.tensors))]
+        state = unflatten(tree, tensors)
+        if into is not None:
+            load_into(state, into)
+        return state
+
+    # -- history and refs ------------------------------------------------------------------
+    def manifest(self, commit_id: str) -> Manifest:
+        """The validated manifest of a commit (cached; manifests are immutable)."""
+        with self._lock:
+            if commit_id in self._manifests:
+                self._manifests.move_to_end(commit_id)
+                return self._manifests[commit_id]
+        key = manifest_key(commit_id)
+        try:
+            data = self.storage.read(key)
+        except FileNotFoundError:
+            raise RefNotFound(f"commit {commit_id} is not in the store (removed by gc?)") from None
+        m = decode_manifest(data, key)
+        if m.id != commit_id:
+            raise ManifestError(f"{key} holds commit {m.id}, not {commit_id}")
+        self._remember(m)
+        return m
+
+    def _remember(self, m: Manifest) -> None:
+        with self._lock:
+            self._manifests[m.id] = m
+            while len(self._manifests) > 512:
+                self._manifests.popitem(last=False)
+
+    def forget(self, commit_id: str) -> None:
+        """Drop a commit from the manifest cache (after gc removed it)."""
+        with self._lock:
+            self._manifests.pop(commit_id, None)
+
+    def commit_ids(self) -> list[str]:
+        """Ids of every commit manifest in the store (reachable or not)."""
+        return [n[:-8] for n in self.storage.listdir(COMMITS)
+                if n.endswith(".msgpack") and is_commit_id(n[:-8])]
+
+    def resolve(self, ref: str) -> str:
+        """Commit id of a branch, tag, commit id, unique id prefix, with ``~N`` / ``^N``."""
+        if not isinstance(ref, str) or not (match := _REF_RE.match(ref)):
+            raise RefNotFound(f"cannot parse ref {ref!r}: use a branch, tag or commit id, "
+                              "optionally followed by ~N")
+        commit_id = self._resolve_name(match["name"])
+        for op, num in _OP_RE.findall(match["ops"]):
+            n = int(num) if num else 1
+            if op == "^" and n > 1:
+                raise RefNotFound(f"{ref!r}: commits have a single parent (use ~N)")
+            for _ in range(n if op == "~" else 1):
+                parent = self.manifest(commit_id).parent
+                if parent is None:
+                    raise RefNotFound(f"{ref!r} goes past the first commit of the history")
+                commit_id = parent
+        return commit_id
+
+    def _resolve_name(self, name: str) -> str:
+        try:
+            check_ref_name(name)
+        except ValueError:
+            if not re.fullmatch(r"[0-9a-f]{4,32}", name):
+                raise RefNotFound(f"no branch, tag or commit {name!r}") from None
+        else:
+            tip = self.refs.tip(name)
+            if tip is not None:
+                return tip[1]
+            try:
+                return self.refs.tag(name)
+            except RefNotFound:
+                pass
+        if re.fullmatch(r"[0-9a-f]{4,32}", name):
+            if is_commit_id(name) and self.storage.exists(manifest_key(name)):
+                return name
+            hits = [c for c in self.commit_ids() if c.startswith(name)]
+            if len(hits) == 1:
+                return hits[0]
+            if len(hits) > 1:
+                raise AmbiguousRef(f"commit prefix {name!r} matches {len(hits)} commits: "
+                                   f"{', '.join(h[:12] for h in hits[:5])}; give more digits")
+        raise RefNotFound(f"no branch, tag or commit {name!r} (branches: "
+                          f"{', '.join(sorted(self.refs.branches())) or 'none'})")
+
+    def log(self, ref: str = "main", limit: int | None = None) -> list[CommitInfo]:
+        """History from ``ref`` back along first parents, newest first."""
+        return list(self.iter_log(ref, limit))
+
+    def iter_log(self, ref: str = "main", limit: int | None = None) -> Iterator[CommitInfo]:
+        commit_id: str | None = self.resolve(ref)
+        n = 0
+        while commit_id is not None and (limit is None or n < limit):
+            try:
+                m = self.manifest(commit_id)
+            except RefNotFound:
+                return  # older history was removed by gc
+            yield CommitInfo.from_manifest(m)
+            commit_id, n = m.parent, n + 1
+
+    def info(self, ref: str) -> CommitInfo:
+        return CommitInfo.from_manifest(self.manifest(self.resolve(ref)))
+
+    def tag(self, name: str, ref: str = "main") -> str:
+        """Create tag ``name`` at ``ref``; raises :class:`RefExists` if it exists."""
+        check_ref_name(name, "tag")
+        commit_id = self.resolve(ref)
+        self.refs.create_tag(name, commit_id)
+        return commit_id
+
+    def delete_tag(self, name: str) -> None:
+        self.refs.delete_tag(name)
+
+    def tags(self) -> dict[str, str]:
+        return self.refs.tags()
+
+    def branch(self, name: str, ref: str = "main") -> str:
+        """Create branch ``name`` at ``ref`` (a commit id of an orphan works too)."""
+        check_ref_name(name, "branch")
+        commit_id = self.resolve(ref)
+        self.refs.create_branch(name, commit_id)
+        return commit_id
+
+    def reset_branch(self, name: str, ref: str) -> str:
+        """Move an existing branch to ``ref``."""
+        commit_id = self.resolve(ref)
+        self.refs.reset_branch(name, commit_id)
+        return commit_id
+
+    def delete_branch(self, name: str) -> None:
+        self.refs.delete_branch(name)
+
+    def branches(self) -> dict[str, str]:
+        return self.refs.branches()
+
+    # -- maintenance -----------------------------------------------------------------------
+    def gc(self, keep_last: int | None = None, keep_tags: bool = True,
+           keep_every: int | None = None, dry_run: bool = False,
+           grace_period: float = 3600.0) -> GCResult:
+        """Remove old commits and leftovers; see :func:`ckptstore.gc.collect`."""
+        from .gc import collect
+        return collect(self, keep_last=keep_last, keep_tags=keep_tags, keep_every=keep_every,
+                       dry_run=dry_run, grace_period=grace_period)
+
+    def verify(self, ref: str | None = None, progress: bool = False) -> VerifyReport:
+        """Check every chunk (existence and checksum) of ``ref``'s commit, or of every commit
+        reachable from a branch or tag."""
+        from .verify import verify
+        return verify(self, ref, progress=progress)
+
+    def reachable(self, roots: Iterable[str] | None = None) -> list[str]:
+        """Commits reachable from branch tips and tags (or from ``roots``), newest first."""
+        roots = list(roots) if roots is not None else [
+            *self.refs.branches().values(), *self.refs.tags().values()]
+        seen: dict[str, None] = {}
+        for c in roots:
+            while c is not None and c not in seen:
+                try:
+                    m = self.manifest(c)
+                except RefNotFound:
+                    break
+                seen[c] = None
+                c = m.parent
+        return list(seen)
+
+
+def _plain_metadata(metadata: dict[str, Any], state: Any) -> dict[str, Any]:
+    out = dict(metadata)
+    if isinstance(state, dict):
+        for key in ("step", "epoch"):
+            if key in state and key not in out and isinstance(state[key], (int, float)):
+                out[key] = state[key]
+    for k, v in out.items():
+        if not isinstance(k, str) or not isinstance(v, (type(None), bool, int, float, str)):
+            raise TypeError(f"metadata[{k!r}] must be a str key with a plain value "
+                            "(None, bool, int, float, str)")
+    return out
+
+
+def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions | None = None,
+         **storage_options: Any) -> Store:
+    """Open the store at ``url`` (a local path or any fsspec URL), creating it unless
+    ``create=False``.
+
+    Raises :class:`NotAStoreError` if the location exists but holds something else, or is absent
+    and ``create=False``; :class:`FormatVersionError` if a newer ckptstore wrote it.
+    """
+    storage = Storage(url, **storage_options)
+    try:
+        decode_marker(storage.read(MARKER), storage.path(MARKER))
+    except FileNotFoundError:
+        if not create:
+            raise NotAStoreError(f"no ckptstore at {url!s}: open it with create=True to make "
+                                 "one") from None
+        leftovers = [n for n in storage.listdir("") if not n.startswith(".")]
+        if leftovers:
+            raise NotAStoreError(
+                f"{url!s} is not empty ({', '.join(leftovers[:5])}) and holds no ckptstore; "
+                "choose an empty location") from None
+        storage.put_if_absent(MARKER, encode_marker())
+        decode_marker(storage.read(MARKER), storage.path(MARKER))
+    return Store(storage, options)
