@@ -121,6 +121,14 @@ class ChunkGrid:
         per = math.ceil(rows / n)
         return cls(tuple(shape), (per, *(max(s, 1) for s in shape[1:])))
 
+    @classmethod
+    def checked(cls, shape: list[int], chunks: list[int] | None) -> ChunkGrid:
+        """A grid read from a manifest; raises ManifestError unless it chunks rows only."""
+        if chunks is None or len(chunks) != len(shape) or any(c < 1 for c in chunks) or list(
+                chunks[1:]) != [max(s, 1) for s in shape[1:]]:
+            raise ManifestError(f"invalid chunk shape {chunks} for an array of shape {shape}")
+        return cls(tuple(shape), tuple(chunks))
+
     @property
     def nchunks(self) -> int:
         if not self.shape:
@@ -180,14 +188,15 @@ def _chunk_view(a: np.ndarray, grid: ChunkGrid, lo: int, hi: int) -> np.ndarray:
     return part
 
 
-def write_array(storage: Storage, prefix: str, a: np.ndarray, codec: ChunkCodec,
+def write_array(storage: Storage, prefix: str, a: np.ndarray, grid: ChunkGrid, codec: ChunkCodec,
                 attributes: dict[str, Any], submit: Callable[..., Any]) -> list[Any]:
     """Queue the chunks of ``a`` and its ``zarr.json`` under ``prefix``; returns the futures.
 
     ``submit(fn, *args)`` schedules work (an executor's submit, possibly bounded); each future
     resolves to the number of bytes written.
     """
-    grid = ChunkGrid.for_array(a.shape, a.dtype.itemsize)
+    if tuple(a.shape) != grid.shape:
+        raise ValueError(f"array of shape {a.shape} written with a grid for {grid.shape}")
 
     def put_chunk(key: str, lo: int, hi: int) -> int:
         data = codec.encode(_chunk_view(a, grid, lo, hi))
@@ -204,14 +213,14 @@ def write_array(storage: Storage, prefix: str, a: np.ndarray, codec: ChunkCodec,
     return futures
 
 
-def read_array(storage: Storage, prefix: str, shape: tuple[int, ...], np_dtype: np.dtype,
+def read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: np.dtype,
                codec: ChunkCodec, executor: Executor,
                rows: tuple[int, int] | None = None) -> np.ndarray:
     """Read and check the chunks of an array written by :func:`write_array`.
 
     ``rows=(lo, hi)`` reads only the chunks that hold those rows and returns ``a[lo:hi]``.
     """
-    grid = ChunkGrid.for_array(shape, np_dtype.itemsize)
+    shape = grid.shape
     lo_want, hi_want = rows if rows is not None else (0, shape[0] if shape else 1)
     out_shape = (hi_want - lo_want, *shape[1:]) if shape else ()
     out = np.empty(out_shape, dtype=np_dtype)

@@ -61,6 +61,7 @@ class TensorEntry(_Model):
     commit: str | None = Field(default=None, pattern=_ID)
     array: str | None = None
     codec: dict[str, Any] | None = None
+    chunks: list[int] | None = None
     offset: int | None = Field(default=None, ge=0)
     nbytes: int | None = Field(default=None, ge=0)
     base: int | None = Field(default=None, ge=0)
@@ -69,7 +70,7 @@ class TensorEntry(_Model):
 
     @model_validator(mode="after")
     def _check_layout(self) -> TensorEntry:
-        need = {"array": ("commit", "array", "codec"), "packed": ("commit", "offset", "nbytes"),
+        need = {"array": ("commit", "array", "codec", "chunks"), "packed": ("commit", "offset", "nbytes"),
                 "alias": ("base",), "view": ("base", "storage_offset", "stride")}[self.layout]
         missing = [n for n in need if getattr(self, n) is None]
         if missing:
@@ -87,6 +88,7 @@ class PackedInfo(_Model):
 
     array: str
     nbytes: int = Field(ge=0)
+    chunks: list[int]
     codec: dict[str, Any]
 
 

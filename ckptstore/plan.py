@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .arrays import CHUNK_BYTES, dtype_name, storage_dtype
+from .arrays import CHUNK_BYTES, ChunkGrid, dtype_name, storage_dtype
 from .chunkcodec import BloscLossless, ChunkCodec, RawLossless
 from .errors import UnsupportedLeafError
 from .state import Leaf
@@ -73,6 +73,7 @@ class TensorPlan:
     stride: list[int] | None = None
     offset: int | None = None  # packed: byte offset
     nbytes: int = 0
+    grid: ChunkGrid | None = None  # array: its chunking
 
 
 @dataclass
@@ -80,6 +81,7 @@ class CommitPlan:
     tensors: list[TensorPlan] = field(default_factory=list)
     storages: list[TensorPlan] = field(default_factory=list)
     packed_nbytes: int = 0
+    packed_grid: ChunkGrid | None = None
     codec: ChunkCodec = field(default_factory=BloscLossless)
 
     @property
@@ -177,4 +179,8 @@ def plan_commit(leaves: list[Leaf], options: EncodingOptions) -> CommitPlan:
             plan.packed_nbytes += -(-p.nbytes // PACK_ALIGN) * PACK_ALIGN
         else:
             p.array = _array_name(p.path, i, taken)
+            p.grid = ChunkGrid.for_array(tuple(p.shape), storage_dtype(p.source.dtype).itemsize,
+                                         options.chunk_bytes)
+    if plan.packed_nbytes:
+        plan.packed_grid = ChunkGrid.for_array((plan.packed_nbytes,), 1, options.chunk_bytes)
     return plan

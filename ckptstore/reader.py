@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .arrays import host_to_tensor, read_array, storage_dtype, torch_dtype
+from .arrays import ChunkGrid, host_to_tensor, read_array, storage_dtype, torch_dtype
 from .chunkcodec import codec_from_config
 from .errors import ManifestError
 from .fs import Storage
@@ -62,7 +62,8 @@ def read_tensors(storage: Storage, m: Manifest, wanted: Iterable[int], executor:
         elif e.layout == "array":
             codec = codec_from_config(e.codec)
             raw[kind, i] = read_array(storage, f"{data_dir(e.commit)}/{e.array}",
-                                      tuple(e.shape), _np_dtype(e), codec, executor)
+                                      ChunkGrid.checked(e.shape, e.chunks), _np_dtype(e), codec,
+                                      executor)
     out: dict[int, Any] = {}
     bases: dict[int, torch.Tensor] = {}
     for kind, i, e in entries:
@@ -91,8 +92,9 @@ def _read_packed(storage: Storage, m: Manifest, entries: list[TensorEntry],
     lo = min(e.offset for e in entries)
     hi = max(e.offset + e.nbytes for e in entries)
     codec = codec_from_config(m.packed.codec)
-    buf = read_array(storage, f"{data_dir(m.id)}/{PACKED_ARRAY}", (m.packed.nbytes,),
-                     np.dtype(np.uint8), codec, executor, rows=(lo, hi))
+    grid = ChunkGrid.checked([m.packed.nbytes], m.packed.chunks)
+    buf = read_array(storage, f"{data_dir(m.id)}/{PACKED_ARRAY}", grid, np.dtype(np.uint8),
+                     codec, executor, rows=(lo, hi))
     return lo, buf
 
 

@@ -113,13 +113,14 @@ class Store:
                           container=p.container)
             if p.layout == "array":
                 return TensorEntry(**common, commit=commit_id, array=p.array, codec=codec,
-                                   nbytes=p.nbytes)
+                                   chunks=list(p.grid.chunks), nbytes=p.nbytes)
             if p.layout == "packed":
                 return TensorEntry(**common, commit=commit_id, offset=p.offset, nbytes=p.nbytes)
             return TensorEntry(**common, base=p.base, storage_offset=p.storage_offset,
                                stride=p.stride)
 
-        packed = (PackedInfo(array=PACKED_ARRAY, nbytes=plan.packed_nbytes, codec=codec)
+        packed = (PackedInfo(array=PACKED_ARRAY, nbytes=plan.packed_nbytes, codec=codec,
+                             chunks=list(plan.packed_grid.chunks))
                   if plan.packed_nbytes else None)
         return Manifest(format_version=FORMAT_VERSION, id=commit_id,
                         parent=parent.id if parent else None,

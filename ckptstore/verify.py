@@ -20,16 +20,17 @@ if TYPE_CHECKING:
 __all__ = ["verify"]
 
 
-def _arrays(store: Store, commit_id: str) -> list[tuple[str, tuple[int, ...], np.dtype, dict]]:
+def _arrays(store: Store, commit_id: str) -> list[tuple[str, ChunkGrid, np.dtype, dict]]:
     """(prefix, shape, dtype, codec config) of every array a commit reads."""
     m = store.manifest(commit_id)
     out = []
     for e in (*m.tensors, *m.storages):
         if e.layout == "array":
-            out.append((f"{data_dir(e.commit)}/{e.array}", tuple(e.shape),
+            out.append((f"{data_dir(e.commit)}/{e.array}", ChunkGrid.checked(e.shape, e.chunks),
                         storage_dtype(torch_dtype(e.dtype)), e.codec))
     if m.packed is not None:
-        out.append((f"{data_dir(m.id)}/{PACKED_ARRAY}", (m.packed.nbytes,), np.dtype(np.uint8),
+        out.append((f"{data_dir(m.id)}/{PACKED_ARRAY}",
+                    ChunkGrid.checked([m.packed.nbytes], m.packed.chunks), np.dtype(np.uint8),
                     m.packed.codec))
     return out
 
@@ -42,18 +43,17 @@ def verify(store: Store, ref: str | None = None, progress: bool = False) -> Veri
     arrays: dict[str, Any] = {}
     for c in commits:
         try:
-            for prefix, shape, dtype, codec in _arrays(store, c):
-                arrays[prefix] = (shape, dtype, codec)
+            for prefix, grid, dtype, codec in _arrays(store, c):
+                arrays[prefix] = (grid, dtype, codec)
         except CkptStoreError as e:
             report.problems.append(f"commit {c}: {e}")
         report.commits_checked += 1
 
     jobs = []
-    for prefix, (shape, dtype, codec_cfg) in arrays.items():
-        grid = ChunkGrid.for_array(shape, dtype.itemsize)
+    for prefix, (grid, dtype, codec_cfg) in arrays.items():
         try:
             meta = json.loads(store.storage.read(f"{prefix}/zarr.json"))
-            if meta.get("shape") != list(shape) or meta.get("data_type") != dtype.name:
+            if meta.get("shape") != list(grid.shape) or meta.get("data_type") != dtype.name:
                 report.problems.append(f"{prefix}/zarr.json: does not match the manifest")
         except (FileNotFoundError, ValueError) as e:
             report.problems.append(f"{prefix}/zarr.json: missing or unreadable ({e})")

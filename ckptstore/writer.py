@@ -87,11 +87,11 @@ def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
             continue
         attrs = {"ckptstore": {"torch_dtype": p.dtype, "path": p.path}}
         pending[p.array] = write_array(storage, f"{prefix}/{p.array}", snap.arrays[id(p)],
-                                       plan.codec, attrs, submit)
+                                       p.grid, plan.codec, attrs, submit)
     if snap.packed is not None:
         attrs = {"ckptstore": {"packed": True}}
         pending[PACKED_ARRAY] = write_array(storage, f"{prefix}/{PACKED_ARRAY}", snap.packed,
-                                            plan.codec, attrs, submit)
+                                            plan.packed_grid, plan.codec, attrs, submit)
     sizes = {name: sum(f.result() for f in futs) for name, futs in pending.items()}
     storage.fsync_dir(prefix)
     return sizes
