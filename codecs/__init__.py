@@ -1,4 +1,44 @@
 """ckptcodecs: compression codecs for checkpoints (installed from the ``codecs/`` folder).
 
 Depends on numpy, numcodecs, numba and zarr only -- never on ``ckptstore``.
+
+- :class:`Quantize` (``ckpt.quantize``): lossy float -> packed 1..8-bit codes; functional core
+  :func:`quantize` / :func:`dequantize` with :class:`QuantParams`.
+- :func:`delta_encode` / :func:`delta_decode` (:class:`BucketDelta`): cyclic code deltas against
+  a base version, rearranged by base bucket.
+- :class:`RLEHuffman` (``ckpt.rle_huffman``): lossless run lengths + canonical Huffman.
+- :mod:`ckptcodecs.zarr3`: ``QuantizeCodec`` and ``RLEHuffmanCodec`` for zarr v3 (imported lazily).
+
+Importing the package registers the numcodecs codecs (the ``numcodecs.codecs`` entry points do
+the same for processes that never import it).
 """
+
+from numcodecs.registry import register_codec
+
+from .bitpack import pack_bits, packed_size, unpack_bits
+from .delta import BucketDelta, delta_decode, delta_encode
+from .errors import CodecError
+from .quantize import GRANULARITIES, METHODS, QuantParams, Quantize, dequantize, quantize
+from .rle_huffman import RLEHuffman, rle_huffman_decode, rle_huffman_encode
+
+__all__ = [
+    "CodecError",
+    "Quantize",
+    "QuantParams",
+    "quantize",
+    "dequantize",
+    "METHODS",
+    "GRANULARITIES",
+    "BucketDelta",
+    "delta_encode",
+    "delta_decode",
+    "RLEHuffman",
+    "rle_huffman_encode",
+    "rle_huffman_decode",
+    "pack_bits",
+    "unpack_bits",
+    "packed_size",
+]
+
+register_codec(Quantize)
+register_codec(RLEHuffman)

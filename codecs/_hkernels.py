@@ -1,0 +1,154 @@
+"""Compiled kernels of RLEHuffman: run scanning, canonical Huffman bit writing and reading.
+
+Symbols use one alphabet of ``ALPHABET`` indices: a value ``v`` (a byte, the paper's ``-v <= 0``)
+is index ``v``; a run length ``r >= 2`` (the paper's ``r > 0``: the value before it occurs ``r``
+times in all) is index ``RUN_BASE + r``. Longer runs are split into pieces of at most ``MAX_RUN``.
+Codes are written most significant bit first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["ALPHABET", "RUN_BASE", "MAX_RUN", "MAX_LEN", "LUT_BITS", "rle_scan", "write_bits",
+           "decode_symbols"]
+
+ALPHABET = 1 << 16
+RUN_BASE = 254
+MAX_RUN = ALPHABET - 1 - RUN_BASE
+MAX_LEN = 24
+LUT_BITS = 11
+
+# status codes of decode_symbols
+OK = 0
+ERR_BITS = -1  # bit stream ended early
+ERR_CODE = -2  # bit pattern that is no code
+ERR_RUN = -3  # run before any value
+ERR_OVERFLOW = -4  # more output than announced
+ERR_SHORT = -5  # less output than announced
+
+
+@njit(cache=True, nogil=True)
+def rle_scan(data, syms, freq):  # pragma: no cover - compiled
+    """Write the symbol stream of ``data`` into ``syms`` (uint16, size >= data.size), count
+    symbol frequencies into ``freq`` (int64[ALPHABET]); return the number of symbols."""
+    n = data.size
+    m = 0
+    i = 0
+    while i < n:
+        v = data[i]
+        j = i + 1
+        while j < n and data[j] == v:
+            j += 1
+        run = j - i
+        while run > 0:
+            piece = min(run, MAX_RUN)
+            syms[m] = v
+            freq[v] += 1
+            m += 1
+            if piece > 1:
+                r = RUN_BASE + piece
+                syms[m] = r
+                freq[r] += 1
+                m += 1
+            run -= piece
+        i = j
+    return m
+
+
+@njit(cache=True, nogil=True)
+def write_bits(syms, nsym, codes, lens, out):  # pragma: no cover - compiled
+    """Huffman-code ``syms[:nsym]`` into ``out``; return the number of bytes written."""
+    acc = np.uint64(0)
+    nbits = 0
+    j = 0
+    for i in range(nsym):
+        s = syms[i]
+        ln = lens[s]
+        acc = (acc << np.uint64(ln)) | np.uint64(codes[s])
+        nbits += ln
+        if nbits >= 32:
+            nbits -= 32
+            w = acc >> np.uint64(nbits)
+            out[j] = (w >> np.uint64(24)) & np.uint64(0xFF)
+            out[j + 1] = (w >> np.uint64(16)) & np.uint64(0xFF)
+            out[j + 2] = (w >> np.uint64(8)) & np.uint64(0xFF)
+            out[j + 3] = w & np.uint64(0xFF)
+            j += 4
+    while nbits >= 8:
+        nbits -= 8
+        out[j] = (acc >> np.uint64(nbits)) & np.uint64(0xFF)
+        j += 1
+    if nbits > 0:
+        out[j] = (acc << np.uint64(8 - nbits)) & np.uint64(0xFF)
+        j += 1
+    return j
+
+
+@njit(cache=True, nogil=True)
+def decode_symbols(buf, nsym, n, lut_sym, lut_len, first, offset, count, sorted_syms, maxlen,
+                   out):  # pragma: no cover - compiled
+    """Decode ``nsym`` symbols from ``buf`` and expand runs into ``out`` (size ``n``).
+
+    ``lut_*``: table of ``2**LUT_BITS`` entries for codes up to LUT_BITS long (length 0 = longer
+    code or none); ``first/offset/count[len]``: canonical decoding of longer codes. Returns a
+    status code (``OK`` or a negative ``ERR_*``).
+    """
+    nbuf = buf.size
+    total_bits = nbuf * 8
+    acc = np.uint64(0)
+    nacc = 0  # valid bits in acc (right-aligned)
+    pos = 0  # next byte of buf
+    used = 0  # bits consumed
+    o = 0
+    last = -1
+    for _ in range(nsym):
+        while nacc <= 56 and pos < nbuf:
+            acc = (acc << np.uint64(8)) | np.uint64(buf[pos])
+            pos += 1
+            nacc += 8
+        # peek LUT_BITS (zero padded past the end)
+        if nacc >= LUT_BITS:
+            peek = np.int64((acc >> np.uint64(nacc - LUT_BITS)) & np.uint64((1 << LUT_BITS) - 1))
+        else:
+            peek = np.int64((acc << np.uint64(LUT_BITS - nacc)) & np.uint64((1 << LUT_BITS) - 1))
+        ln = lut_len[peek]
+        if ln > 0:
+            s = lut_sym[peek]
+        else:
+            s = -1
+            for L in range(LUT_BITS + 1, maxlen + 1):
+                if L > nacc:
+                    break
+                c = np.int64((acc >> np.uint64(nacc - L)) & np.uint64((1 << L) - 1))
+                if count[L] > 0 and c - first[L] < count[L] and c >= first[L]:
+                    s = sorted_syms[offset[L] + c - first[L]]
+                    ln = L
+                    break
+            if s < 0:
+                return ERR_CODE if nacc >= maxlen else ERR_BITS
+        if ln > nacc:
+            return ERR_BITS
+        nacc -= ln
+        used += ln
+        if used > total_bits:
+            return ERR_BITS
+        if s < 256:
+            if o >= n:
+                return ERR_OVERFLOW
+            out[o] = s
+            o += 1
+            last = s
+        else:
+            if last < 0:
+                return ERR_RUN
+            r = s - RUN_BASE - 1  # copies beyond the value already written
+            if o + r > n:
+                return ERR_OVERFLOW
+            for t in range(r):
+                out[o + t] = last
+            o += r
+    if o != n:
+        return ERR_SHORT
+    return OK

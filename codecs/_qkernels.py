@@ -1,0 +1,112 @@
+"""Compiled per-element kernels of Quantize: segment ranges, uniform codes, dequantization.
+
+Segments are consecutive runs of ``seg`` values of a flat array (the last one may be shorter).
+``mask`` arguments are uint8 arrays of the input's size (nonzero = value handled elsewhere:
+protected, pruned or non-finite) or of size 0 (no value excluded).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["seg_minmax", "seg_absmax", "uniform_codes", "dequant_uniform", "dequant_codebook"]
+
+
+@njit(cache=True, nogil=True)
+def seg_minmax(x, seg, mask, lo, hi):  # pragma: no cover - compiled
+    n = x.size
+    has_mask = mask.size > 0
+    for s in range(lo.size):
+        a0 = s * seg
+        b0 = min(a0 + seg, n)
+        mn = np.inf
+        mx = -np.inf
+        if has_mask:
+            for i in range(a0, b0):
+                if mask[i] == 0:
+                    v = x[i]
+                    mn = min(mn, v)
+                    mx = max(mx, v)
+        else:
+            for i in range(a0, b0):
+                v = x[i]
+                mn = min(mn, v)
+                mx = max(mx, v)
+        if mn > mx:  # no value in this segment
+            mn = 0.0
+            mx = 0.0
+        lo[s] = mn
+        hi[s] = mx
+
+
+@njit(cache=True, nogil=True)
+def seg_absmax(x, seg, mask, out):  # pragma: no cover - compiled
+    n = x.size
+    has_mask = mask.size > 0
+    for s in range(out.size):
+        a0 = s * seg
+        b0 = min(a0 + seg, n)
+        m = 0.0
+        for i in range(a0, b0):
+            if has_mask and mask[i]:
+                continue
+            m = max(m, abs(x[i]))
+        out[s] = m
+
+
+@njit(cache=True, nogil=True)
+def uniform_codes(x, seg, zero, inv, fq, half, fzero, out):  # pragma: no cover - compiled
+    """out[i] = clip(floor((x - zero) * inv + 0.5), 0, qmax); NaN -> 0.
+
+    ``fq`` (qmax), ``half`` (0.5) and ``fzero`` (0.0) are scalars of the working float type, so
+    that float32 data is computed in float32 (twice the SIMD width of float64).
+    """
+    n = x.size
+    for s in range(zero.size):
+        a0 = s * seg
+        b0 = min(a0 + seg, n)
+        z = zero[s]
+        iv = inv[s]
+        for i in range(a0, b0):
+            t = (x[i] - z) * iv + half
+            t = min(max(t, fzero), fq)
+            out[i] = np.uint8(t) if t == t else 0
+
+
+@njit(cache=True, nogil=True)
+def dequant_uniform(codes, seg, zero, scale, nq, prune_code, protect_code, prot, out):  # pragma: no cover
+    n = codes.size
+    p = 0
+    for s in range(zero.size):
+        a0 = s * seg
+        b0 = min(a0 + seg, n)
+        z = zero[s]
+        sc = scale[s]
+        for i in range(a0, b0):
+            c = codes[i]
+            if c < nq:
+                out[i] = z + sc * np.float32(c)
+            elif c == protect_code:
+                out[i] = prot[p]
+                p += 1
+            else:
+                out[i] = 0.0
+
+
+@njit(cache=True, nogil=True)
+def dequant_codebook(codes, seg, book, nq, prune_code, protect_code, prot, out):  # pragma: no cover
+    n = codes.size
+    p = 0
+    for s in range(book.shape[0]):
+        a0 = s * seg
+        b0 = min(a0 + seg, n)
+        for i in range(a0, b0):
+            c = codes[i]
+            if c < nq:
+                out[i] = book[s, c]
+            elif c == protect_code:
+                out[i] = prot[p]
+                p += 1
+            else:
+                out[i] = 0.0

@@ -1,0 +1,196 @@
+"""DynaQuant's approximate k-means over a histogram (section 4.3 and appendix A.2).
+
+Values are first grouped into log-spaced buckets -- the order-preserving float32 bit pattern cut
+to sign, exponent and ``MANTISSA_BITS`` mantissa bits, the integer form of DDSketch's log-space
+projection (relative bucket width ``2**-MANTISSA_BITS``). Each non-empty bucket is one weighted
+sample at the mean of its values, with weight
+
+    w = lam * count / sum(count) + (1 - lam) * |mean| / sum(|mean|)
+
+so ``lam=1`` is plain k-means on the value distribution and smaller ``lam`` moves resolution to
+large-magnitude values. Centres are seeded with weighted k-means++ (next centre drawn with
+probability proportional to ``w * D**2``; deterministic generator seeded per segment) and refined
+with weighted Lloyd iterations; in 1-D the assignment is a linear sweep over sorted buckets.
+Any number of levels works. All segments are fitted in one compiled call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["MANTISSA_BITS", "fit_codebooks", "nearest_codes"]
+
+MANTISSA_BITS = 7
+_NKEYS = 1 << (9 + MANTISSA_BITS)
+_MAX_ITER = 64
+
+
+@njit(cache=True, nogil=True)
+def _rand(state):  # pragma: no cover - compiled; splitmix64 step -> (new state, uniform [0, 1))
+    state = (state + np.uint64(0x9E3779B97F4A7C15)) & np.uint64(0xFFFFFFFFFFFFFFFF)
+    z = state
+    z = ((z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & np.uint64(0xFFFFFFFFFFFFFFFF)
+    z = ((z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & np.uint64(0xFFFFFFFFFFFFFFFF)
+    z = z ^ (z >> np.uint64(31))
+    return state, np.float64(z >> np.uint64(11)) / 9007199254740992.0
+
+
+@njit(cache=True, nogil=True)
+def _weighted_kmeans(vals, w, k, seed, centers):  # pragma: no cover - compiled
+    # vals sorted ascending (bucket means), w > 0; writes k sorted centres into `centers`
+    B = vals.size
+    if B <= k:
+        for i in range(k):
+            centers[i] = vals[min(i, B - 1)]
+        return
+    state = np.uint64(seed)
+    # weighted k-means++
+    d2 = np.empty(B)
+    tot = w.sum()
+    state, r = _rand(state)
+    target = r * tot
+    acc = 0.0
+    pick = B - 1
+    for i in range(B):
+        acc += w[i]
+        if acc > target:
+            pick = i
+            break
+    centers[0] = vals[pick]
+    for i in range(B):
+        d = vals[i] - centers[0]
+        d2[i] = d * d
+    for c in range(1, k):
+        tot = 0.0
+        for i in range(B):
+            tot += w[i] * d2[i]
+        if tot <= 0.0:
+            # fewer distinct values than centres: duplicate the last centre
+            centers[c] = centers[c - 1]
+            continue
+        state, r = _rand(state)
+        target = r * tot
+        acc = 0.0
+        pick = B - 1
+        for i in range(B):
+            acc += w[i] * d2[i]
+            if acc > target:
+                pick = i
+                break
+        centers[c] = vals[pick]
+        for i in range(B):
+            d = vals[i] - centers[c]
+            if d * d < d2[i]:
+                d2[i] = d * d
+    centers[:k].sort()
+    # weighted Lloyd with a linear assignment sweep
+    assign = np.full(B, -1, np.int64)
+    sw = np.empty(k)
+    swx = np.empty(k)
+    for _ in range(_MAX_ITER):
+        changed = False
+        c = 0
+        sw[:] = 0.0
+        swx[:] = 0.0
+        for i in range(B):
+            while c + 1 < k and abs(vals[i] - centers[c + 1]) <= abs(vals[i] - centers[c]):
+                c += 1
+            if assign[i] != c:
+                assign[i] = c
+                changed = True
+            sw[c] += w[i]
+            swx[c] += w[i] * vals[i]
+        if not changed:
+            break
+        for c in range(k):
+            if sw[c] > 0.0:
+                centers[c] = swx[c] / sw[c]
+        centers[:k].sort()
+
+
+@njit(cache=True, nogil=True)
+def fit_codebooks(x, xbits, seg, mask, k, lam, seed, out):  # pragma: no cover - compiled
+    """Fit ``k`` levels per segment of ``x`` into ``out[nseg, k]`` (ascending).
+
+    ``xbits``: the uint32 bit patterns of ``x`` cast to float32 (the bucket keys).
+
+    ``mask``: uint8 of x.size (nonzero = excluded) or of size 0. A segment without values gets
+    all-zero levels.
+    """
+    n = x.size
+    nseg = out.shape[0]
+    has_mask = mask.size > 0
+    cnt = np.zeros(_NKEYS, np.int64)
+    sums = np.zeros(_NKEYS)
+    touched = np.empty(min(n, _NKEYS) if n > 0 else 1, np.int64)
+    shift = np.uint32(23 - MANTISSA_BITS)
+    for s in range(nseg):
+        a0 = s * seg
+        b0 = min(a0 + seg, n)
+        nt = 0
+        for i in range(a0, b0):
+            if has_mask and mask[i]:
+                continue
+            v = x[i]
+            bits = xbits[i]
+            if bits & np.uint32(0x80000000):
+                o = ~bits
+            else:
+                o = bits | np.uint32(0x80000000)
+            key = np.int64(o >> shift)
+            if cnt[key] == 0:
+                touched[nt] = key
+                nt += 1
+            cnt[key] += 1
+            sums[key] += v
+        if nt == 0:
+            out[s, :] = 0.0
+            continue
+        keys = np.sort(touched[:nt])
+        vals = np.empty(nt)
+        w = np.empty(nt)
+        total = 0.0
+        mag = 0.0
+        for i in range(nt):
+            kk = keys[i]
+            vals[i] = sums[kk] / cnt[kk]
+            total += cnt[kk]
+            mag += abs(vals[i])
+        for i in range(nt):
+            kk = keys[i]
+            wf = cnt[kk] / total
+            wm = abs(vals[i]) / mag if mag > 0.0 else 1.0 / nt
+            w[i] = lam * wf + (1.0 - lam) * wm
+            if w[i] <= 0.0:
+                w[i] = 1e-300
+            cnt[kk] = 0
+            sums[kk] = 0.0
+        centers = np.empty(k)
+        _weighted_kmeans(vals, w, k, seed + s, centers)
+        for c in range(k):
+            out[s, c] = centers[c]
+
+
+@njit(cache=True, nogil=True)
+def nearest_codes(x, seg, codebooks, out):  # pragma: no cover - compiled
+    """Index of the nearest level (ties to the lower) for every value; NaN -> 0."""
+    n = x.size
+    nseg, k = codebooks.shape
+    thr = np.empty(max(k - 1, 1))
+    for s in range(nseg):
+        for c in range(k - 1):
+            thr[c] = 0.5 * (np.float64(codebooks[s, c]) + np.float64(codebooks[s, c + 1]))
+        a0 = s * seg
+        b0 = min(a0 + seg, n)
+        for i in range(a0, b0):
+            v = x[i]
+            lo = 0
+            hi = k - 1
+            while lo < hi:  # first threshold >= v
+                mid = (lo + hi) >> 1
+                if thr[mid] < v:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            out[i] = lo

@@ -1,0 +1,120 @@
+"""Thin zarr v3 adapters over the numcodecs codecs.
+
+``QuantizeCodec`` is an array-to-bytes codec (it replaces zarr's ``bytes`` serializer: floats in,
+packed codes out) and ``RLEHuffmanCodec`` a bytes-to-bytes codec::
+
+    zarr.create_array(store, shape=..., dtype="float32", chunks=...,
+                      serializer=QuantizeCodec(method="adaptive-asymmetric", bits=4),
+                      compressors=[RLEHuffmanCodec()])
+
+Both are registered under the ``zarr.codecs`` entry point group (names ``ckpt.quantize`` and
+``ckpt.rle_huffman``), so a process that imports only zarr reads such arrays after
+``pip install``. The work runs in a thread (``asyncio.to_thread``), off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from zarr.abc.codec import ArrayBytesCodec, BytesBytesCodec
+from zarr.core.common import JSON, parse_named_configuration
+
+from .errors import CodecError
+from .quantize import Quantize
+from .rle_huffman import rle_huffman_decode, rle_huffman_encode
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from zarr.core.array_spec import ArraySpec
+    from zarr.core.buffer import Buffer, NDBuffer
+
+__all__ = ["QuantizeCodec", "RLEHuffmanCodec"]
+
+
+@dataclass(frozen=True)
+class QuantizeCodec(ArrayBytesCodec):
+    """zarr v3 serializer over :class:`ckptcodecs.Quantize` (same keyword arguments)."""
+
+    is_fixed_size = False
+    configuration: dict[str, Any]
+
+    def __init__(self, **configuration: Any) -> None:
+        codec = Quantize(**configuration)  # validates
+        cfg = codec.get_config()
+        cfg.pop("id")
+        object.__setattr__(self, "configuration", cfg)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, JSON]) -> Self:
+        _, cfg = parse_named_configuration(data, "ckpt.quantize", require_configuration=False)
+        return cls(**(cfg or {}))
+
+    def to_dict(self) -> dict[str, JSON]:
+        return {"name": "ckpt.quantize", "configuration": dict(self.configuration)}
+
+    @property
+    def _codec(self) -> Quantize:
+        return Quantize(**self.configuration)
+
+    def validate(self, *, shape, dtype, chunk_grid) -> None:
+        native = np.dtype(dtype.to_native_dtype())
+        bf16 = self.configuration.get("dtype") == "bfloat16"
+        if not (native.kind == "f" or (bf16 and native == np.uint16)):
+            raise CodecError(f"QuantizeCodec needs a float array (or uint16 with "
+                             f"dtype='bfloat16'), got {native}")
+
+    def _decode_sync(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
+        native = np.dtype(chunk_spec.dtype.to_native_dtype())
+        out = self._codec.decode(chunk_bytes.as_numpy_array())
+        out = np.asarray(out).view(native) if out.dtype.itemsize == native.itemsize else out
+        return chunk_spec.prototype.nd_buffer.from_ndarray_like(
+            out.astype(native, copy=False).reshape(chunk_spec.shape))
+
+    def _encode_sync(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
+        arr = np.ascontiguousarray(chunk_array.as_numpy_array())
+        return chunk_spec.prototype.buffer.from_bytes(self._codec.encode(arr))
+
+    async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
+        return await asyncio.to_thread(self._decode_sync, chunk_bytes, chunk_spec)
+
+    async def _encode_single(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
+        return await asyncio.to_thread(self._encode_sync, chunk_array, chunk_spec)
+
+    def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
+        raise NotImplementedError("the size of a Quantize chunk depends on its data")
+
+
+@dataclass(frozen=True)
+class RLEHuffmanCodec(BytesBytesCodec):
+    """zarr v3 compressor over :class:`ckptcodecs.RLEHuffman`."""
+
+    is_fixed_size = False
+
+    @classmethod
+    def from_dict(cls, data: dict[str, JSON]) -> Self:
+        parse_named_configuration(data, "ckpt.rle_huffman", require_configuration=False)
+        return cls()
+
+    def to_dict(self) -> dict[str, JSON]:
+        return {"name": "ckpt.rle_huffman", "configuration": {}}
+
+    def _decode_sync(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer:
+        dec = rle_huffman_decode(chunk_bytes.as_numpy_array())
+        return chunk_spec.prototype.buffer.from_array_like(dec)
+
+    def _encode_sync(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer | None:
+        enc = rle_huffman_encode(chunk_bytes.as_numpy_array())
+        return chunk_spec.prototype.buffer.from_bytes(enc)
+
+    async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer:
+        return await asyncio.to_thread(self._decode_sync, chunk_bytes, chunk_spec)
+
+    async def _encode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer | None:
+        return await asyncio.to_thread(self._encode_sync, chunk_bytes, chunk_spec)
+
+    def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
+        raise NotImplementedError("the size of an RLEHuffman chunk depends on its data")
