@@ -34,7 +34,6 @@ FORMAT_VERSION = 1
 MAGIC = b"CKPT"
 _HEADER = len(MAGIC) + 1 + 32
 _ID = r"^[0-9a-f]{32}$"
-MAX_MANIFEST_BYTES = 1 << 30
 
 
 class _Model(BaseModel):
@@ -117,8 +116,8 @@ class Manifest(_Model):
                 raise ValueError(f"tensor {i} aliases an invalid entry {t.base}")
             if t.layout == "view" and t.base >= len(self.storages):
                 raise ValueError(f"tensor {i} views a missing storage {t.base}")
-            if t.layout == "packed" and (self.packed is None or t.offset + t.nbytes >
-                                         self.packed.nbytes):
+            if t.layout == "packed" and t.nbytes and (
+                    self.packed is None or t.offset + t.nbytes > self.packed.nbytes):
                 raise ValueError(f"tensor {i} lies outside the packed array")
         for s in self.storages:
             if s.layout not in ("array", "packed"):
@@ -151,8 +150,7 @@ def decode_manifest(data: bytes, where: str = "manifest") -> Manifest:
     if hashlib.sha256(payload).digest() != data[5:_HEADER]:
         raise ManifestError(f"{where} is truncated or corrupted (sha256 mismatch)")
     try:
-        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False,
-                              max_buffer_size=MAX_MANIFEST_BYTES)
+        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
         return Manifest.model_validate(raw)
     except (ValueError, ValidationError, msgpack.ExtraData, msgpack.FormatError,
             msgpack.StackError, TypeError) as e:

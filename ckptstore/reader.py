@@ -53,8 +53,8 @@ def read_tensors(storage: Storage, m: Manifest, wanted: Iterable[int], executor:
     t_idx, s_idx = needed_entries(m, wanted)
     entries = [("t", i, m.tensors[i]) for i in sorted(t_idx)] + \
               [("s", i, m.storages[i]) for i in sorted(s_idx)]
-    packed_bytes = _read_packed(storage, m, [e for _, _, e in entries if e.layout == "packed"],
-                                executor)
+    packed_bytes = _read_packed(storage, m, [e for _, _, e in entries
+                                             if e.layout == "packed" and e.nbytes], executor)
     raw: dict[tuple[str, int], np.ndarray] = {}
     for kind, i, e in entries:
         if e.layout == "packed":
@@ -99,10 +99,12 @@ def _read_packed(storage: Storage, m: Manifest, entries: list[TensorEntry],
 
 
 def _from_packed(packed: tuple[int, np.ndarray], e: TensorEntry) -> np.ndarray:
-    lo, buf = packed
     dt = _np_dtype(e)
     count = int(np.prod(e.shape, dtype=np.int64))
     if count * dt.itemsize != e.nbytes:
         raise ManifestError(f"tensor {e.path!r}: {e.nbytes} packed bytes for shape {e.shape}")
+    if not e.nbytes:
+        return np.empty(e.shape, dtype=dt)
+    lo, buf = packed
     part = buf[e.offset - lo: e.offset - lo + e.nbytes]
     return part.view(dt).reshape(e.shape).copy()

@@ -45,7 +45,8 @@ def snapshot(plan: CommitPlan, copy: bool = False) -> Snapshot:
     for p in plan.stored():
         host = tensor_to_host(p.source)
         if p.layout == "packed":
-            packed[p.offset: p.offset + p.nbytes] = host.reshape(-1).view(np.uint8)
+            if p.nbytes:
+                packed[p.offset: p.offset + p.nbytes] = host.reshape(-1).view(np.uint8)
             continue
         if copy:
             host = host.copy()

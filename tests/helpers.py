@@ -1,0 +1,40 @@
+"""Assertions shared by the store tests."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def assert_bit_exact(a: Any, b: Any, path: str = "") -> None:
+    """Recursively assert two states are identical: same types, dtypes, shapes and bits."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), f"{path}: {type(b)} is not a tensor"
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{path}: {b.dtype}{tuple(b.shape)}"
+        av, bv = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
+        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+        if av.element_size() in width and not av.is_complex():
+            av, bv = av.view(width[av.element_size()]), bv.view(width[bv.element_size()])
+        else:
+            av, bv = torch.view_as_real(av), torch.view_as_real(bv)
+        assert torch.equal(av, bv), f"{path}: values differ"
+    elif isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, path
+        assert a.tobytes() == b.tobytes(), f"{path}: values differ"
+    elif isinstance(a, np.generic):
+        assert type(a) is type(b) and a.tobytes() == b.tobytes(), path
+    elif isinstance(a, Mapping):
+        assert isinstance(b, Mapping) and list(a.keys()) == list(b.keys()), f"{path}: keys"
+        for k in a:
+            assert_bit_exact(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), f"{path}: {type(b)} len {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_bit_exact(x, y, f"{path}.{i}")
+    elif isinstance(a, float) and a != a:
+        assert isinstance(b, float) and b != b, path
+    else:
+        assert type(a) is type(b) and a == b, f"{path}: {a!r} != {b!r}"
