@@ -26,12 +26,16 @@ def dtype_code(name: str) -> int:
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
     """Round float values to bfloat16 (nearest, ties to even) and return the uint16 bits.
 
-    NaN stays NaN (quiet, sign kept); +-inf stay infinite.
+    NaN stays NaN (quiet, sign kept); +-inf stay infinite; finite values beyond the bfloat16
+    range saturate to the largest finite bfloat16 instead of becoming infinite.
     """
     f = np.ascontiguousarray(x, dtype=np.float32)
     u = f.view(np.uint32)
     rounded = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
     out = rounded.astype(np.uint16)
+    over = ((out & np.uint16(0x7FFF)) == np.uint16(0x7F80)) & np.isfinite(f)
+    if over.any():
+        out[over] = (out[over] & np.uint16(0x8000)) | np.uint16(0x7F7F)
     nan = np.isnan(f)
     if nan.any():
         out[nan] = ((u[nan] >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16)

@@ -20,8 +20,7 @@ MAX_RUN = ALPHABET - 1 - RUN_BASE
 MAX_LEN = 24
 LUT_BITS = 11
 
-# status codes of decode_symbols
-OK = 0
+# error codes of decode_symbols (it returns the bits consumed otherwise)
 ERR_BITS = -1  # bit stream ended early
 ERR_CODE = -2  # bit pattern that is no code
 ERR_RUN = -3  # run before any value
@@ -92,8 +91,8 @@ def decode_symbols(buf, nsym, n, lut_sym, lut_len, first, offset, count, sorted_
     """Decode ``nsym`` symbols from ``buf`` and expand runs into ``out`` (size ``n``).
 
     ``lut_*``: table of ``2**LUT_BITS`` entries for codes up to LUT_BITS long (length 0 = longer
-    code or none); ``first/offset/count[len]``: canonical decoding of longer codes. Returns a
-    status code (``OK`` or a negative ``ERR_*``).
+    code or none); ``first/offset/count[len]``: canonical decoding of longer codes. Returns the
+    number of bits consumed, or a negative ``ERR_*`` status.
     """
     nbuf = buf.size
     total_bits = nbuf * 8
@@ -151,4 +150,4 @@ def decode_symbols(buf, nsym, n, lut_sym, lut_len, first, offset, count, sorted_
             o += r
     if o != n:
         return ERR_SHORT
-    return OK
+    return used

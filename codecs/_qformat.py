@@ -14,8 +14,10 @@
     nprot x u16: protected values as bfloat16 bits, in position order
     packed codes: ceil(count * bits / 8) bytes (see ckptcodecs.bitpack)
 
-Every size is checked against the buffer before anything is allocated; the total must match
-exactly.
+Decoding: code ``c < nq`` -> ``float(zero + scale * c)`` evaluated in float64 (uniform) or
+``codebook[c]``; ``prune_code`` -> 0; ``protect_code`` -> the next protected value; then cast to
+the dtype. Every size is checked against the buffer before anything is allocated; the total must
+match exactly.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def decode_chunk(buf: np.ndarray) -> tuple[np.ndarray, QuantParams]:
     levels = nq + has_prune + has_protect
     if nq < 1 or levels > 1 << bits:
         raise CodecError(f"Quantize chunk header corrupted: {nq} levels do not fit {bits} bits")
-    if count and seg_len < 1 or nprot > count or (nprot and not has_protect):
+    if count and not 1 <= seg_len <= 1 << 48 or nprot > count or (nprot and not has_protect):
         raise CodecError("Quantize chunk header corrupted (segment length or protected count)")
     # every size below is bounded by the buffer size before allocation
     if count > 8 * b.size:

@@ -81,12 +81,12 @@ def dequant_uniform(codes, seg, zero, scale, nq, prune_code, protect_code, prot,
     for s in range(zero.size):
         a0 = s * seg
         b0 = min(a0 + seg, n)
-        z = zero[s]
-        sc = scale[s]
+        z = np.float64(zero[s])  # float64: z + sc * c may exceed the float32 range midway
+        sc = np.float64(scale[s])
         for i in range(a0, b0):
             c = codes[i]
             if c < nq:
-                out[i] = z + sc * np.float32(c)
+                out[i] = z + sc * c
             elif c == protect_code:
                 out[i] = prot[p]
                 p += 1

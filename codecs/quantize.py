@@ -200,10 +200,14 @@ def quantize(
     else:
         zero, scale = _uniform_params(xf, seg, mask, nseg, nq, method, bits, num_bins, ratio)
         p.zero, p.scale = zero, scale
-        t = np.dtype(xf.dtype).type
-        inv = np.divide(1.0, scale, out=np.zeros(nseg, scale.dtype), where=scale > 0)
-        K.uniform_codes(xf, seg, zero.astype(xf.dtype), inv.astype(xf.dtype), t(nq - 1), t(0.5),
-                        t(0.0), codes)
+        with np.errstate(over="ignore"):
+            inv = np.divide(1.0, scale, out=np.zeros(nseg, xf.dtype), where=scale > 0)
+        xw = xf
+        if not np.isfinite(inv).all():  # subnormal scales: 1/scale needs float64
+            xw = xf.astype(np.float64)
+            inv = np.divide(1.0, scale.astype(np.float64), out=np.zeros(nseg), where=scale > 0)
+        t = np.dtype(xw.dtype).type
+        K.uniform_codes(xw, seg, zero.astype(xw.dtype), inv, t(nq - 1), t(0.5), t(0.0), codes)
     if has_prune:
         codes[prune_idx] = p.prune_code
     if prot_idx.size:

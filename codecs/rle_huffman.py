@@ -13,7 +13,10 @@ Encoded layout (little-endian), version 1::
     mode 0: n raw bytes
     mode 1: u64 nsym (symbols in the stream), u32 nused (distinct symbols),
             nused x u16 symbol index (strictly increasing), nused x u8 code length (1..24),
+            u32 CRC-32 of all header bytes before it,
             then the MSB-first bit stream (zero padded to a byte)
+
+The header CRC means a corrupted length field is refused before anything is allocated.
 
 See :mod:`ckptcodecs._hkernels` for the symbol alphabet.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import struct
+import zlib
 
 import numpy as np
 from numcodecs.abc import Codec
@@ -100,6 +104,7 @@ def rle_huffman_encode(data) -> bytes:
     nbits = int((freq[used] * lens).sum())
     header = (_HEAD.pack(VERSION, 1, n) + _HUFF.pack(nsym, used.size)
               + used.astype("<u2").tobytes() + lens.tobytes())
+    header += struct.pack("<I", zlib.crc32(header))
     if len(header) + (nbits + 7) // 8 >= len(raw):
         return raw
     codes = np.zeros(HK.ALPHABET, np.int64)
@@ -131,11 +136,14 @@ def rle_huffman_decode(buf) -> np.ndarray:
         raise CodecError("RLEHuffman payload truncated in the Huffman header")
     nsym, nused = _HUFF.unpack_from(body)
     table_end = _HUFF.size + 3 * nused
-    if not 1 <= nused <= HK.ALPHABET or body.size < table_end:
+    if not 1 <= nused <= HK.ALPHABET or body.size < table_end + 4:
         raise CodecError(f"RLEHuffman code table of {nused} symbols does not fit the payload")
+    (crc,) = struct.unpack_from("<I", body, table_end)
+    if crc != zlib.crc32(b[:_HEAD.size + table_end]):
+        raise CodecError("RLEHuffman header checksum mismatch (corrupted payload)")
     syms = body[_HUFF.size:_HUFF.size + 2 * nused].copy().view("<u2").astype(np.int64)
     lens = body[_HUFF.size + 2 * nused:table_end].astype(np.int64)
-    stream = body[table_end:]
+    stream = body[table_end + 4:]
     if np.any(np.diff(syms) <= 0) or lens.min() < 1 or lens.max() > HK.MAX_LEN:
         raise CodecError("RLEHuffman code table is corrupted (symbols not increasing or code "
                          "lengths outside 1..24)")
@@ -148,8 +156,11 @@ def rle_huffman_decode(buf) -> np.ndarray:
     lut_sym, lut_len, first, offset, count, sorted_syms, maxlen = _decode_tables(syms, lens)
     status = HK.decode_symbols(stream, nsym, n, lut_sym, lut_len, first, offset, count,
                                sorted_syms, maxlen, out)
-    if status != HK.OK:
+    if status < 0:
         raise CodecError(f"RLEHuffman payload corrupted: {_ERRORS[status]}")
+    if (status + 7) // 8 != stream.size:
+        raise CodecError(f"RLEHuffman bit stream has {stream.size} bytes, the symbols use "
+                         f"{(status + 7) // 8} (trailing garbage)")
     return out
 
 

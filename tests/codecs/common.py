@@ -1,0 +1,129 @@
+"""Helpers shared by the codec tests, in the manner of numcodecs/tests/common.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from numcodecs.registry import get_codec
+
+import ckptcodecs  # noqa: F401  (registers the codecs)
+
+FIXTURES = Path(__file__).resolve().parents[1] / "data" / "codecs"
+
+
+def as_bytes(enc) -> bytes:
+    return bytes(memoryview(np.ascontiguousarray(enc)).cast("B")) if not isinstance(
+        enc, bytes) else enc
+
+
+def check_encode_decode(arr: np.ndarray, codec, check) -> None:
+    """Encode ``arr`` and decode the result from bytes, bytearray, ndarray and into ``out``.
+
+    ``check(arr, decoded)`` asserts the codec's error bound (``np.testing.assert_array_equal``
+    for lossless codecs); ``decoded`` is reshaped to ``arr``'s shape.
+    """
+    enc = codec.encode(arr)
+    enc_bytes = as_bytes(enc)
+    for form in (enc_bytes, bytearray(enc_bytes), np.frombuffer(enc_bytes, np.uint8)):
+        dec = np.asarray(codec.decode(form))
+        if dec.dtype != arr.dtype and dec.dtype == np.uint8:  # a bytes codec returns bytes
+            dec = dec.view(arr.dtype)
+        check(arr, dec.reshape(arr.shape))
+    out = np.empty_like(arr)
+    codec.decode(enc_bytes, out=out)
+    check(arr, out)
+    # encoding is deterministic
+    assert as_bytes(codec.encode(arr)) == enc_bytes
+
+
+def check_config(codec) -> None:
+    """Config survives JSON and the registry: ``codec == get_codec(config)``."""
+    config = codec.get_config()
+    config2 = json.loads(json.dumps(config))
+    assert get_codec(config2) == codec
+    config2.pop("id")
+    assert type(codec).from_config(config2) == codec
+
+
+def check_repr(expect: str) -> None:
+    """``repr(eval(expect)) == expect`` for a codec constructor expression."""
+    codec = eval(expect, vars(ckptcodecs))  # noqa: S307 - test input
+    assert repr(codec) == expect
+
+
+def fixture_cases():
+    """(name, codec, array) of every backward-compatibility fixture; append only, never edit."""
+    from ckptcodecs import Quantize, RLEHuffman
+
+    rng = np.random.default_rng(20261122)
+    rows = rng.standard_normal((24, 40)).astype(np.float32)
+    heavy = (rng.standard_t(3, size=(16, 64)) * 0.02).astype(np.float32)
+    special = rows.copy()
+    special[0, :3] = [np.nan, np.inf, -np.inf]
+    special[1] = 0.5  # constant row
+    f64 = rng.standard_normal((8, 33))
+    bf16 = ckptcodecs._floats.to_bf16_bits(heavy)
+    codes = np.repeat(rng.integers(0, 5, 200), rng.integers(1, 40, 200)).astype(np.uint8)
+    cases = []
+    for bits in (1, 2, 3, 4, 8):
+        cases.append((f"quantize-uasym-{bits}", Quantize(bits=bits), rows))
+    cases += [
+        ("quantize-usym-3", Quantize("uniform-symmetric", 3), rows),
+        ("quantize-adaptive-2", Quantize("adaptive-asymmetric", 2), heavy),
+        ("quantize-adaptive-4-group", Quantize("adaptive-asymmetric", 4, granularity="group",
+                                               group_size=50), heavy),
+        ("quantize-kmeans-3-protect", Quantize("kmeans", 3, granularity="tensor", protect=0.01,
+                                               prune=0.1), heavy),
+        ("quantize-kmeans-5levels", Quantize("kmeans", 3, granularity="row", levels=5), rows),
+        ("quantize-special", Quantize("uniform-asymmetric", 4, protect=0.02), special),
+        ("quantize-float64", Quantize("adaptive-asymmetric", 3), f64),
+        ("quantize-bf16", Quantize("kmeans", 4, dtype="bfloat16", granularity="tensor",
+                                   protect=0.001), bf16),
+        ("quantize-empty", Quantize(), np.zeros((0, 4), np.float32)),
+        ("rle-huffman-runs", RLEHuffman(), codes),
+        ("rle-huffman-random", RLEHuffman(), rng.integers(0, 256, 3000).astype(np.uint8)),
+        ("rle-huffman-empty", RLEHuffman(), np.zeros(0, np.uint8)),
+        ("rle-huffman-one", RLEHuffman(), np.full(1, 7, np.uint8)),
+    ]
+    return cases
+
+
+def fixture_paths(name: str) -> dict[str, Path]:
+    d = FIXTURES / name
+    return {"dir": d, "array": d / "array.npy", "config": d / "config.json",
+            "encoded": d / "encoded.dat", "decoded": d / "decoded.npy"}
+
+
+def write_missing_fixture(name: str, codec, arr: np.ndarray) -> bool:
+    """Write the files of one fixture that do not exist yet; never overwrite. True if written."""
+    p = fixture_paths(name)
+    p["dir"].mkdir(parents=True, exist_ok=True)
+    wrote = False
+    if not p["array"].exists():
+        np.save(p["array"], arr)
+        wrote = True
+    if not p["config"].exists():
+        p["config"].write_text(json.dumps(codec.get_config(), sort_keys=True, indent=2) + "\n")
+        wrote = True
+    if not p["encoded"].exists():
+        p["encoded"].write_bytes(as_bytes(codec.encode(np.load(p["array"]))))
+        wrote = True
+    if not p["decoded"].exists():
+        np.save(p["decoded"], np.asarray(codec.decode(p["encoded"].read_bytes())))
+        wrote = True
+    return wrote
+
+
+def check_backwards_compatibility(name: str) -> None:
+    """The stored encoded bytes decode, with the stored config, to the stored decoded array."""
+    p = fixture_paths(name)
+    missing = [k for k, v in p.items() if not v.exists()]
+    assert not missing, (f"fixture {name} lacks {missing}: run "
+                         "`python tests/codecs/test_codec_backcompat.py` to write it (once)")
+    codec = get_codec(json.loads(p["config"].read_text()))
+    expect = np.load(p["decoded"])
+    dec = np.asarray(codec.decode(p["encoded"].read_bytes()))
+    assert dec.dtype == expect.dtype
+    assert dec.tobytes() == expect.tobytes(), f"fixture {name} decodes differently"
