@@ -28,31 +28,45 @@ ERR_OVERFLOW = -4  # more output than announced
 ERR_SHORT = -5  # less output than announced
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _emit(v, run, syms, m, vfreq, freq, lane):  # pragma: no cover - compiled
+    while run > 0:
+        piece = min(run, MAX_RUN)
+        syms[m] = v
+        vfreq[lane, v] += 1
+        m += 1
+        if piece > 1:
+            r = RUN_BASE + piece
+            syms[m] = r
+            freq[r] += 1
+            m += 1
+        run -= piece
+    return m
+
+
 @njit(cache=True, nogil=True)
 def rle_scan(data, syms, freq):  # pragma: no cover - compiled
     """Write the symbol stream of ``data`` into ``syms`` (uint16, size >= data.size), count
     symbol frequencies into ``freq`` (int64[ALPHABET]); return the number of symbols."""
     n = data.size
+    if n == 0:
+        return 0
+    # value counts in 4 lanes: consecutive increments of one counter would wait on each other
+    vfreq = np.zeros((4, 256), np.int64)
     m = 0
-    i = 0
-    while i < n:
+    prev = data[0]
+    run = 1
+    for i in range(1, n):
         v = data[i]
-        j = i + 1
-        while j < n and data[j] == v:
-            j += 1
-        run = j - i
-        while run > 0:
-            piece = min(run, MAX_RUN)
-            syms[m] = v
-            freq[v] += 1
-            m += 1
-            if piece > 1:
-                r = RUN_BASE + piece
-                syms[m] = r
-                freq[r] += 1
-                m += 1
-            run -= piece
-        i = j
+        if v == prev:
+            run += 1
+        else:
+            m = _emit(prev, run, syms, m, vfreq, freq, m & 3)
+            prev = v
+            run = 1
+    m = _emit(prev, run, syms, m, vfreq, freq, m & 3)
+    for v in range(256):
+        freq[v] += vfreq[0, v] + vfreq[1, v] + vfreq[2, v] + vfreq[3, v]
     return m
 
 
@@ -86,36 +100,36 @@ def write_bits(syms, nsym, codes, lens, out):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def decode_symbols(buf, nsym, n, lut_sym, lut_len, first, offset, count, sorted_syms, maxlen,
+def decode_symbols(buf, nsym, n, lut, first, offset, count, sorted_syms, maxlen,
                    out):  # pragma: no cover - compiled
     """Decode ``nsym`` symbols from ``buf`` and expand runs into ``out`` (size ``n``).
 
-    ``lut_*``: table of ``2**LUT_BITS`` entries for codes up to LUT_BITS long (length 0 = longer
-    code or none); ``first/offset/count[len]``: canonical decoding of longer codes. Returns the
-    number of bits consumed, or a negative ``ERR_*`` status.
+    ``lut``: ``2**LUT_BITS`` entries ``symbol << 8 | length`` for codes up to LUT_BITS long
+    (length 0: longer code or none); ``first/offset/count[len]``: canonical decoding of longer
+    codes. Returns the number of bits consumed, or a negative ``ERR_*`` status.
     """
     nbuf = buf.size
-    total_bits = nbuf * 8
     acc = np.uint64(0)
     nacc = 0  # valid bits in acc (right-aligned)
     pos = 0  # next byte of buf
-    used = 0  # bits consumed
     o = 0
     last = -1
+    lmask = np.uint64((1 << LUT_BITS) - 1)
     for _ in range(nsym):
-        while nacc <= 56 and pos < nbuf:
-            acc = (acc << np.uint64(8)) | np.uint64(buf[pos])
-            pos += 1
-            nacc += 8
+        if nacc < maxlen:
+            while nacc <= 56 and pos < nbuf:
+                acc = (acc << np.uint64(8)) | np.uint64(buf[pos])
+                pos += 1
+                nacc += 8
         # peek LUT_BITS (zero padded past the end)
         if nacc >= LUT_BITS:
-            peek = np.int64((acc >> np.uint64(nacc - LUT_BITS)) & np.uint64((1 << LUT_BITS) - 1))
+            peek = np.int64((acc >> np.uint64(nacc - LUT_BITS)) & lmask)
         else:
-            peek = np.int64((acc << np.uint64(LUT_BITS - nacc)) & np.uint64((1 << LUT_BITS) - 1))
-        ln = lut_len[peek]
-        if ln > 0:
-            s = lut_sym[peek]
-        else:
+            peek = np.int64((acc << np.uint64(LUT_BITS - nacc)) & lmask)
+        e = lut[peek]
+        ln = e & 0xFF
+        s = e >> 8
+        if ln == 0:
             s = -1
             for L in range(LUT_BITS + 1, maxlen + 1):
                 if L > nacc:
@@ -130,9 +144,6 @@ def decode_symbols(buf, nsym, n, lut_sym, lut_len, first, offset, count, sorted_
         if ln > nacc:
             return ERR_BITS
         nacc -= ln
-        used += ln
-        if used > total_bits:
-            return ERR_BITS
         if s < 256:
             if o >= n:
                 return ERR_OVERFLOW
@@ -145,9 +156,8 @@ def decode_symbols(buf, nsym, n, lut_sym, lut_len, first, offset, count, sorted_
             r = s - RUN_BASE - 1  # copies beyond the value already written
             if o + r > n:
                 return ERR_OVERFLOW
-            for t in range(r):
-                out[o + t] = last
+            out[o:o + r] = last
             o += r
     if o != n:
         return ERR_SHORT
-    return used
+    return pos * 8 - nacc

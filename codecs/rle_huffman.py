@@ -153,9 +153,9 @@ def rle_huffman_decode(buf) -> np.ndarray:
         raise CodecError(f"RLEHuffman header inconsistent: {nsym} symbols, {n} bytes, "
                          f"{stream.size} bytes of bit stream")
     out = np.empty(n, np.uint8)
-    lut_sym, lut_len, first, offset, count, sorted_syms, maxlen = _decode_tables(syms, lens)
-    status = HK.decode_symbols(stream, nsym, n, lut_sym, lut_len, first, offset, count,
-                               sorted_syms, maxlen, out)
+    lut, first, offset, count, sorted_syms, maxlen = _decode_tables(syms, lens)
+    status = HK.decode_symbols(stream, nsym, n, lut, first, offset, count, sorted_syms, maxlen,
+                               out)
     if status < 0:
         raise CodecError(f"RLEHuffman payload corrupted: {_ERRORS[status]}")
     if (status + 7) // 8 != stream.size:
@@ -167,14 +167,11 @@ def rle_huffman_decode(buf) -> np.ndarray:
 def _decode_tables(syms: np.ndarray, lens: np.ndarray):
     codes = _canonical(syms, lens)
     maxlen = int(lens.max())
-    lut_sym = np.zeros(1 << HK.LUT_BITS, np.int64)
-    lut_len = np.zeros(1 << HK.LUT_BITS, np.int64)
+    lut = np.zeros(1 << HK.LUT_BITS, np.int64)
     short = lens <= HK.LUT_BITS
     for s, c, ln in zip(syms[short], codes[short], lens[short]):
         lo = int(c) << (HK.LUT_BITS - int(ln))
-        hi = lo + (1 << (HK.LUT_BITS - int(ln)))
-        lut_sym[lo:hi] = s
-        lut_len[lo:hi] = ln
+        lut[lo:lo + (1 << (HK.LUT_BITS - int(ln)))] = (int(s) << 8) | int(ln)
     order = np.lexsort((syms, lens))
     sorted_syms = syms[order]
     count = np.bincount(lens, minlength=HK.MAX_LEN + 2).astype(np.int64)
@@ -184,7 +181,7 @@ def _decode_tables(syms: np.ndarray, lens: np.ndarray):
     for ln in range(1, HK.MAX_LEN + 1):
         if count[ln]:
             first[ln] = codes[order[offset[ln]]]
-    return lut_sym, lut_len, first, offset, count, sorted_syms, maxlen
+    return lut, first, offset, count, sorted_syms, maxlen
 
 
 class RLEHuffman(Codec):
