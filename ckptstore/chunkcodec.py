@@ -16,7 +16,8 @@ from numcodecs import Blosc
 
 from .errors import CorruptedChunkError, ManifestError
 
-__all__ = ["ChunkCodec", "BloscLossless", "RawLossless", "codec_from_config", "add_crc", "check_crc"]
+__all__ = ["ChunkCodec", "BloscLossless", "RawLossless", "QuantizedLossy", "codec_from_config",
+           "add_crc", "check_crc"]
 
 
 _CRC32C_RESIDUE = 0x48674BC7  # crc32c of any message followed by its own little-endian crc32c
@@ -106,13 +107,83 @@ class RawLossless:
         flat[...] = np.frombuffer(body, dtype=np.uint8)
 
 
+class QuantizedLossy:
+    """Quantize (ckptcodecs) -> optional RLE+Huffman -> crc32c: lossy, 4-16x smaller floats.
+
+    Registered zarr codecs (``ckpt.quantize``, ``ckpt.rle_huffman``) make the chunks readable by
+    plain zarr after ``pip install ckptstore``. ``sink``, when given, receives the codes and
+    parameters of every encoded chunk (the base of later code deltas).
+    """
+
+    def __init__(self, quantize: dict[str, Any], entropy: bool = True):
+        from ckptcodecs import Quantize
+
+        self.quantize = dict(quantize)
+        self.entropy = bool(entropy)
+        self._codec = Quantize(**self.quantize)  # validates early
+
+    def config(self) -> dict[str, Any]:
+        return {"id": "quantize", "quantize": self.quantize, "entropy": self.entropy}
+
+    def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
+        chain: list[dict[str, Any]] = [{"name": "ckpt.quantize",
+                                        "configuration": self._codec.get_config() | {}}]
+        chain[0]["configuration"].pop("id", None)
+        if self.entropy:
+            chain.append({"name": "ckpt.rle_huffman", "configuration": {}})
+        return chain + [{"name": "crc32c"}]
+
+    def encode_codes(self, chunk: np.ndarray) -> tuple[bytes, Any, Any]:
+        """``(stored bytes, codes, params)`` of one chunk."""
+        from ckptcodecs import quantize
+        from ckptcodecs._qformat import encode_chunk
+        from ckptcodecs.rle_huffman import rle_huffman_encode
+
+        kw = dict(self.quantize)
+        codes, params = quantize(np.ascontiguousarray(chunk), kw.pop("method"), kw.pop("bits"),
+                                 **kw)
+        body = encode_chunk(codes, params)
+        return add_crc(rle_huffman_encode(body) if self.entropy else body), codes, params
+
+    def encode(self, chunk: np.ndarray) -> bytes:
+        return self.encode_codes(chunk)[0]
+
+    def decode_codes(self, data: bytes, where: str) -> tuple[np.ndarray, Any]:
+        """``(codes, params)`` of a stored chunk."""
+        from ckptcodecs._qformat import decode_chunk
+        from ckptcodecs.rle_huffman import rle_huffman_decode
+
+        body = check_crc(data, where)
+        try:
+            raw = rle_huffman_decode(body) if self.entropy else np.frombuffer(body, np.uint8)
+            return decode_chunk(raw)
+        except ValueError as e:
+            raise CorruptedChunkError(f"chunk {where} does not decode: {e}", where) from e
+
+    def decode(self, data: bytes, out: np.ndarray, where: str) -> None:
+        from ckptcodecs import dequantize
+
+        codes, params = self.decode_codes(data, where)
+        if params.count != out.size:
+            raise CorruptedChunkError(
+                f"chunk {where} holds {params.count} values, expected {out.size}", where)
+        values = dequantize(codes, params)
+        out.reshape(-1)[...] = values.view(out.dtype) if values.dtype.itemsize == \
+            out.dtype.itemsize and values.dtype != out.dtype else values
+
+
 def codec_from_config(config: dict[str, Any]) -> ChunkCodec:
     """Rebuild a chunk codec from the dict stored in a manifest."""
-    kind = config.get("id")
-    if kind == "blosc":
-        return BloscLossless(config.get("cname", "lz4"), config.get("clevel", 1),
-                             config.get("shuffle", "bitshuffle"))
-    if kind == "raw":
-        return RawLossless()
+    kind = config.get("id") if isinstance(config, dict) else None
+    try:
+        if kind == "blosc":
+            return BloscLossless(config.get("cname", "lz4"), config.get("clevel", 1),
+                                 config.get("shuffle", "bitshuffle"))
+        if kind == "raw":
+            return RawLossless()
+        if kind == "quantize" and isinstance(config.get("quantize"), dict):
+            return QuantizedLossy(config["quantize"], config.get("entropy", True))
+    except (TypeError, ValueError) as e:
+        raise ManifestError(f"invalid chunk codec {config!r}: {e}") from e
     raise ManifestError(
         f"unknown chunk codec {config!r}: the store was written by a newer ckptstore; upgrade it")

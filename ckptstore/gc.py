@@ -1,9 +1,9 @@
 """Garbage collection: retention policy, then mark and sweep with a grace period.
 
 Mark: the retained commits are, per branch, the newest ``keep_last`` along the first-parent line
-(all when None), every commit whose generation is a multiple of ``keep_every``, and tagged commits
-(``keep_tags``). Every data folder a retained commit reads (its own and any base it builds on) is
-live. Sweep: manifests first, then data, so a crash half-way leaves only more leftovers. Commits
+(all when None), every commit whose generation is a multiple of ``keep_every``, tagged commits
+(``keep_tags``), and -- transitively -- every base commit a retained chain entry (incremental,
+consecutive, delta) builds on. Every data folder a retained commit reads is live. Sweep: manifests first, then data, so a crash half-way leaves only more leftovers. Commits
 and data that no ref reaches (a crashed or lost commit) are removed only once older than
 ``grace_period`` seconds, so a commit in flight in another process is never touched.
 """
@@ -34,6 +34,12 @@ def _retained(store: Store, keep_last: int | None, keep_tags: bool,
             keep.update(c for c in line if store.manifest(c).generation % keep_every == 0)
     if keep_tags:
         keep.update(c for c in store.refs.tags().values() if c in reachable)
+    stack = list(keep)  # chain entries need their bases' manifests and data
+    while stack:
+        for base in store.manifest(stack.pop()).base_commits():
+            if base not in keep:
+                keep.add(base)
+                stack.append(base)
     return keep, reachable
 
 

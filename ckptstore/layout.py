@@ -23,6 +23,7 @@ __all__ = [
     "DATA",
     "HEADS",
     "TAGS",
+    "RESTORES",
     "SEQ_WIDTH",
     "branch_dir",
     "branch_seq",
@@ -39,6 +40,7 @@ COMMITS = "commits"
 DATA = "data"
 HEADS = "refs/heads"
 TAGS = "refs/tags"
+RESTORES = "stats/restores"  # one file per resume of training (restore budget)
 SEQ_WIDTH = 12  # zero-padded so that lexical order is numeric order
 
 COMMIT_ID_RE = re.compile(r"^[0-9a-f]{32}$")

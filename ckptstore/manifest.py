@@ -21,6 +21,7 @@ from .errors import FormatVersionError, ManifestError, NotAStoreError
 
 __all__ = [
     "FORMAT_VERSION",
+    "Blob",
     "TensorEntry",
     "PackedInfo",
     "Manifest",
@@ -40,6 +41,29 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Blob(_Model):
+    """An array of a chain entry: changed rows and their values, or code deltas."""
+
+    dtype: str  # numpy dtype of the stored bits
+    shape: list[int]
+    commit: str = Field(pattern=_ID)
+    array: str
+    chunks: list[int]
+    codec: dict[str, Any]
+
+    @model_validator(mode="after")
+    def _check(self) -> Blob:
+        if any(s < 0 for s in self.shape):
+            raise ValueError("negative dimension")
+        if not self.array or "/" in self.array or self.array.startswith((".", "__")):
+            raise ValueError(f"bad array name {self.array!r}")
+        return self
+
+
+_CHAIN_PARTS = {"incremental": {"rows", "values"}, "consecutive": {"rows", "values"},
+                "delta": {"codes"}}
+
+
 class TensorEntry(_Model):
     """How to rebuild one tensor (or one shared storage) of a commit.
 
@@ -48,14 +72,16 @@ class TensorEntry(_Model):
       - ``packed``: ``nbytes`` bytes at ``offset`` of the commit's packed array (small tensors);
       - ``alias``: the very same tensor as ``tensors[base]`` (tied weights);
       - ``view``: ``as_strided(storages[base], shape, stride, storage_offset)`` (views that share a
-        storage partially).
+        storage partially);
+      - ``chain``: ``kind`` says how ``parts`` apply to the same path in ``base_commit``
+        (see :mod:`ckptstore.incremental`).
     """
 
     path: str
     dtype: str
     shape: list[int] = Field(default_factory=list)
-    layout: Literal["array", "packed", "alias", "view"]
-    kind: Literal["full"] = "full"
+    layout: Literal["array", "packed", "alias", "view", "chain"]
+    kind: Literal["full", "incremental", "consecutive", "delta"] = "full"
     container: Literal["torch", "numpy", "numpy-scalar"] = "torch"
     commit: str | None = Field(default=None, pattern=_ID)
     array: str | None = None
@@ -66,11 +92,21 @@ class TensorEntry(_Model):
     base: int | None = Field(default=None, ge=0)
     storage_offset: int | None = Field(default=None, ge=0)
     stride: list[int] | None = None
+    base_commit: str | None = Field(default=None, pattern=_ID)
+    parts: dict[str, Blob] | None = None
+    chain: int = Field(default=0, ge=0)
+    fractions: list[float] | None = None
 
     @model_validator(mode="after")
     def _check_layout(self) -> TensorEntry:
-        need = {"array": ("commit", "array", "codec", "chunks"), "packed": ("commit", "offset", "nbytes"),
-                "alias": ("base",), "view": ("base", "storage_offset", "stride")}[self.layout]
+        need = {"array": ("commit", "array", "codec", "chunks"),
+                "packed": ("commit", "offset", "nbytes"), "alias": ("base",),
+                "view": ("base", "storage_offset", "stride"),
+                "chain": ("base_commit", "parts", "codec", "chunks")}[self.layout]
+        if (self.layout == "chain") != (self.kind != "full"):
+            raise ValueError(f"kind {self.kind!r} does not go with layout {self.layout!r}")
+        if self.layout == "chain" and set(self.parts or {}) != _CHAIN_PARTS[self.kind]:
+            raise ValueError(f"kind {self.kind!r} needs parts {sorted(_CHAIN_PARTS[self.kind])}")
         missing = [n for n in need if getattr(self, n) is None]
         if missing:
             raise ValueError(f"layout {self.layout!r} needs {missing}")
@@ -125,11 +161,17 @@ class Manifest(_Model):
         return self
 
     def data_commits(self) -> set[str]:
-        """Commits whose ``data/`` this commit reads (itself, and any base it builds on)."""
+        """Commits whose ``data/`` this commit's own entries point into."""
         out = {t.commit for t in (*self.tensors, *self.storages) if t.commit}
+        for t in self.tensors:
+            out.update(b.commit for b in (t.parts or {}).values())
         if self.packed is not None:
             out.add(self.id)
         return out
+
+    def base_commits(self) -> set[str]:
+        """Commits whose entries this commit's chain entries build on (their manifests too)."""
+        return {t.base_commit for t in self.tensors if t.base_commit}
 
 
 def encode_manifest(m: Manifest) -> bytes:

@@ -8,6 +8,7 @@ It writes nothing. Later encodings (incremental rows, quantization, deltas) are 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,11 @@ class TensorPlan:
     offset: int | None = None  # packed: byte offset
     nbytes: int = 0
     grid: ChunkGrid | None = None  # array: its chunking
+    codec: ChunkCodec | None = None  # array: its codec (lossless or quantized)
+    kind: str = "full"
+    chain: Any = None  # incremental.ChainPlan for layout "chain"
+    keep_codes: bool = False  # quantized: keep the codes as the base of later code deltas
+    want: str = "full"  # what the policy wanted (full, rows, codes)
 
 
 @dataclass
@@ -86,11 +92,13 @@ class CommitPlan:
 
     @property
     def logical_bytes(self) -> int:
-        return sum(p.nbytes for p in self.tensors if p.layout in ("array", "packed", "view"))
+        return sum(p.nbytes for p in self.tensors
+                   if p.layout in ("array", "packed", "view", "chain"))
 
     def stored(self) -> list[TensorPlan]:
-        """Entries whose bits are written (arrays and packed), storages included."""
-        return [p for p in (*self.tensors, *self.storages) if p.layout in ("array", "packed")]
+        """Entries whose bits are written (arrays, packed, chains), storages included."""
+        return [p for p in (*self.tensors, *self.storages)
+                if p.layout in ("array", "packed", "chain")]
 
 
 def _container(value: Any) -> str:
@@ -119,8 +127,18 @@ def _array_name(path: str, index: int, taken: set[str]) -> str:
     return name
 
 
-def plan_commit(leaves: list[Leaf], options: EncodingOptions) -> CommitPlan:
-    """Decide the layout of every leaf tensor; shared storages are detected here."""
+Decide = Callable[[str, torch.Tensor, ChunkGrid], tuple[ChunkCodec | None, Any, str]]
+
+
+def plan_commit(leaves: list[Leaf], options: EncodingOptions,
+                decide: Decide | None = None) -> CommitPlan:
+    """Decide the layout of every leaf tensor; shared storages are detected here.
+
+    ``decide(path, tensor, grid) -> (codec, chain, want)`` is asked about every tensor that gets
+    an array of its own: a codec other than the lossless default (quantization), a
+    :class:`~ckptstore.incremental.ChainPlan` to store it as a chain entry instead of in full,
+    and what the policy wanted for it (``full``, ``rows`` or ``codes``).
+    """
     plan = CommitPlan(codec=options.codec())
     tensors = [_as_tensor(leaf.value) for leaf in leaves]
     for t, leaf in zip(tensors, leaves):
@@ -181,6 +199,13 @@ def plan_commit(leaves: list[Leaf], options: EncodingOptions) -> CommitPlan:
             p.array = _array_name(p.path, i, taken)
             p.grid = ChunkGrid.for_array(tuple(p.shape), storage_dtype(p.source.dtype).itemsize,
                                          options.chunk_bytes)
+            p.codec = plan.codec
+            if decide is not None and p.container == "torch" and i < len(plan.tensors):
+                codec, chain, p.want = decide(p.path, p.source, p.grid)
+                p.codec = codec or plan.codec
+                p.keep_codes = p.want == "codes"
+                if chain is not None:
+                    p.layout, p.kind, p.chain = "chain", chain.kind, chain
     if plan.packed_nbytes:
         plan.packed_grid = ChunkGrid.for_array((plan.packed_nbytes,), 1, options.chunk_bytes)
     return plan

@@ -1,8 +1,13 @@
-"""Rebuild tensors of a commit from the store (the read half of ``checkout``)."""
+"""Rebuild tensors of a commit from the store (the read half of ``checkout``).
+
+Full entries are read chunk by chunk straight into their output buffers; chain entries are
+replayed from their full baseline (rows applied in order, or code deltas applied per chunk and
+dequantized once at the end).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from typing import Any
 
@@ -10,14 +15,19 @@ import numpy as np
 import torch
 
 from .arrays import ChunkGrid, host_to_tensor, read_array, storage_dtype, torch_dtype
-from .chunkcodec import codec_from_config
-from .errors import ManifestError
+from .chunkcodec import QuantizedLossy, codec_from_config
+from .errors import CorruptedChunkError, ManifestError
 from .fs import Storage
+from .incremental import chain_entries
 from .layout import data_dir
-from .manifest import Manifest, TensorEntry
+from .manifest import Blob, Manifest, TensorEntry
 from .plan import PACKED_ARRAY
+from .qdelta import decode_delta_chunk
 
-__all__ = ["read_tensors", "needed_entries"]
+__all__ = ["Reader", "needed_entries"]
+
+_BLOB_DTYPES = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                "float16", "float32", "float64", "complex64", "complex128"}
 
 
 def needed_entries(m: Manifest, wanted: Iterable[int]) -> tuple[set[int], set[int]]:
@@ -47,64 +57,124 @@ def _to_container(arr: np.ndarray, e: TensorEntry, map_location: Any) -> Any:
     return t.to(map_location) if map_location is not None else t
 
 
-def read_tensors(storage: Storage, m: Manifest, wanted: Iterable[int], executor: Executor,
-                 map_location: Any = None) -> dict[int, Any]:
-    """``{tensor index: tensor}`` for the wanted tensors (plus what they share storage with)."""
-    t_idx, s_idx = needed_entries(m, wanted)
-    entries = [("t", i, m.tensors[i]) for i in sorted(t_idx)] + \
-              [("s", i, m.storages[i]) for i in sorted(s_idx)]
-    packed_bytes = _read_packed(storage, m, [e for _, _, e in entries
-                                             if e.layout == "packed" and e.nbytes], executor)
-    raw: dict[tuple[str, int], np.ndarray] = {}
-    for kind, i, e in entries:
+class Reader:
+    """Reads entries of commits; caches each commit's packed array for one checkout."""
+
+    def __init__(self, storage: Storage, manifest_of: Callable[[str], Manifest],
+                 executor: Executor):
+        self.storage = storage
+        self.manifest_of = manifest_of
+        self.executor = executor
+        self._packed: dict[str, np.ndarray] = {}
+
+    # -- one entry -------------------------------------------------------------------------
+    def host(self, e: TensorEntry) -> np.ndarray:
+        """The bits of a full or chain entry as a host array of its storage dtype."""
+        if e.layout == "array":
+            return read_array(self.storage, f"{data_dir(e.commit)}/{e.array}",
+                              ChunkGrid.checked(e.shape, e.chunks), _np_dtype(e),
+                              codec_from_config(e.codec), self.executor)
         if e.layout == "packed":
-            raw[kind, i] = _from_packed(packed_bytes, e)
-        elif e.layout == "array":
-            codec = codec_from_config(e.codec)
-            raw[kind, i] = read_array(storage, f"{data_dir(e.commit)}/{e.array}",
-                                      ChunkGrid.checked(e.shape, e.chunks), _np_dtype(e), codec,
-                                      executor)
-    out: dict[int, Any] = {}
-    bases: dict[int, torch.Tensor] = {}
-    for kind, i, e in entries:
-        if kind == "s":
-            bases[i] = _to_container(raw[kind, i], e, map_location)
-    for kind, i, e in entries:  # direct entries first, then aliases and views refer to them
-        if kind == "t" and e.layout in ("array", "packed"):
-            out[i] = _to_container(raw[kind, i], e, map_location)
-    for kind, i, e in entries:
-        if kind != "t":
-            continue
-        if e.layout == "alias":
-            out[i] = out[e.base]
-        elif e.layout == "view":
-            base = bases[e.base]
-            if base.dtype != torch_dtype(e.dtype):
-                raise ManifestError(f"tensor {e.path!r} views a storage of another dtype")
-            out[i] = torch.as_strided(base, e.shape, e.stride, e.storage_offset)
-    return out
+            return self._from_packed(e)
+        if e.layout == "chain":
+            chain = chain_entries(self.manifest_of, e)
+            if e.kind == "delta":
+                return self._replay_deltas(chain)
+            out = self.host(chain[0])
+            if not out.flags.writeable:
+                out = out.copy()
+            for inc in chain[1:]:
+                rows = self.blob(inc.parts["rows"])
+                values = self.blob(inc.parts["values"])
+                if rows.ndim != 1 or values.shape != (len(rows), *out.shape[1:]) or (
+                        rows.size and (rows.min() < 0 or rows.max() >= out.shape[0])):
+                    raise ManifestError(f"increment of {e.path!r} in {inc.parts['rows'].commit} "
+                                        "does not fit the tensor")
+                out[rows] = values
+            return out
+        raise ManifestError(f"entry {e.path!r} with layout {e.layout!r} has no bits of its own")
 
+    def blob(self, b: Blob) -> np.ndarray:
+        if b.dtype not in _BLOB_DTYPES:
+            raise ManifestError(f"blob {b.array!r} has unsupported dtype {b.dtype!r}")
+        return read_array(self.storage, f"{data_dir(b.commit)}/{b.array}",
+                          ChunkGrid.checked(b.shape, b.chunks), np.dtype(b.dtype),
+                          codec_from_config(b.codec), self.executor)
 
-def _read_packed(storage: Storage, m: Manifest, entries: list[TensorEntry],
-                 executor: Executor) -> tuple[int, np.ndarray] | None:
-    if not entries:
-        return None
-    lo = min(e.offset for e in entries)
-    hi = max(e.offset + e.nbytes for e in entries)
-    codec = codec_from_config(m.packed.codec)
-    grid = ChunkGrid.checked([m.packed.nbytes], m.packed.chunks)
-    buf = read_array(storage, f"{data_dir(m.id)}/{PACKED_ARRAY}", grid, np.dtype(np.uint8),
-                     codec, executor, rows=(lo, hi))
-    return lo, buf
+    def _replay_deltas(self, chain: list[TensorEntry]) -> np.ndarray:
+        from ckptcodecs import dequantize
 
+        base = chain[0]
+        codec = codec_from_config(base.codec)
+        if base.layout != "array" or not isinstance(codec, QuantizedLossy):
+            raise ManifestError(f"code deltas of {base.path!r} need a quantized full baseline")
+        grid = ChunkGrid.checked(base.shape, base.chunks)
+        for d in chain[1:]:
+            if d.kind != "delta" or list(grid.chunks) != d.chunks:
+                raise ManifestError(f"delta chain of {base.path!r} mixes kinds or chunk grids")
+        dtype = _np_dtype(base)
+        out = np.empty(base.shape, dtype=dtype)
 
-def _from_packed(packed: tuple[int, np.ndarray], e: TensorEntry) -> np.ndarray:
-    dt = _np_dtype(e)
-    count = int(np.prod(e.shape, dtype=np.int64))
-    if count * dt.itemsize != e.nbytes:
-        raise ManifestError(f"tensor {e.path!r}: {e.nbytes} packed bytes for shape {e.shape}")
-    if not e.nbytes:
-        return np.empty(e.shape, dtype=dt)
-    lo, buf = packed
-    part = buf[e.offset - lo: e.offset - lo + e.nbytes]
-    return part.view(dt).reshape(e.shape).copy()
+        def one(i: int, key: str, lo: int, hi: int) -> None:
+            where = f"{data_dir(base.commit)}/{base.array}/{key}"
+            codes, params = codec.decode_codes(self._read(where), where)
+            for d in chain[1:]:
+                blob = d.parts["codes"]
+                where = f"{data_dir(blob.commit)}/{blob.array}/{key}"
+                codes, params = decode_delta_chunk(self._read(where), codes, params, where)
+            values = dequantize(codes, params)
+            full = values.view(dtype) if values.dtype != dtype else values
+            if full.size != int(np.prod(grid.chunks)):
+                raise CorruptedChunkError(f"chunk {where} has the wrong size", where)
+            out[lo:hi] = full.reshape(grid.chunks)[: hi - lo]
+
+        for f in [self.executor.submit(one, *c) for c in grid]:
+            f.result()
+        return out
+
+    def _read(self, where: str) -> bytes:
+        try:
+            return self.storage.read(where)
+        except FileNotFoundError:
+            raise CorruptedChunkError(f"chunk {where} is missing from the store", where) from None
+
+    def _from_packed(self, e: TensorEntry) -> np.ndarray:
+        dt = _np_dtype(e)
+        count = int(np.prod(e.shape, dtype=np.int64))
+        if count * dt.itemsize != e.nbytes:
+            raise ManifestError(f"tensor {e.path!r}: {e.nbytes} packed bytes for shape {e.shape}")
+        if not e.nbytes:
+            return np.empty(e.shape, dtype=dt)
+        buf = self._packed.get(e.commit)
+        if buf is None:
+            m = self.manifest_of(e.commit)
+            if m.packed is None or e.offset + e.nbytes > m.packed.nbytes:
+                raise ManifestError(f"tensor {e.path!r} lies outside the packed array")
+            grid = ChunkGrid.checked([m.packed.nbytes], m.packed.chunks)
+            buf = read_array(self.storage, f"{data_dir(e.commit)}/{PACKED_ARRAY}", grid,
+                             np.dtype(np.uint8), codec_from_config(m.packed.codec), self.executor)
+            self._packed[e.commit] = buf
+        return buf[e.offset: e.offset + e.nbytes].view(dt).reshape(e.shape).copy()
+
+    # -- a whole selection -----------------------------------------------------------------
+    def read_tensors(self, m: Manifest, wanted: Iterable[int],
+                     map_location: Any = None) -> dict[int, Any]:
+        """``{tensor index: tensor}`` for the wanted tensors (and what they share storage with)."""
+        t_idx, s_idx = needed_entries(m, wanted)
+        bases = {i: _to_container(self.host(m.storages[i]), m.storages[i], map_location)
+                 for i in sorted(s_idx)}
+        out: dict[int, Any] = {}
+        for i in sorted(t_idx):
+            e = m.tensors[i]
+            if e.layout in ("array", "packed", "chain"):
+                out[i] = _to_container(self.host(e), e, map_location)
+        for i in sorted(t_idx):
+            e = m.tensors[i]
+            if e.layout == "alias":
+                out[i] = out[e.base]
+            elif e.layout == "view":
+                base = bases[e.base]
+                if base.dtype != torch_dtype(e.dtype):
+                    raise ManifestError(f"tensor {e.path!r} views a storage of another dtype")
+                out[i] = torch.as_strided(base, e.shape, e.stride, e.storage_offset)
+        return out

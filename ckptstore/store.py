@@ -12,15 +12,16 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from . import __version__
 from .errors import AmbiguousRef, ManifestError, NotAStoreError, RefExists, RefNotFound
 from .fs import Storage
 from .info import CommitInfo, GCResult, VerifyReport
-from .layout import COMMITS, MARKER, check_ref_name, is_commit_id, manifest_key
-from .manifest import (FORMAT_VERSION, Manifest, PackedInfo, TensorEntry, decode_manifest,
-                       decode_marker, encode_manifest, encode_marker)
-from .plan import PACKED_ARRAY, CommitPlan, EncodingOptions, plan_commit
-from .reader import read_tensors
+from .layout import COMMITS, MARKER, RESTORES, check_ref_name, is_commit_id, manifest_key
+from .incremental import ChainMemory
+from .manifest import Manifest, decode_manifest, decode_marker, encode_manifest, encode_marker
+from .plan import EncodingOptions, plan_commit
+from .policy import Policy
+from .records import build_manifest
+from .reader import Reader
 from .refs import Refs
 from .state import flatten, load_into, select, tree_paths, unflatten
 from .writer import persist, snapshot
@@ -46,10 +47,12 @@ class Store:
     """A versioned checkpoint store (use :func:`ckptstore.open`)."""
 
     def __init__(self, storage: Storage, options: EncodingOptions | None = None,
-                 io_workers: int | None = None):
+                 io_workers: int | None = None, policy: Policy | None = None):
         self.storage = storage
         self.refs = Refs(storage)
         self.options = options or EncodingOptions()
+        self.policy = policy or Policy()
+        self._chains = ChainMemory()
         cpus = os.cpu_count() or 2
         workers = io_workers or (cpus if storage.is_local else max(16, cpus))
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="ckptstore-io")
@@ -72,14 +75,19 @@ class Store:
 
     # -- commit ----------------------------------------------------------------------------
     def commit(self, state: Any, message: str = "", branch: str = "main",
-               tags: Sequence[str] = (), metadata: dict[str, Any] | None = None) -> CommitInfo:
+               tags: Sequence[str] = (), metadata: dict[str, Any] | None = None,
+               policy: Policy | None = None, tracker: Any = None) -> CommitInfo:
         """Store ``state`` as a new commit on ``branch`` and return its :class:`CommitInfo`.
 
         ``state`` is an ``nn.Module``, a state dict, or a mapping of names to objects with
-        ``state_dict()``/``load_state_dict()`` and plain values. The steps: flatten -> plan ->
-        snapshot -> persist (data) -> manifest -> ref. Until the ref moves nothing is visible;
-        if another writer moved the branch meanwhile, :class:`ConcurrentUpdateError` is raised
-        and the commit stays stored (unreferenced) until gc.
+        ``state_dict()``/``load_state_dict()`` and plain values. ``policy`` (default: the
+        store's) chooses full, incremental or delta entries and quantization per tensor;
+        ``tracker`` (:func:`ckptstore.track`) supplies the touched rows of embedding tables.
+
+        The steps: flatten -> plan -> snapshot -> persist (data) -> manifest -> ref. Until the ref
+        moves nothing is visible; if another writer moved the branch meanwhile,
+        :class:`ConcurrentUpdateError` is raised and the commit stays stored (unreferenced) until
+        gc.
         """
         check_ref_name(branch, "branch")
         tags = [check_ref_name(t, "tag") for t in ([tags] if isinstance(tags, str) else tags)]
@@ -87,52 +95,55 @@ class Store:
             if self.storage.exists(f"refs/tags/{t}"):
                 raise RefExists(f"tag {t!r} already exists; choose another name")
         metadata = _plain_metadata(metadata or {}, state)
-        tree, leaves = flatten(state)                                   # 1. flatten
-        plan = plan_commit(leaves, self.options)                        # 2. plan
+        policy = self._effective_policy(policy or self.policy)
+        tree, leaves = flatten(state)                                        # 1. flatten
         tip = self.refs.tip(branch)
-        commit_id = new_commit_id()
-        snap = snapshot(plan)                                           # 3. snapshot
-        sizes = persist(self.storage, commit_id, plan, snap,            # 4. persist
-                        self._executor, self._max_inflight)
         parent = self.manifest(tip[1]) if tip else None
-        manifest = self._manifest(commit_id, parent, message, metadata, tree, plan, sizes)
+        decide = self._chains.decider(policy, branch, parent, tracker)
+        plan = plan_commit(leaves, self.options, decide)                     # 2. plan
+        commit_id = new_commit_id()
+        snap = snapshot(plan)                                                # 3. snapshot
+        done = persist(self.storage, commit_id, plan, snap, self._executor,  # 4. persist
+                       self._max_inflight, self.options.chunk_bytes)
+        manifest = build_manifest(commit_id, parent, message, metadata, tree, plan, done)
         self.storage.put_if_absent(manifest_key(commit_id), encode_manifest(manifest))  # 5.
-        self.refs.advance(branch, tip, commit_id)                       # 6. ref
+        self.refs.advance(branch, tip, commit_id)                            # 6. ref
+        self._chains.commit_done(branch, commit_id, plan, snap, done,
+                                 lambda t: tracker is not None and tracker.lookup(t) is not None)
         for t in tags:
             self.refs.create_tag(t, commit_id)
         self._remember(manifest)
         return CommitInfo.from_manifest(manifest)
 
-    def _manifest(self, commit_id: str, parent: Manifest | None, message: str,
-                  metadata: dict[str, Any], tree: Any, plan: CommitPlan,
-                  sizes: dict[str, int]) -> Manifest:
-        codec = plan.codec.config()
+    def _effective_policy(self, policy: Policy) -> Policy:
+        if policy.bitwidth is not None and policy.quantize is not None:
+            return policy.with_bits(policy.bitwidth.bits(self.restore_count()))
+        return policy
 
-        def entry(p: Any) -> TensorEntry:
-            common = dict(path=p.path, dtype=p.dtype, shape=p.shape, layout=p.layout,
-                          container=p.container)
-            if p.layout == "array":
-                return TensorEntry(**common, commit=commit_id, array=p.array, codec=codec,
-                                   chunks=list(p.grid.chunks), nbytes=p.nbytes)
-            if p.layout == "packed":
-                return TensorEntry(**common, commit=commit_id, offset=p.offset, nbytes=p.nbytes)
-            return TensorEntry(**common, base=p.base, storage_offset=p.storage_offset,
-                               stride=p.stride)
+    def rebase(self, ref: str = "main", branch: str | None = None,
+               message: str = "") -> CommitInfo:
+        """Write the state of ``ref`` as a new full, lossless commit on ``branch`` (default: ``ref``
+        when it is a branch, else ``main``), so that gc can collect the chains before it."""
+        commit_id = self.resolve(ref)
+        branch = branch or (ref if self.refs.tip(ref) is not None else "main")
+        m = self.manifest(commit_id)
+        state = self.checkout(commit_id)
+        return self.commit(state, message=message or f"rebase of {commit_id[:10]}",
+                           branch=branch, metadata=dict(m.metadata), policy=Policy())
 
-        packed = (PackedInfo(array=PACKED_ARRAY, nbytes=plan.packed_nbytes, codec=codec,
-                             chunks=list(plan.packed_grid.chunks))
-                  if plan.packed_nbytes else None)
-        return Manifest(format_version=FORMAT_VERSION, id=commit_id,
-                        parent=parent.id if parent else None,
-                        generation=parent.generation + 1 if parent else 0, time=time.time(), message=message, metadata=metadata, tree=tree,
-                        tensors=[entry(p) for p in plan.tensors],
-                        storages=[entry(p) for p in plan.storages], packed=packed,
-                        logical_bytes=plan.logical_bytes, stored_bytes=sum(sizes.values()),
-                        library=__version__)
+    # -- restores ----------------------------------------------------------------------------
+    def record_restore(self, commit_id: str) -> None:
+        """Count one resume of training from a commit (drives :class:`~ckptstore.policy.BitWidth`)."""
+        self.storage.put_if_absent(f"{RESTORES}/{new_commit_id()}", (commit_id + "\n").encode())
+
+    def restore_count(self) -> int:
+        """How many times training resumed from this store (``checkout(..., for_resume=True)``)."""
+        return sum(1 for n in self.storage.listdir(RESTORES) if is_commit_id(n))
 
     # -- checkout --------------------------------------------------------------------------
     def checkout(self, ref: str = "main", *, into: Any = None,
-                 paths: Sequence[str] | None = None, map_location: Any = None) -> Any:
+                 paths: Sequence[str] | None = None, map_location: Any = None,
+                 for_resume: bool = False) -> Any:
         """Rebuild the state of a commit.
 
         Parameters
@@ -145,17 +156,22 @@ class Store:
             Glob patterns of dotted paths (``"model.emb.*"``): only those entries are read.
         map_location
             Device to move tensors to (``"cpu"``, ``"cuda:0"``, ``torch.device``).
+        for_resume
+            Training resumes from this state: counted for the restore budget of quantized commits.
         """
         m = self.manifest(self.resolve(ref))
         tree = select(m.tree, list(paths)) if paths else m.tree
         wanted = [n["tensor"] for n in tree_paths(tree).values() if "tensor" in n]
         if any(not isinstance(i, int) or not 0 <= i < len(m.tensors) for i in wanted):
             raise ManifestError(f"commit {m.id} refers to tensors it does not have")
-        got = read_tensors(self.storage, m, wanted, self._executor, map_location)
+        reader = Reader(self.storage, self.manifest, self._executor)
+        got = reader.read_tensors(m, wanted, map_location)
         tensors = [got.get(i) for i in range(len(m.tensors))]
         state = unflatten(tree, tensors)
         if into is not None:
             load_into(state, into)
+        if for_resume:
+            self.record_restore(m.id)
         return state
 
     # -- history and refs ------------------------------------------------------------------
@@ -330,7 +346,7 @@ def _plain_metadata(metadata: dict[str, Any], state: Any) -> dict[str, Any]:
 
 
 def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions | None = None,
-         **storage_options: Any) -> Store:
+         policy: Policy | None = None, **storage_options: Any) -> Store:
     """Open the store at ``url`` (a local path or any fsspec URL), creating it unless
     ``create=False``.
 
@@ -351,4 +367,4 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
                 "choose an empty location") from None
         storage.put_if_absent(MARKER, encode_marker())
         decode_marker(storage.read(MARKER), storage.path(MARKER))
-    return Store(storage, options)
+    return Store(storage, options, policy=policy)

@@ -1,0 +1,8 @@
+"""Policies: how tensors are encoded, when chains rebase, how many bits a restore budget allows."""
+
+from .bitwidth import BitWidth
+from .encoding import Decision, Policy, QuantSpec
+from .rebase import Intermittent, MaxChain, RebasePredictor
+
+__all__ = ["Policy", "QuantSpec", "Decision", "RebasePredictor", "Intermittent", "MaxChain",
+           "BitWidth"]

@@ -1,0 +1,131 @@
+"""Per-tensor encoding policy: full / incremental rows / code deltas, lossless or quantized."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import torch
+
+from .bitwidth import BitWidth
+from .rebase import Intermittent, RebasePredictor
+
+__all__ = ["QuantSpec", "Policy", "Decision"]
+
+IncrementalMode = Literal["off", "one-shot", "consecutive", "intermittent"]
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """A lossy encoding of float tensors (see :class:`ckptcodecs.Quantize`).
+
+    ``entropy`` adds RLE + Huffman coding of the packed codes.
+    """
+
+    method: str = "adaptive-asymmetric"
+    bits: int = 4
+    granularity: str = "row"
+    group_size: int | None = None
+    protect: float = 0.0
+    prune: float = 0.0
+    levels: int | None = None
+    lam: float = 1.0
+    entropy: bool = True
+
+    def with_bits(self, bits: int) -> QuantSpec:
+        return replace(self, bits=bits)
+
+    def codec_kwargs(self, dtype: str) -> dict[str, Any]:
+        """Keyword arguments of ``ckptcodecs.Quantize`` for a tensor of torch dtype ``dtype``."""
+        kw: dict[str, Any] = {"method": self.method, "bits": self.bits,
+                              "granularity": self.granularity, "protect": self.protect,
+                              "prune": self.prune, "lam": self.lam}
+        if self.group_size is not None:
+            kw["group_size"] = self.group_size
+        if self.levels is not None:
+            kw["levels"] = self.levels
+        if dtype == "bfloat16":
+            kw["dtype"] = "bfloat16"
+        return kw
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the policy wants for one tensor: ``rows`` (incremental candidate), ``codes``
+    (code-delta candidate) or ``full``; and its quantization (None: lossless)."""
+
+    want: Literal["full", "rows", "codes"]
+    quant: QuantSpec | None = None
+
+
+_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How a commit encodes each tensor.
+
+    Parameters
+    ----------
+    incremental
+        ``"off"``; ``"one-shot"`` (rows changed since the full baseline); ``"consecutive"`` (rows
+        changed since the previous commit; restore replays the chain); ``"intermittent"``
+        (one-shot, with a new baseline when ``rebase`` predicts it pays off -- Check-N-Run's
+        default). Applies to embedding-like tensors: 2-D with at least ``min_rows`` rows.
+    quantize
+        Lossy encoding of float tensors of at least ``min_quant_bytes`` (None: lossless).
+    delta
+        Dense float tensors are stored as DynaQuant code deltas against the previous commit
+        (needs ``quantize``).
+    max_chain
+        Longest chain of increments or deltas before a full commit is forced.
+    rebase
+        Predictor of ``intermittent`` rebasing.
+    bitwidth
+        Choose ``quantize.bits`` from the expected number of restores.
+    lossless
+        Glob patterns of dotted paths that are always stored lossless and full.
+    """
+
+    incremental: IncrementalMode = "off"
+    quantize: QuantSpec | None = None
+    delta: bool = False
+    max_chain: int = 16
+    rebase: RebasePredictor = field(default_factory=Intermittent)
+    bitwidth: BitWidth | None = None
+    lossless: tuple[str, ...] = ()
+    min_rows: int = 1024
+    min_quant_bytes: int = 64 * 1024
+
+    def __post_init__(self) -> None:
+        if self.incremental not in ("off", "one-shot", "consecutive", "intermittent"):
+            raise ValueError("incremental must be 'off', 'one-shot', 'consecutive' or "
+                             f"'intermittent', not {self.incremental!r}")
+        if self.delta and self.quantize is None:
+            raise ValueError("delta=True needs quantize=QuantSpec(...): deltas are of codes")
+        if self.max_chain < 1:
+            raise ValueError("max_chain must be >= 1")
+
+    @classmethod
+    def lossless_full(cls) -> Policy:
+        """Every tensor full and lossless (the default of a store)."""
+        return cls()
+
+    def with_bits(self, bits: int) -> Policy:
+        return self if self.quantize is None else replace(self, quantize=self.quantize.with_bits(
+            bits))
+
+    def decide(self, path: str, tensor: torch.Tensor) -> Decision:
+        """The wanted encoding of one tensor (the store then checks a base is available)."""
+        if any(fnmatch.fnmatchcase(path, p) for p in self.lossless):
+            return Decision("full")
+        nbytes = tensor.numel() * tensor.element_size()
+        is_float = tensor.dtype in _FLOATS
+        quant = self.quantize if is_float and nbytes >= self.min_quant_bytes else None
+        if (self.incremental != "off" and tensor.dim() == 2 and tensor.shape[0] >= self.min_rows
+                and nbytes >= self.min_quant_bytes):
+            return Decision("rows", quant)
+        if self.delta and quant is not None:
+            return Decision("codes", quant)
+        return Decision("full", quant)
