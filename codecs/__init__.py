@@ -7,6 +7,8 @@ Depends on numpy, numcodecs, numba and zarr only -- never on ``ckptstore``.
 - :func:`delta_encode` / :func:`delta_decode` (:class:`BucketDelta`): cyclic code deltas against
   a base version, rearranged by base bucket.
 - :class:`RLEHuffman` (``ckpt.rle_huffman``): lossless run lengths + canonical Huffman.
+- :func:`encode_chunk` / :func:`decode_chunk`: the self-contained Quantize chunk layout for codes
+  and parameters computed elsewhere (e.g. codes rebuilt from a BucketDelta).
 - :mod:`ckptcodecs.zarr3`: ``QuantizeCodec`` and ``RLEHuffmanCodec`` for zarr v3 (imported lazily).
 
 Importing the package registers the numcodecs codecs (the ``numcodecs.codecs`` entry points do
@@ -15,6 +17,7 @@ the same for processes that never import it).
 
 from numcodecs.registry import register_codec
 
+from ._qformat import HEADER_SIZE, decode_chunk, encode_chunk
 from .bitpack import pack_bits, packed_size, unpack_bits
 from .delta import BucketDelta, delta_decode, delta_encode
 from .errors import CodecError
@@ -27,6 +30,9 @@ __all__ = [
     "QuantParams",
     "quantize",
     "dequantize",
+    "encode_chunk",
+    "decode_chunk",
+    "HEADER_SIZE",
     "METHODS",
     "GRANULARITIES",
     "BucketDelta",

@@ -31,10 +31,12 @@ from .bitpack import pack_bits, packed_size, unpack_bits
 from .errors import CodecError
 from .quantize import METHODS, QuantParams
 
-__all__ = ["VERSION", "encode_chunk", "decode_chunk"]
+__all__ = ["VERSION", "HEADER_SIZE", "encode_chunk", "decode_chunk"]
 
 VERSION = 1
 _HEAD = struct.Struct("<BBBBBHQQQ")
+#: Bytes of the fixed header before the parameters.
+HEADER_SIZE = _HEAD.size
 
 
 def encode_chunk(codes: np.ndarray, p: QuantParams) -> bytes:
