@@ -15,7 +15,9 @@ from .info import CommitInfo, GCResult, VerifyReport  # noqa: E402
 from .plan import EncodingOptions  # noqa: E402
 from .policy import BitWidth, Intermittent, MaxChain, Policy, QuantSpec  # noqa: E402
 from .store import Store, open  # noqa: E402
+from .tracking import RowTracker, track  # noqa: E402
 
 __all__ = ["open", "Store", "CommitInfo", "GCResult", "VerifyReport", "EncodingOptions",
-           "Policy", "QuantSpec", "BitWidth", "Intermittent", "MaxChain", "__version__",
+           "Policy", "QuantSpec", "BitWidth", "Intermittent", "MaxChain", "track", "RowTracker",
+           "__version__",
            *_errors_all]

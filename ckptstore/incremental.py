@@ -152,6 +152,7 @@ class ChainMemory:
         self._shadows: dict[tuple[str, str], Shadow] = {}
 
     def forget(self, branch: str | None = None) -> None:
+        """Drop references (all, or one branch's): the next commits are full baselines."""
         self._shadows = {k: v for k, v in self._shadows.items()
                          if branch is not None and k[0] != branch}
 
@@ -171,8 +172,8 @@ class ChainMemory:
                 return codec, None, "full"
             shadow = self._shadows.get((branch, path))
             table = tracker.lookup(tensor) if tracker is not None and d.want == "rows" else None
-            if table is not None:
-                touched = tracker.consume(tensor).cpu().numpy()
+            if table is not None:  # the store clears the tracker once the snapshot is taken
+                touched = tracker.touched_rows(tensor).cpu().numpy()
                 rows = tensor.shape[0]
                 if shadow is not None and shadow.unsaved is not None and len(shadow.unsaved) == rows:
                     shadow.unsaved[touched] = True

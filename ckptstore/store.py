@@ -103,6 +103,8 @@ class Store:
         plan = plan_commit(leaves, self.options, decide)                     # 2. plan
         commit_id = new_commit_id()
         snap = snapshot(plan)                                                # 3. snapshot
+        if tracker is not None:
+            tracker.clear()  # rows seen so far are in the plan (kept as unsaved until the ref moves)
         done = persist(self.storage, commit_id, plan, snap, self._executor,  # 4. persist
                        self._max_inflight, self.options.chunk_bytes)
         manifest = build_manifest(commit_id, parent, message, metadata, tree, plan, done)
@@ -170,6 +172,7 @@ class Store:
         state = unflatten(tree, tensors)
         if into is not None:
             load_into(state, into)
+            self._chains.forget()  # live tensors changed behind any tracker: rebase next time
         if for_resume:
             self.record_restore(m.id)
         return state

@@ -1,0 +1,205 @@
+"""Incremental, consecutive, intermittent and delta chains: exact where lossless, equal to an
+independent dequantize where quantized, and never broken by gc or rebase."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ckptstore
+from ckptstore import BitWidth, MaxChain, Policy, QuantSpec
+
+from helpers import assert_bit_exact
+
+ROWS, DIM = 4096, 16
+
+
+def _kinds(store, info):
+    return {e.path: e.kind for e in store.manifest(info.id).tensors}
+
+
+@pytest.mark.parametrize("mode,kind", [("one-shot", "incremental"),
+                                       ("consecutive", "consecutive"),
+                                       ("intermittent", "incremental")])
+def test_row_chains_are_exact(tmp_path, mode, kind):
+    store = ckptstore.open(tmp_path / "s", policy=Policy(incremental=mode))
+    g = torch.Generator().manual_seed(0)
+    emb, dense = torch.randn(ROWS, DIM, generator=g), torch.randn(300, 300, generator=g)
+    history = []
+    for step in range(6):
+        rows = torch.randint(0, ROWS, (300,), generator=g)
+        emb[rows] += 1.0
+        dense += 0.5
+        info = store.commit({"emb": emb, "dense": dense, "step": step})
+        history.append((info, {"emb": emb.clone(), "dense": dense.clone(), "step": step}))
+    assert [_kinds(store, i)["emb"] for i, _ in history] == ["full"] + [kind] * 5
+    assert all(_kinds(store, i)["dense"] == "full" for i, _ in history)
+    for info, state in history:
+        assert_bit_exact(store.checkout(info.id), state)
+    def emb_bytes(info):
+        files = store.storage.walk_sizes(f"data/{info.id}")
+        return sum(n for k, n in files.items() if k.split("/")[2].startswith("emb"))
+
+    assert emb_bytes(history[1][0]) < 0.15 * emb_bytes(history[0][0])  # ~7% of rows changed
+    assert store.verify().ok
+
+
+def test_intermittent_rebases_when_predicted():
+    store = ckptstore.open("memory://intermittent", policy=Policy(incremental="intermittent"))
+    emb = torch.zeros(ROWS, DIM)
+    kinds = []
+    for step in range(8):
+        emb[step * 600:(step + 1) * 600] += 1  # every interval touches new rows: increments grow
+        kinds.append(_kinds(store, store.commit({"emb": emb}))["emb"])
+    fr = [e.fractions for e in store.manifest(store.resolve("main~1")).tensors][0]
+    assert "full" in kinds[2:], (kinds, fr)
+
+
+def test_max_chain_bounds_consecutive():
+    store = ckptstore.open("memory://maxchain", policy=Policy(incremental="consecutive",
+                                                              max_chain=2))
+    emb = torch.zeros(ROWS, DIM)
+    kinds = []
+    for step in range(6):
+        emb[step] += 1
+        kinds.append(_kinds(store, store.commit({"emb": emb}))["emb"])
+    assert kinds == ["full", "consecutive", "consecutive", "full", "consecutive", "consecutive"]
+    assert MaxChain(3).should_rebase([0.1, 0.1, 0.1])
+
+
+def test_new_process_starts_with_a_baseline(tmp_path):
+    policy = Policy(incremental="one-shot")
+    emb = torch.randn(ROWS, DIM)
+    a = ckptstore.open(tmp_path / "s", policy=policy)
+    a.commit({"emb": emb})
+    emb[0] += 1
+    assert _kinds(a, a.commit({"emb": emb}))["emb"] == "incremental"
+    b = ckptstore.open(tmp_path / "s", policy=policy)  # "restarted": no reference in memory
+    emb[1] += 1
+    info = b.commit({"emb": emb})
+    assert _kinds(b, info)["emb"] == "full"
+    assert_bit_exact(b.checkout("main")["emb"], emb)
+
+
+ops = st.lists(st.one_of(
+    st.tuples(st.just("update"), st.integers(0, ROWS - 1), st.integers(1, 400)),
+    st.tuples(st.just("commit"), st.sampled_from(["one-shot", "consecutive", "intermittent",
+                                                  "off"])),
+    st.tuples(st.just("gc"), st.integers(1, 3)),
+    st.tuples(st.just("tag"), st.integers(0, 5)),
+    st.just(("rebase",))), min_size=3, max_size=25)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=ops)
+def test_property_gc_and_rebase_never_break_a_retained_commit(ops):
+    """Random commit/update/tag/gc/rebase sequences: every commit gc keeps checks out exactly."""
+    import uuid
+    store = ckptstore.open(f"memory://prop-{uuid.uuid4().hex}")
+    emb = torch.zeros(ROWS, DIM)
+    expected: dict[str, torch.Tensor] = {}
+    for op in ops:
+        if op[0] == "update":
+            emb[op[1]: op[1] + op[2]] += 1
+        elif op[0] == "commit":
+            info = store.commit({"emb": emb}, policy=Policy(incremental=op[1], max_chain=4))
+            expected[info.id] = emb.clone()
+        elif op[0] == "gc" and expected:
+            store.gc(keep_last=op[1], grace_period=0)
+        elif op[0] == "tag" and expected:
+            try:
+                store.tag(f"t{op[1]}", "main")
+            except ckptstore.RefExists:
+                pass
+        elif op[0] == "rebase" and expected:
+            info = store.rebase("main")
+            expected[info.id] = expected[info.parent].clone()
+    alive = set(store.commit_ids())
+    for commit_id, value in expected.items():
+        if commit_id in alive:
+            assert torch.equal(store.checkout(commit_id)["emb"], value)
+    assert store.verify().ok
+
+
+def test_quantized_incremental_matches_independent_dequantize():
+    from ckptcodecs import dequantize, quantize
+
+    spec = QuantSpec(method="adaptive-asymmetric", bits=4, granularity="row", entropy=True)
+    store = ckptstore.open("memory://qinc", policy=Policy(incremental="one-shot", quantize=spec))
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(ROWS, DIM, generator=g)
+    store.commit({"emb": base})
+    cur = base.clone()
+    rows = torch.unique(torch.randint(0, ROWS, (500,), generator=g))
+    cur[rows] += torch.randn(len(rows), DIM, generator=g)
+    store.commit({"emb": cur})
+
+    def qdq(x: torch.Tensor) -> torch.Tensor:
+        codes, params = quantize(x.numpy(), "adaptive-asymmetric", 4, granularity="row")
+        return torch.from_numpy(dequantize(codes, params).reshape(x.shape))
+
+    expected = qdq(base)
+    expected[rows] = qdq(cur[rows])
+    got = store.checkout("main")["emb"]
+    assert torch.equal(got, expected)
+    assert float((got - cur).abs().max()) < 0.6
+
+
+def test_delta_chain_matches_independent_dequantize():
+    from ckptcodecs import dequantize, quantize
+
+    spec = QuantSpec(method="kmeans", bits=4, granularity="tensor", protect=0.01)
+    store = ckptstore.open("memory://qdelta", policy=Policy(quantize=spec, delta=True))
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(256, 256, generator=g)
+    sizes = []
+    for step in range(5):
+        w += torch.where(torch.rand(w.shape, generator=g) < 0.05, 0.01, 0.0)
+        info = store.commit({"w": w})
+        sizes.append(info.stored_bytes)
+        codes, params = quantize(w.numpy(), "kmeans", 4, granularity="tensor", protect=0.01)
+        expected = dequantize(codes, params).reshape(w.shape)
+        assert np.array_equal(store.checkout("main")["w"].numpy(), expected)
+    assert [e.kind for e in store.manifest(info.id).tensors] == ["delta"]
+    assert max(sizes[1:]) < sizes[0] / 3
+    assert store.verify().ok
+
+
+def test_bitwidth_follows_restores():
+    spec = QuantSpec(method="uniform-asymmetric", bits=8)
+    store = ckptstore.open("memory://bits", policy=Policy(
+        quantize=spec, bitwidth=BitWidth(expected_restores=1)))
+    w = torch.randn(200, 128)
+
+    def bits() -> int:
+        info = store.commit({"w": w})
+        return store.manifest(info.id).tensors[0].codec["quantize"]["bits"]
+
+    assert bits() == 2
+    store.checkout("main", for_resume=True)
+    assert store.restore_count() == 1 and bits() == 2
+    store.checkout("main", for_resume=True)
+    assert bits() == 8  # more restores than expected: fall back to the safe width
+
+
+def test_tracker_rows_drive_increments():
+    emb = torch.nn.Embedding(ROWS, DIM, sparse=True)
+    model = torch.nn.ModuleDict({"emb": emb})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    tracker = ckptstore.track(model, opt)
+    store = ckptstore.open("memory://tracked", policy=Policy(incremental="one-shot"))
+    store.commit({"model": model}, tracker=tracker)
+    touched = set()
+    for _ in range(3):
+        idx = torch.randint(0, ROWS, (64,))
+        touched.update(idx.tolist())
+        emb(idx).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    info = store.commit({"model": model}, tracker=tracker)
+    entry = store.manifest(info.id).tensors[0]
+    assert entry.kind == "incremental" and entry.parts["rows"].shape == [len(touched)]
+    assert_bit_exact(store.checkout("main")["model"], model.state_dict())
