@@ -14,8 +14,8 @@
     nprot x u16: protected values as bfloat16 bits, in position order
     packed codes: ceil(count * bits / 8) bytes (see ckptcodecs.bitpack)
 
-Decoding: code ``c < nq`` -> ``float(zero + scale * c)`` evaluated in float64 (uniform) or
-``codebook[c]``; ``prune_code`` -> 0; ``protect_code`` -> the next protected value; then cast to
+Decoding: code ``c < nq`` -> ``zero + scale * c`` evaluated in float64 and clamped to the finite
+range of the dtype (uniform), or ``codebook[c]``; ``prune_code`` -> 0; ``protect_code`` -> the next protected value; then cast to
 the dtype. Every size is checked against the buffer before anything is allocated; the total must
 match exactly.
 """

@@ -75,7 +75,8 @@ def uniform_codes(x, seg, zero, inv, fq, half, fzero, out):  # pragma: no cover 
 
 
 @njit(cache=True, nogil=True)
-def dequant_uniform(codes, seg, zero, scale, nq, prune_code, protect_code, prot, out):  # pragma: no cover
+def dequant_uniform(codes, seg, zero, scale, nq, prune_code, protect_code, prot, lim,
+                    out):  # pragma: no cover - compiled
     n = codes.size
     p = 0
     for s in range(zero.size):
@@ -86,7 +87,8 @@ def dequant_uniform(codes, seg, zero, scale, nq, prune_code, protect_code, prot,
         for i in range(a0, b0):
             c = codes[i]
             if c < nq:
-                out[i] = z + sc * c
+                # rounding of float32 parameters may step past the largest finite value
+                out[i] = min(max(z + sc * c, -lim), lim)
             elif c == protect_code:
                 out[i] = prot[p]
                 p += 1

@@ -48,6 +48,7 @@ __all__ = [
 METHODS = ("uniform-symmetric", "uniform-asymmetric", "adaptive-asymmetric", "kmeans")
 GRANULARITIES = ("row", "group", "tensor")
 _EMPTY_MASK = np.zeros(0, np.uint8)
+_FINITE_LIMIT = {"float16": np.float16}  # decoded levels are clamped to the finite range
 
 
 @dataclass
@@ -263,7 +264,7 @@ def dequantize(codes: np.ndarray, params: QuantParams) -> np.ndarray:
                            prot, out)
     else:
         K.dequant_uniform(codes, p.seg_len, p.zero, p.scale, p.nq, p.prune_code, p.protect_code,
-                          prot, out)
+                          prot, float(np.finfo(_FINITE_LIMIT.get(p.dtype, work)).max), out)
     return from_float(out, p.dtype)
 
 
