@@ -135,9 +135,7 @@ class QuantizedLossy:
 
     def encode_codes(self, chunk: np.ndarray) -> tuple[bytes, Any, Any]:
         """``(stored bytes, codes, params)`` of one chunk."""
-        from ckptcodecs import quantize
-        from ckptcodecs._qformat import encode_chunk
-        from ckptcodecs.rle_huffman import rle_huffman_encode
+        from ckptcodecs import encode_chunk, quantize, rle_huffman_encode
 
         kw = dict(self.quantize)
         codes, params = quantize(np.ascontiguousarray(chunk), kw.pop("method"), kw.pop("bits"),
@@ -150,8 +148,7 @@ class QuantizedLossy:
 
     def decode_codes(self, data: bytes, where: str) -> tuple[np.ndarray, Any]:
         """``(codes, params)`` of a stored chunk."""
-        from ckptcodecs._qformat import decode_chunk
-        from ckptcodecs.rle_huffman import rle_huffman_decode
+        from ckptcodecs import decode_chunk, rle_huffman_decode
 
         body = check_crc(data, where)
         try:

@@ -4,6 +4,7 @@ rearranged cyclic deltas against the base version's codes, RLE + Huffman coded.
 Chunk layout (then zarr's crc32c)::
 
     b"QD" | u8 version (1) | u32 n = length of the parameter block
+    u8 bits | u16 levels (of the new version, special levels included) | u64 count
     parameter block: a ckptcodecs Quantize chunk without its packed codes (header, scales or
                      codebook, protected values) -- the new version's own parameters
     RLEHuffman(delta_encode(new codes, base codes, K))   with K = the larger level count
@@ -23,52 +24,43 @@ from .errors import CorruptedChunkError
 
 __all__ = ["encode_delta_chunk", "decode_delta_chunk"]
 
-_HEAD = struct.Struct("<2sBI")
+_HEAD = struct.Struct("<2sBIBHQ")
 _MAGIC = b"QD"
 
 
 def encode_delta_chunk(values: np.ndarray, quant: dict[str, Any], base_codes: np.ndarray,
                        base_params: Any) -> tuple[bytes, np.ndarray, Any]:
     """``(stored bytes, new codes, new params)`` of one chunk."""
-    from ckptcodecs import delta_encode, packed_size, quantize
-    from ckptcodecs._qformat import encode_chunk
-    from ckptcodecs.rle_huffman import rle_huffman_encode
+    from ckptcodecs import delta_encode, encode_chunk, packed_size, quantize, rle_huffman_encode
 
     kw = dict(quant)
     codes, params = quantize(np.ascontiguousarray(values), kw.pop("method"), kw.pop("bits"), **kw)
     full = encode_chunk(codes, params)
     block = full[: len(full) - packed_size(params.count, params.bits)]
     residual = delta_encode(codes, base_codes, (params.levels, base_params.levels))
-    data = _HEAD.pack(_MAGIC, 1, len(block)) + block + rle_huffman_encode(residual)
+    head = _HEAD.pack(_MAGIC, 1, len(block), params.bits, params.levels, params.count)
+    data = head + block + rle_huffman_encode(residual)
     return add_crc(data), codes, params
 
 
 def decode_delta_chunk(data: bytes, base_codes: np.ndarray, base_params: Any,
                        where: str) -> tuple[np.ndarray, Any]:
     """``(codes, params)`` of the new version of a chunk."""
-    from ckptcodecs import delta_decode, pack_bits
-    from ckptcodecs._qformat import decode_chunk
-    from ckptcodecs.rle_huffman import rle_huffman_decode
+    from ckptcodecs import decode_chunk, delta_decode, pack_bits, rle_huffman_decode
 
     body = check_crc(data, where)
     try:
         if len(body) < _HEAD.size:
             raise ValueError("truncated")
-        magic, version, n = _HEAD.unpack_from(body)
-        if magic != _MAGIC or version != 1 or _HEAD.size + n > len(body):
+        magic, version, n, bits, levels, count = _HEAD.unpack_from(body)
+        if magic != _MAGIC or version != 1 or _HEAD.size + n > len(body) or not 1 <= bits <= 8:
             raise ValueError("bad header")
         block = bytes(body[_HEAD.size: _HEAD.size + n])
         residual = rle_huffman_decode(body[_HEAD.size + n:])
-        # the block's header says how many levels the new version has: parse it with dummy
-        # codes of the right length, then decode the real codes and parse again (validated)
-        from ckptcodecs._qformat import _HEAD as QHEAD
-        if len(block) < QHEAD.size:
-            raise ValueError("parameter block truncated")
-        _, _, bits, flags, _, nq, count, _, _ = QHEAD.unpack_from(block)
-        levels = nq + (flags & 1) + ((flags >> 1) & 1)
         if count != base_codes.size:
             raise ValueError(f"{count} values against {base_codes.size} base codes")
         codes = delta_decode(residual, base_codes, (levels, base_params.levels))
+        # decode_chunk re-validates the parameters and that every code fits their levels
         return decode_chunk(np.frombuffer(block + pack_bits(codes, bits).tobytes(), np.uint8))
     except ValueError as e:
         raise CorruptedChunkError(f"chunk {where} does not decode: {e}", where) from e
