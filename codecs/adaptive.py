@@ -34,7 +34,7 @@ def default_num_bins(bits: int) -> int:
 
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
-def _pair_error(A, B, nq, C, S1, o, s2tot, H):  # pragma: no cover - compiled
+def _pair_error(A, B, nq, inv, C, S1, o, s2tot, H):  # pragma: no cover - compiled
     """Squared errors (cell units) of the candidates ``[A + HPB, B]`` and ``[A, B - HPB]``.
 
     Values are measured in histogram cells from the segment minimum; ``C``/``S1`` are prefix
@@ -49,18 +49,19 @@ def _pair_error(A, B, nq, C, S1, o, s2tot, H):  # pragma: no cover - compiled
     serves both.
     """
     hpb = HIST_PER_BIN
-    d = (B - A - hpb) / (nq - 1)
+    d = (B - A - hpb) * inv
     t1 = 0.0
     t2 = 0.0
     u1 = 0.0
     u2 = 0.0
     for k in range(nq - 1):
         v = A + k * d
-        j = o + int(v + 0.5 * d + 0.5)
+        # unsigned index: no negative-index wraparound test in the hot loop (v >= 0 here)
+        j = np.uint64(o + v + 0.5 * d + 0.5)
         t2 += S1[j]
         u2 += C[j] * (2.0 * v + d)
-        t1 += S1[j + hpb]
-        u1 += C[j + hpb] * (2.0 * (v + hpb) + d)
+        t1 += S1[j + np.uint64(hpb)]
+        u1 += C[j + np.uint64(hpb)] * (2.0 * (v + hpb) + d)
     b1 = B
     b2 = B - hpb
     e1 = s2tot - 2.0 * (b1 * S1[o + H] - d * t1) + (b1 * b1 * C[o + H] - d * u1)
@@ -81,6 +82,7 @@ def adaptive_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio):  # pragma: no co
     if nq < 2 or n_iter < 1:
         return
     has_mask = mask.size > 0
+    inv = 1.0 / (nq - 1)
     C = np.zeros(H + 1)
     S1 = np.zeros(H + 1)
     cnt = np.zeros(H, np.int64)
@@ -108,13 +110,13 @@ def adaptive_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio):  # pragma: no co
             S1[j + 1] = S1[j] + cnt[j] * (j + 0.5)
         s2tot = 0.0
         # greedy search over [A, B] (cells), starting from the full range
-        A = 0
-        B = H
+        A = 0.0
+        B = float(H)
         best = _full_error(nq, C, S1, 0, s2tot, H)
-        ba = 0
-        bb = H
+        ba = 0.0
+        bb = float(H)
         for _ in range(n_iter):
-            e1, e2 = _pair_error(A, B, nq, C, S1, 0, s2tot, H)
+            e1, e2 = _pair_error(A, B, nq, inv, C, S1, 0, s2tot, H)
             if e1 < e2:
                 A += HIST_PER_BIN
                 e = e1
