@@ -13,11 +13,12 @@ from .errors import *  # noqa: E402,F401,F403
 from .errors import __all__ as _errors_all  # noqa: E402
 from .info import CommitInfo, GCResult, VerifyReport  # noqa: E402
 from .plan import EncodingOptions  # noqa: E402
-from .policy import BitWidth, Intermittent, MaxChain, Policy, QuantSpec  # noqa: E402
+from .policy import (BitWidth, Intermittent, MaxChain, Policy, QualitySearch,  # noqa: E402
+                     QuantSpec)
 from .store import Store, open  # noqa: E402
 from .tracking import RowTracker, track  # noqa: E402
 
 __all__ = ["open", "Store", "CommitInfo", "GCResult", "VerifyReport", "EncodingOptions",
-           "Policy", "QuantSpec", "BitWidth", "Intermittent", "MaxChain", "track", "RowTracker",
+           "Policy", "QuantSpec", "BitWidth", "QualitySearch", "Intermittent", "MaxChain", "track", "RowTracker",
            "__version__",
            *_errors_all]

@@ -203,3 +203,26 @@ def test_tracker_rows_drive_increments():
     entry = store.manifest(info.id).tensors[0]
     assert entry.kind == "incremental" and entry.parts["rows"].shape == [len(touched)]
     assert_bit_exact(store.checkout("main")["model"], model.state_dict())
+
+
+def test_quality_search_picks_most_compressive_passing():
+    from ckptstore import QualitySearch
+    from ckptstore.policy import simulate
+
+    g = torch.Generator().manual_seed(3)
+    state = {"w": torch.randn(256, 256, generator=g), "b": torch.randn(10, generator=g)}
+
+    def score(s) -> float:  # a "loss" of 1.0 that grows with the weights' error
+        return 1.0 + float((s["w"] - state["w"]).abs().mean())
+
+    specs = [QuantSpec(method="uniform-asymmetric", bits=b) for b in (2, 3, 4, 8)]
+    search = QualitySearch(specs, score, max_degradation=0.15, min_bytes=1024)
+    chosen = search.choose(state)
+    passing = [s.bits for s in specs if score(simulate(state, s, 1024)) <= 1.15]
+    assert passing == [4, 8] and chosen.bits == 4
+    assert torch.equal(simulate(state, specs[0], 1024)["b"], state["b"])  # small: exact
+    calls = search.evaluations
+    assert search.choose(state).bits == 4
+    assert search.evaluations - calls == 2  # starts from the last choice: 4 passes, 3 fails
+    strict = QualitySearch(specs, score, max_degradation=0.0, min_bytes=1024)
+    assert strict.choose(state) is None

@@ -3,6 +3,7 @@
 from .bitwidth import BitWidth
 from .encoding import Decision, Policy, QuantSpec
 from .rebase import Intermittent, MaxChain, RebasePredictor
+from .search import QualitySearch, simulate
 
 __all__ = ["Policy", "QuantSpec", "Decision", "RebasePredictor", "Intermittent", "MaxChain",
-           "BitWidth"]
+           "BitWidth", "QualitySearch", "simulate"]
