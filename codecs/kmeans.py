@@ -174,23 +174,38 @@ def fit_codebooks(x, xbits, seg, mask, k, lam, seed, out):  # pragma: no cover -
 
 @njit(cache=True, nogil=True)
 def nearest_codes(x, seg, codebooks, out):  # pragma: no cover - compiled
-    """Index of the nearest level (ties to the lower) for every value; NaN -> 0."""
+    """Index of the nearest level (ties to the lower) for every value; NaN -> 0.
+
+    The index is the number of midpoints below the value: counted threshold by threshold over
+    blocks of values that stay in L1 for up to 8 levels, else found by a
+    branch-free binary search over the midpoints padded with +inf to a power of two.
+    """
     n = x.size
     nseg, k = codebooks.shape
-    thr = np.empty(max(k - 1, 1))
+    P = 1
+    while P < k:
+        P *= 2
+    thr = np.full(max(P - 1, 1), np.inf)
+    blk = 4096
     for s in range(nseg):
         for c in range(k - 1):
             thr[c] = 0.5 * (np.float64(codebooks[s, c]) + np.float64(codebooks[s, c + 1]))
         a0 = s * seg
         b0 = min(a0 + seg, n)
-        for i in range(a0, b0):
-            v = x[i]
-            lo = 0
-            hi = k - 1
-            while lo < hi:  # first threshold >= v
-                mid = (lo + hi) >> 1
-                if thr[mid] < v:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            out[i] = lo
+        if k <= 8:
+            for i0 in range(a0, b0, blk):
+                i1 = min(i0 + blk, b0)
+                out[i0:i1] = 0
+                for c in range(k - 1):
+                    t = thr[c]
+                    for i in range(i0, i1):
+                        out[i] += np.uint8(t < x[i])
+        else:
+            for i in range(a0, b0):
+                v = np.float64(x[i])
+                lo = 0
+                step = P >> 1
+                while step > 0:
+                    lo = lo + step if thr[lo + step - 1] < v else lo
+                    step >>= 1
+                out[i] = lo
