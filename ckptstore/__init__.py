@@ -15,10 +15,14 @@ from .info import CommitInfo, GCResult, VerifyReport  # noqa: E402
 from .plan import EncodingOptions  # noqa: E402
 from .policy import (BitWidth, Intermittent, MaxChain, Policy, QualitySearch,  # noqa: E402
                      QuantSpec)
+from .pending import PendingCommit  # noqa: E402
+from .policy import Frequency  # noqa: E402
+from .resume import ResumableLoader, ResumableSampler, RNGState  # noqa: E402
 from .store import Store, open  # noqa: E402
 from .tracking import RowTracker, track  # noqa: E402
 
 __all__ = ["open", "Store", "CommitInfo", "GCResult", "VerifyReport", "EncodingOptions",
            "Policy", "QuantSpec", "BitWidth", "QualitySearch", "Intermittent", "MaxChain", "track", "RowTracker",
+           "PendingCommit", "Frequency", "ResumableSampler", "ResumableLoader", "RNGState",
            "__version__",
            *_errors_all]

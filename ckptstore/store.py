@@ -10,6 +10,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import AmbiguousRef, ManifestError, NotAStoreError, RefExists, RefNotFound
@@ -24,6 +25,8 @@ from .records import build_manifest
 from .reader import Reader
 from .refs import Refs
 from .state import flatten, load_into, select, tree_paths, unflatten
+from .pending import PendingCommit
+from .staging import StagingPool
 from .writer import persist, snapshot
 
 __all__ = ["Store", "open", "new_commit_id"]
@@ -43,6 +46,21 @@ def commit_time(commit_id: str) -> float:
     return int(commit_id[20:], 16) / 1000.0
 
 
+@dataclass
+class _Job:
+    """A planned commit between its snapshot and its persist."""
+
+    branch: str
+    tags: list[str]
+    message: str
+    metadata: dict[str, Any]
+    tree: Any
+    plan: Any
+    tip: Any
+    parent: Manifest | None
+    tracker: Any
+
+
 class Store:
     """A versioned checkpoint store (use :func:`ckptstore.open`)."""
 
@@ -56,8 +74,11 @@ class Store:
         cpus = os.cpu_count() or 2
         workers = io_workers or (cpus if storage.is_local else max(16, cpus))
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="ckptstore-io")
-        self._max_inflight = 2 * workers
+        # encoded chunks in memory at once: enough to keep the workers busy, at most ~64 MiB
+        self._max_inflight = max(2, min(2 * workers, (64 << 20) // self.options.chunk_bytes))
         self._manifests: OrderedDict[str, Manifest] = OrderedDict()
+        self._staging = StagingPool()
+        self._inflight: PendingCommit | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -70,8 +91,15 @@ class Store:
         self.close()
 
     def close(self) -> None:
-        """Release the store's worker threads."""
-        self._executor.shutdown(wait=True)
+        """Wait for a commit in flight, then release the store's worker threads.
+
+        Raises :class:`PendingCommitError` if the last asynchronous commit failed unobserved.
+        """
+        try:
+            self._wait_inflight()
+        finally:
+            self._executor.shutdown(wait=True)
+            self._staging.clear()
 
     # -- commit ----------------------------------------------------------------------------
     def commit(self, state: Any, message: str = "", branch: str = "main",
@@ -89,6 +117,55 @@ class Store:
         :class:`ConcurrentUpdateError` is raised and the commit stays stored (unreferenced) until
         gc.
         """
+        self._wait_inflight()
+        job = self._prepare(state, message, branch, tags, metadata, policy, tracker)
+        snap = snapshot(job.plan)                                            # 3. snapshot
+        if tracker is not None:
+            tracker.clear()  # rows seen so far are in the plan (kept as unsaved until the ref moves)
+        return self._finish(job, snap)
+
+    def commit_async(self, state: Any, message: str = "", branch: str = "main",
+                     tags: Sequence[str] = (), metadata: dict[str, Any] | None = None,
+                     policy: Policy | None = None, tracker: Any = None,
+                     staged: bool = False) -> PendingCommit:
+        """Capture ``state`` now and persist it in the background (CheckFreq's two phases).
+
+        Returns once every tensor is copied into reusable host staging buffers (pinned, with
+        non-blocking copies on a side stream for CUDA tensors): the caller may then modify the
+        model. At most one commit is in flight: this waits for the previous one first, and
+        raises :class:`PendingCommitError` if it failed unobserved. ``staged=True`` takes the
+        state as an already-made snapshot (e.g. a dict of pinned CPU tensors nobody modifies
+        until ``wait()`` returns) and copies nothing.
+        """
+        self._wait_inflight()
+        t0 = time.perf_counter()
+        job = self._prepare(state, message, branch, tags, metadata, policy, tracker)
+        snap = snapshot(job.plan, None if staged else self._staging)
+        if tracker is not None:
+            tracker.clear()
+        pending = PendingCommit(time.perf_counter() - t0, snap.nbytes)
+
+        def run() -> None:
+            try:
+                info = self._finish(job, snap, pending.progress)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller through wait()
+                pending._finish(None, e)
+            else:
+                pending._finish(info, None)
+
+        self._inflight = pending
+        threading.Thread(target=run, name="ckptstore-persist", daemon=True).start()
+        return pending
+
+    def _wait_inflight(self) -> None:
+        pending = self._inflight
+        if pending is not None:
+            pending._done.wait()
+            pending.raise_unobserved()
+
+    def _prepare(self, state: Any, message: str, branch: str, tags: Sequence[str],
+                 metadata: dict[str, Any] | None, policy: Policy | None,
+                 tracker: Any) -> _Job:
         check_ref_name(branch, "branch")
         tags = [check_ref_name(t, "tag") for t in ([tags] if isinstance(tags, str) else tags)]
         for t in tags:
@@ -101,18 +178,20 @@ class Store:
         parent = self.manifest(tip[1]) if tip else None
         decide = self._chains.decider(policy, branch, parent, tracker)
         plan = plan_commit(leaves, self.options, decide)                     # 2. plan
+        return _Job(branch, tags, message, metadata, tree, plan, tip, parent, tracker)
+
+    def _finish(self, job: _Job, snap: Any, progress: Any = None) -> CommitInfo:
         commit_id = new_commit_id()
-        snap = snapshot(plan)                                                # 3. snapshot
-        if tracker is not None:
-            tracker.clear()  # rows seen so far are in the plan (kept as unsaved until the ref moves)
-        done = persist(self.storage, commit_id, plan, snap, self._executor,  # 4. persist
-                       self._max_inflight, self.options.chunk_bytes)
-        manifest = build_manifest(commit_id, parent, message, metadata, tree, plan, done)
+        done = persist(self.storage, commit_id, job.plan, snap, self._executor,  # 4. persist
+                       self._max_inflight, self.options.chunk_bytes, progress)
+        manifest = build_manifest(commit_id, job.parent, job.message, job.metadata, job.tree,
+                                  job.plan, done)
         self.storage.put_if_absent(manifest_key(commit_id), encode_manifest(manifest))  # 5.
-        self.refs.advance(branch, tip, commit_id)                            # 6. ref
-        self._chains.commit_done(branch, commit_id, plan, snap, done,
+        self.refs.advance(job.branch, job.tip, commit_id)                   # 6. ref
+        tracker = job.tracker
+        self._chains.commit_done(job.branch, commit_id, job.plan, snap, done,
                                  lambda t: tracker is not None and tracker.lookup(t) is not None)
-        for t in tags:
+        for t in job.tags:
             self.refs.create_tag(t, commit_id)
         self._remember(manifest)
         return CommitInfo.from_manifest(manifest)

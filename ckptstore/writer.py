@@ -37,26 +37,44 @@ class Snapshot:
 
     arrays: dict[int, np.ndarray]  # id(plan entry) -> host array
     packed: np.ndarray | None
+    events: list[Any] = field(default_factory=list)  # CUDA copies to wait for before reading
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values()) + (
+            self.packed.nbytes if self.packed is not None else 0)
+
+    def ready(self) -> None:
+        """Wait until asynchronous device-to-host copies have landed."""
+        for e in self.events:
+            e.synchronize()
+        self.events.clear()
 
 
-def snapshot(plan: CommitPlan, copy: bool = False) -> Snapshot:
+def snapshot(plan: CommitPlan, pool: Any = None) -> Snapshot:
     """Capture the bits of every stored tensor on the host.
 
-    With ``copy=False`` CPU tensors that are already contiguous are referenced, not copied (the
-    synchronous commit path, where training waits anyway).
+    Without ``pool`` CPU tensors that are already contiguous are referenced, not copied (the
+    synchronous commit path, where training waits anyway). With a
+    :class:`~ckptstore.staging.StagingPool` every tensor is copied into a reusable buffer (pinned,
+    asynchronously for CUDA tensors) so training may modify it as soon as this returns.
     """
     arrays: dict[int, np.ndarray] = {}
+    events: list[Any] = []
     packed = np.zeros(plan.packed_nbytes, dtype=np.uint8) if plan.packed_nbytes else None
     for p in plan.stored():
-        host = tensor_to_host(p.source)
         if p.layout == "packed":
             if p.nbytes:
+                host = tensor_to_host(p.source)
                 packed[p.offset: p.offset + p.nbytes] = host.reshape(-1).view(np.uint8)
             continue
-        if copy:
-            host = host.copy()
-        arrays[id(p)] = host
-    return Snapshot(arrays, packed)
+        if pool is None:
+            arrays[id(p)] = tensor_to_host(p.source)
+            continue
+        arrays[id(p)], event = pool.stage(p.array or p.path, p.source)
+        if event is not None:
+            events.append(event)
+    return Snapshot(arrays, packed, events)
 
 
 def bounded_submit(executor: Executor, max_inflight: int) -> Callable[..., Future]:
@@ -134,15 +152,21 @@ def _attrs(p: TensorPlan, **extra: Any) -> dict[str, Any]:
 
 def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
             executor: Executor, max_inflight: int = 8,
-            chunk_bytes: int | None = None) -> Persisted:
+            chunk_bytes: int | None = None, progress: Any = None) -> Persisted:
     """Write the commit's zarr group; return what was written (the codes of quantized tensors
-    planned with ``keep_codes`` included: the base of later code deltas)."""
+    planned with ``keep_codes`` included: the base of later code deltas).
+
+    ``progress`` (a :class:`~ckptstore.pending.Progress`) counts bytes written as chunks land.
+    """
     from .arrays import CHUNK_BYTES
 
     chunk_bytes = chunk_bytes or CHUNK_BYTES
     prefix = data_dir(commit_id)
+    snap.ready()
     storage.put_chunk(f"{prefix}/zarr.json", GROUP_METADATA)
     submit = bounded_submit(executor, max_inflight)
+    if progress is not None:
+        submit = _counting(submit, progress)
     pending: dict[str, list[Future]] = {}
     out = Persisted()
     sinks: dict[int, _CodesSink] = {}
@@ -207,6 +231,16 @@ def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
     out.codes = {k: s.codes for k, s in sinks.items()}
     storage.fsync_dir(prefix)
     return out
+
+
+def _counting(submit: Callable[..., Future], progress: Any) -> Callable[..., Future]:
+    def counted(fn: Callable[..., int], *args: Any) -> Future:
+        def run() -> int:
+            n = fn(*args)
+            progress.written += n
+            return n
+        return submit(run)
+    return counted
 
 
 def _encode_keep(sink: _CodesSink, index: int, chunk: np.ndarray) -> bytes:

@@ -2,8 +2,9 @@
 
 from .bitwidth import BitWidth
 from .encoding import Decision, Policy, QuantSpec
+from .frequency import Frequency, cpr_interval
 from .rebase import Intermittent, MaxChain, RebasePredictor
 from .search import QualitySearch, simulate
 
 __all__ = ["Policy", "QuantSpec", "Decision", "RebasePredictor", "Intermittent", "MaxChain",
-           "BitWidth", "QualitySearch", "simulate"]
+           "BitWidth", "QualitySearch", "simulate", "Frequency", "cpr_interval"]

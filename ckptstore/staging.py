@@ -1,0 +1,77 @@
+"""Reusable host staging buffers for two-phase commits (snapshot now, persist later).
+
+A snapshot copies each tensor's bits into a buffer kept from the previous commit of the same
+shape and dtype, so steady-state commits allocate nothing. CUDA tensors are copied into pinned
+buffers with non-blocking copies on a side stream; the training stream then waits for those
+copies on the GPU (not on the CPU), so the caller returns at once and later kernels cannot modify
+a tensor before it was copied. The persist thread waits for the copies' event before reading.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+
+from .arrays import _VIEW, _STORAGE, _is_bit_view, storage_dtype, tensor_to_host
+
+__all__ = ["StagingPool"]
+
+
+class StagingPool:
+    """Host buffers keyed by (path, shape, dtype), reused across commits."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], Any] = {}
+        self._lock = threading.Lock()
+        self._stream = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the pool."""
+        return sum(b.nbytes if isinstance(b, np.ndarray) else b.numel() * b.element_size()
+                   for b in self._buffers.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._buffers.clear()
+
+    def stage(self, key: str, t: torch.Tensor) -> tuple[np.ndarray, Any]:
+        """Copy ``t``'s bits into its staging buffer; return ``(host array, event or None)``.
+
+        The host array must not be read before ``event.synchronize()`` when an event is given.
+        """
+        t = t.detach()
+        if t.device.type == "cuda":
+            return self._stage_cuda(key, t)
+        src = tensor_to_host(t)
+        buf = self._buffer(("cpu", key, src.shape, src.dtype.str),
+                           lambda: np.empty(src.shape, src.dtype))
+        np.copyto(buf, src)
+        return buf, None
+
+    def _buffer(self, k: tuple[Any, ...], make: Any) -> Any:
+        with self._lock:
+            buf = self._buffers.get(k)
+            if buf is None:
+                buf = self._buffers[k] = make()
+            return buf
+
+    def _stage_cuda(self, key: str, t: torch.Tensor) -> tuple[np.ndarray, Any]:
+        storage_dtype(t.dtype)
+        pinned = self._buffer(("cuda", key, tuple(t.shape), t.dtype),
+                              lambda: torch.empty(t.shape, dtype=t.dtype, pin_memory=True))
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=t.device)
+        current = torch.cuda.current_stream(t.device)
+        self._stream.wait_stream(current)          # copy what training computed so far
+        with torch.cuda.stream(self._stream):
+            pinned.copy_(t, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        t.record_stream(self._stream)
+        current.wait_stream(self._stream)          # later kernels wait for the copy (on the GPU)
+        host = pinned.view(_VIEW[_STORAGE[t.dtype]]) if _is_bit_view(t.dtype) else pinned
+        return host.numpy(), event

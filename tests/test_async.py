@@ -1,0 +1,227 @@
+"""Two-phase commits: capture now, persist in the background; frequency; resumable data order."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+import torch
+from fsspec.implementations.memory import MemoryFileSystem
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader, TensorDataset
+
+import ckptstore
+from ckptstore import (Frequency, PendingCommitError, ResumableLoader, ResumableSampler,
+                       RNGState)
+from ckptstore.policy import cpr_interval
+
+from helpers import assert_bit_exact
+
+
+class FlakyMemoryFS(MemoryFileSystem):
+    """memory:// whose chunk writes fail while ``failing`` is set (a disk that fills up)."""
+
+    protocol = "flaky"
+    failing = False
+    gate: threading.Event | None = None
+
+    def pipe_file(self, path, value, mode="overwrite", **kwargs):
+        if FlakyMemoryFS.gate is not None:
+            FlakyMemoryFS.gate.wait(10)
+        if FlakyMemoryFS.failing and "/data/" in path:
+            raise OSError(28, "No space left on device")
+        return super().pipe_file(path, value, mode=mode, **kwargs)
+
+
+@pytest.fixture
+def flaky():
+    import fsspec
+    fsspec.register_implementation("flaky", FlakyMemoryFS, clobber=True)
+    FlakyMemoryFS.failing, FlakyMemoryFS.gate = False, None
+    store = ckptstore.open(f"flaky://{uuid.uuid4().hex}")
+    yield store
+    FlakyMemoryFS.failing, FlakyMemoryFS.gate = False, None
+
+
+def test_captured_state_is_what_is_stored(store):
+    w = torch.randn(300_000, 8)
+    opt_state = {"m": torch.zeros(300_000, 8)}
+    expected = {"w": w.clone(), "opt": {"m": opt_state["m"].clone()}, "step": 7}
+    pending = store.commit_async({"w": w, "opt": opt_state, "step": 7})
+    w.add_(1.0)  # training goes on at once
+    opt_state["m"].fill_(3.0)
+    info = pending.wait()
+    assert pending.done() and info.step == 7
+    assert pending.progress.written > 0 and pending.progress.total >= w.numel() * 4
+    assert_bit_exact(store.checkout(info.id), expected)
+
+
+def test_staging_buffers_are_reused(store):
+    w = torch.randn(200_000, 4)
+    store.commit_async({"w": w}).wait()
+    held = store._staging.nbytes
+    for _ in range(3):
+        w.add_(1)
+        store.commit_async({"w": w}).wait()
+    assert store._staging.nbytes == held == w.numel() * 4
+
+
+def test_staged_snapshot_is_taken_as_is(store):
+    snap = {"w": torch.randn(100_000)}
+    pending = store.commit_async(snap, staged=True)
+    info = pending.wait()
+    assert_bit_exact(store.checkout(info.id), snap)
+    assert store._staging.nbytes == 0
+
+
+def test_at_most_one_commit_in_flight(flaky):
+    FlakyMemoryFS.gate = threading.Event()  # hold the first persist
+    first = flaky.commit_async({"w": torch.randn(100_000)})
+    assert not first.done()
+    threading.Timer(0.3, FlakyMemoryFS.gate.set).start()
+    second = flaky.commit_async({"w": torch.randn(100_000)})  # waits for the first
+    assert first.done()
+    second.wait()
+    assert [c.id for c in flaky.log()] == [second.wait().id, first.wait().id]
+
+
+def test_persist_error_surfaces_on_wait(flaky):
+    flaky.commit({"w": torch.ones(100_000)})
+    FlakyMemoryFS.failing = True
+    pending = flaky.commit_async({"w": torch.zeros(100_000)})
+    with pytest.raises(OSError, match="No space"):
+        pending.wait()
+    FlakyMemoryFS.failing = False
+    assert len(flaky.log()) == 1  # the branch did not move
+    flaky.commit({"w": torch.zeros(100_000)})  # observed: the next commit goes ahead
+
+
+def test_unobserved_error_raises_on_next_commit_and_close(flaky):
+    FlakyMemoryFS.failing = True
+    pending = flaky.commit_async({"w": torch.zeros(100_000)})
+    while not pending.done():
+        time.sleep(0.01)
+    FlakyMemoryFS.failing = False
+    with pytest.raises(PendingCommitError, match="nobody called wait"):
+        flaky.commit({"w": torch.zeros(10)})
+    flaky.commit({"w": torch.zeros(10)})  # raised once; now it goes ahead
+    FlakyMemoryFS.failing = True
+    pending = flaky.commit_async({"w": torch.zeros(100_000)})
+    with pytest.raises(PendingCommitError):
+        flaky.close()
+
+
+def test_close_waits_for_the_commit_in_flight(tmp_path):
+    with ckptstore.open(tmp_path / "s") as store:
+        pending = store.commit_async({"w": torch.randn(500_000)})
+    assert pending.done() and not pending.failed
+    assert ckptstore.open(tmp_path / "s").log()[0].id == pending.wait().id
+
+
+def test_async_incremental_chain(store):
+    store.policy = ckptstore.Policy(incremental="one-shot")
+    emb = torch.randn(5000, 16)
+    infos = []
+    for i in range(3):
+        emb[i * 10: i * 10 + 10] += 1
+        infos.append((store.commit_async({"emb": emb}).wait(), emb.clone()))
+    assert [store.manifest(i.id).tensors[0].kind for i, _ in infos] == ["full", "incremental",
+                                                                       "incremental"]
+    for info, value in infos:
+        assert torch.equal(store.checkout(info.id)["emb"], value)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_snapshot_is_captured(store):
+    w = torch.randn(1_000_000, device="cuda")
+    expected = w.cpu()
+    pending = store.commit_async({"w": w})
+    w.add_(1.0)  # queued after the copy on the training stream
+    info = pending.wait()
+    assert torch.equal(store.checkout(info.id)["w"], expected)
+
+
+def test_frequency_interval_from_overhead():
+    freq = Frequency(max_overhead=0.05, warmup=3)
+    due = []
+    for step in range(1, 8):
+        time.sleep(0.005)
+        if freq.should_commit(step):
+            due.append(step)
+            freq.record(0.01)  # a 10 ms stall
+    assert due[0] == 4  # after the warm-up
+    # stall / (overhead * t_iter) = 0.01 / (0.05 * ~0.005) = ~40 iterations
+    assert 20 <= freq.interval <= 60, freq
+    freq.record(0.04)  # storage got slower: the interval grows
+    assert freq.interval > 60
+    assert round(cpr_interval(2.0, 3600.0)) == 120
+    with_mtbf = Frequency(max_overhead=0.5, mtbf=3600.0)
+    with_mtbf.t_iter = 0.1
+    with_mtbf.record(2.0)
+    assert with_mtbf.interval == 1200  # CPR: sqrt(2 * 2 * 3600) s / 0.1 s
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 60), batch=st.integers(1, 8), stop=st.integers(0, 200),
+       seed=st.integers(0, 5))
+def test_sampler_resumes_mid_epoch_exactly(n, batch, stop, seed):
+    """Interrupt after any number of batches: every index is seen exactly once per epoch."""
+    data = TensorDataset(torch.arange(n))
+    sampler = ResumableSampler(n, seed=seed)
+    loader = ResumableLoader(DataLoader(data, batch_size=batch, sampler=sampler))
+    seen: list[int] = []
+    steps = 0
+    state = None
+    for epoch in range(3):
+        for (x,) in loader:
+            seen += x.tolist()
+            steps += 1
+            if steps == stop:
+                state = loader.state_dict()
+                break
+        if state is not None:
+            break
+    if state is None:
+        return
+    resumed = ResumableLoader(DataLoader(data, batch_size=batch, sampler=ResumableSampler(n)))
+    resumed.load_state_dict(state)
+    for (x,) in resumed:  # finish the interrupted epoch
+        seen += x.tolist()
+    epochs = len(seen) // n
+    assert len(seen) == epochs * n
+    for e in range(epochs):
+        assert sorted(seen[e * n:(e + 1) * n]) == list(range(n))
+        assert seen[e * n:(e + 1) * n] == ResumableSampler(n, seed=seed).order(e).tolist()
+
+
+def test_loader_with_workers_counts_what_training_received():
+    data = TensorDataset(torch.arange(100))
+    loader = ResumableLoader(DataLoader(data, batch_size=10, num_workers=2,
+                                        sampler=ResumableSampler(100, seed=1)))
+    it = iter(loader)
+    first = [next(it)[0] for _ in range(3)]
+    assert loader.state_dict()["position"] == 30  # workers have prefetched more than that
+    resumed = ResumableLoader(DataLoader(data, batch_size=10, sampler=ResumableSampler(100)))
+    resumed.load_state_dict(loader.state_dict())
+    rest = [b[0] for b in resumed]
+    assert sorted(torch.cat(first + rest).tolist()) == list(range(100))
+
+
+def test_rng_state_roundtrip(store):
+    torch.manual_seed(5)
+    np.random.seed(5)
+    random.seed(5)
+    store.commit({"rng": RNGState()})
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    torch.rand(10)
+    np.random.rand(10)
+    random.random()
+    store.checkout("main", into={"rng": RNGState()})
+    got = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
+    assert got[2] == expected[2]
