@@ -93,9 +93,8 @@ def rle_huffman_encode(data) -> bytes:
     """Encode bytes (any contiguous buffer) to the RLEHuffman layout."""
     arr = ensure_contiguous_ndarray(data).reshape(-1).view(np.uint8)
     n = arr.size
-    raw = _HEAD.pack(VERSION, 0, n) + arr.tobytes()
     if n == 0:
-        return raw
+        return _HEAD.pack(VERSION, 0, 0)
     syms = np.empty(n, np.uint16)
     freq = np.zeros(HK.ALPHABET, np.int64)
     nsym = HK.rle_scan(arr, syms, freq)
@@ -105,15 +104,17 @@ def rle_huffman_encode(data) -> bytes:
     header = (_HEAD.pack(VERSION, 1, n) + _HUFF.pack(nsym, used.size)
               + used.astype("<u2").tobytes() + lens.tobytes())
     header += struct.pack("<I", zlib.crc32(header))
-    if len(header) + (nbits + 7) // 8 >= len(raw):
-        return raw
+    nbytes = (nbits + 7) // 8
+    if len(header) + nbytes >= _HEAD.size + n:  # coding would not make it smaller: store raw
+        return _HEAD.pack(VERSION, 0, n) + arr.tobytes()
     codes = np.zeros(HK.ALPHABET, np.int64)
     lens_full = np.zeros(HK.ALPHABET, np.int64)
     codes[used] = _canonical(used, lens)
     lens_full[used] = lens
-    out = np.empty((nbits + 7) // 8 + 8, np.uint8)
-    nbytes = HK.write_bits(syms, nsym, codes, lens_full, out)
-    return header + out[:nbytes].tobytes()
+    out = np.empty(len(header) + nbytes + 8, np.uint8)  # header, bit stream, slack for flushes
+    out[:len(header)] = np.frombuffer(header, np.uint8)
+    written = HK.write_bits(syms, nsym, codes, lens_full, out[len(header):])
+    return out[:len(header) + written].tobytes()
 
 
 def rle_huffman_decode(buf) -> np.ndarray:
