@@ -548,7 +548,8 @@ def cmd_branch(ctx: Context) -> int:
     if ctx.json:
         ctx.emit({"branch": args.name, "id": commit_id, "action": verb})
     else:
-        ctx.print(f"{verb} branch {args.name} at {commit_id[:10]}")
+        ctx.print(f"{verb} branch {args.name} {'to' if verb == 'moved' else 'at'} "
+                  f"{commit_id[:10]}")
     return 0
 
 

@@ -230,7 +230,7 @@ def test_branch_create_list_move_delete(capsys, ckpts):
     rc, _, err = run(capsys, "branch", ckpts, "exp", "main")
     assert rc == 2 and "already exists" in err
     rc, out, _ = run(capsys, "branch", ckpts, "exp", "main~1", "--force")
-    assert rc == 0 and f"moved branch exp at {second[:10]}" in out
+    assert rc == 0 and f"moved branch exp to {second[:10]}" in out
     rc, out, _ = run(capsys, "branch", ckpts)
     assert rc == 0 and "exp" in out and second[:10] in out
     rc, _, err = run(capsys, "branch", ckpts, "bad/name")
