@@ -710,6 +710,7 @@ def cmd_diff(ctx: Context) -> int:
     m1, m2 = store.manifest(id1), store.manifest(id2)
     t1, v1 = _leaves(m1)
     t2, v2 = _leaves(m2)
+    n1, n2 = len(t1), len(t2)  # every tensor of each commit, before --paths
     t1, t2 = _select(t1, args.paths), _select(t2, args.paths)
     v1, v2 = _select(v1, args.paths), _select(v2, args.paths)
 
@@ -739,8 +740,8 @@ def cmd_diff(ctx: Context) -> int:
         paths = [p for p, _, _ in to_read]
         sizes = [_entry_bytes(m1.tensors[i]) for _, i, _ in to_read]
         with ctx.bar(total, "diff") as bar:
-            old = iter_tensors(store, id1, paths, sizes, everything=len(paths) == len(t1))
-            new = iter_tensors(store, id2, paths, sizes, everything=len(paths) == len(t2))
+            old = iter_tensors(store, id1, paths, sizes, everything=len(paths) == n1)
+            new = iter_tensors(store, id2, paths, sizes, everything=len(paths) == n2)
             for (p, i, j), a, b in zip(to_read, old, new):
                 if _same_bits(a, b):
                     unchanged += 1
