@@ -21,16 +21,14 @@ import os
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import sys
+import time
+from pathlib import Path
 
-import numpy as np  # noqa: E402
-from numcodecs import Zstd  # noqa: E402
-
-from ckptcodecs import (Quantize, RLEHuffman, delta_decode, delta_encode,  # noqa: E402
-                        dequantize, quantize)
-from ckptcodecs.kmeans import fit_codebooks  # noqa: E402
+import numpy as np
+from ckptcodecs import Quantize, RLEHuffman, delta_decode, delta_encode, quantize
+from ckptcodecs.kmeans import fit_codebooks
+from numcodecs import Zstd
 
 ZSTD = Zstd(level=3)
 
@@ -71,11 +69,11 @@ def speed() -> list[str]:
                          ("uniform-asymmetric", 8), ("adaptive-asymmetric", 2),
                          ("adaptive-asymmetric", 3), ("adaptive-asymmetric", 4),
                          ("uniform-symmetric", 4)]:
-        t_q = best_time(lambda: quantize(x, method, bits))
+        t_q = best_time(lambda m=method, b=bits: quantize(x, m, b))
         codec = Quantize(method, bits)
-        t_e = best_time(lambda: codec.encode(x))
+        t_e = best_time(lambda c=codec: c.encode(x))
         enc = codec.encode(x)
-        t_d = best_time(lambda: codec.decode(enc))
+        t_d = best_time(lambda c=codec, e=enc: c.decode(e))
         if (method, bits) == ("uniform-asymmetric", 4):
             t_uni = t_q
         rel = f" ({t_q / t_uni:.1f}x uniform-asym 4b)" if t_uni and method.startswith("adapt") else ""
@@ -85,13 +83,7 @@ def speed() -> list[str]:
                     f"{mbps(nb, t_e)} | {ratio(nb, enc)} | {ratio(nb, zstd_x)} |")
         rows.append(f"| Quantize.decode {method} {bits}b | same | {mbps(nb, t_d)} | | |")
     # k-means
-    big = rng.standard_normal(100_000_000).astype(np.float32)
-    book = np.empty((1, 15))
-    t_fit = best_time(lambda: fit_codebooks(big, big.view(np.uint32), big.size,
-                                            np.zeros(0, np.uint8), 15, 1.0, 0, book), repeat=2)
-    rows.append(f"| k-means fit, 15 levels, per tensor | f32 100 M values (400 MB) | "
-                f"{mbps(big.nbytes, t_fit)} ({t_fit:.2f} s) | | |")
-    del big
+    rows.append(_kmeans_fit_row(rng))
     codec = Quantize("kmeans", 4, granularity="tensor", protect=0.001)
     t_e = best_time(lambda: codec.encode(x))
     enc = codec.encode(x)
@@ -114,14 +106,23 @@ def speed() -> list[str]:
                         ("packed 4b codes (Quantize output)", Quantize().encode(x)),
                         ("random 4-bit symbols", rng.integers(0, 16, res.size).astype(np.uint8))]:
         data = np.frombuffer(data, np.uint8) if isinstance(data, bytes) else data
-        t_e = best_time(lambda: rh.encode(data))
+        t_e = best_time(lambda d=data: rh.encode(d))
         enc = rh.encode(data)
-        t_d = best_time(lambda: rh.decode(enc))
+        t_d = best_time(lambda e=enc: rh.decode(e))
         rows.append(f"| RLEHuffman encode: {label} | {data.nbytes / 2**20:.0f} MiB | "
                     f"{mbps(data.nbytes, t_e)} | {ratio(data.nbytes, enc)} | "
                     f"{ratio(data.nbytes, ZSTD.encode(data))} |")
         rows.append(f"| RLEHuffman decode: {label} | same | {mbps(data.nbytes, t_d)} | | |")
     return rows
+
+
+def _kmeans_fit_row(rng) -> str:
+    big = rng.standard_normal(100_000_000).astype(np.float32)
+    book = np.empty((1, 15))
+    t_fit = best_time(lambda: fit_codebooks(big, big.view(np.uint32), big.size,
+                                            np.zeros(0, np.uint8), 15, 1.0, 0, book), repeat=2)
+    return (f"| k-means fit, 15 levels, per tensor | f32 100 M values (400 MB) | "
+            f"{mbps(big.nbytes, t_fit)} ({t_fit:.2f} s) | | |")
 
 
 def _sparse_residuals(rng, n, p):

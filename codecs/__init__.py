@@ -21,29 +21,29 @@ from ._qformat import HEADER_SIZE, decode_chunk, encode_chunk
 from .bitpack import pack_bits, packed_size, unpack_bits
 from .delta import BucketDelta, delta_decode, delta_encode
 from .errors import CodecError
-from .quantize import GRANULARITIES, METHODS, QuantParams, Quantize, dequantize, quantize
+from .quantize import GRANULARITIES, METHODS, Quantize, QuantParams, dequantize, quantize
 from .rle_huffman import RLEHuffman, rle_huffman_decode, rle_huffman_encode
 
 __all__ = [
-    "CodecError",
-    "Quantize",
-    "QuantParams",
-    "quantize",
-    "dequantize",
-    "encode_chunk",
-    "decode_chunk",
+    "GRANULARITIES",
     "HEADER_SIZE",
     "METHODS",
-    "GRANULARITIES",
     "BucketDelta",
-    "delta_encode",
-    "delta_decode",
+    "CodecError",
+    "QuantParams",
+    "Quantize",
     "RLEHuffman",
-    "rle_huffman_encode",
-    "rle_huffman_decode",
+    "decode_chunk",
+    "delta_decode",
+    "delta_encode",
+    "dequantize",
+    "encode_chunk",
     "pack_bits",
-    "unpack_bits",
     "packed_size",
+    "quantize",
+    "rle_huffman_decode",
+    "rle_huffman_encode",
+    "unpack_bits",
 ]
 
 register_codec(Quantize)

@@ -6,7 +6,7 @@ import numpy as np
 
 from .errors import CodecError
 
-__all__ = ["DTYPE_CODES", "dtype_code", "to_bf16_bits", "from_bf16_bits", "as_float", "from_float"]
+__all__ = ["DTYPE_CODES", "as_float", "dtype_code", "from_bf16_bits", "from_float", "to_bf16_bits"]
 
 #: header code -> dtype name; "bfloat16" arrays travel as their uint16 view.
 DTYPE_CODES = {0: "float32", 1: "float64", 2: "float16", 3: "bfloat16"}

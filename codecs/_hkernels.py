@@ -11,8 +11,16 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["ALPHABET", "RUN_BASE", "MAX_RUN", "MAX_LEN", "LUT_BITS", "rle_scan", "write_bits",
-           "decode_symbols"]
+__all__ = [
+    "ALPHABET",
+    "LUT_BITS",
+    "MAX_LEN",
+    "MAX_RUN",
+    "RUN_BASE",
+    "decode_symbols",
+    "rle_scan",
+    "write_bits",
+]
 
 ALPHABET = 1 << 16
 RUN_BASE = 254

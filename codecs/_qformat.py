@@ -31,7 +31,7 @@ from .bitpack import pack_bits, packed_size, unpack_bits
 from .errors import CodecError
 from .quantize import METHODS, QuantParams
 
-__all__ = ["VERSION", "HEADER_SIZE", "encode_chunk", "decode_chunk"]
+__all__ = ["HEADER_SIZE", "VERSION", "decode_chunk", "encode_chunk"]
 
 VERSION = 1
 _HEAD = struct.Struct("<BBBBBHQQQ")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["seg_minmax", "seg_absmax", "uniform_codes", "dequant_uniform", "dequant_codebook"]
+__all__ = ["dequant_codebook", "dequant_uniform", "seg_absmax", "seg_minmax", "uniform_codes"]
 
 
 @njit(cache=True, nogil=True)
@@ -71,7 +71,7 @@ def uniform_codes(x, seg, zero, inv, fq, half, fzero, out):  # pragma: no cover 
         for i in range(a0, b0):
             t = (x[i] - z) * iv + half
             t = min(max(t, fzero), fq)
-            out[i] = np.uint8(t) if t == t else 0
+            out[i] = 0 if np.isnan(t) else np.uint8(t)
 
 
 @njit(cache=True, nogil=True)

@@ -10,11 +10,22 @@ FBGEMM's ``param_search_greedy``), i.e. it stops once ``xmax - xmin`` would fall
 
 Speed: each candidate's error is computed from prefix sums over a fine histogram of the segment
 (``HIST_PER_BIN`` cells per search step; a value counts at its cell centre), in ``O(levels)``
-per candidate instead of ``O(segment length)`` (see ``_pair_error``). Candidate end points fall on
+per candidate instead of ``O(segment length)``. Candidate end points fall on
 cell edges, so the errors are those of the values moved to their cell centres -- 4 cells per step,
 180 across the range for 45 bins: the search sees the row at about 7.5-bit resolution. The final
-codes are computed from the exact values. All segments (rows) are searched
-in one compiled call -- the per-row loop runs in machine code, not in Python.
+codes are computed from the exact values.
+
+The error formula: values are measured in cells from the segment minimum, ``C``/``S1`` are prefix
+sums of count and value over the cells. Level ``k`` of a candidate ``[a, b]`` is ``v_k = a + k d``
+and takes the cells below the edge ``j_k`` nearest to the threshold ``a + (k + 1/2) d``. Summing
+``S2 - 2 v S1 + v^2 C`` over the levels telescopes to sums over thresholds of prefix sums::
+
+    err = S2 - 2 (b S1[H] - d sum_k S1[j_k]) + (b^2 C[H] - d sum_k C[j_k] (2 v_k + d))
+
+``S2`` is the same for all candidates and dropped. The two candidates of an iteration have the
+same spacing ``d`` and thresholds ``HIST_PER_BIN`` cells apart, so one index serves both. All
+segments (rows) are searched in one compiled call, two side by side -- the per-row loop runs in
+machine code, not in Python.
 """
 
 from __future__ import annotations
@@ -22,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["default_num_bins", "adaptive_ranges", "HIST_PER_BIN"]
+__all__ = ["HIST_PER_BIN", "adaptive_ranges", "default_num_bins"]
 
 #: Histogram cells per greedy step.
 HIST_PER_BIN = 4
@@ -33,71 +44,14 @@ def default_num_bins(bits: int) -> int:
     return 25 if bits <= 3 else 45
 
 
-@njit(cache=True, nogil=True, fastmath=True, inline="always")
-def _pair_error(A, B, nq, inv, C, S1, o, s2tot, H):  # pragma: no cover - compiled
-    """Squared errors (cell units) of the candidates ``[A + HPB, B]`` and ``[A, B - HPB]``.
-
-    Values are measured in histogram cells from the segment minimum; ``C``/``S1`` are prefix
-    sums of count and value over the cells. Level ``k`` of a candidate ``[a, b]`` is
-    ``v_k = a + k d`` and takes the cells below the edge ``j_k`` nearest to the threshold
-    ``a + (k + 1/2) d``. Summing ``S2 - 2 v S1 + v^2 C`` over the levels telescopes to sums over
-    thresholds of prefix sums::
-
-        err = S2 - 2 (b S1[H] - d sum_k S1[j_k]) + (b^2 C[H] - d sum_k C[j_k] (2 v_k + d))
-
-    Both candidates have the same spacing ``d`` and thresholds ``HPB`` cells apart, so one index
-    serves both.
-    """
-    hpb = HIST_PER_BIN
-    d = (B - A - hpb) * inv
-    t1 = 0.0
-    t2 = 0.0
-    u1 = 0.0
-    u2 = 0.0
-    for k in range(nq - 1):
-        v = A + k * d
-        # unsigned index: no negative-index wraparound test in the hot loop (v >= 0 here)
-        j = np.uint64(o + v + 0.5 * d + 0.5)
-        t2 += S1[j]
-        u2 += C[j] * (2.0 * v + d)
-        t1 += S1[j + np.uint64(hpb)]
-        u1 += C[j + np.uint64(hpb)] * (2.0 * (v + hpb) + d)
-    b1 = B
-    b2 = B - hpb
-    e1 = s2tot - 2.0 * (b1 * S1[o + H] - d * t1) + (b1 * b1 * C[o + H] - d * u1)
-    e2 = s2tot - 2.0 * (b2 * S1[o + H] - d * t2) + (b2 * b2 * C[o + H] - d * u2)
-    return e1, e2
-
-
 @njit(cache=True, nogil=True)
-def adaptive_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio):  # pragma: no cover - compiled
-    """Refine ``lo``/``hi`` (per-segment min/max of the unmasked values) in place.
-
-    ``x``: flat float array; ``seg``: segment length; ``mask``: uint8 array of x.size (nonzero =
-    value excluded) or of size 0; ``nq``: number of uniform levels.
-    """
-    n = x.size
-    H = num_bins * HIST_PER_BIN
-    n_iter = int(ratio * num_bins + 1e-9) - 1
-    if nq < 2 or n_iter < 1:
-        return
-    has_mask = mask.size > 0
-    inv = 1.0 / (nq - 1)
-    C = np.zeros(H + 1)
-    S1 = np.zeros(H + 1)
-    cnt = np.zeros(H, np.int64)
-    for s in range(lo.size):
-        lo0 = np.float64(lo[s])
-        rg = np.float64(hi[s]) - lo0
-        if not (rg > 0.0) or rg == np.inf:
-            continue
-        # histogram in cell units (values measured in cells from the minimum); a value counts
-        # at its cell centre. Prefix sums of count and value; the sum of squares is the same
-        # for every candidate, so it is left out (errors are compared, never reported).
-        cnt[:] = 0
+def _prefix_histogram(x, a0, b0, mask, has_mask, lo0, rg, H, cnt, C, S1, o):  # pragma: no cover
+    # histogram in cell units (values measured in cells from the minimum); a value counts at its
+    # cell centre. Prefix sums of count and value at C/S1[o:o + H + 1]. The sum of squares is
+    # the same for every candidate, so it is left out (errors are compared, never reported).
+    cnt[:] = 0
+    if rg > 0.0:
         f = H / rg
-        a0 = s * seg
-        b0 = min(a0 + seg, n)
         if has_mask:
             for i in range(a0, b0):
                 if mask[i] == 0:
@@ -105,31 +59,118 @@ def adaptive_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio):  # pragma: no co
         else:
             for i in range(a0, b0):
                 cnt[min(max(int((np.float64(x[i]) - lo0) * f), 0), H - 1)] += 1
-        for j in range(H):
-            C[j + 1] = C[j] + cnt[j]
-            S1[j + 1] = S1[j] + cnt[j] * (j + 0.5)
-        s2tot = 0.0
-        # greedy search over [A, B] (cells), starting from the full range
-        A = 0.0
-        B = float(H)
-        best = _full_error(nq, C, S1, 0, s2tot, H)
-        ba = 0.0
-        bb = float(H)
+    C[o] = 0.0
+    S1[o] = 0.0
+    for j in range(H):
+        C[o + j + 1] = C[o + j] + cnt[j]
+        S1[o + j + 1] = S1[o + j] + cnt[j] * (j + 0.5)
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def adaptive_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio):  # pragma: no cover - compiled
+    """Refine ``lo``/``hi`` (per-segment min/max of the unmasked values) in place.
+
+    ``x``: flat float array; ``seg``: segment length; ``mask``: uint8 array of x.size (nonzero =
+    value excluded) or of size 0; ``nq``: number of uniform levels.
+
+    Segments are searched two at a time in one loop: a greedy iteration is a chain of dependent
+    steps, and two independent chains keep the CPU's units busy.
+    """
+    n = x.size
+    nseg = lo.size
+    H = num_bins * HIST_PER_BIN
+    W = H + 1
+    hpb = HIST_PER_BIN
+    n_iter = int(ratio * num_bins + 1e-9) - 1
+    if nq < 2 or n_iter < 1:
+        return
+    has_mask = mask.size > 0
+    inv = 1.0 / (nq - 1)
+    C = np.zeros(2 * W)
+    S1 = np.zeros(2 * W)
+    cnt = np.zeros(H, np.int64)
+    for s in range(0, nseg, 2):
+        lo0 = np.float64(lo[s])
+        rg0 = np.float64(hi[s]) - lo0
+        ok0 = rg0 > 0.0 and rg0 != np.inf
+        lo1 = 0.0
+        rg1 = 0.0
+        ok1 = False
+        if s + 1 < nseg:
+            lo1 = np.float64(lo[s + 1])
+            rg1 = np.float64(hi[s + 1]) - lo1
+            ok1 = rg1 > 0.0 and rg1 != np.inf
+        if not (ok0 or ok1):
+            continue
+        _prefix_histogram(x, s * seg, min(s * seg + seg, n), mask, has_mask, lo0,
+                          rg0 if ok0 else 0.0, H, cnt, C, S1, 0)
+        _prefix_histogram(x, (s + 1) * seg, min((s + 1) * seg + seg, n), mask, has_mask, lo1,
+                          rg1 if ok1 else 0.0, H, cnt, C, S1, W)
+        A0 = 0.0
+        B0 = float(H)
+        A1 = 0.0
+        B1 = float(H)
+        best0 = _full_error(nq, C, S1, 0, 0.0, H)
+        best1 = _full_error(nq, C, S1, W, 0.0, H)
+        ba0 = A0
+        bb0 = B0
+        ba1 = A1
+        bb1 = B1
+        CH0 = C[H]
+        SH0 = S1[H]
+        CH1 = C[W + H]
+        SH1 = S1[W + H]
         for _ in range(n_iter):
-            e1, e2 = _pair_error(A, B, nq, inv, C, S1, 0, s2tot, H)
-            if e1 < e2:
-                A += HIST_PER_BIN
-                e = e1
-            else:
-                B -= HIST_PER_BIN
-                e = e2
-            if e < best:
-                best = e
-                ba = A
-                bb = B
-        w = rg / H
-        lo[s] = lo0 + ba * w
-        hi[s] = lo0 + bb * w
+            # both candidates of both segments: [A + hpb, B] ("x") and [A, B - hpb] ("y")
+            d0 = (B0 - A0 - hpb) * inv
+            d1 = (B1 - A1 - hpb) * inv
+            p0 = A0 + 0.5 * d0 + 0.5
+            p1 = W + A1 + 0.5 * d1 + 0.5
+            tx0 = ty0 = ux0 = uy0 = 0.0
+            tx1 = ty1 = ux1 = uy1 = 0.0
+            for k in range(nq - 1):
+                v0 = A0 + k * d0
+                v1 = A1 + k * d1
+                # unsigned indices: no negative-index wraparound test in the hot loop
+                j0 = np.uint64(p0 + k * d0)
+                j1 = np.uint64(p1 + k * d1)
+                ty0 += S1[j0]
+                uy0 += C[j0] * (2.0 * v0 + d0)
+                tx0 += S1[j0 + np.uint64(hpb)]
+                ux0 += C[j0 + np.uint64(hpb)] * (2.0 * (v0 + hpb) + d0)
+                ty1 += S1[j1]
+                uy1 += C[j1] * (2.0 * v1 + d1)
+                tx1 += S1[j1 + np.uint64(hpb)]
+                ux1 += C[j1 + np.uint64(hpb)] * (2.0 * (v1 + hpb) + d1)
+            by0 = B0 - hpb
+            by1 = B1 - hpb
+            ex0 = -2.0 * (B0 * SH0 - d0 * tx0) + (B0 * B0 * CH0 - d0 * ux0)
+            ey0 = -2.0 * (by0 * SH0 - d0 * ty0) + (by0 * by0 * CH0 - d0 * uy0)
+            ex1 = -2.0 * (B1 * SH1 - d1 * tx1) + (B1 * B1 * CH1 - d1 * ux1)
+            ey1 = -2.0 * (by1 * SH1 - d1 * ty1) + (by1 * by1 * CH1 - d1 * uy1)
+            # branch-free moves: the comparisons are data dependent
+            tk0 = ex0 < ey0
+            e0 = ex0 if tk0 else ey0
+            A0 = A0 + hpb if tk0 else A0
+            B0 = B0 if tk0 else by0
+            tk1 = ex1 < ey1
+            e1 = ex1 if tk1 else ey1
+            A1 = A1 + hpb if tk1 else A1
+            B1 = B1 if tk1 else by1
+            bt0 = e0 < best0
+            best0 = e0 if bt0 else best0
+            ba0 = A0 if bt0 else ba0
+            bb0 = B0 if bt0 else bb0
+            bt1 = e1 < best1
+            best1 = e1 if bt1 else best1
+            ba1 = A1 if bt1 else ba1
+            bb1 = B1 if bt1 else bb1
+        if ok0:
+            lo[s] = lo0 + ba0 * (rg0 / H)
+            hi[s] = lo0 + bb0 * (rg0 / H)
+        if ok1:
+            lo[s + 1] = lo1 + ba1 * (rg1 / H)
+            hi[s + 1] = lo1 + bb1 * (rg1 / H)
 
 
 @njit(cache=True, nogil=True, fastmath=True)

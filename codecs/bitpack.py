@@ -12,7 +12,7 @@ from numba import njit
 
 from .errors import CodecError
 
-__all__ = ["packed_size", "pack_bits", "unpack_bits"]
+__all__ = ["pack_bits", "packed_size", "unpack_bits"]
 
 
 def packed_size(count: int, bits: int) -> int:

@@ -24,7 +24,7 @@ from numcodecs.compat import ensure_contiguous_ndarray, ndarray_copy
 
 from .errors import CodecError
 
-__all__ = ["delta_encode", "delta_decode", "BucketDelta"]
+__all__ = ["BucketDelta", "delta_decode", "delta_encode"]
 
 
 @njit(cache=True, nogil=True)

@@ -81,8 +81,7 @@ def _weighted_kmeans(vals, w, k, seed, centers):  # pragma: no cover - compiled
         centers[c] = vals[pick]
         for i in range(B):
             d = vals[i] - centers[c]
-            if d * d < d2[i]:
-                d2[i] = d * d
+            d2[i] = min(d2[i], d * d)
     centers[:k].sort()
     # weighted Lloyd with a linear assignment sweep
     assign = np.full(B, -1, np.int64)

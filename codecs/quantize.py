@@ -35,13 +35,18 @@ from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray, ensure_ndarray, ndarray_copy
 
 from . import _qkernels as K
-from ._floats import as_float, from_float, to_bf16_bits, from_bf16_bits
+from ._floats import as_float, from_bf16_bits, from_float, to_bf16_bits
 from .adaptive import adaptive_ranges, default_num_bins
 from .errors import CodecError
 from .kmeans import fit_codebooks, nearest_codes
 
 __all__ = [
-    "METHODS", "GRANULARITIES", "QuantParams", "Quantize", "quantize", "dequantize",
+    "GRANULARITIES",
+    "METHODS",
+    "QuantParams",
+    "Quantize",
+    "dequantize",
+    "quantize",
     "segment_length",
 ]
 

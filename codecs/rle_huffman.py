@@ -34,7 +34,7 @@ from numcodecs.compat import ensure_contiguous_ndarray, ndarray_copy
 from . import _hkernels as HK
 from .errors import CodecError
 
-__all__ = ["RLEHuffman", "rle_huffman_encode", "rle_huffman_decode"]
+__all__ = ["RLEHuffman", "rle_huffman_decode", "rle_huffman_encode"]
 
 VERSION = 1
 _HEAD = struct.Struct("<BBQ")

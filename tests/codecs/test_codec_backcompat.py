@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import (  # noqa: E402
+from common import (
     check_backwards_compatibility,
     fixture_cases,
     fixture_paths,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from ckptcodecs import CodecError, pack_bits, packed_size, unpack_bits
 
 

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from ckptcodecs import (BucketDelta, CodecError, delta_decode, delta_encode, dequantize, quantize,
-                        rle_huffman_encode)
+from ckptcodecs import (
+    BucketDelta,
+    CodecError,
+    delta_decode,
+    delta_encode,
+    dequantize,
+    quantize,
+    rle_huffman_encode,
+)
 
 RNG = np.random.default_rng(11)
 

@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ckptcodecs import (
+    CodecError,
+    Quantize,
+    RLEHuffman,
+    delta_decode,
+    delta_encode,
+    rle_huffman_decode,
+    rle_huffman_encode,
+)
 from common import fixture_cases
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-
-from ckptcodecs import (CodecError, Quantize, RLEHuffman, delta_decode, delta_encode,
-                        rle_huffman_decode, rle_huffman_encode)
 
 FLOATS = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True, width=32),

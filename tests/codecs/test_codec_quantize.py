@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from common import check_config, check_encode_decode, check_repr
-
 from ckptcodecs import CodecError, Quantize, dequantize, quantize
 from ckptcodecs._floats import from_bf16_bits, to_bf16_bits
 from ckptcodecs._qformat import decode_chunk
+from common import check_config, check_encode_decode, check_repr
 
 RNG = np.random.default_rng(7)
 ROWS = RNG.standard_normal((50, 96)).astype(np.float32)
@@ -82,7 +81,7 @@ def test_kmeans_nearest_level(levels, granularity):
                      group_size=1000 if granularity == "group" else None)
 
     def check(arr, dec):
-        codes, p = decode_chunk(np.frombuffer(codec.encode(arr), np.uint8))
+        _, p = decode_chunk(np.frombuffer(codec.encode(arr), np.uint8))
         assert p.nq == (levels or 8)
         x = arr.reshape(-1)
         seg = np.arange(x.size) // p.seg_len
@@ -108,7 +107,7 @@ def test_kmeans_is_deterministic_and_close_to_lloyd():
     km = KMeans(8, n_init=3, random_state=0).fit(x[:, None].astype(np.float64))
     ref = km.inertia_ / x.size
     assert ours <= ref * 1.15
-    c2, p2 = quantize(x, "kmeans", 3, granularity="tensor")
+    _, p2 = quantize(x, "kmeans", 3, granularity="tensor")
     np.testing.assert_array_equal(p.codebook, p2.codebook)
 
 

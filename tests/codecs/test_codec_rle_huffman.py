@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from common import check_config, check_encode_decode, check_repr
-
 from ckptcodecs import CodecError, RLEHuffman, rle_huffman_decode, rle_huffman_encode
 from ckptcodecs import _hkernels as HK
+from common import check_config, check_encode_decode, check_repr
 
 RNG = np.random.default_rng(3)
 

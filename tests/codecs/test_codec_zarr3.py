@@ -10,7 +10,6 @@ import textwrap
 import numpy as np
 import pytest
 import zarr
-
 from ckptcodecs import CodecError, Quantize
 from ckptcodecs._floats import from_bf16_bits, to_bf16_bits
 from ckptcodecs.zarr3 import QuantizeCodec, RLEHuffmanCodec
@@ -52,7 +51,7 @@ def test_write_then_read_in_fresh_process(tmp_path):
         print("ok")
     """)
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=120)
+                         timeout=120, check=False)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr
 
 
@@ -85,3 +84,18 @@ def test_rle_huffman_as_compressor_of_plain_bytes(tmp_path):
                           dtype="uint8", compressors=[RLEHuffmanCodec()])
     a[:] = codes
     np.testing.assert_array_equal(a[:], codes)
+
+
+def test_numcodecs_entry_points_in_fresh_process():
+    script = textwrap.dedent("""
+        import sys, numpy as np, numcodecs
+        q = numcodecs.get_codec({"id": "ckpt.quantize", "bits": 3})
+        r = numcodecs.get_codec({"id": "ckpt.rle_huffman"})
+        x = np.linspace(-1, 1, 64, dtype="float32")
+        assert np.abs(q.decode(q.encode(x)) - x).max() < 0.15
+        assert bytes(r.decode(r.encode(b"aaab"))) == b"aaab"
+        print("ok")
+    """)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr
