@@ -88,7 +88,7 @@ def collect(store: Store, keep_last: int | None = None, keep_tags: bool = True,
     for d in result.data_removed:
         storage.delete_tree(data_dir(d))
     for branch in store.refs.branches():
-        result.ref_files_removed += store.refs.prune_moves(branch, keep=1)
+        result.ref_files_removed += store.refs.prune_moves(branch)
     _remove_temp_files(store, grace_period, now)
     return result
 

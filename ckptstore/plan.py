@@ -110,7 +110,8 @@ def _container(value: Any) -> str:
 def _as_tensor(value: Any) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value.detach()
-    return torch.from_numpy(np.ascontiguousarray(np.asarray(value)))
+    a = np.asarray(value)  # np.ascontiguousarray would turn 0-d arrays into 1-d ones
+    return torch.from_numpy(a if a.flags.c_contiguous else a.copy(order="C"))
 
 
 def _storage_key(t: torch.Tensor) -> tuple[Any, ...] | None:

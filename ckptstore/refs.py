@@ -70,7 +70,16 @@ class Refs:
         Raises :class:`ConcurrentUpdateError` if another writer moved it first.
         """
         seq = 0 if expected is None else expected[0] + 1
-        if not self.storage.put_if_absent(branch_seq(branch, seq), _encode(commit_id)):
+        key = branch_seq(branch, seq)
+        created = self.storage.put_if_absent(key, _encode(commit_id))
+        if created:
+            # gc prunes old ref files: a writer that read a long-gone tip can re-create a pruned
+            # number below the real tip. A higher number means the branch moved on: undo.
+            seqs = self._seqs(branch)
+            if seqs and seqs[-1] > seq:
+                self.storage.delete(key)
+                created = False
+        if not created:
             now = self.tip(branch)
             raise ConcurrentUpdateError(
                 f"branch {branch!r} was moved by another writer (now at "
@@ -82,10 +91,14 @@ class Refs:
 
     def create_branch(self, branch: str, commit_id: str) -> None:
         check_ref_name(branch, "branch")
+        exists = RefExists(f"branch {branch!r} already exists; choose another name or use "
+                           "store.reset_branch() to move it")
         if self._seqs(branch):
-            raise RefExists(f"branch {branch!r} already exists; choose another name or use "
-                            "store.reset_branch() to move it")
-        self.advance(branch, None, commit_id)
+            raise exists
+        try:
+            self.advance(branch, None, commit_id)
+        except ConcurrentUpdateError:  # another writer created it first
+            raise exists from None
 
     def reset_branch(self, branch: str, commit_id: str) -> None:
         """Point an existing branch at any commit (a new ref file: history of moves is kept)."""
@@ -101,7 +114,7 @@ class Refs:
         for s in seqs:
             self.storage.delete(branch_seq(branch, s))
 
-    def prune_moves(self, branch: str, keep: int = 1) -> int:
+    def prune_moves(self, branch: str, keep: int = 8) -> int:
         """Delete all but the newest ``keep`` ref files of a branch; return how many went."""
         seqs = self._seqs(branch)
         old = seqs[: max(len(seqs) - max(keep, 1), 0)]

@@ -171,8 +171,11 @@ def select(tree: Any, patterns: list[str]) -> Any:
     Containers left empty disappear; the root stays (possibly empty).
     """
 
+    literal = {p for p in patterns if not any(c in p for c in "*?[")}
+    globs = [p for p in patterns if p not in literal]
+
     def match(path: str) -> bool:
-        return any(fnmatch.fnmatchcase(path, p) for p in patterns)
+        return path in literal or any(fnmatch.fnmatchcase(path, p) for p in globs)
 
     def walk(node: Any, path: str) -> Any | None:
         if path and match(path):

@@ -191,9 +191,14 @@ class Store:
         tracker = job.tracker
         self._chains.commit_done(job.branch, commit_id, job.plan, snap, done,
                                  lambda t: tracker is not None and tracker.lookup(t) is not None)
-        for t in job.tags:
-            self.refs.create_tag(t, commit_id)
         self._remember(manifest)
+        for t in job.tags:
+            try:
+                self.refs.create_tag(t, commit_id)
+            except RefExists:
+                raise RefExists(f"commit {commit_id} was made on {job.branch!r}, but another "
+                                f"writer created tag {t!r} meanwhile; do not commit again -- tag "
+                                f"this commit with another name") from None
         return CommitInfo.from_manifest(manifest)
 
     def _effective_policy(self, policy: Policy) -> Policy:
@@ -440,8 +445,8 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
         decode_marker(storage.read(MARKER), storage.path(MARKER))
     except FileNotFoundError:
         if not create:
-            raise NotAStoreError(f"no ckptstore at {url!s}: open it with create=True to make "
-                                 "one") from None
+            raise NotAStoreError(f"no ckptstore at {url!s}: check the location (a store is "
+                                 "created by ckptstore.open(url) without create=False)") from None
         leftovers = [n for n in storage.listdir("") if not n.startswith(".")]
         if leftovers:
             raise NotAStoreError(

@@ -81,8 +81,9 @@ def verify(store: Store, ref: str | None = None, progress: bool = False) -> Veri
                 codec.decode(data, np.empty(grid.chunks, dtype=dtype), where)
         except FileNotFoundError:
             return 0, f"{where}: missing"
-        except CorruptedChunkError as e:
-            return len(data), f"{where}: {e}"
+        except CorruptedChunkError as e:  # "chunk <where> failed ..." -> "<where>: failed ..."
+            reason = str(e).removeprefix(f"chunk {where} ")
+            return len(data), f"{where}: {reason}"
         return len(data), None
 
     bar = None

@@ -1,10 +1,12 @@
-"""ckptstore demo: train, commit every N steps, tag the best, crash, resume, inspect history.
+"""ckptstore demo: train, commit in the background, tag the best, crash, resume, inspect history.
 
-Trains an MLP on scikit-learn's bundled digits dataset (real data, no download) on the CPU. The run
-is interrupted ("crash") and resumed from the store; the resumed loss curve must equal the one of
-an uninterrupted run bit for bit (model, optimizer, data order and RNG state all come back).
+Trains an MLP on scikit-learn's bundled digits dataset (real data, no download) on the CPU. Commits
+run asynchronously (the loop only waits for the snapshot). The run is interrupted ("crash") and
+resumed from the store; the resumed loss curve must equal that of an uninterrupted run bit for bit
+(model, optimizer, mid-epoch data order and RNG state all come back). Finally the same state is
+committed under compressing policies to show what they save.
 
-    python examples/demo.py [--store ./demo-store] [--steps 300] [--every 50]
+    python examples/demo.py [--store ./demo-store] [--steps 300] [--every 50] [--crash-at 175]
 """
 
 from __future__ import annotations
@@ -14,95 +16,87 @@ import io
 import shutil
 import time
 
-import numpy as np
 import torch
 from sklearn.datasets import load_digits
+from torch.utils.data import DataLoader, TensorDataset
 
 import ckptstore
+from ckptstore import Policy, QuantSpec, ResumableLoader, ResumableSampler, RNGState
 
 
 def load_data() -> tuple[torch.Tensor, ...]:
     x, y = load_digits(return_X_y=True)
     x = torch.tensor(x / 16.0, dtype=torch.float32)
     y = torch.tensor(y)
-    g = torch.Generator().manual_seed(0)
-    perm = torch.randperm(len(x), generator=g)
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
     train, val = perm[:1500], perm[1500:]
     return x[train], y[train], x[val], y[val]
 
 
-class EpochSampler:
-    """Seeded shuffling with a resumable position: its state is a plain leaf of the commit."""
-
-    def __init__(self, n: int, batch: int, seed: int = 0):
-        self.n, self.batch, self.seed = n, batch, seed
-        self.epoch, self.pos = 0, 0
-
-    def next_batch(self) -> torch.Tensor:
-        if self.pos + self.batch > self.n:
-            self.epoch, self.pos = self.epoch + 1, 0
-        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch))
-        idx = order[self.pos: self.pos + self.batch]
-        self.pos += self.batch
-        return idx
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "pos": self.pos, "seed": self.seed}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.pos, self.seed = state["epoch"], state["pos"], state["seed"]
-
-
-def make_model() -> torch.nn.Module:
+def make_run(data):
+    """A fresh model, optimizer and resumable loader (what a restarted process builds)."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Dropout(0.1),
-                               torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                               torch.nn.Linear(256, 10))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+                                torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 10))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    # the loader gets its own generator: creating an iterator must not draw from the global RNG
+    loader = ResumableLoader(DataLoader(TensorDataset(data[0], data[1]), batch_size=64,
+                                        sampler=ResumableSampler(len(data[0]), seed=0),
+                                        generator=torch.Generator()))
+    return model, opt, loader
 
 
-def train(data, steps_from: int, steps_to: int, model, opt, sampler, store=None, every=50,
+def train(data, step: int, last: int, model, opt, loader, store=None, every=50,
           crash_at=None) -> dict[int, float]:
-    """Train from step ``steps_from`` to ``steps_to``; commit every ``every`` steps."""
-    xt, yt, xv, yv = data
+    """Train from ``step`` to ``last``; commit asynchronously every ``every`` steps."""
+    _, _, xv, yv = data
     losses: dict[int, float] = {}
-    best = float("inf")
-    if store is not None and "best" in store.tags():
-        best = store.info("best").metadata["val_loss"]
-    for step in range(steps_from + 1, steps_to + 1):
-        if crash_at is not None and step > crash_at:
-            print(f"  !! simulated crash at step {crash_at} (state in memory is lost)")
-            break
-        model.train()
-        idx = sampler.next_batch()
-        loss = torch.nn.functional.cross_entropy(model(xt[idx]), yt[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses[step] = loss.item()
-        if store is not None and step % every == 0:
-            model.eval()
-            with torch.no_grad():
-                val = torch.nn.functional.cross_entropy(model(xv), yv).item()
-            state = {"model": model, "optim": opt, "sampler": sampler, "step": step,
-                     "rng": torch.get_rng_state()}
-            info = store.commit(state, message=f"step {step}: val loss {val:.4f}",
-                                metadata={"val_loss": val})
-            if val < best:
-                best = val
-                try:
-                    store.delete_tag("best")
-                except ckptstore.RefNotFound:
-                    pass
-                store.tag("best", info.id)
-            print(f"  step {step:4d}  train loss {loss.item():.4f}  val loss {val:.4f}  "
-                  f"-> commit {info.short_id} ({info.stored_bytes / 1024:.0f} KiB)")
+    best = store.info("best").metadata["val_loss"] if store and "best" in store.tags() else 1e9
+    pending = None
+    while step < last:
+        for xb, yb in loader:
+            step += 1
+            if crash_at is not None and step > crash_at:
+                print(f"  !! simulated crash at step {crash_at}: everything in memory is lost")
+                if pending is not None:
+                    pending.wait()
+                return losses
+            model.train()
+            loss = torch.nn.functional.cross_entropy(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses[step] = loss.item()
+            if store is not None and step % every == 0:
+                model.eval()
+                with torch.no_grad():
+                    val = torch.nn.functional.cross_entropy(model(xv), yv).item()
+                if pending is not None:
+                    pending.wait()
+                state = {"model": model, "optim": opt, "data": loader, "rng": RNGState(),
+                         "step": step}
+                pending = store.commit_async(state, message=f"step {step}: val loss {val:.4f}",
+                                             metadata={"val_loss": val})
+                print(f"  step {step:4d}  train loss {loss.item():.4f}  val loss {val:.4f}  "
+                      f"commit (training waited {pending.stall_seconds * 1000:.1f} ms)")
+                if val < best:
+                    best = val
+                    info = pending.wait()
+                    if "best" in store.tags():
+                        store.delete_tag("best")
+                    store.tag("best", info.id)
+            if step >= last:
+                break
+    if pending is not None:
+        pending.wait()
     return losses
 
 
 def human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
 
@@ -117,58 +111,69 @@ def main() -> None:
     data = load_data()
 
     print("1) reference run without failures")
-    model, sampler = make_model(), EpochSampler(len(data[0]), 64)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model, opt, loader = make_run(data)
     torch.manual_seed(1)
-    reference = train(data, 0, args.steps, model, opt, sampler)
+    reference = train(data, 0, args.steps, model, opt, loader)
 
     shutil.rmtree(args.store, ignore_errors=True)
     store = ckptstore.open(args.store)
-    print(f"\n2) training with a commit every {args.every} steps into {args.store}")
-    model, sampler = make_model(), EpochSampler(len(data[0]), 64)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    print(f"\n2) training with an asynchronous commit every {args.every} steps into {args.store}")
+    model, opt, loader = make_run(data)
     torch.manual_seed(1)
-    before = train(data, 0, args.steps, model, opt, sampler, store, args.every, args.crash_at)
-    del model, opt, sampler
+    before = train(data, 0, args.steps, model, opt, loader, store, args.every, args.crash_at)
+    del model, opt, loader
 
-    print("\n3) resume from the store in a fresh process state")
+    print("\n3) resume from the store, as a restarted process would")
     t0 = time.perf_counter()
-    model, sampler = make_model(), EpochSampler(len(data[0]), 64)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    state = store.checkout("main", into={"model": model, "optim": opt, "sampler": sampler})
-    torch.set_rng_state(state["rng"])
+    model, opt, loader = make_run(data)
+    state = store.checkout("main", into={"model": model, "optim": opt, "data": loader,
+                                         "rng": RNGState()}, for_resume=True)
     step = state["step"]
-    print(f"  resumed at step {step} from {store.info('main').short_id} in "
-          f"{(time.perf_counter() - t0) * 1000:.0f} ms")
-    after = train(data, step, args.steps, model, opt, sampler, store, args.every)
+    print(f"  resumed at step {step} (epoch {loader.epoch}, sample {loader.position}) from "
+          f"{store.info('main').short_id} in {(time.perf_counter() - t0) * 1000:.0f} ms")
+    after = train(data, step, args.steps, model, opt, loader, store, args.every)
     resumed = {**{s: v for s, v in before.items() if s <= step}, **after}
     diff = max(abs(resumed[s] - reference[s]) for s in reference)
     print(f"  loss curve after resume vs uninterrupted run: max |difference| = {diff:.3g} "
           f"over {len(reference)} steps -> {'IDENTICAL' if diff == 0 else 'DIFFERENT'}")
 
-    print("\n4) history (ckpt log)")
-    tags = {}
+    print("\n4) history (as `ckpt log` shows it)")
+    tags: dict[str, list[str]] = {}
     for name, commit in store.tags().items():
         tags.setdefault(commit, []).append(name)
     for c in store.log():
-        print(f"  {c.short_id}  {c.time:%H:%M:%S}  step {c.step:>4}  {c.message:<28}"
-              f"{' [' + ', '.join(tags[c.id]) + ']' if c.id in tags else ''}")
-    print(f"\n5) sizes: {len(store.commit_ids())} commits")
+        label = f" [{', '.join(tags[c.id])}]" if c.id in tags else ""
+        print(f"  {c.short_id}  {c.time:%H:%M:%S}  step {c.step:>4}  {c.message:<26}"
+              f"{human(c.stored_bytes):>10}{label}")
+
+    print("\n5) one training state (model + Adam state + data position + RNG), stored bytes")
+    final = {"model": model, "optim": opt, "data": loader, "rng": RNGState(), "step": args.steps}
     buf = io.BytesIO()
     torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, buf)
-    info = store.info("main")
-    print(f"  {'':24}{'logical':>12}{'stored':>12}")
-    print(f"  {'torch.save (one ckpt)':24}{'':>12}{human(buf.tell()):>12}")
-    print(f"  {'ckptstore (one commit)':24}{human(info.logical_bytes):>12}"
-          f"{human(info.stored_bytes):>12}")
-    total = sum(c.stored_bytes for c in store.log())
-    print(f"  {'ckptstore (all history)':24}{'':>12}{human(total):>12}")
+    rows = [("torch.save", buf.tell(), "")]
+    policies = {
+        "ckptstore lossless": Policy(),
+        "8-bit adaptive": Policy(quantize=QuantSpec(bits=8), min_quant_bytes=16 * 1024),
+        "4-bit k-means + 1% protected": Policy(quantize=QuantSpec(
+            method="kmeans", bits=4, granularity="tensor", protect=0.01),
+            min_quant_bytes=16 * 1024),
+    }
+    for name, policy in policies.items():
+        with ckptstore.open(f"memory://demo-{name}", policy=policy) as s:
+            info = s.commit(final)
+            back = s.checkout("main")["model"]
+            err = max(float((back[k] - v).abs().max()) for k, v in model.state_dict().items())
+            rows.append((name, info.stored_bytes, f"max |error| {err:.2g}"))
+    for name, size, note in rows:
+        print(f"  {name:<30}{human(size):>10}{buf.tell() / size:>7.1f}x  {note}")
+
     best = store.info("best")
     print(f"\n  best commit: {best.short_id} ({best.message}); "
           f"verify: {'ok' if store.verify().ok else 'PROBLEMS'}")
     gc = store.gc(keep_last=2, dry_run=True)
     print(f"  gc --keep-last 2 --dry-run would remove {len(gc.commits_removed)} commits, "
           f"freeing {human(gc.bytes_freed)}")
+    store.close()
     if diff != 0:
         raise SystemExit("resume did not reproduce the loss curve")
 

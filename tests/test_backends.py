@@ -38,7 +38,7 @@ def test_reopen_sees_everything(backend_store, store_url):
 
 def test_open_missing_without_create(backend_store, store_url):
     url, opts = store_url
-    with pytest.raises(NotAStoreError, match="create=True"):
+    with pytest.raises(NotAStoreError, match="create=False"):
         ckptstore.open(url + "-absent", create=False, **opts)
 
 

@@ -145,8 +145,7 @@ def test_two_processes_create_the_same_tag(workers, store_url, tmp_path):
         assert store.tags() == {"v1": base}
 
 
-# -- known library bugs: strict xfail, so a fix turns them into failures that ask for the marker
-# -- to go (see the reasons) -----------------------------------------------------------------------
+# -- races with gc and between branch creators (both were bugs once) ----------------------------
 def _wait_for_arrival(directory, prefix: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not (directory.exists() and any(p.name.startswith(prefix)
@@ -155,10 +154,6 @@ def _wait_for_arrival(directory, prefix: str, timeout: float = 60.0) -> None:
         time.sleep(0.005)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ckptstore bug: gc prunes old ref files (Refs.prune_moves, called by gc.collect for every "
-    "branch, whatever the grace period), so a writer that read tip seq N re-creates the pruned "
-    "file N+1 below the real tip: its commit is reported as made but is not on the branch"))
 def test_gc_during_a_commit_loses_nothing(workers, tmp_path):
     url = str(tmp_path / "store")
     _first_commit(url, {})
@@ -183,10 +178,6 @@ def test_gc_during_a_commit_loses_nothing(workers, tmp_path):
         assert code == 2 and conflict["commit_id"] not in ids
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ckptstore bug: Refs.create_branch checks that the branch is absent, then creates ref file 0; "
-    "the loser of two concurrent store.branch() calls gets ConcurrentUpdateError ('Commit again "
-    "on the new tip') instead of RefExists"))
 def test_two_processes_create_the_same_branch(workers, tmp_path):
     url = str(tmp_path / "store")
     base = _first_commit(url, {})
