@@ -582,6 +582,18 @@ def cmd_gc(ctx: Context) -> int:
     return 0
 
 
+# -- rebase --------------------------------------------------------------------------------------
+def cmd_rebase(ctx: Context) -> int:
+    args = ctx.args
+    info = ctx.store.rebase(args.ref, branch=args.branch, message=args.message or "")
+    if ctx.json:
+        ctx.emit(info.to_json())
+    else:
+        ctx.print(f"wrote full commit {info.short_id} ({human_size(info.stored_bytes)}) with the "
+                  f"state of {args.ref}; `ckpt gc --keep-last 1` can now drop older chains")
+    return 0
+
+
 # -- verify --------------------------------------------------------------------------------------
 def cmd_verify(ctx: Context) -> int:
     report = ctx.store.verify(ctx.args.ref, progress=ctx.progress)
@@ -914,6 +926,7 @@ def cmd_export(ctx: Context) -> int:
 VERBS: dict[str, Callable[[Context], int]] = {
     "log": cmd_log, "show": cmd_show, "tag": cmd_tag, "branch": cmd_branch, "gc": cmd_gc,
     "verify": cmd_verify, "du": cmd_du, "diff": cmd_diff, "export": cmd_export,
+    "rebase": cmd_rebase,
 }
 
 _EPILOG = """\
@@ -1008,6 +1021,14 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
                    help="unreferenced data younger than this is left alone (default 3600)")
     p.add_argument("--dry-run", "-n", action="store_true",
                    help="only print what would be removed")
+
+    p = verb("rebase", "write REF's state as a new full, lossless commit (ends its chains)",
+             "Incremental, consecutive and delta commits keep their bases alive. A rebase\n"
+             "writes the whole state again so that gc can collect the old chains.")
+    p.add_argument("ref", metavar="REF", nargs="?", default="main", help="default: main")
+    p.add_argument("--branch", help="branch to commit on (default: REF if it is a branch, else "
+                   "main)")
+    p.add_argument("--message", "-m", help="commit message (default: 'rebase of <id>')")
 
     p = verb("verify", "check every chunk (present, checksum); exit 1 and list problems if any")
     p.add_argument("ref", metavar="REF", nargs="?",

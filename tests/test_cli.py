@@ -507,3 +507,23 @@ def test_console_script(ckpts):
                           env=env, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert [c["id"] for c in json.loads(done.stdout)] == ids(ckpts)
+
+
+def test_rebase_ends_chains(tmp_path, capsys):
+    import ckptstore
+    from ckptstore import Policy
+
+    url = str(tmp_path / "chains")
+    store = ckptstore.open(url, policy=Policy(incremental="consecutive"))
+    emb = torch.zeros(4096, 16)
+    for i in range(3):
+        emb[i] += 1
+        store.commit({"emb": emb})
+    rc, out, _ = run(capsys, "rebase", url, "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    again = ckptstore.open(url, create=False)
+    assert again.manifest(doc["id"]).tensors[0].kind == "full"
+    assert torch.equal(again.checkout("main")["emb"], emb)
+    removed = again.gc(keep_last=1, grace_period=0).commits_removed
+    assert len(removed) == 3 and again.verify().ok
