@@ -45,7 +45,7 @@ def default_num_bins(bits: int) -> int:
 
 
 @njit(cache=True, nogil=True)
-def _prefix_histogram(x, a0, b0, mask, has_mask, lo0, rg, H, cnt, C, S1, o):  # pragma: no cover
+def _prefix_histogram(x, a0, b0, mask, has_mask, lo0, rg, H, cnt, ics, C, S1, o):  # pragma: no cover
     # histogram in cell units (values measured in cells from the minimum); a value counts at its
     # cell centre. Prefix sums of count and value at C/S1[o:o + H + 1]. The sum of squares is
     # the same for every candidate, so it is left out (errors are compared, never reported).
@@ -59,11 +59,20 @@ def _prefix_histogram(x, a0, b0, mask, has_mask, lo0, rg, H, cnt, C, S1, o):  # 
         else:
             for i in range(a0, b0):
                 cnt[min(max(int((np.float64(x[i]) - lo0) * f), 0), H - 1)] += 1
+    # integer prefix sums (1-cycle adds), converted in a second, dependency-free loop;
+    # S1 counts values at cell centres j + 1/2, kept doubled to stay integral
+    c = 0
+    s1 = 0
+    for j in range(H):
+        c += cnt[j]
+        s1 += cnt[j] * (2 * j + 1)
+        cnt[j] = c
+        ics[j] = s1
     C[o] = 0.0
     S1[o] = 0.0
     for j in range(H):
-        C[o + j + 1] = C[o + j] + cnt[j]
-        S1[o + j + 1] = S1[o + j] + cnt[j] * (j + 0.5)
+        C[o + j + 1] = cnt[j]
+        S1[o + j + 1] = 0.5 * ics[j]
 
 
 @njit(cache=True, nogil=True, fastmath=True)
@@ -89,6 +98,7 @@ def adaptive_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio):  # pragma: no co
     C = np.zeros(2 * W)
     S1 = np.zeros(2 * W)
     cnt = np.zeros(H, np.int64)
+    ics = np.zeros(H, np.int64)
     for s in range(0, nseg, 2):
         lo0 = np.float64(lo[s])
         rg0 = np.float64(hi[s]) - lo0
@@ -103,9 +113,9 @@ def adaptive_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio):  # pragma: no co
         if not (ok0 or ok1):
             continue
         _prefix_histogram(x, s * seg, min(s * seg + seg, n), mask, has_mask, lo0,
-                          rg0 if ok0 else 0.0, H, cnt, C, S1, 0)
+                          rg0 if ok0 else 0.0, H, cnt, ics, C, S1, 0)
         _prefix_histogram(x, (s + 1) * seg, min((s + 1) * seg + seg, n), mask, has_mask, lo1,
-                          rg1 if ok1 else 0.0, H, cnt, C, S1, W)
+                          rg1 if ok1 else 0.0, H, cnt, ics, C, S1, W)
         A0 = 0.0
         B0 = float(H)
         A1 = 0.0
