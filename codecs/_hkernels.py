@@ -112,9 +112,11 @@ def decode_symbols(buf, nsym, n, lut, first, offset, count, sorted_syms, maxlen,
                    out):  # pragma: no cover - compiled
     """Decode ``nsym`` symbols from ``buf`` and expand runs into ``out`` (size ``n``).
 
-    ``lut``: ``2**LUT_BITS`` entries ``symbol << 8 | length`` for codes up to LUT_BITS long
-    (length 0: longer code or none); ``first/offset/count[len]``: canonical decoding of longer
-    codes. Returns the number of bits consumed, or a negative ``ERR_*`` status.
+    ``lut`` has ``2**LUT_BITS`` entries for the next LUT_BITS bits of the stream: bits 0-7 the
+    length of the first code (0: longer than LUT_BITS, or no code), 8-23 its symbol, 24-31 the
+    length of the first two codes and 32-47 the second symbol when both are values whose codes fit
+    (0 otherwise) -- two symbols per lookup on dense data. ``first/offset/count[len]``: canonical
+    decoding of longer codes. Returns the number of bits consumed, or a negative ``ERR_*``.
     """
     nbuf = buf.size
     acc = np.uint64(0)
@@ -122,8 +124,9 @@ def decode_symbols(buf, nsym, n, lut, first, offset, count, sorted_syms, maxlen,
     pos = 0  # next byte of buf
     o = 0
     last = -1
+    k = 0
     lmask = np.uint64((1 << LUT_BITS) - 1)
-    for _ in range(nsym):
+    while k < nsym:
         if nacc < maxlen:
             while nacc <= 56 and pos < nbuf:
                 acc = (acc << np.uint64(8)) | np.uint64(buf[pos])
@@ -136,7 +139,17 @@ def decode_symbols(buf, nsym, n, lut, first, offset, count, sorted_syms, maxlen,
             peek = np.int64((acc << np.uint64(LUT_BITS - nacc)) & lmask)
         e = lut[peek]
         ln = e & 0xFF
-        s = e >> 8
+        l2 = (e >> 24) & 0xFF
+        if l2 > 0 and l2 <= nacc and k + 2 <= nsym and o + 2 <= n:
+            s = (e >> 8) & 0xFFFF
+            last = (e >> 32) & 0xFFFF
+            out[o] = s
+            out[o + 1] = last
+            o += 2
+            nacc -= l2
+            k += 2
+            continue
+        s = (e >> 8) & 0xFFFF
         if ln == 0:
             s = -1
             for L in range(LUT_BITS + 1, maxlen + 1):
@@ -152,6 +165,7 @@ def decode_symbols(buf, nsym, n, lut, first, offset, count, sorted_syms, maxlen,
         if ln > nacc:
             return ERR_BITS
         nacc -= ln
+        k += 1
         if s < 256:
             if o >= n:
                 return ERR_OVERFLOW

@@ -168,11 +168,21 @@ def rle_huffman_decode(buf) -> np.ndarray:
 def _decode_tables(syms: np.ndarray, lens: np.ndarray):
     codes = _canonical(syms, lens)
     maxlen = int(lens.max())
-    lut = np.zeros(1 << HK.LUT_BITS, np.int64)
-    short = lens <= HK.LUT_BITS
+    nbits = HK.LUT_BITS
+    sym1 = np.zeros(1 << nbits, np.int64)
+    len1 = np.zeros(1 << nbits, np.int64)
+    short = lens <= nbits
     for s, c, ln in zip(syms[short], codes[short], lens[short]):
-        lo = int(c) << (HK.LUT_BITS - int(ln))
-        lut[lo:lo + (1 << (HK.LUT_BITS - int(ln)))] = (int(s) << 8) | int(ln)
+        lo = int(c) << (nbits - int(ln))
+        sym1[lo:lo + (1 << (nbits - int(ln)))] = s
+        len1[lo:lo + (1 << (nbits - int(ln)))] = ln
+    # second symbol: the code in the bits after the first one, if it fits the table's window
+    # and both symbols are values (runs are expanded one at a time)
+    idx = np.arange(1 << nbits, dtype=np.int64)
+    rest = (idx << len1) & ((1 << nbits) - 1)
+    len2 = len1[rest]
+    pair = (len1 > 0) & (len2 > 0) & (len1 + len2 <= nbits) & (sym1 < 256) & (sym1[rest] < 256)
+    lut = len1 | (sym1 << 8) | np.where(pair, ((len1 + len2) << 24) | (sym1[rest] << 32), 0)
     order = np.lexsort((syms, lens))
     sorted_syms = syms[order]
     count = np.bincount(lens, minlength=HK.MAX_LEN + 2).astype(np.int64)
