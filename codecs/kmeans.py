@@ -24,6 +24,7 @@ __all__ = ["MANTISSA_BITS", "fit_codebooks", "nearest_codes"]
 MANTISSA_BITS = 7
 _NKEYS = 1 << (9 + MANTISSA_BITS)
 _MAX_ITER = 64
+_GRID = 4096
 
 
 @njit(cache=True, nogil=True)
@@ -176,22 +177,20 @@ def nearest_codes(x, seg, codebooks, out):  # pragma: no cover - compiled
     """Index of the nearest level (ties to the lower) for every value; NaN -> 0.
 
     The index is the number of midpoints below the value: counted threshold by threshold over
-    blocks of values that stay in L1 for up to 8 levels, else found by a
-    branch-free binary search over the midpoints padded with +inf to a power of two.
+    blocks of values that stay in L1 for up to 4 levels, else looked up in a table over a uniform
+    grid of the midpoint range and corrected by a short linear climb.
     """
     n = x.size
     nseg, k = codebooks.shape
-    P = 1
-    while P < k:
-        P *= 2
-    thr = np.full(max(P - 1, 1), np.inf)
+    thr = np.full(max(k - 1, 1), np.inf)
+    grid = np.zeros(_GRID + 1, np.int64)
     blk = 4096
     for s in range(nseg):
         for c in range(k - 1):
             thr[c] = 0.5 * (np.float64(codebooks[s, c]) + np.float64(codebooks[s, c + 1]))
         a0 = s * seg
         b0 = min(a0 + seg, n)
-        if k <= 8:
+        if k <= 4:
             for i0 in range(a0, b0, blk):
                 i1 = min(i0 + blk, b0)
                 out[i0:i1] = 0
@@ -200,11 +199,24 @@ def nearest_codes(x, seg, codebooks, out):  # pragma: no cover - compiled
                     for i in range(i0, i1):
                         out[i] += np.uint8(t < x[i])
         else:
+            # a table over a uniform grid of the threshold range gives a lower bound of the
+            # count; a short climb (usually none) makes it exact
+            t0 = thr[0]
+            span = thr[k - 2] - t0
+            g = _GRID / span if span > 0.0 else 0.0
+            c = 0
+            for q in range(_GRID + 1):
+                start = t0 + q / g if g > 0.0 else t0
+                while c < k - 1 and thr[c] < start:
+                    c += 1
+                grid[q] = c
             for i in range(a0, b0):
                 v = np.float64(x[i])
-                lo = 0
-                step = P >> 1
-                while step > 0:
-                    lo = lo + step if thr[lo + step - 1] < v else lo
-                    step >>= 1
-                out[i] = lo
+                if not v > t0:  # also NaN
+                    out[i] = 0
+                    continue
+                q = min(int((v - t0) * g), _GRID + 1) - 1
+                code = grid[q] if q >= 0 else 0
+                while code < k - 1 and thr[code] < v:
+                    code += 1
+                out[i] = code
