@@ -204,3 +204,22 @@ def test_config_and_repr():
     check_repr("Quantize(method='kmeans', bits=3, granularity='tensor', group_size=None, "
                "protect=0.001, prune=0.0, levels=None, num_bins=None, ratio=1.0, lam=1.0, "
                "dtype=None)")
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 5, 15, 16, 100, 256])
+def test_nearest_codes_counts_midpoints_below(k):
+    from ckptcodecs.kmeans import nearest_codes
+
+    book = np.sort(RNG.standard_normal((2, k)), axis=1).astype(np.float32)
+    if k > 3:
+        book[:, 3] = book[:, 2]  # duplicate level
+    x = RNG.standard_normal(4000).astype(np.float32)
+    x[:6] = [np.nan, np.inf, -np.inf, 0.0, book[0, 0], book[0, -1]]
+    x[2000:2010] = (book[1, :2].astype(np.float64).mean() if k > 1 else 0.0)  # on a midpoint
+    out = np.empty(x.size, np.uint8)
+    nearest_codes(x, 2000, book, out)
+    for s in range(2):
+        thr = (book[s, :-1].astype(np.float64) + book[s, 1:]) / 2
+        seg = x[s * 2000:(s + 1) * 2000].astype(np.float64)
+        expect = np.array([np.count_nonzero(thr < v) for v in seg])
+        np.testing.assert_array_equal(out[s * 2000:(s + 1) * 2000], expect)
