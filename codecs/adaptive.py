@@ -37,6 +37,7 @@ __all__ = ["HIST_PER_BIN", "adaptive_ranges", "default_num_bins"]
 
 #: Histogram cells per greedy step.
 HIST_PER_BIN = 4
+_IDX_BLOCK = 1024
 
 
 def default_num_bins(bits: int) -> int:
@@ -45,20 +46,26 @@ def default_num_bins(bits: int) -> int:
 
 
 @njit(cache=True, nogil=True)
-def _prefix_histogram(x, a0, b0, mask, has_mask, lo0, rg, H, cnt, ics, C, S1, o):  # pragma: no cover
+def _prefix_histogram(x, a0, b0, mask, has_mask, lo0, rg, H, cnt, ics, idx, C, S1,
+                      o):  # pragma: no cover - compiled
     # histogram in cell units (values measured in cells from the minimum); a value counts at its
     # cell centre. Prefix sums of count and value at C/S1[o:o + H + 1]. The sum of squares is
     # the same for every candidate, so it is left out (errors are compared, never reported).
     cnt[:] = 0
     if rg > 0.0:
         f = H / rg
-        if has_mask:
-            for i in range(a0, b0):
-                if mask[i] == 0:
-                    cnt[min(max(int((np.float64(x[i]) - lo0) * f), 0), H - 1)] += 1
-        else:
-            for i in range(a0, b0):
-                cnt[min(max(int((np.float64(x[i]) - lo0) * f), 0), H - 1)] += 1
+        # cell indices first (a loop that vectorises), then the increments; masked values go
+        # to the spare cell H
+        for i0 in range(a0, b0, _IDX_BLOCK):
+            i1 = min(i0 + _IDX_BLOCK, b0)
+            for i in range(i0, i1):
+                idx[i - i0] = min(max(int((np.float64(x[i]) - lo0) * f), 0), H - 1)
+            if has_mask:
+                for i in range(i0, i1):
+                    if mask[i]:
+                        idx[i - i0] = H
+            for i in range(i1 - i0):
+                cnt[idx[i]] += 1
     # integer prefix sums (1-cycle adds), converted in a second, dependency-free loop;
     # S1 counts values at cell centres j + 1/2, kept doubled to stay integral
     c = 0
@@ -97,8 +104,9 @@ def adaptive_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio):  # pragma: no co
     inv = 1.0 / (nq - 1)
     C = np.zeros(2 * W)
     S1 = np.zeros(2 * W)
-    cnt = np.zeros(H, np.int64)
+    cnt = np.zeros(H + 1, np.int64)  # cell H collects masked values
     ics = np.zeros(H, np.int64)
+    idx = np.zeros(_IDX_BLOCK, np.int64)
     for s in range(0, nseg, 2):
         lo0 = np.float64(lo[s])
         rg0 = np.float64(hi[s]) - lo0
@@ -113,9 +121,9 @@ def adaptive_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio):  # pragma: no co
         if not (ok0 or ok1):
             continue
         _prefix_histogram(x, s * seg, min(s * seg + seg, n), mask, has_mask, lo0,
-                          rg0 if ok0 else 0.0, H, cnt, ics, C, S1, 0)
+                          rg0 if ok0 else 0.0, H, cnt, ics, idx, C, S1, 0)
         _prefix_histogram(x, (s + 1) * seg, min((s + 1) * seg + seg, n), mask, has_mask, lo1,
-                          rg1 if ok1 else 0.0, H, cnt, ics, C, S1, W)
+                          rg1 if ok1 else 0.0, H, cnt, ics, idx, C, S1, W)
         A0 = 0.0
         B0 = float(H)
         A1 = 0.0
