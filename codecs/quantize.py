@@ -36,6 +36,7 @@ from numcodecs.compat import ensure_contiguous_ndarray, ensure_ndarray, ndarray_
 
 from . import _qkernels as K
 from ._floats import as_float, from_bf16_bits, from_float, to_bf16_bits
+from ._select import select_magnitudes
 from .adaptive import adaptive_ranges, default_num_bins
 from .errors import CodecError
 from .kmeans import fit_codebooks, nearest_codes
@@ -117,18 +118,17 @@ def _partition(xf: np.ndarray, protect: float, prune: float) -> tuple[np.ndarray
     none = np.zeros(0, np.intp)
     if protect <= 0 and prune <= 0:
         return nonfinite, none
-    fin_idx = None if all_finite else np.flatnonzero(finite)
-    mag = np.abs(xf if fin_idx is None else xf[fin_idx])
-    nfin = mag.size
+    nfin = xf.size - nonfinite.size
     n_prot = min(math.ceil(protect * nfin), nfin) if protect > 0 else 0
     n_prune = min(math.ceil(prune * nfin), nfin - n_prot) if prune > 0 else 0
-    prot, pruned = none, none
-    if n_prot or n_prune:
-        kth = sorted({k for k in (n_prune - 1, nfin - n_prot) if 0 <= k < nfin})
-        order = np.argpartition(mag, kth) if kth else np.arange(nfin)
-        prot, pruned = order[nfin - n_prot:], order[:n_prune]
-        if fin_idx is not None:
-            prot, pruned = fin_idx[prot], fin_idx[pruned]
+    prot = select_magnitudes(xf, n_prot, largest=True)
+    pruned = none
+    if n_prune:
+        excl = None
+        if n_prot:
+            excl = np.zeros(xf.size, np.uint8)
+            excl[prot] = 1
+        pruned = select_magnitudes(xf, n_prune, largest=False, exclude=excl)
     return np.sort(np.concatenate([prot, nonfinite])), np.sort(pruned)
 
 

@@ -223,3 +223,19 @@ def test_nearest_codes_counts_midpoints_below(k):
         seg = x[s * 2000:(s + 1) * 2000].astype(np.float64)
         expect = np.array([np.count_nonzero(thr < v) for v in seg])
         np.testing.assert_array_equal(out[s * 2000:(s + 1) * 2000], expect)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_protect_and_prune_sets_with_ties_are_disjoint(dtype):
+    from ckptcodecs._select import select_magnitudes
+
+    x = np.ones(1000, dtype)
+    x[::7] = -1.0
+    codes, p = quantize(x, "uniform-asymmetric", 3, granularity="tensor", protect=0.1, prune=0.2)
+    assert np.count_nonzero(codes == p.protect_code) == 100
+    assert np.count_nonzero(codes == p.prune_code) == 200
+    y = RNG.standard_normal(5000).astype(dtype)
+    y[:3] = [np.nan, np.inf, 1e300 if dtype == np.float64 else 3e38]
+    top = select_magnitudes(y, 50, largest=True)
+    assert 2 in top and 0 not in top and 1 not in top
+    assert np.abs(y[top]).min() >= np.sort(np.abs(y[np.isfinite(y)]))[-50]
