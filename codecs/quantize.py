@@ -166,10 +166,8 @@ def quantize(
     codes : ndarray of uint8, flat (C order), values ``< params.levels``.
     params : QuantParams
     """
-    if method not in METHODS:
-        raise CodecError(f"method must be one of {METHODS}, got {method!r}")
-    if not 1 <= bits <= 8:
-        raise CodecError(f"bits must be in 1..8, got {bits}")
+    _check_parameters(method, bits, granularity, group_size, protect, prune, levels, num_bins,
+                      ratio, lam)
     arr = np.asarray(x)
     seg = segment_length(arr.shape, granularity, group_size)
     xf, name = as_float(np.ascontiguousarray(arr).reshape(-1), dtype)
@@ -222,6 +220,29 @@ def quantize(
     return codes, p
 
 
+def _check_parameters(method, bits, granularity, group_size, protect, prune, levels, num_bins,
+                      ratio, lam) -> None:
+    """Raise CodecError for parameters no encoding can use (shared by quantize and Quantize)."""
+    if method not in METHODS:
+        raise CodecError(f"method must be one of {METHODS}, got {method!r}")
+    if not 1 <= int(bits) <= 8:
+        raise CodecError(f"bits must be in 1..8, got {bits}")
+    if granularity not in GRANULARITIES:
+        raise CodecError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+    if granularity == "group" and (group_size is None or int(group_size) < 1):
+        raise CodecError("granularity='group' needs group_size >= 1")
+    if not (0.0 <= protect < 1.0 and 0.0 <= prune < 1.0 and protect + prune < 1.0):
+        raise CodecError("protect and prune are fractions in [0, 1) with protect + prune < 1")
+    if levels is not None and not 1 <= int(levels) <= 256:
+        raise CodecError(f"levels must be in 1..256, got {levels}")
+    if num_bins is not None and int(num_bins) < 2:
+        raise CodecError(f"num_bins must be >= 2, got {num_bins}")
+    if not 0.0 < ratio <= 1.0:
+        raise CodecError(f"ratio must be in (0, 1], got {ratio}")
+    if not 0.0 <= lam <= 1.0:
+        raise CodecError(f"lam must be in [0, 1], got {lam}")
+
+
 def _param_dtype(name: str) -> type:
     """Parameters are float32, float64 for float64 data."""
     return np.float64 if name == "float64" else np.float32
@@ -237,8 +258,6 @@ def _uniform_params(xf, seg, mask, nseg, nq, method, bits, num_bins, ratio):
         K.seg_minmax(xf, seg, mask, lo, hi)
         if method == "adaptive-asymmetric":
             nb = int(num_bins) if num_bins else default_num_bins(bits)
-            if nb < 2 or not 0.0 < ratio <= 1.0:
-                raise CodecError("adaptive-asymmetric needs num_bins >= 2 and 0 < ratio <= 1")
             lo = lo.astype(np.float64)
             hi = hi.astype(np.float64)
             adaptive_ranges(xf, seg, mask, lo, hi, nq, nb, float(ratio))
@@ -327,18 +346,8 @@ class Quantize(Codec):
                  group_size: int | None = None, protect: float = 0.0, prune: float = 0.0,
                  levels: int | None = None, num_bins: int | None = None, ratio: float = 1.0,
                  lam: float = 1.0, dtype: str | None = None):
-        if method not in METHODS:
-            raise CodecError(f"method must be one of {METHODS}, got {method!r}")
-        if not 1 <= int(bits) <= 8:
-            raise CodecError(f"bits must be in 1..8, got {bits}")
-        if granularity not in GRANULARITIES:
-            raise CodecError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
-        if granularity == "group" and (group_size is None or int(group_size) < 1):
-            raise CodecError("granularity='group' needs group_size >= 1")
-        if not (0.0 <= protect < 1.0 and 0.0 <= prune < 1.0 and protect + prune < 1.0):
-            raise CodecError("protect and prune are fractions in [0, 1) with protect + prune < 1")
-        if not 0.0 <= lam <= 1.0:
-            raise CodecError(f"lam must be in [0, 1], got {lam}")
+        _check_parameters(method, bits, granularity, group_size, protect, prune, levels,
+                          num_bins, ratio, lam)
         if dtype not in (None, "float16", "float32", "float64", "bfloat16"):
             raise CodecError(f"dtype must be a float dtype name or 'bfloat16', got {dtype!r}")
         self.method = method

@@ -184,7 +184,8 @@ def test_codes_are_packed_densely():
 def test_invalid_parameters():
     for kwargs in ({"method": "nope"}, {"bits": 0}, {"bits": 9}, {"granularity": "col"},
                    {"granularity": "group"}, {"protect": 0.6, "prune": 0.5}, {"lam": 2.0},
-                   {"dtype": "int8"}):
+                   {"dtype": "int8"}, {"ratio": 0.0}, {"ratio": 1.5}, {"num_bins": 1},
+                   {"levels": 0}, {"levels": 300}):
         with pytest.raises(CodecError):
             Quantize(**kwargs)
     with pytest.raises(CodecError):
@@ -193,6 +194,8 @@ def test_invalid_parameters():
         Quantize("kmeans", 2, levels=4, protect=0.1).encode(ROWS)
     with pytest.raises(CodecError):
         Quantize().encode(np.arange(10))
+    with pytest.raises(CodecError):
+        quantize(ROWS, "uniform-asymmetric", 4, protect=1.5)
 
 
 def test_config_and_repr():
