@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -155,10 +156,11 @@ def test_frequency_interval_from_overhead():
             due.append(step)
             freq.record(0.01)  # a 10 ms stall
     assert due[0] == 4  # after the warm-up
-    # stall / (overhead * t_iter) = 0.01 / (0.05 * ~0.005) = ~40 iterations
-    assert 20 <= freq.interval <= 60, freq
-    freq.record(0.04)  # storage got slower: the interval grows
-    assert freq.interval > 60
+    assert 0.004 <= freq.t_iter < 0.5
+    assert freq.interval == math.ceil(0.01 / (0.05 * freq.t_iter))  # stall / (overhead * t_iter)
+    before = freq.interval
+    freq.record(0.04)  # storage got slower: the smoothed stall and the interval grow
+    assert freq.interval == math.ceil(freq.stall / (0.05 * freq.t_iter)) > before
     assert round(cpr_interval(2.0, 3600.0)) == 120
     with_mtbf = Frequency(max_overhead=0.5, mtbf=3600.0)
     with_mtbf.t_iter = 0.1
