@@ -85,6 +85,7 @@ class Frequency:
         now = time.perf_counter()
         if self._last_tick is not None and not self._in_commit:
             self.t_iter = self._avg(self.t_iter, now - self._last_tick)
+            self._update()
         self._last_tick = now
         self._in_commit = False
         self._ticks += 1
