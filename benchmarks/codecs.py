@@ -116,6 +116,21 @@ def speed() -> list[str]:
     return rows
 
 
+def row_length_ratios() -> list[str]:
+    """Time of adaptive-asymmetric over uniform-asymmetric 4-bit, by row length (16 M values)."""
+    rng = np.random.default_rng(2)
+    rows = ["| row length | uniform-asym 4b MB/s | adaptive 2b | adaptive 3b | adaptive 4b |",
+            "|---:|---:|---:|---:|---:|"]
+    for dim in (64, 128, 256, 384, 1024):
+        x = rng.standard_normal(((16 << 20) // dim, dim)).astype(np.float32)
+        t_u = best_time(lambda x=x: quantize(x, "uniform-asymmetric", 4))
+        ratios = [best_time(lambda x=x, b=b: quantize(x, "adaptive-asymmetric", b)) / t_u
+                  for b in (2, 3, 4)]
+        rows.append(f"| {dim} | {mbps(x.nbytes, t_u)} | "
+                    + " | ".join(f"{r:.1f}x" for r in ratios) + " |")
+    return rows
+
+
 def _kmeans_fit_row(rng) -> str:
     big = rng.standard_normal(100_000_000).astype(np.float32)
     book = np.empty((1, 15))
@@ -209,6 +224,7 @@ def main(argv: list[str]) -> None:
           f"{os.cpu_count()} CPUs, NUMBA_NUM_THREADS={os.environ['NUMBA_NUM_THREADS']}\n")
     if "speed" in what:
         print("\n".join(speed()) + "\n")
+        print("\n".join(row_length_ratios()) + "\n")
     if "quality" in what:
         print("\n".join(quality()) + "\n")
 
