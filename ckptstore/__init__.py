@@ -9,17 +9,23 @@
 
 __version__ = "0.1.0"
 
-from .errors import *  # noqa: E402,F401,F403
-from .errors import __all__ as _errors_all  # noqa: E402
-from .info import CommitInfo, GCResult, VerifyReport  # noqa: E402
-from .plan import EncodingOptions  # noqa: E402
-from .policy import (BitWidth, Intermittent, MaxChain, Policy, QualitySearch,  # noqa: E402
-                     QuantSpec)
-from .pending import PendingCommit  # noqa: E402
-from .policy import Frequency  # noqa: E402
-from .resume import ResumableLoader, ResumableSampler, RNGState  # noqa: E402
-from .store import Store, open  # noqa: E402
-from .tracking import RowTracker, track  # noqa: E402
+from .errors import *
+from .errors import __all__ as _errors_all
+from .info import CommitInfo, GCResult, VerifyReport
+from .pending import PendingCommit
+from .plan import EncodingOptions
+from .policy import (
+                     BitWidth,
+                     Frequency,
+                     Intermittent,
+                     MaxChain,
+                     Policy,
+                     QualitySearch,
+                     QuantSpec,
+)
+from .resume import ResumableLoader, ResumableSampler, RNGState
+from .store import Store, open
+from .tracking import RowTracker, track
 
 __all__ = ["open", "Store", "CommitInfo", "GCResult", "VerifyReport", "EncodingOptions",
            "Policy", "QuantSpec", "BitWidth", "QualitySearch", "Intermittent", "MaxChain", "track", "RowTracker",

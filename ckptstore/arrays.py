@@ -24,15 +24,15 @@ from .fs import Storage
 
 __all__ = [
     "CHUNK_BYTES",
-    "dtype_name",
-    "torch_dtype",
-    "storage_dtype",
-    "tensor_to_host",
-    "host_to_tensor",
     "ChunkGrid",
     "array_metadata",
-    "write_array",
+    "dtype_name",
+    "host_to_tensor",
     "read_array",
+    "storage_dtype",
+    "tensor_to_host",
+    "torch_dtype",
+    "write_array",
 ]
 
 CHUNK_BYTES = 8 * 2**20

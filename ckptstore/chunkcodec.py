@@ -16,8 +16,15 @@ from numcodecs import Blosc
 
 from .errors import CorruptedChunkError, ManifestError
 
-__all__ = ["ChunkCodec", "BloscLossless", "RawLossless", "QuantizedLossy", "codec_from_config",
-           "add_crc", "check_crc"]
+__all__ = [
+    "BloscLossless",
+    "ChunkCodec",
+    "QuantizedLossy",
+    "RawLossless",
+    "add_crc",
+    "check_crc",
+    "codec_from_config",
+]
 
 
 _CRC32C_RESIDUE = 0x48674BC7  # crc32c of any message followed by its own little-endian crc32c
@@ -82,7 +89,7 @@ class BloscLossless:
         body = check_crc(data, where)
         try:
             self._blosc.decode(body, out=out.reshape(-1).view(np.uint8))
-        except Exception as e:  # noqa: BLE001 - blosc raises RuntimeError/ValueError variously
+        except Exception as e:
             raise CorruptedChunkError(f"chunk {where} does not decode: {e}", where) from e
 
 

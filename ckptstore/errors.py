@@ -23,20 +23,20 @@ input)::
 from __future__ import annotations
 
 __all__ = [
-    "CkptStoreError",
-    "NotAStoreError",
-    "FormatVersionError",
-    "RefError",
-    "InvalidRefName",
-    "RefNotFound",
     "AmbiguousRef",
-    "RefExists",
+    "CkptStoreError",
     "ConcurrentUpdateError",
-    "UnsupportedLeafError",
-    "CorruptionError",
-    "ManifestError",
     "CorruptedChunkError",
+    "CorruptionError",
+    "FormatVersionError",
+    "InvalidRefName",
+    "ManifestError",
+    "NotAStoreError",
     "PendingCommitError",
+    "RefError",
+    "RefExists",
+    "RefNotFound",
+    "UnsupportedLeafError",
 ]
 
 

@@ -27,7 +27,7 @@ from .errors import ManifestError
 from .manifest import Manifest, TensorEntry
 from .policy import Policy, QuantSpec
 
-__all__ = ["Shadow", "ChainPlan", "changed_rows", "plan_chain", "chain_entries", "base_entry"]
+__all__ = ["ChainPlan", "Shadow", "base_entry", "chain_entries", "changed_rows", "plan_chain"]
 
 
 @dataclass

@@ -18,21 +18,21 @@ import re
 from .errors import InvalidRefName
 
 __all__ = [
-    "MARKER",
     "COMMITS",
+    "COMMIT_ID_RE",
     "DATA",
     "HEADS",
-    "TAGS",
+    "MARKER",
     "RESTORES",
     "SEQ_WIDTH",
+    "TAGS",
     "branch_dir",
     "branch_seq",
-    "tag_key",
-    "manifest_key",
-    "data_dir",
     "check_ref_name",
+    "data_dir",
     "is_commit_id",
-    "COMMIT_ID_RE",
+    "manifest_key",
+    "tag_key",
 ]
 
 MARKER = "ckptstore.json"

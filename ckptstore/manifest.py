@@ -22,13 +22,13 @@ from .errors import FormatVersionError, ManifestError, NotAStoreError
 __all__ = [
     "FORMAT_VERSION",
     "Blob",
-    "TensorEntry",
-    "PackedInfo",
     "Manifest",
-    "encode_manifest",
+    "PackedInfo",
+    "TensorEntry",
     "decode_manifest",
-    "encode_marker",
     "decode_marker",
+    "encode_manifest",
+    "encode_marker",
 ]
 
 FORMAT_VERSION = 1

@@ -20,7 +20,7 @@ from .chunkcodec import BloscLossless, ChunkCodec, RawLossless
 from .errors import UnsupportedLeafError
 from .state import Leaf
 
-__all__ = ["EncodingOptions", "TensorPlan", "CommitPlan", "plan_commit", "PACKED_ARRAY"]
+__all__ = ["PACKED_ARRAY", "CommitPlan", "EncodingOptions", "TensorPlan", "plan_commit"]
 
 PACKED_ARRAY = "_packed"
 PACK_ALIGN = 16
@@ -158,7 +158,7 @@ def plan_commit(leaves: list[Leaf], options: EncodingOptions,
         if len(members) < 2:
             continue
         first = tensors[members[0]]
-        sig = lambda t: (t.dtype, t.storage_offset(), tuple(t.shape), tuple(t.stride()))  # noqa: E731
+        sig = lambda t: (t.dtype, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
         if all(sig(tensors[m]) == sig(first) for m in members):
             for m in members[1:]:
                 role[m] = ("alias", members[0])

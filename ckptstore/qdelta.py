@@ -22,7 +22,7 @@ import numpy as np
 from .chunkcodec import add_crc, check_crc
 from .errors import CorruptedChunkError
 
-__all__ = ["encode_delta_chunk", "decode_delta_chunk"]
+__all__ = ["decode_delta_chunk", "encode_delta_chunk"]
 
 _HEAD = struct.Struct("<2sBIBHQ")
 _MAGIC = b"QD"

@@ -10,8 +10,16 @@ from __future__ import annotations
 
 from .errors import ConcurrentUpdateError, ManifestError, RefExists, RefNotFound
 from .fs import Storage
-from .layout import (HEADS, SEQ_WIDTH, TAGS, branch_dir, branch_seq, check_ref_name,
-                     is_commit_id, tag_key)
+from .layout import (
+    HEADS,
+    SEQ_WIDTH,
+    TAGS,
+    branch_dir,
+    branch_seq,
+    check_ref_name,
+    is_commit_id,
+    tag_key,
+)
 
 __all__ = ["Refs", "Tip"]
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-__all__ = ["ResumableSampler", "ResumableLoader", "RNGState"]
+__all__ = ["RNGState", "ResumableLoader", "ResumableSampler"]
 
 
 class ResumableSampler(Sampler[int]):

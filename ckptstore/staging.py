@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .arrays import _VIEW, _STORAGE, _is_bit_view, storage_dtype, tensor_to_host
+from .arrays import _STORAGE, _VIEW, _is_bit_view, storage_dtype, tensor_to_host
 
 __all__ = ["StagingPool"]
 

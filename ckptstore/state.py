@@ -26,7 +26,7 @@ import torch
 
 from .errors import ManifestError, UnsupportedLeafError
 
-__all__ = ["Leaf", "flatten", "unflatten", "select", "is_stateful", "load_into", "tree_paths"]
+__all__ = ["Leaf", "flatten", "is_stateful", "load_into", "select", "tree_paths", "unflatten"]
 
 _SCALARS = (type(None), bool, int, float, str, bytes)
 _KEYS = (str, int, float, bool, type(None))

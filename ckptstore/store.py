@@ -15,21 +15,21 @@ from typing import Any
 
 from .errors import AmbiguousRef, ManifestError, NotAStoreError, RefExists, RefNotFound
 from .fs import Storage
+from .incremental import ChainMemory
 from .info import CommitInfo, GCResult, VerifyReport
 from .layout import COMMITS, MARKER, RESTORES, check_ref_name, is_commit_id, manifest_key
-from .incremental import ChainMemory
 from .manifest import Manifest, decode_manifest, decode_marker, encode_manifest, encode_marker
+from .pending import PendingCommit
 from .plan import EncodingOptions, plan_commit
 from .policy import Policy
-from .records import build_manifest
 from .reader import Reader
+from .records import build_manifest
 from .refs import Refs
-from .state import flatten, load_into, select, tree_paths, unflatten
-from .pending import PendingCommit
 from .staging import StagingPool
+from .state import flatten, load_into, select, tree_paths, unflatten
 from .writer import persist, snapshot
 
-__all__ = ["Store", "open", "new_commit_id"]
+__all__ = ["Store", "new_commit_id", "open"]
 
 _REF_RE = re.compile(r"^(?P<name>[^~^\s]+)(?P<ops>(?:~\d*|\^\d*)*)$")
 _OP_RE = re.compile(r"(~|\^)(\d*)")
@@ -87,7 +87,7 @@ class Store:
     def __enter__(self) -> Store:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:

@@ -24,7 +24,7 @@ from .layout import data_dir
 from .plan import PACKED_ARRAY, CommitPlan, TensorPlan
 from .qdelta import encode_delta_chunk
 
-__all__ = ["Snapshot", "snapshot", "persist", "Persisted", "bounded_submit", "GROUP_METADATA"]
+__all__ = ["GROUP_METADATA", "Persisted", "Snapshot", "bounded_submit", "persist", "snapshot"]
 
 GROUP_METADATA = json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}).encode()
 _ROWS_CODEC = BloscLossless()

@@ -12,16 +12,14 @@ import numpy as np
 import pytest
 import torch
 from fsspec.implementations.memory import MemoryFileSystem
+from helpers import assert_bit_exact
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, TensorDataset
 
 import ckptstore
-from ckptstore import (Frequency, PendingCommitError, ResumableLoader, ResumableSampler,
-                       RNGState)
+from ckptstore import Frequency, PendingCommitError, ResumableLoader, ResumableSampler, RNGState
 from ckptstore.policy import cpr_interval
-
-from helpers import assert_bit_exact
 
 
 class FlakyMemoryFS(MemoryFileSystem):

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import assert_bit_exact
 
 import ckptstore
-from ckptstore.errors import (ConcurrentUpdateError, NotAStoreError, RefExists, RefNotFound)
-
-from helpers import assert_bit_exact
+from ckptstore.errors import ConcurrentUpdateError, NotAStoreError, RefExists, RefNotFound
 
 
 def _state(seed: int) -> dict:

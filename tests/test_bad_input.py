@@ -11,8 +11,15 @@ import pytest
 import torch
 
 import ckptstore
-from ckptstore.errors import (AmbiguousRef, CorruptedChunkError, FormatVersionError,
-                              InvalidRefName, ManifestError, NotAStoreError, RefNotFound)
+from ckptstore.errors import (
+    AmbiguousRef,
+    CorruptedChunkError,
+    FormatVersionError,
+    InvalidRefName,
+    ManifestError,
+    NotAStoreError,
+    RefNotFound,
+)
 from ckptstore.layout import manifest_key
 
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import assert_bit_exact
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ckptstore
 from ckptstore import BitWidth, MaxChain, Policy, QuantSpec
-
-from helpers import assert_bit_exact
 
 ROWS, DIM = 4096, 16
 

@@ -8,13 +8,12 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 import torch
+from helpers import assert_bit_exact
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ckptstore
 from ckptstore.errors import UnsupportedLeafError
-
-from helpers import assert_bit_exact
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex64,
           torch.complex128, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,

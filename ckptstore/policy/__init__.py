@@ -6,5 +6,16 @@ from .frequency import Frequency, cpr_interval
 from .rebase import Intermittent, MaxChain, RebasePredictor
 from .search import QualitySearch, simulate
 
-__all__ = ["Policy", "QuantSpec", "Decision", "RebasePredictor", "Intermittent", "MaxChain",
-           "BitWidth", "QualitySearch", "simulate", "Frequency", "cpr_interval"]
+__all__ = [
+           "BitWidth",
+           "Decision",
+           "Frequency",
+           "Intermittent",
+           "MaxChain",
+           "Policy",
+           "QualitySearch",
+           "QuantSpec",
+           "RebasePredictor",
+           "cpr_interval",
+           "simulate",
+]

@@ -11,7 +11,7 @@ import torch
 from .bitwidth import BitWidth
 from .rebase import Intermittent, RebasePredictor
 
-__all__ = ["QuantSpec", "Policy", "Decision"]
+__all__ = ["Decision", "Policy", "QuantSpec"]
 
 IncrementalMode = Literal["off", "one-shot", "consecutive", "intermittent"]
 

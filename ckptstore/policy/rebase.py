@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["RebasePredictor", "Intermittent", "MaxChain"]
+__all__ = ["Intermittent", "MaxChain", "RebasePredictor"]
 
 
 @runtime_checkable
