@@ -53,7 +53,9 @@ def as_float(x: np.ndarray, dtype: str | None) -> tuple[np.ndarray, str]:
 
     ``dtype='bfloat16'`` reads a uint16 (or raw 2-byte) array as bfloat16 bits.
     """
-    if dtype == "bfloat16" or (dtype is None and x.dtype == np.uint16):
+    if dtype is None and x.dtype == np.uint16:
+        raise CodecError("got a uint16 array: pass dtype='bfloat16' if it holds bfloat16 bits")
+    if dtype == "bfloat16":
         if x.dtype.itemsize != 2:
             raise CodecError(f"bfloat16 data must be given as a uint16 view, got dtype {x.dtype}")
         return from_bf16_bits(x.view(np.uint16)), "bfloat16"

@@ -172,6 +172,8 @@ def test_bfloat16_via_uint16_view():
     assert err.max() < np.abs(HEAVY).max() / 4
     with pytest.raises(CodecError):
         Quantize(dtype="float32").encode(bits)
+    with pytest.raises(CodecError, match="bfloat16"):
+        Quantize().encode(bits)  # uint16 is bfloat16 only when said so
 
 
 def test_codes_are_packed_densely():
