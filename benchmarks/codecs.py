@@ -9,7 +9,7 @@ Usage::
 Speed runs on one thread (numba threading layer pinned to 1 thread; the kernels are serial
 anyway) and reports the best of a few repetitions after a warm-up (numba compile excluded),
 timed as CPU time of this process (``time.process_time``) so that other load on a shared machine
-does not count; wall-clock time is the same on an idle core.
+does not count; the work is single-threaded, so this is the time one core spends.
 Ratios are ``input bytes / encoded bytes``; ``zstd-3`` is numcodecs' Zstd(level=3) on the same
 input bytes.
 """
