@@ -191,22 +191,24 @@ def plan_commit(leaves: list[Leaf], options: EncodingOptions,
         plan.tensors.append(p)
 
     for i, p in enumerate([*plan.tensors, *plan.storages]):
-        if p.layout != "array":
+        if p.layout != "array" or p.nbytes == 0:
+            if p.layout == "array":  # empty: nothing to store
+                p.layout, p.offset = "packed", plan.packed_nbytes
             continue
-        if p.nbytes < options.pack_below:
-            p.layout, p.offset = "packed", plan.packed_nbytes
+        grid = ChunkGrid.for_array(tuple(p.shape), storage_dtype(p.source.dtype).itemsize,
+                                   options.chunk_bytes)
+        codec, chain = None, None
+        if decide is not None and p.container == "torch" and i < len(plan.tensors):
+            # asked for small tensors too: a policy may quantize below pack_below
+            codec, chain, p.want = decide(p.path, p.source, grid)
+        if codec is None and chain is None and p.nbytes < options.pack_below:
+            p.layout, p.offset, p.want = "packed", plan.packed_nbytes, "full"
             plan.packed_nbytes += -(-p.nbytes // PACK_ALIGN) * PACK_ALIGN
-        else:
-            p.array = _array_name(p.path, i, taken)
-            p.grid = ChunkGrid.for_array(tuple(p.shape), storage_dtype(p.source.dtype).itemsize,
-                                         options.chunk_bytes)
-            p.codec = plan.codec
-            if decide is not None and p.container == "torch" and i < len(plan.tensors):
-                codec, chain, p.want = decide(p.path, p.source, p.grid)
-                p.codec = codec or plan.codec
-                p.keep_codes = p.want == "codes"
-                if chain is not None:
-                    p.layout, p.kind, p.chain = "chain", chain.kind, chain
+            continue
+        p.array, p.grid, p.codec = _array_name(p.path, i, taken), grid, codec or plan.codec
+        p.keep_codes = p.want == "codes"
+        if chain is not None:
+            p.layout, p.kind, p.chain = "chain", chain.kind, chain
     if plan.packed_nbytes:
         plan.packed_grid = ChunkGrid.for_array((plan.packed_nbytes,), 1, options.chunk_bytes)
     return plan

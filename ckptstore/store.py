@@ -202,7 +202,7 @@ class Store:
         return CommitInfo.from_manifest(manifest)
 
     def _effective_policy(self, policy: Policy) -> Policy:
-        if policy.bitwidth is not None and policy.quantize is not None:
+        if policy.bitwidth is not None:
             return policy.with_bits(policy.bitwidth.bits(self.restore_count()))
         return policy
 

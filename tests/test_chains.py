@@ -225,3 +225,18 @@ def test_quality_search_picks_most_compressive_passing():
     assert search.evaluations - calls == 2  # starts from the last choice: 4 passes, 3 fails
     strict = QualitySearch(specs, score, max_degradation=0.0, min_bytes=1024)
     assert strict.choose(state) is None
+
+
+def test_per_path_overrides_and_small_quantized_tensors():
+    policy = Policy(quantize=QuantSpec(bits=8), min_quant_bytes=1024,
+                    overrides=(("model.emb*", QuantSpec(bits=2)), ("optim.*", None)))
+    store = ckptstore.open("memory://overrides", policy=policy)
+    state = {"model": {"emb": torch.randn(300, 16), "fc": torch.randn(64, 16)},
+             "optim": {"m": torch.randn(300, 16)}}
+    info = store.commit(state)  # all three are under pack_below (64 KiB)
+    codecs = {e.path: (e.codec or {}).get("quantize", {}).get("bits")
+              for e in store.manifest(info.id).tensors}
+    assert codecs == {"model.emb": 2, "model.fc": 8, "optim.m": None}
+    out = store.checkout("main")
+    assert torch.equal(out["optim"]["m"], state["optim"]["m"])
+    assert not torch.equal(out["model"]["emb"], state["model"]["emb"])

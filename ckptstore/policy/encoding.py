@@ -86,6 +86,10 @@ class Policy:
         Choose ``quantize.bits`` from the expected number of restores.
     lossless
         Glob patterns of dotted paths that are always stored lossless and full.
+    overrides
+        ``(glob, QuantSpec or None)`` pairs: the first pattern matching a path replaces
+        ``quantize`` for it (None: lossless), e.g. ``(("model.emb.*", QuantSpec(bits=4)),
+        ("optim.*", None))``.
     """
 
     incremental: IncrementalMode = "off"
@@ -95,6 +99,7 @@ class Policy:
     rebase: RebasePredictor = field(default_factory=Intermittent)
     bitwidth: BitWidth | None = None
     lossless: tuple[str, ...] = ()
+    overrides: tuple[tuple[str, QuantSpec | None], ...] = ()
     min_rows: int = 1024
     min_quant_bytes: int = 64 * 1024
 
@@ -102,7 +107,7 @@ class Policy:
         if self.incremental not in ("off", "one-shot", "consecutive", "intermittent"):
             raise ValueError("incremental must be 'off', 'one-shot', 'consecutive' or "
                              f"'intermittent', not {self.incremental!r}")
-        if self.delta and self.quantize is None:
+        if self.delta and self.quantize is None and not any(s for _, s in self.overrides):
             raise ValueError("delta=True needs quantize=QuantSpec(...): deltas are of codes")
         if self.max_chain < 1:
             raise ValueError("max_chain must be >= 1")
@@ -113,8 +118,10 @@ class Policy:
         return cls()
 
     def with_bits(self, bits: int) -> Policy:
-        return self if self.quantize is None else replace(self, quantize=self.quantize.with_bits(
-            bits))
+        """The same policy with every quantization at ``bits`` bits."""
+        return replace(self, quantize=self.quantize.with_bits(bits) if self.quantize else None,
+                       overrides=tuple((p, s.with_bits(bits) if s else None)
+                                       for p, s in self.overrides))
 
     def decide(self, path: str, tensor: torch.Tensor) -> Decision:
         """The wanted encoding of one tensor (the store then checks a base is available)."""
@@ -122,7 +129,9 @@ class Policy:
             return Decision("full")
         nbytes = tensor.numel() * tensor.element_size()
         is_float = tensor.dtype in _FLOATS
-        quant = self.quantize if is_float and nbytes >= self.min_quant_bytes else None
+        spec = next((s for pattern, s in self.overrides if fnmatch.fnmatchcase(path, pattern)),
+                    self.quantize)
+        quant = spec if is_float and nbytes >= self.min_quant_bytes else None
         if (self.incremental != "off" and tensor.dim() == 2 and tensor.shape[0] >= self.min_rows
                 and nbytes >= self.min_quant_bytes):
             return Decision("rows", quant)
