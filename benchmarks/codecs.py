@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/codecs.py            # speed and quality tables (markdown)
     python benchmarks/codecs.py speed      # only speed
-    python benchmarks/codecs.py quality    # only quality
+    python benchmarks/codecs.py quality    # only quality (with the k-means verdict table)
 
 Speed runs on one thread (numba threading layer pinned to 1 thread; the kernels are serial
 anyway) and reports the best of a few repetitions after a warm-up (numba compile excluded),
@@ -26,7 +26,16 @@ import time
 from pathlib import Path
 
 import numpy as np
-from ckptcodecs import Quantize, RLEHuffman, delta_decode, delta_encode, quantize
+from ckptcodecs import (
+    Quantize,
+    RLEHuffman,
+    decode_chunk,
+    delta_decode,
+    delta_encode,
+    packed_size,
+    quantize,
+)
+from ckptcodecs._qformat import HEADER_SIZE, HEADER_SIZE_V2
 from ckptcodecs.kmeans import fit_codebooks
 from numcodecs import Zstd
 
@@ -89,6 +98,14 @@ def speed() -> list[str]:
     enc = codec.encode(x)
     rows.append(f"| Quantize.encode kmeans 4b + protect 0.1% (tensor) | f32 64 MiB | "
                 f"{mbps(nb, t_e)} | {ratio(nb, enc)} | {ratio(nb, zstd_x)} |")
+    codec = Quantize("kmeans", 4, granularity="tensor", protect=0.001, protect_mode="sparse")
+    t_e = best_time(lambda: codec.encode(x))
+    enc = codec.encode(x)
+    t_d = best_time(lambda: codec.decode(enc))
+    rows.append(f"| Quantize.encode kmeans 4b + sparse protect 0.1% (tensor) | f32 64 MiB | "
+                f"{mbps(nb, t_e)} | {ratio(nb, enc)} | {ratio(nb, zstd_x)} |")
+    rows.append(f"| Quantize.decode kmeans 4b + sparse protect 0.1% (tensor) | same | "
+                f"{mbps(nb, t_d)} | | |")
     # delta + RLEHuffman on the codes of two versions
     x0, x1 = _version_pair(rng, x.shape)
     c0, p0 = quantize(x0, "uniform-asymmetric", 4, granularity="tensor")
@@ -171,7 +188,8 @@ QUALITY_METHODS = [
     ("kmeans", {"granularity": "tensor", "protect": 0.001}),
     ("kmeans", {"granularity": "group", "group_size": 4096, "protect": 0.001}),
     ("kmeans", {"granularity": "row", "protect": 0.001}),
-]
+] + [("kmeans", {"granularity": "tensor", "protect": f, "protect_mode": "sparse"})
+     for f in (0.001, 0.005, 0.01)]
 
 
 def _label(method, kw):
@@ -179,17 +197,28 @@ def _label(method, kw):
     if "group_size" in kw:
         extra[0] += f" {kw['group_size']}"
     if kw.get("protect"):
-        extra.append(f"protect {kw['protect'] * 100:g}%")
+        mode = "sparse " if kw.get("protect_mode") == "sparse" else ""
+        extra.append(f"{mode}protect {kw['protect'] * 100:g}%")
     return f"{method} ({', '.join(extra)})"
 
 
-def quality_rows(name: str, mats: list[np.ndarray]) -> list[str]:
-    rows = []
+def _side_bytes(enc) -> int:
+    """Bytes of the protected-value side list: values (and, in sparse mode, positions)."""
+    _, p = decode_chunk(np.frombuffer(enc, np.uint8))
+    head = HEADER_SIZE_V2 if p.sparse else HEADER_SIZE
+    nparam = p.codebook.size if p.method == "kmeans" else p.zero.size + p.scale.size
+    isz = 8 if p.dtype == "float64" else 4
+    return len(enc) - head - nparam * isz - packed_size(p.count, p.bits)
+
+
+def quality_rows(name: str, mats: list[np.ndarray]) -> list[dict]:
+    """One result per bit width and method: mean L2 per row, relative error and bits/value."""
+    out = []
     n = sum(m.size for m in mats)
     for bits in (2, 3, 4, 8):
         for method, kw in QUALITY_METHODS:
             codec = Quantize(method, bits, **kw)
-            l2_sum, rows_n, err2, ref2, nbytes = 0.0, 0, 0.0, 0.0, 0
+            l2_sum, rows_n, err2, ref2, nbytes, side = 0.0, 0, 0.0, 0.0, 0, 0
             for m in mats:
                 enc = codec.encode(m)
                 dec = codec.decode(enc).reshape(m.shape).astype(np.float64)
@@ -199,8 +228,41 @@ def quality_rows(name: str, mats: list[np.ndarray]) -> list[str]:
                 err2 += float((d * d).sum())
                 ref2 += float((m.astype(np.float64) ** 2).sum())
                 nbytes += len(enc)
-            rows.append(f"| {name} | {bits} | {_label(method, kw)} | {l2_sum / rows_n:.4g} | "
-                        f"{np.sqrt(err2 / ref2):.4g} | {8 * nbytes / n:.2f} |")
+                side += _side_bytes(enc)
+            out.append({"data": name, "bits": bits, "method": method, "kw": kw,
+                        "label": _label(method, kw), "l2": l2_sum / rows_n,
+                        "rel": float(np.sqrt(err2 / ref2)), "eff": bits + 8 * side / n,
+                        "total": 8 * nbytes / n})
+    return out
+
+
+def verdict_rows(results: list[dict]) -> list[str]:
+    """Does k-means with sparse protection (per tensor) beat uniform- and adaptive-asymmetric?
+
+    For every data set and code width: mean L2 per row of uniform- and adaptive-asymmetric
+    (with their whole-chunk bits/value) and of k-means with 0.1 %, 0.5 % and 1 % sparse
+    protection (with effective bits = codes + side list, and whole-chunk bits/value); "win" when
+    both its mean L2 per row and its relative error are below those of both other methods.
+    """
+    fr = (0.001, 0.005, 0.01)
+    rows = ["| data | bits | uniform-asym L2 (bits/value) | adaptive-asym L2 (bits/value) | "
+            + " | ".join(f"k-means sparse {f * 100:g}% L2 (eff. bits / bits/value)" for f in fr)
+            + " |", "|---|---:|---|---|" + "---|" * len(fr)]
+    key = {}
+    for r in results:
+        key.setdefault((r["data"], r["bits"]), []).append(r)
+    for (data, bits), rs in key.items():
+        uni = next(r for r in rs if r["method"] == "uniform-asymmetric")
+        ada = next(r for r in rs if r["method"] == "adaptive-asymmetric")
+        cells = []
+        for f in fr:
+            k = next(r for r in rs if r["kw"].get("protect_mode") == "sparse"
+                     and r["kw"]["protect"] == f)
+            win = k["l2"] < min(uni["l2"], ada["l2"]) and k["rel"] < min(uni["rel"], ada["rel"])
+            cells.append(f"{k['l2']:.4g} ({k['eff']:.2f} / {k['total']:.2f}) "
+                         f"{'win' if win else '**loses**'}")
+        rows.append(f"| {data} | {bits} | {uni['l2']:.4g} ({uni['total']:.2f}) | "
+                    f"{ada['l2']:.4g} ({ada['total']:.2f}) | " + " | ".join(cells) + " |")
     return rows
 
 
@@ -211,11 +273,15 @@ def quality() -> list[str]:
         ("gaussian 4096x256", [rng.standard_normal((4096, 256)).astype(np.float32)]),
         ("student-t df=3 4096x256", [rng.standard_t(3, (4096, 256)).astype(np.float32)]),
     ]
-    rows = ["| data | bits | method | mean L2 per row | relative error | bits/value |",
-            "|---|---:|---|---:|---:|---:|"]
+    rows = [("| data | bits | method | mean L2 per row | relative error | effective bits "
+             "(codes + side list) | bits/value (whole chunk) |"),
+            "|---|---:|---|---:|---:|---:|---:|"]
+    results = []
     for name, mats in sets:
-        rows += quality_rows(name, mats)
-    return rows
+        results += quality_rows(name, mats)
+    rows += [f"| {r['data']} | {r['bits']} | {r['label']} | {r['l2']:.4g} | {r['rel']:.4g} | "
+             f"{r['eff']:.2f} | {r['total']:.2f} |" for r in results]
+    return rows + [""] + verdict_rows(results)
 
 
 def main(argv: list[str]) -> None:

@@ -21,13 +21,22 @@ from ._qformat import HEADER_SIZE, decode_chunk, encode_chunk
 from .bitpack import pack_bits, packed_size, unpack_bits
 from .delta import BucketDelta, delta_decode, delta_encode
 from .errors import CodecError
-from .quantize import GRANULARITIES, METHODS, Quantize, QuantParams, dequantize, quantize
+from .quantize import (
+    GRANULARITIES,
+    METHODS,
+    PROTECT_MODES,
+    Quantize,
+    QuantParams,
+    dequantize,
+    quantize,
+)
 from .rle_huffman import RLEHuffman, rle_huffman_decode, rle_huffman_encode
 
 __all__ = [
     "GRANULARITIES",
     "HEADER_SIZE",
     "METHODS",
+    "PROTECT_MODES",
     "BucketDelta",
     "CodecError",
     "QuantParams",

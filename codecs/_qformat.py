@@ -1,4 +1,6 @@
-"""Byte layout of one Quantize chunk (little-endian), version 1::
+"""Byte layout of one Quantize chunk (little-endian), versions 1 and 2.
+
+Version 1 (``protect_mode='level'``; every chunk written before version 2 existed)::
 
     u8  version (1)
     u8  method: 0 uniform-symmetric, 1 uniform-asymmetric, 2 adaptive-asymmetric, 3 kmeans
@@ -14,10 +16,31 @@
     nprot x u16: protected values as bfloat16 bits, in position order
     packed codes: ceil(count * bits / 8) bytes (see ckptcodecs.bitpack)
 
+Version 2 (``protect_mode='sparse'``): protected values take no code; their positions are a list::
+
+    u8  version (2)
+    u8  method, u8 bits    -- as in version 1
+    u8  flags: bit 0 = prune level present; no other bit may be set (there is no protect level)
+    u8  dtype, u16 nq, u64 count, u64 seg_len, u64 nprot    -- as in version 1
+    u64 npos: bytes of the position list
+    params: as in version 1
+    npos bytes: the strictly increasing positions of the protected values as LEB128 varints
+                (7 bits a byte, low group first, high bit = more bytes follow; at most 7 bytes
+                each) of their gaps: the first position, then position[i] - position[i-1]
+    nprot x u16: protected values as bfloat16 bits, in position order
+    packed codes: ceil(count * bits / 8) bytes
+
+The header is the version-1 header (same field order, 31 bytes) followed by ``npos`` (39 bytes).
+In both versions the packed codes are the last bytes of a chunk, so ``chunk[:-packed_size]`` is a
+parameter block that ``block + pack_bits(codes)`` turns back into a chunk (the store's code
+deltas rely on it).
+
 Decoding: code ``c < nq`` -> ``zero + scale * c`` evaluated in float64 and clamped to the finite
-range of the dtype (uniform), or ``codebook[c]``; ``prune_code`` -> 0; ``protect_code`` -> the next protected value; then cast to
-the dtype. Every size is checked against the buffer before anything is allocated; the total must
-match exactly.
+range of the dtype (uniform), or ``codebook[c]``; ``prune_code`` -> 0; version 1:
+``protect_code`` -> the next protected value; version 2: the value at each listed position is
+replaced by its protected value; then cast to the dtype. Every size is checked against the buffer
+before anything is allocated; the total must match exactly; version 2 positions must be strictly
+increasing and below ``count``.
 """
 
 from __future__ import annotations
@@ -31,65 +54,154 @@ from .bitpack import pack_bits, packed_size, unpack_bits
 from .errors import CodecError
 from .quantize import METHODS, QuantParams
 
-__all__ = ["HEADER_SIZE", "VERSION", "decode_chunk", "encode_chunk"]
+__all__ = ["HEADER_SIZE", "HEADER_SIZE_V2", "VERSION", "VERSION_SPARSE", "decode_chunk",
+           "encode_chunk", "varint_decode", "varint_encode"]
 
+#: Version of level-mode chunks (``protect_mode='level'``).
 VERSION = 1
+#: Version of sparse-protection chunks (``protect_mode='sparse'``).
+VERSION_SPARSE = 2
 _HEAD = struct.Struct("<BBBBBHQQQ")
-#: Bytes of the fixed header before the parameters.
+_NPOS = struct.Struct("<Q")
+#: Bytes of the fixed header before the parameters (version 1).
 HEADER_SIZE = _HEAD.size
+#: Bytes of the fixed header before the parameters (version 2: version-1 header + u64 npos).
+HEADER_SIZE_V2 = _HEAD.size + _NPOS.size
+_MAX_VARINT = 7  # 49 bits: more than any count a buffer can hold (count <= 8 * buffer size)
+
+
+def varint_encode(values: np.ndarray) -> bytes:
+    """LEB128 bytes of non-negative integers below ``2**49`` (vectorised)."""
+    v = np.ascontiguousarray(values, dtype=np.uint64).reshape(-1)
+    if v.size == 0:
+        return b""
+    if int(v.max()) >> (7 * _MAX_VARINT):
+        raise CodecError(f"varint value {int(v.max())} needs more than {_MAX_VARINT} bytes")
+    nbytes = np.ones(v.size, np.int64)
+    for k in range(1, _MAX_VARINT):
+        nbytes += v >= np.uint64(1 << (7 * k))
+    ends = np.cumsum(nbytes)
+    starts = ends - nbytes
+    owner = np.repeat(np.arange(v.size), nbytes)
+    k = np.arange(int(ends[-1])) - starts[owner]  # byte index within its varint
+    out = ((v[owner] >> (7 * k).astype(np.uint64)) & np.uint64(0x7F)).astype(np.uint8)
+    out[k < nbytes[owner] - 1] |= 0x80
+    return out.tobytes()
+
+
+def varint_decode(b: np.ndarray, n: int) -> np.ndarray:
+    """``n`` LEB128 integers (uint64) from exactly the bytes of ``b``; CodecError otherwise."""
+    b = np.ascontiguousarray(b, dtype=np.uint8).reshape(-1)
+    if b.size == 0:
+        if n:
+            raise CodecError(f"position list is empty, {n} positions expected")
+        return np.zeros(0, np.uint64)
+    last = (b & 0x80) == 0
+    if not last[-1] or int(np.count_nonzero(last)) != n:
+        raise CodecError("Quantize chunk corrupted: the position list does not hold "
+                         f"{n} varints")
+    ends = np.flatnonzero(last) + 1
+    starts = np.concatenate([[0], ends[:-1]])
+    if int((ends - starts).max()) > _MAX_VARINT:
+        raise CodecError("Quantize chunk corrupted: a position varint is too long")
+    owner = np.repeat(np.arange(n), ends - starts)
+    k = (np.arange(b.size) - starts[owner]).astype(np.uint64)
+    parts = (b & 0x7F).astype(np.uint64) << (np.uint64(7) * k)
+    return np.add.reduceat(parts, starts)
 
 
 def encode_chunk(codes: np.ndarray, p: QuantParams) -> bytes:
-    """Serialise codes and their parameters into one self-contained chunk."""
-    flags = int(p.has_prune) | (int(p.has_protect) << 1)
-    head = _HEAD.pack(VERSION, METHODS.index(p.method), p.bits, flags, dtype_code(p.dtype), p.nq,
-                      p.count, p.seg_len, p.protected.size)
+    """Serialise codes and their parameters into one self-contained chunk (codes last)."""
+    nprot = p.protected.size
+    if p.sparse:
+        if p.has_protect or p.protect_positions.size != nprot:
+            raise CodecError("sparse protection needs one position per protected value and no "
+                             "protect level")
+        pos = np.asarray(p.protect_positions, np.int64)
+        if nprot and (pos[0] < 0 or pos[-1] >= p.count or np.any(pos[1:] <= pos[:-1])):
+            raise CodecError("protected positions must be strictly increasing and below count")
+        gaps = np.diff(pos, prepend=0)
+        posbytes = varint_encode(gaps)
+        head = _HEAD.pack(VERSION_SPARSE, METHODS.index(p.method), p.bits, int(p.has_prune),
+                          dtype_code(p.dtype), p.nq, p.count, p.seg_len, nprot)
+        head += _NPOS.pack(len(posbytes))
+    else:
+        flags = int(p.has_prune) | (int(p.has_protect) << 1)
+        head = _HEAD.pack(VERSION, METHODS.index(p.method), p.bits, flags, dtype_code(p.dtype),
+                          p.nq, p.count, p.seg_len, nprot)
+        posbytes = b""
     pdt = "<f8" if p.dtype == "float64" else "<f4"
     if p.method == "kmeans":
         params = p.codebook.astype(pdt).tobytes()
     else:
         params = p.zero.astype(pdt).tobytes() + p.scale.astype(pdt).tobytes()
-    return b"".join([head, params, p.protected.astype("<u2").tobytes(),
+    return b"".join([head, params, posbytes, p.protected.astype("<u2").tobytes(),
                      pack_bits(codes, p.bits).tobytes()])
 
 
 def decode_chunk(buf: np.ndarray) -> tuple[np.ndarray, QuantParams]:
-    """Parse a chunk into ``(codes, params)``; raise CodecError on any inconsistency."""
+    """Parse a chunk (version 1 or 2) into ``(codes, params)``; CodecError on any inconsistency."""
     b = np.ascontiguousarray(buf).reshape(-1).view(np.uint8)
     if b.size < _HEAD.size:
         raise CodecError(f"Quantize chunk truncated: {b.size} bytes, header needs {_HEAD.size}")
     version, method, bits, flags, dcode, nq, count, seg_len, nprot = _HEAD.unpack_from(b)
-    if version != VERSION:
+    if version not in (VERSION, VERSION_SPARSE):
         raise CodecError(f"Quantize format version {version} is not supported (expected "
-                         f"{VERSION}); was it written by a newer ckptcodecs?")
-    if method >= len(METHODS) or not 1 <= bits <= 8 or flags > 3 or dcode not in DTYPE_CODES:
+                         f"{VERSION} or {VERSION_SPARSE}); was it written by a newer ckptcodecs?")
+    sparse = version == VERSION_SPARSE
+    if (method >= len(METHODS) or not 1 <= bits <= 8 or flags > (1 if sparse else 3)
+            or dcode not in DTYPE_CODES):
         raise CodecError("Quantize chunk header corrupted (method, bits, flags or dtype invalid)")
     has_prune, has_protect = bool(flags & 1), bool(flags & 2)
     levels = nq + has_prune + has_protect
     if nq < 1 or levels > 1 << bits:
         raise CodecError(f"Quantize chunk header corrupted: {nq} levels do not fit {bits} bits")
-    if count and not 1 <= seg_len <= 1 << 48 or nprot > count or (nprot and not has_protect):
+    if (count and not 1 <= seg_len <= 1 << 48 or nprot > count
+            or (nprot and not (has_protect or sparse))):
         raise CodecError("Quantize chunk header corrupted (segment length or protected count)")
+    head = _HEAD.size
+    npos = 0
+    if sparse:
+        if b.size < HEADER_SIZE_V2:
+            raise CodecError(f"Quantize chunk truncated: {b.size} bytes, header needs "
+                             f"{HEADER_SIZE_V2}")
+        (npos,) = _NPOS.unpack_from(b, _HEAD.size)
+        head = HEADER_SIZE_V2
+        if not nprot <= npos <= _MAX_VARINT * nprot:
+            raise CodecError(f"Quantize chunk header corrupted: {npos} position bytes for "
+                             f"{nprot} protected values")
     # every size below is bounded by the buffer size before allocation
-    if count > 8 * b.size:
+    if count > 8 * b.size or npos > b.size:
         raise CodecError(f"Quantize chunk truncated: {count} values cannot fit {b.size} bytes")
     nseg = -(-count // seg_len) if count else 0
     name = DTYPE_CODES[dcode]
     isz = 8 if name == "float64" else 4
     nparam = nseg * nq if METHODS[method] == "kmeans" else 2 * nseg
-    expected = _HEAD.size + nparam * isz + 2 * nprot + packed_size(count, bits)
+    expected = head + nparam * isz + npos + 2 * nprot + packed_size(count, bits)
     if expected != b.size:
         raise CodecError(f"Quantize chunk has {b.size} bytes, its header implies {expected} "
                          "(truncated or corrupted)")
-    pos = _HEAD.size
+    pos = head
     pdt = "<f8" if isz == 8 else "<f4"
     params = b[pos:pos + nparam * isz].copy().view(pdt).astype(pdt[1:])
     pos += nparam * isz
-    p = QuantParams(METHODS[method], bits, nq, has_prune, has_protect, seg_len, count, name)
+    p = QuantParams(METHODS[method], bits, nq, has_prune, has_protect, seg_len, count, name,
+                    protect_mode="sparse" if sparse else "level")
     if p.method == "kmeans":
         p.codebook = params.reshape(nseg, nq)
     else:
         p.zero, p.scale = params[:nseg], params[nseg:]
+    if sparse:
+        gaps = varint_decode(b[pos:pos + npos], nprot)
+        pos += npos
+        if nprot:
+            # each gap is below 2**49, so a wrap-around of the sum shows as a decrease
+            positions = np.cumsum(gaps, dtype=np.uint64)
+            if (int(positions[-1]) >= count or np.any(gaps[1:] == 0)
+                    or np.any(positions[1:] <= positions[:-1])):
+                raise CodecError("Quantize chunk corrupted: protected positions are not strictly "
+                                 "increasing below the value count")
+            p.protect_positions = positions.astype(np.int64)
     p.protected = b[pos:pos + 2 * nprot].copy().view("<u2").astype(np.uint16)
     pos += 2 * nprot
     codes = unpack_bits(b[pos:], bits, count)

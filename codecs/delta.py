@@ -6,8 +6,10 @@ signed difference. Residuals are then rearranged so that all positions whose *ba
 are contiguous, for ``b = 0, 1, ...`` in turn (stable within a bucket): buckets with a high
 migration rate no longer break the runs of the others, which RLEHuffman then codes well. The
 permutation is a function of the base codes, so it costs no storage. Protected and pruned values
-are levels like any other; the new version's protected values travel in its own parameters
-(:class:`ckptcodecs.QuantParams`). Works when the number of levels differs between versions.
+are levels like any other (with ``protect_mode='sparse'`` a protected position holds an ordinary
+code); the new version's protected values -- and, sparse, their positions -- travel in its own
+parameters (:class:`ckptcodecs.QuantParams`). Works when the number of levels differs between
+versions.
 
 The store computes residuals outside the zarr codec pipeline (a codec sees one chunk, never
 another version) and writes them as their own uint8 array, e.g. with :class:`RLEHuffman`.

@@ -14,15 +14,25 @@ Methods (per segment: a row, a group of ``group_size`` values, or the whole tens
     non-uniform levels from DynaQuant's histogram-weighted k-means (:mod:`ckptcodecs.kmeans`);
     any number of levels.
 
-Special levels. ``prune`` (a fraction) sets the smallest-magnitude finite values to zero and
-``protect`` keeps the largest-magnitude ones in bfloat16; each is a code of its own placed after
-the ``nq`` quantization levels: ``prune_code = nq``, ``protect_code = nq + has_prune``. Non-finite
-values (NaN, +-inf) are always protected -- bfloat16 holds them exactly -- so they never poison the
-range of a segment. Protected values are kept in position order; their positions are the positions
-of ``protect_code`` in the codes. Selection is per encoded array (per chunk in zarr).
-For uniform methods ``nq = 2**bits - (number of special levels)``; for k-means ``nq = levels`` if
-given. A segment with a constant value gets scale 0 (no division by zero); a segment without
-unmasked values decodes to its specials only.
+Special levels. ``prune`` (a fraction) sets the smallest-magnitude finite values to zero (a code
+of its own after the ``nq`` quantization levels: ``prune_code = nq``) and ``protect`` keeps the
+largest-magnitude ones in bfloat16. Non-finite values (NaN, +-inf) are always protected --
+bfloat16 holds them exactly -- so they never poison the range of a segment. Protected values are
+kept in position order and are left out of the fit of every segment. Where their positions go
+depends on ``protect_mode``:
+
+``'level'`` (default)
+    a code of its own, ``protect_code = nq + has_prune``; the positions of protected values are
+    the positions of ``protect_code`` in the codes.
+``'sparse'``
+    no code: all ``2**bits`` codes (less the prune code) are quantization levels, the sorted
+    positions are stored next to the values (``QuantParams.protect_positions``), and the code at a
+    protected position is the nearest level (decoding overwrites it). ``protect_code`` is -1.
+
+Selection is per encoded array (per chunk in zarr). For uniform methods ``nq = 2**bits -
+(number of special levels)``; for k-means ``nq = levels`` if given. A segment with a constant
+value gets scale 0 (no division by zero); a segment without unmasked values decodes to its
+specials only.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ from .kmeans import fit_codebooks, nearest_codes
 __all__ = [
     "GRANULARITIES",
     "METHODS",
+    "PROTECT_MODES",
     "QuantParams",
     "Quantize",
     "dequantize",
@@ -53,6 +64,7 @@ __all__ = [
 
 METHODS = ("uniform-symmetric", "uniform-asymmetric", "adaptive-asymmetric", "kmeans")
 GRANULARITIES = ("row", "group", "tensor")
+PROTECT_MODES = ("level", "sparse")
 _EMPTY_MASK = np.zeros(0, np.uint8)
 _FINITE_LIMIT = {"float16": np.float16}  # decoded levels are clamped to the finite range
 
@@ -62,7 +74,10 @@ class QuantParams:
     """Everything needed to turn codes back into values.
 
     ``zero``/``scale`` (uniform methods, one per segment) or ``codebook`` (k-means, shape
-    ``(nseg, nq)``) are float32; ``protected`` holds the bfloat16 bits of protected values.
+    ``(nseg, nq)``) are float32; ``protected`` holds the bfloat16 bits of protected values in
+    position order. ``has_protect`` means a protect *level* (``protect_mode='level'``); with
+    ``protect_mode='sparse'`` it is False and ``protect_positions`` (int64, strictly increasing)
+    says where the protected values go.
     """
 
     method: str
@@ -77,6 +92,8 @@ class QuantParams:
     scale: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     codebook: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
     protected: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint16))
+    protect_mode: str = "level"
+    protect_positions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def nseg(self) -> int:
@@ -86,6 +103,11 @@ class QuantParams:
     def levels(self) -> int:
         """Total number of codes in use, special levels included (K of BucketDelta)."""
         return self.nq + int(self.has_prune) + int(self.has_protect)
+
+    @property
+    def sparse(self) -> bool:
+        """True when protected values are a sorted position list rather than a code."""
+        return self.protect_mode == "sparse"
 
     @property
     def prune_code(self) -> int:
@@ -147,6 +169,7 @@ def quantize(
     lam: float = 1.0,
     dtype: str | None = None,
     seed: int = 0,
+    protect_mode: str = "level",
 ) -> tuple[np.ndarray, QuantParams]:
     """Quantize a float array to codes.
 
@@ -155,6 +178,7 @@ def quantize(
     x : ndarray
         float16/32/64 data, or the uint16 view of bfloat16 data (with ``dtype='bfloat16'``).
     method, bits, granularity, group_size, protect, prune, levels, num_bins, ratio, lam
+    protect_mode
         See :class:`ckptcodecs.Quantize`.
     dtype : str, optional
         ``'bfloat16'`` to read a uint16 array as bfloat16 bits; otherwise the array's own dtype.
@@ -167,13 +191,14 @@ def quantize(
     params : QuantParams
     """
     _check_parameters(method, bits, granularity, group_size, protect, prune, levels, num_bins,
-                      ratio, lam)
+                      ratio, lam, protect_mode)
+    sparse = protect_mode == "sparse"
     arr = np.asarray(x)
     seg = segment_length(arr.shape, granularity, group_size)
     xf, name = as_float(np.ascontiguousarray(arr).reshape(-1), dtype)
     n = xf.size
     prot_idx, prune_idx = _partition(xf, protect, prune)
-    has_protect = protect > 0 or prot_idx.size > 0
+    has_protect = not sparse and (protect > 0 or prot_idx.size > 0)
     has_prune = prune > 0
     nspecial = int(has_protect) + int(has_prune)
     if method == "kmeans" and levels is not None:
@@ -186,7 +211,8 @@ def quantize(
     if nq < 1:
         raise CodecError(f"{bits} bit(s) leave no quantization level next to the protect/prune "
                          "levels; use more bits")
-    p = QuantParams(method, bits, nq, has_prune, has_protect, seg, n, name)
+    p = QuantParams(method, bits, nq, has_prune, has_protect, seg, n, name,
+                    protect_mode=protect_mode)
     nseg = p.nseg
     mask = _EMPTY_MASK
     if prot_idx.size or prune_idx.size:
@@ -215,13 +241,16 @@ def quantize(
     if has_prune:
         codes[prune_idx] = p.prune_code
     if prot_idx.size:
-        codes[prot_idx] = p.protect_code
+        if not sparse:  # sparse: the code keeps its nearest level
+            codes[prot_idx] = p.protect_code
         p.protected = to_bf16_bits(xf[prot_idx])
+        if sparse:
+            p.protect_positions = prot_idx.astype(np.int64)
     return codes, p
 
 
 def _check_parameters(method, bits, granularity, group_size, protect, prune, levels, num_bins,
-                      ratio, lam) -> None:
+                      ratio, lam, protect_mode="level") -> None:
     """Raise CodecError for parameters no encoding can use (shared by quantize and Quantize)."""
     if method not in METHODS:
         raise CodecError(f"method must be one of {METHODS}, got {method!r}")
@@ -241,6 +270,8 @@ def _check_parameters(method, bits, granularity, group_size, protect, prune, lev
         raise CodecError(f"ratio must be in (0, 1], got {ratio}")
     if not 0.0 <= lam <= 1.0:
         raise CodecError(f"lam must be in [0, 1], got {lam}")
+    if protect_mode not in PROTECT_MODES:
+        raise CodecError(f"protect_mode must be one of {PROTECT_MODES}, got {protect_mode!r}")
 
 
 def _param_dtype(name: str) -> type:
@@ -283,12 +314,19 @@ def dequantize(codes: np.ndarray, params: QuantParams) -> np.ndarray:
     work = np.float64 if p.dtype == "float64" else np.float32
     out = np.empty(p.count, work)
     prot = from_bf16_bits(p.protected).astype(work)
+    if p.sparse:
+        if p.protect_positions.size != prot.size or p.has_protect:
+            raise CodecError("sparse protection needs one position per protected value and no "
+                             "protect level")
+        sparse_vals, prot = prot, prot[:0]
     if p.method == "kmeans":
         K.dequant_codebook(codes, p.seg_len, p.codebook, p.nq, p.prune_code, p.protect_code,
                            prot, out)
     else:
         K.dequant_uniform(codes, p.seg_len, p.zero, p.scale, p.nq, p.prune_code, p.protect_code,
                           prot, float(np.finfo(_FINITE_LIMIT.get(p.dtype, work)).max), out)
+    if p.sparse:
+        out[p.protect_positions] = sparse_vals
     return from_float(out, p.dtype)
 
 
@@ -308,7 +346,7 @@ class Quantize(Codec):
     group_size : int, optional
         Values per group with ``granularity='group'``.
     protect : float
-        Fraction of largest-magnitude values kept in bfloat16 (a level of its own).
+        Fraction of largest-magnitude values kept in bfloat16 (NaN and +-inf always are).
     prune : float
         Fraction of smallest-magnitude values set to zero (a level of its own).
     levels : int, optional
@@ -323,6 +361,11 @@ class Quantize(Codec):
         frequency-weighted k-means, the lowest L2 error).
     dtype : str, optional
         ``'bfloat16'`` to treat uint16 input as bfloat16 bits; else the input's float dtype.
+    protect_mode : str
+        ``'level'`` (default): protected values take a code of their own, so ``nq`` is one less;
+        ``'sparse'``: every code is a quantization level and the chunk stores the sorted
+        positions of the protected values (format version 2). The config carries
+        ``protect_mode`` only when it is not the default, so level-mode configs are unchanged.
 
     Notes
     -----
@@ -345,9 +388,9 @@ class Quantize(Codec):
     def __init__(self, method: str = "uniform-asymmetric", bits: int = 4, granularity: str = "row",
                  group_size: int | None = None, protect: float = 0.0, prune: float = 0.0,
                  levels: int | None = None, num_bins: int | None = None, ratio: float = 1.0,
-                 lam: float = 1.0, dtype: str | None = None):
+                 lam: float = 1.0, dtype: str | None = None, protect_mode: str = "level"):
         _check_parameters(method, bits, granularity, group_size, protect, prune, levels,
-                          num_bins, ratio, lam)
+                          num_bins, ratio, lam, protect_mode)
         if dtype not in (None, "float16", "float32", "float64", "bfloat16"):
             raise CodecError(f"dtype must be a float dtype name or 'bfloat16', got {dtype!r}")
         self.method = method
@@ -361,6 +404,13 @@ class Quantize(Codec):
         self.ratio = float(ratio)
         self.lam = float(lam)
         self.dtype = dtype
+        self.protect_mode = protect_mode
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        if config["protect_mode"] == "level":  # configs written before the option stay as they were
+            del config["protect_mode"]
+        return config
 
     def encode(self, buf) -> bytes:
         from ._qformat import encode_chunk
@@ -370,7 +420,7 @@ class Quantize(Codec):
             arr, self.method, self.bits, granularity=self.granularity,
             group_size=self.group_size, protect=self.protect, prune=self.prune,
             levels=self.levels, num_bins=self.num_bins, ratio=self.ratio, lam=self.lam,
-            dtype=self.dtype)
+            dtype=self.dtype, protect_mode=self.protect_mode)
         return encode_chunk(codes, params)
 
     def decode(self, buf, out=None):

@@ -85,6 +85,21 @@ def fixture_cases():
         ("rle-huffman-random", RLEHuffman(), rng.integers(0, 256, 3000).astype(np.uint8)),
         ("rle-huffman-empty", RLEHuffman(), np.zeros(0, np.uint8)),
         ("rle-huffman-one", RLEHuffman(), np.full(1, 7, np.uint8)),
+        # protect_mode="sparse" (format version 2)
+        ("quantize-sparse-kmeans-3", Quantize("kmeans", 3, granularity="tensor", protect=0.01,
+                                              prune=0.1, protect_mode="sparse"), heavy),
+        ("quantize-sparse-kmeans-2", Quantize("kmeans", 2, granularity="row", protect=0.02,
+                                              protect_mode="sparse"), rows),
+        ("quantize-sparse-special", Quantize("uniform-asymmetric", 4, protect=0.02,
+                                             protect_mode="sparse"), special),
+        ("quantize-sparse-gaps", Quantize("adaptive-asymmetric", 3, protect=0.004,
+                                          protect_mode="sparse"), rows),  # 2-byte varints
+        ("quantize-sparse-float64", Quantize("uniform-symmetric", 2, granularity="tensor",
+                                             protect=0.05, protect_mode="sparse"), f64),
+        ("quantize-sparse-bf16", Quantize("kmeans", 4, dtype="bfloat16", granularity="tensor",
+                                          protect=0.01, protect_mode="sparse"), bf16),
+        ("quantize-sparse-empty", Quantize(protect=0.01, protect_mode="sparse"),
+         np.zeros((0, 4), np.float32)),
     ]
     return cases
 

@@ -35,6 +35,7 @@ CODECS = st.builds(
     group_size=st.just(7),
     protect=st.sampled_from([0.0, 0.05]),
     prune=st.sampled_from([0.0, 0.1]),
+    protect_mode=st.sampled_from(["level", "sparse"]),
 )
 
 
@@ -99,6 +100,8 @@ def _payloads():
     x = rng.standard_normal((64, 64)).astype(np.float32)
     out.append(("kmeans-big", Quantize("kmeans", 4, protect=0.01, granularity="tensor"),
                 Quantize("kmeans", 4, protect=0.01, granularity="tensor").encode(x)))
+    sparse = Quantize("kmeans", 4, protect=0.01, granularity="tensor", protect_mode="sparse")
+    out.append(("kmeans-big-sparse", sparse, sparse.encode(x)))
     runs = np.repeat(rng.integers(0, 9, 500), rng.integers(1, 60, 500)).astype(np.uint8)
     out.append(("rle-big", RLEHuffman(), RLEHuffman().encode(runs)))
     return out

@@ -244,3 +244,163 @@ def test_protect_and_prune_sets_with_ties_are_disjoint(dtype):
     top = select_magnitudes(y, 50, largest=True)
     assert 2 in top and 0 not in top and 1 not in top
     assert np.abs(y[top]).min() >= np.sort(np.abs(y[np.isfinite(y)]))[-50]
+
+
+# ---------------------------------------------------------------- protect_mode="sparse"
+
+@pytest.mark.parametrize("method", ["uniform-symmetric", "uniform-asymmetric",
+                                    "adaptive-asymmetric", "kmeans"])
+@pytest.mark.parametrize("bits,prune", [(1, 0.0), (2, 0.0), (2, 0.1), (3, 0.2), (8, 0.0)])
+def test_sparse_protection_uses_every_code(method, bits, prune):
+    x = HEAVY.reshape(-1).copy()
+    x[[5, 77, 300]] = [np.nan, np.inf, -np.inf]
+    codec = Quantize(method, bits, granularity="tensor", protect=0.01, prune=prune,
+                     protect_mode="sparse")
+    enc = codec.encode(x)
+    codes, p = decode_chunk(np.frombuffer(enc, np.uint8))
+    assert enc[0] == 2 and p.sparse and not p.has_protect and p.protect_code == -1
+    assert p.nq == (1 << bits) - (prune > 0) and p.levels == 1 << bits
+    fin = np.isfinite(x)
+    n_prot = int(np.ceil(0.01 * fin.sum()))
+    pos = p.protect_positions
+    assert pos.size == p.protected.size == n_prot + 3
+    assert np.all(np.diff(pos) > 0) and {5, 77, 300} <= set(pos.tolist())
+    top = np.sort(np.abs(x[fin]))[-n_prot]
+    assert np.abs(x[pos][np.isfinite(x[pos])]).min() >= top
+    dec = codec.decode(enc)
+    np.testing.assert_array_equal(dec[pos], from_bf16_bits(to_bf16_bits(x[pos])))
+    if prune:
+        assert np.all(dec[codes == p.prune_code] == 0)
+        assert not np.any(np.isin(np.flatnonzero(codes == p.prune_code), pos))
+    rest = np.ones(x.size, bool)
+    rest[pos] = False
+    rest &= codes != p.prune_code
+    if method == "kmeans":  # every other value decodes to its nearest level
+        dist = np.abs(x[rest, None] - p.codebook[0].astype(np.float64))
+        np.testing.assert_allclose(np.abs(x[rest] - dec[rest]), dist.min(axis=1), atol=1e-6)
+    else:  # within the range of the unprotected values
+        assert dec[rest].min() >= -np.abs(x[rest]).max() * 1.0001
+        assert dec[rest].max() <= np.abs(x[rest]).max() * 1.0001
+
+
+def test_sparse_matches_level_fit_with_one_level_more():
+    x = HEAVY.reshape(-1)
+    # the same values are fitted (protected ones excluded); sparse k-means has all 4 levels
+    c_sp, p_sp = quantize(x, "kmeans", 2, granularity="tensor", protect=0.01,
+                          protect_mode="sparse")
+    _, p_lv = quantize(x, "kmeans", 2, granularity="tensor", protect=0.01, levels=4,
+                          protect_mode="sparse")
+    np.testing.assert_array_equal(p_sp.codebook, p_lv.codebook)
+    _, p_3 = quantize(x, "kmeans", 2, granularity="tensor", protect=0.01)
+    assert (p_3.nq, p_sp.nq) == (3, 4)
+    np.testing.assert_array_equal(p_sp.protected, p_3.protected)  # same values, same order
+    # codes at protected positions hold the nearest level, not a special code
+    assert c_sp.max() < 4 and np.all(c_sp[p_sp.protect_positions] <= 3)
+    with pytest.raises(CodecError):
+        quantize(x, "kmeans", 2, levels=4, protect=0.01)  # level mode: no room for it
+
+
+def test_sparse_parameter_block_rebuilds_the_chunk():
+    from ckptcodecs import delta_decode, delta_encode, encode_chunk, pack_bits, packed_size
+
+    # what ckptstore.qdelta does: chunk minus packed codes, then block + pack_bits(new codes)
+    rng = np.random.default_rng(3)
+    x0 = rng.standard_normal((64, 32)).astype(np.float32)
+    x1 = x0 + 0.05 * rng.standard_normal(x0.shape).astype(np.float32)
+    c0, p0 = quantize(x0, "kmeans", 3, granularity="tensor", protect=0.01, protect_mode="sparse")
+    c1, p1 = quantize(x1, "kmeans", 3, granularity="tensor", protect=0.01, protect_mode="sparse")
+    full = encode_chunk(c1, p1)
+    block = full[:len(full) - packed_size(p1.count, p1.bits)]
+    res = delta_encode(c1, c0, (p1.levels, p0.levels))
+    codes = delta_decode(res, c0, (p1.levels, p0.levels))
+    c2, p2 = decode_chunk(np.frombuffer(block + pack_bits(codes, p1.bits).tobytes(), np.uint8))
+    np.testing.assert_array_equal(c2, c1)
+    np.testing.assert_array_equal(p2.protect_positions, p1.protect_positions)
+    np.testing.assert_array_equal(dequantize(c2, p2), dequantize(c1, p1))
+    assert encode_chunk(c2, p2) == full
+
+
+def _sparse_chunk():
+    x = ROWS.reshape(-1)[:120].copy()
+    codec = Quantize("uniform-asymmetric", 4, granularity="tensor", protect=0.05,
+                     protect_mode="sparse")
+    enc = bytearray(codec.encode(x))
+    _, p = decode_chunk(np.frombuffer(bytes(enc), np.uint8))
+    return codec, enc, p
+
+
+def test_sparse_positions_are_validated():
+    import struct
+
+    from ckptcodecs._qformat import HEADER_SIZE_V2
+
+    codec, enc, p = _sparse_chunk()
+    assert p.protected.size == 6
+    start = HEADER_SIZE_V2 + 8  # after zero and scale
+    gaps = np.diff(p.protect_positions, prepend=0)
+    assert gaps.max() < 128  # one byte each
+    for i, value in [(1, 0), (0, 0x7F), (5, 0x7F)]:  # repeated position; beyond count
+        bad = bytearray(enc)
+        bad[start + i] = value
+        with pytest.raises(CodecError, match="strictly increasing"):
+            codec.decode(bytes(bad))
+    bad = bytearray(enc)
+    bad[start + 2] |= 0x80  # a varint runs into the next: one varint too few
+    with pytest.raises(CodecError, match="varints"):
+        codec.decode(bytes(bad))
+    for npos in (5, 7, 43, 1 << 60):  # fewer bytes than values, wrong, > 7 each, absurd
+        bad = bytearray(enc)
+        struct.pack_into("<Q", bad, 31, npos)
+        with pytest.raises(CodecError):
+            codec.decode(bytes(bad))
+    bad = bytearray(enc)
+    bad[3] = 2  # a protect-level flag in a sparse chunk
+    with pytest.raises(CodecError, match="flags"):
+        codec.decode(bytes(bad))
+    with pytest.raises(CodecError, match="truncated"):
+        codec.decode(bytes(enc[:35]))
+
+
+def test_varints_roundtrip_and_reject_overlong():
+    from ckptcodecs._qformat import varint_decode, varint_encode
+
+    v = np.array([0, 1, 127, 128, 16383, 16384, 2**49 - 1, 12345678901], np.uint64)
+    enc = varint_encode(v)
+    assert varint_encode([0, 1, 127, 128, 300]) == bytes.fromhex("00017f8001ac02")
+    np.testing.assert_array_equal(varint_decode(np.frombuffer(enc, np.uint8), v.size), v)
+    with pytest.raises(CodecError):
+        varint_encode([2**49])
+    with pytest.raises(CodecError, match="too long"):
+        varint_decode(np.frombuffer(b"\x80" * 7 + b"\x01", np.uint8), 1)
+    with pytest.raises(CodecError):
+        varint_decode(np.frombuffer(b"\x80", np.uint8), 1)
+
+
+def test_protect_mode_config():
+    sparse = Quantize("kmeans", 2, granularity="tensor", protect=0.001, protect_mode="sparse")
+    check_config(sparse)
+    assert sparse.get_config()["protect_mode"] == "sparse"
+    assert "protect_mode" not in Quantize(protect=0.01).get_config()  # old configs unchanged
+    assert Quantize(protect_mode="level") == Quantize()
+    check_repr("Quantize(method='kmeans', bits=2, granularity='tensor', group_size=None, "
+               "protect=0.001, prune=0.0, levels=None, num_bins=None, ratio=1.0, lam=1.0, "
+               "dtype=None, protect_mode='sparse')")
+    with pytest.raises(CodecError, match="protect_mode"):
+        Quantize(protect_mode="list")
+    with pytest.raises(CodecError, match="protect_mode"):
+        quantize(ROWS, protect_mode="nope")
+    # level mode still writes format version 1
+    assert Quantize(protect=0.01).encode(ROWS)[0] == 1
+
+
+def test_sparse_without_protection_and_dtypes():
+    for dtype in ("float16", "float64"):
+        x = ROWS.astype(dtype)
+        codec = Quantize("adaptive-asymmetric", 3, protect_mode="sparse")
+        _, p = decode_chunk(np.frombuffer(codec.encode(x), np.uint8))
+        assert p.protected.size == 0 and p.nq == 8
+        dec = codec.decode(codec.encode(x))
+        assert dec.dtype == np.dtype(dtype)
+        ref = Quantize("adaptive-asymmetric", 3).decode(Quantize("adaptive-asymmetric", 3)
+                                                        .encode(x))
+        np.testing.assert_array_equal(dec, ref)  # no protected values: same as level mode
