@@ -20,7 +20,8 @@ IncrementalMode = Literal["off", "one-shot", "consecutive", "intermittent"]
 class QuantSpec:
     """A lossy encoding of float tensors (see :class:`ckptcodecs.Quantize`).
 
-    ``entropy`` adds RLE + Huffman coding of the packed codes.
+    ``entropy`` adds RLE + Huffman coding of the packed codes. ``protect_mode="sparse"`` keeps the
+    protected values in a side list instead of spending a code level on them (better at 2-3 bits).
     """
 
     method: str = "adaptive-asymmetric"
@@ -31,6 +32,7 @@ class QuantSpec:
     prune: float = 0.0
     levels: int | None = None
     lam: float = 1.0
+    protect_mode: str = "level"
     entropy: bool = True
 
     def with_bits(self, bits: int) -> QuantSpec:
@@ -45,6 +47,8 @@ class QuantSpec:
             kw["group_size"] = self.group_size
         if self.levels is not None:
             kw["levels"] = self.levels
+        if self.protect_mode != "level":
+            kw["protect_mode"] = self.protect_mode
         if dtype == "bfloat16":
             kw["dtype"] = "bfloat16"
         return kw
