@@ -36,8 +36,8 @@ What is measured
   packed codes; with 8-bit codes a byte is one code and Huffman gets close to the codes' entropy,
   with 3, 5, 6 or 7 bits codes straddle bytes and it saves little.
 * Rows marked as diagnostics are not candidates for the goal: three keep a part of the model
-  lossless to show where the error comes from, two use :class:`PerPathPolicy` (defined here, not
-  in ckptstore) to give the embeddings fewer bits than the encoder.
+  lossless to show where the error comes from, and per-path rows use ``Policy(overrides=...)`` to
+  give the embeddings fewer bits than the encoder.
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse
 import copy
-import fnmatch
 import json
 import logging
 import shlex
@@ -67,7 +66,6 @@ from common import human_bytes, load_average, machine_description, markdown_tabl
 
 import ckptstore
 from ckptstore import Policy, QuantSpec
-from ckptstore.policy import Decision
 
 GOAL_RATIO, GOAL_COS = 6.0, 0.99
 SMALL_LOSSLESS = ("*LayerNorm*", "*.bias")
@@ -118,23 +116,6 @@ SENTENCES = [
 
 
 @dataclass(frozen=True)
-class PerPathPolicy(Policy):
-    """A :class:`Policy` whose quantization differs by path: ``overrides`` are ``(glob, spec)``
-    pairs, first match wins, applied to tensors the base policy quantizes. Not part of ckptstore
-    (a subclass overriding the public ``Policy.decide``): it shows what per-tensor specs buy."""
-
-    overrides: tuple[tuple[str, QuantSpec], ...] = ()
-
-    def decide(self, path: str, tensor: torch.Tensor) -> Decision:
-        d = super().decide(path, tensor)
-        if d.quant is not None:
-            for pattern, spec in self.overrides:
-                if fnmatch.fnmatchcase(path, pattern):
-                    return Decision(d.want, spec)
-        return d
-
-
-@dataclass(frozen=True)
 class Config:
     name: str
     quant: QuantSpec | None
@@ -144,8 +125,8 @@ class Config:
 
     def policy(self) -> Policy:
         if self.overrides:
-            return PerPathPolicy(quantize=self.quant, lossless=SMALL_LOSSLESS + self.lossless,
-                                 overrides=self.overrides)
+            return Policy(quantize=self.quant, lossless=SMALL_LOSSLESS + self.lossless,
+                          overrides=self.overrides)
         return Policy(quantize=self.quant, lossless=SMALL_LOSSLESS + self.lossless)
 
 
@@ -175,6 +156,16 @@ CONFIGS = [
     Config("kmeans 8b tensor, 40 levels, protect 0.5%", Q("kmeans", 8, "tensor", levels=40,
                                                             protect=0.005)),
     Config("uniform-asym 8b row", Q("uniform-asymmetric", 8)),
+    # sparse protection: outliers in a side list, all 2**bits codes are levels
+    Config("kmeans 4b tensor, sparse protect 1%", Q("kmeans", 4, "tensor", protect=0.01,
+                                                     protect_mode="sparse")),
+    Config("kmeans 5b tensor, sparse protect 0.5%", Q("kmeans", 5, "tensor", protect=0.005,
+                                                       protect_mode="sparse")),
+    Config("kmeans 8b tensor, 28 levels, sparse protect 0.5%",
+           Q("kmeans", 8, "tensor", levels=28, protect=0.005, protect_mode="sparse")),
+    Config("per path: embeddings kmeans 4b, rest kmeans 8b 32 lv. sparse 0.5%",
+           Q("kmeans", 8, "tensor", levels=32, protect=0.005, protect_mode="sparse"),
+           overrides=(("*embeddings*", Q("kmeans", 4, "tensor")),)),
     # diagnostics: where the error comes from
     Config("uniform-asym 4b row, only FFN output matrices", Q("uniform-asymmetric", 4),
            ("*embeddings*", "*attention*", "*intermediate*", "*pooler*"), diagnostic=True),
@@ -182,11 +173,11 @@ CONFIGS = [
            ("*word_embeddings*",), diagnostic=True),
     Config("kmeans 5b tensor p0.5%, encoder lossless", Q("kmeans", 5, "tensor", protect=0.005),
            ("*encoder.*",), diagnostic=True),
-    # per-path specs (PerPathPolicy): the embeddings take fewer bits than the encoder
+    # per-path specs (Policy.overrides): the embeddings take fewer bits than the encoder
     Config("per path: embeddings kmeans 4b, rest kmeans 6b (tensor)", Q("kmeans", 6, "tensor"),
-           diagnostic=True, overrides=(("*embeddings*", Q("kmeans", 4, "tensor")),)),
+           overrides=(("*embeddings*", Q("kmeans", 4, "tensor")),)),
     Config("per path: embeddings kmeans 4b, rest kmeans 8b 40 lv. p0.5%",
-           Q("kmeans", 8, "tensor", levels=40, protect=0.005), diagnostic=True,
+           Q("kmeans", 8, "tensor", levels=40, protect=0.005),
            overrides=(("*embeddings*", Q("kmeans", 4, "tensor")),)),
 ]
 QUICK = ["lossless (lz4)", "uniform-asym 4b row (naive)", "kmeans 5b tensor, protect 0.5%",
