@@ -27,7 +27,8 @@ from .errors import ManifestError
 from .manifest import Manifest, TensorEntry
 from .policy import Policy, QuantSpec
 
-__all__ = ["ChainPlan", "Shadow", "base_entry", "chain_entries", "changed_rows", "plan_chain"]
+__all__ = ["ChainMemory", "ChainPlan", "Shadow", "base_entry", "chain_entries", "changed_rows",
+           "commit_rebases", "plan_chain"]
 
 
 @dataclass
@@ -71,13 +72,42 @@ def changed_rows(current: np.ndarray, reference: np.ndarray) -> np.ndarray:
     return np.flatnonzero(diff).astype(np.int64)
 
 
+def commit_rebases(policy: Policy, tip: Manifest | None) -> bool:
+    """Whether this commit takes a new baseline of every one-shot chain (Check-N-Run decides per
+    checkpoint, so all tables rebase together and the old baseline is freed as a whole).
+
+    The predictor sees ``S1..Si`` of the whole checkpoint: each increment's size as a fraction of
+    the rows, averaged over the incremental tensors weighted by their bytes. Chains of different
+    lengths (a tensor that joined later) are aligned by rebasing.
+    """
+    if tip is None or policy.incremental not in ("one-shot", "intermittent"):
+        return False
+    inc = [e for e in tip.tensors if e.kind == "incremental"]
+    if not inc:
+        return False
+    lengths = {len(e.fractions or []) for e in inc}
+    if len(lengths) > 1:
+        return True
+    n = lengths.pop()
+    if n >= policy.max_chain:
+        return True
+    if policy.incremental != "intermittent":
+        return False
+    weights = [max(e.nbytes or 0, 1) for e in inc]
+    total = sum(weights)
+    fractions = [sum(w * e.fractions[k] for w, e in zip(weights, inc)) / total for k in range(n)]
+    return policy.rebase.should_rebase(fractions)
+
+
 def plan_chain(policy: Policy, decision_want: str, quant: QuantSpec | None, path: str,
                tip: Manifest | None, prev: TensorEntry | None, shadow: Shadow | None,
-               tracked: bool, shape: list[int], dtype: str) -> ChainPlan | None:
+               tracked: bool, shape: list[int], dtype: str,
+               rebase: bool = False) -> ChainPlan | None:
     """The chain entry a tensor gets, or None for a full commit.
 
     A chain needs a compatible previous entry on the branch, a reference the store still holds
-    for it, and a chain within ``policy.max_chain`` that the rebase predictor does not end.
+    for it, a chain within ``policy.max_chain``, and no rebase of the commit (``rebase``, from
+    :func:`commit_rebases`).
     """
     if tip is None or prev is None or prev.shape != shape or prev.dtype != dtype:
         return None
@@ -90,9 +120,7 @@ def plan_chain(policy: Policy, decision_want: str, quant: QuantSpec | None, path
             if prev.kind not in ("full", "incremental"):
                 return None
             fractions = list(prev.fractions or []) if prev.kind == "incremental" else []
-            if mode == "intermittent" and policy.rebase.should_rebase(fractions):
-                return None
-            if len(fractions) >= policy.max_chain:
+            if rebase or len(fractions) >= policy.max_chain:
                 return None
             if shadow is None or shadow.commit != baseline or (
                     shadow.values is None and not tracked):
@@ -162,6 +190,7 @@ class ChainMemory:
         from .chunkcodec import QuantizedLossy
 
         prev_by_path = {e.path: e for e in tip.tensors} if tip is not None else {}
+        rebase = commit_rebases(policy, tip)
 
         def decide(path: str, tensor: Any, grid: Any) -> tuple[Any, ChainPlan | None, str]:
             d = policy.decide(path, tensor)
@@ -178,7 +207,7 @@ class ChainMemory:
                 if shadow is not None and shadow.unsaved is not None and len(shadow.unsaved) == rows:
                     shadow.unsaved[touched] = True
             chain = plan_chain(policy, d.want, d.quant, path, tip, prev_by_path.get(path), shadow,
-                               table is not None, list(tensor.shape), dtype)
+                               table is not None, list(tensor.shape), dtype, rebase)
             if chain is not None and chain.kind == "delta" and (
                     shadow.grid_chunks != tuple(grid.chunks)):
                 chain = None

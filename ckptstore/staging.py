@@ -52,6 +52,12 @@ class StagingPool:
         np.copyto(buf, src)
         return buf, None
 
+    def packed(self, nbytes: int) -> np.ndarray:
+        """The zeroed byte buffer of a commit's packed small tensors (reused)."""
+        buf = self._buffer(("packed", nbytes), lambda: np.zeros(nbytes, np.uint8))
+        buf[...] = 0  # alignment padding between tensors stays zero
+        return buf
+
     def _buffer(self, k: tuple[Any, ...], make: Any) -> Any:
         with self._lock:
             buf = self._buffers.get(k)

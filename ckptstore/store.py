@@ -78,6 +78,7 @@ class Store:
         self._max_inflight = max(2, min(2 * workers, (64 << 20) // self.options.chunk_bytes))
         self._manifests: OrderedDict[str, Manifest] = OrderedDict()
         self._staging = StagingPool()
+        self._persister = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-persist")
         self._inflight: PendingCommit | None = None
         self._lock = threading.Lock()
 
@@ -98,6 +99,7 @@ class Store:
         try:
             self._wait_inflight()
         finally:
+            self._persister.shutdown(wait=True)
             self._executor.shutdown(wait=True)
             self._staging.clear()
 
@@ -137,8 +139,8 @@ class Store:
         state as an already-made snapshot (e.g. a dict of pinned CPU tensors nobody modifies
         until ``wait()`` returns) and copies nothing.
         """
+        t0 = time.perf_counter()  # the stall includes waiting for the previous persist
         self._wait_inflight()
-        t0 = time.perf_counter()
         job = self._prepare(state, message, branch, tags, metadata, policy, tracker)
         snap = snapshot(job.plan, None if staged else self._staging)
         if tracker is not None:
@@ -154,7 +156,7 @@ class Store:
                 pending._finish(info, None)
 
         self._inflight = pending
-        threading.Thread(target=run, name="ckptstore-persist", daemon=True).start()
+        self._persister.submit(run)
         return pending
 
     def _wait_inflight(self) -> None:
@@ -433,9 +435,11 @@ def _plain_metadata(metadata: dict[str, Any], state: Any) -> dict[str, Any]:
 
 
 def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions | None = None,
-         policy: Policy | None = None, **storage_options: Any) -> Store:
+         policy: Policy | None = None, io_workers: int | None = None,
+         **storage_options: Any) -> Store:
     """Open the store at ``url`` (a local path or any fsspec URL), creating it unless
-    ``create=False``.
+    ``create=False``. ``io_workers`` bounds the threads that encode and write chunks (default:
+    the CPU count on local disks, 16 for object stores); lower it to leave cores to training.
 
     Raises :class:`NotAStoreError` if the location exists but holds something else, or is absent
     and ``create=False``; :class:`FormatVersionError` if a newer ckptstore wrote it.
@@ -454,4 +458,4 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
                 "choose an empty location") from None
         storage.put_if_absent(MARKER, encode_marker())
         decode_marker(storage.read(MARKER), storage.path(MARKER))
-    return Store(storage, options, policy=policy)
+    return Store(storage, options, io_workers=io_workers, policy=policy)

@@ -61,7 +61,10 @@ def snapshot(plan: CommitPlan, pool: Any = None) -> Snapshot:
     """
     arrays: dict[int, np.ndarray] = {}
     events: list[Any] = []
-    packed = np.zeros(plan.packed_nbytes, dtype=np.uint8) if plan.packed_nbytes else None
+    packed = None
+    if plan.packed_nbytes:
+        packed = (np.zeros(plan.packed_nbytes, dtype=np.uint8) if pool is None
+                  else pool.packed(plan.packed_nbytes))
     for p in plan.stored():
         if p.layout == "packed":
             if p.nbytes:
