@@ -225,3 +225,13 @@ def test_rng_state_roundtrip(store):
     got = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
     assert got[2] == expected[2]
+
+
+def test_frequency_counts_slowdown_during_persist():
+    freq = Frequency(max_overhead=0.1)
+    freq.t_iter, freq.t_busy = 0.010, 0.020  # iterations run twice as slow while persisting
+    freq.record(0.005)
+    assert freq.interval == 5  # stall only: 0.005 / (0.1 * 0.01)
+    freq.persist = 0.2  # 10 slowed iterations lose 0.1 s: cost 0.105 s
+    freq._update()
+    assert freq.interval in (105, 106)  # 0.105 / (0.1 * 0.010), up to float rounding

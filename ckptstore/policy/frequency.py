@@ -4,8 +4,13 @@
 picks the interval ``k`` (in iterations) so that the time training waits for checkpoints stays under
 ``max_overhead`` of the training time::
 
-    k >= stall / (max_overhead * t_iter)        the snapshot stall is amortised
-    k >= persist / t_iter                       the next commit never waits for the previous one
+    k >= cost / (max_overhead * t_iter)         a commit's cost is amortised
+    k >= persist / t_busy                       the next commit never waits for the previous one
+
+where ``cost`` is the stall (the wait for the previous persist included) plus the time lost by
+iterations that ran slower while a persist shared the machine: ``persist / t_busy * (t_busy -
+t_iter)``. ``t_iter`` is timed only on iterations with no persist running, ``t_busy`` on the others,
+so interference never makes the interval shorter.
 
 With a mean time between failures the interval is at least CPR's optimum
 ``T_save = sqrt(2 * O_save * T_fail)`` (``O_save``: the stall). Measurements are smoothed, and the
@@ -65,6 +70,7 @@ class Frequency:
     smoothing: float = 0.3
     interval: int | None = field(default=None, init=False)
     t_iter: float | None = field(default=None, init=False)
+    t_busy: float | None = field(default=None, init=False)
     stall: float | None = field(default=None, init=False)
     persist: float | None = field(default=None, init=False)
     _last_tick: float | None = field(default=None, init=False, repr=False)
@@ -84,7 +90,11 @@ class Frequency:
         """Call once per iteration, after it; True when a commit is due at ``step``."""
         now = time.perf_counter()
         if self._last_tick is not None and not self._in_commit:
-            self.t_iter = self._avg(self.t_iter, now - self._last_tick)
+            busy = self._pending is not None and not self._pending.done()
+            if busy:
+                self.t_busy = self._avg(self.t_busy, now - self._last_tick)
+            else:
+                self.t_iter = self._avg(self.t_iter, now - self._last_tick)
             self._update()
         self._last_tick = now
         self._in_commit = False
@@ -119,11 +129,16 @@ class Frequency:
             self._update()
 
     def _update(self) -> None:
-        if not self.t_iter or self.stall is None:
+        t_iter = self.t_iter or self.t_busy
+        if not t_iter or self.stall is None:
             return
-        k = self.stall / (self.max_overhead * self.t_iter)
+        cost = self.stall
         if self.persist is not None:
-            k = max(k, self.persist / self.t_iter)
+            t_busy = max(self.t_busy or t_iter, t_iter)
+            cost += self.persist / t_busy * (t_busy - t_iter)  # slowed-down iterations
+        k = cost / (self.max_overhead * t_iter)
+        if self.persist is not None:
+            k = max(k, self.persist / max(self.t_busy or t_iter, t_iter))
         if self.mtbf is not None:
             k = max(k, cpr_interval(self.stall, self.mtbf) / self.t_iter)
         self.interval = int(min(max(math.ceil(k), self.min_interval), self.max_interval))
