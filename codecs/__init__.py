@@ -24,6 +24,7 @@ from .errors import CodecError
 from .quantize import (
     GRANULARITIES,
     METHODS,
+    PARAM_DTYPES,
     PROTECT_MODES,
     Quantize,
     QuantParams,
@@ -36,6 +37,7 @@ __all__ = [
     "GRANULARITIES",
     "HEADER_SIZE",
     "METHODS",
+    "PARAM_DTYPES",
     "PROTECT_MODES",
     "BucketDelta",
     "CodecError",

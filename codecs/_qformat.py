@@ -5,14 +5,16 @@ Version 1 (``protect_mode='level'``; every chunk written before version 2 existe
     u8  version (1)
     u8  method: 0 uniform-symmetric, 1 uniform-asymmetric, 2 adaptive-asymmetric, 3 kmeans
     u8  bits (1..8): width of one packed code
-    u8  flags: bit 0 = prune level present, bit 1 = protect level present
+    u8  flags: bit 0 = prune level present, bit 1 = protect level present,
+               bit 2 = parameters stored as float16 (``param_dtype='float16'``)
     u8  dtype: 0 float32, 1 float64, 2 float16, 3 bfloat16 (decoded as its uint16 view)
     u16 nq: number of quantization levels (special levels come after them)
     u64 count: number of values
     u64 seg_len: values per segment (row / group / tensor); nseg = ceil(count / seg_len)
     u64 nprot: number of protected values
     params: uniform methods: nseg zero points, then nseg scales;
-            kmeans: nseg x nq levels -- float64 when dtype is float64, float32 otherwise
+            kmeans: nseg x nq levels -- float16 when flag bit 2 is set, else float64 when
+            dtype is float64, float32 otherwise
     nprot x u16: protected values as bfloat16 bits, in position order
     packed codes: ceil(count * bits / 8) bytes (see ckptcodecs.bitpack)
 
@@ -20,7 +22,8 @@ Version 2 (``protect_mode='sparse'``): protected values take no code; their posi
 
     u8  version (2)
     u8  method, u8 bits    -- as in version 1
-    u8  flags: bit 0 = prune level present; no other bit may be set (there is no protect level)
+    u8  flags: bit 0 = prune level present, bit 2 = float16 parameters; bit 1 may not be set
+               (there is no protect level)
     u8  dtype, u16 nq, u64 count, u64 seg_len, u64 nprot    -- as in version 1
     u64 npos: bytes of the position list
     params: as in version 1
@@ -34,6 +37,11 @@ The header is the version-1 header (same field order, 31 bytes) followed by ``np
 In both versions the packed codes are the last bytes of a chunk, so ``chunk[:-packed_size]`` is a
 parameter block that ``block + pack_bits(codes)`` turns back into a chunk (the store's code
 deltas rely on it).
+
+Flag bit 2 (float16 parameters) was added after both versions: chunks without it are byte for
+byte what they were, and a decoder older than the bit rejects such a chunk as corrupted rather
+than misreading it. Decoded float16 parameters are widened (exactly) to float32 (float64 for
+float64 data), the values the encoder computed the codes with.
 
 Decoding: code ``c < nq`` -> ``zero + scale * c`` evaluated in float64 and clamped to the finite
 range of the dtype (uniform), or ``codebook[c]``; ``prune_code`` -> 0; version 1:
@@ -52,7 +60,7 @@ import numpy as np
 from ._floats import DTYPE_CODES, dtype_code
 from .bitpack import pack_bits, packed_size, unpack_bits
 from .errors import CodecError
-from .quantize import METHODS, QuantParams
+from .quantize import METHODS, PARAM_DTYPES, QuantParams
 
 __all__ = ["HEADER_SIZE", "HEADER_SIZE_V2", "VERSION", "VERSION_SPARSE", "decode_chunk",
            "encode_chunk", "varint_decode", "varint_encode"]
@@ -67,6 +75,7 @@ _NPOS = struct.Struct("<Q")
 HEADER_SIZE = _HEAD.size
 #: Bytes of the fixed header before the parameters (version 2: version-1 header + u64 npos).
 HEADER_SIZE_V2 = _HEAD.size + _NPOS.size
+_F16_FLAG = 4
 _MAX_VARINT = 7  # 49 bits: more than any count a buffer can hold (count <= 8 * buffer size)
 
 
@@ -113,6 +122,10 @@ def varint_decode(b: np.ndarray, n: int) -> np.ndarray:
 def encode_chunk(codes: np.ndarray, p: QuantParams) -> bytes:
     """Serialise codes and their parameters into one self-contained chunk (codes last)."""
     nprot = p.protected.size
+    if p.param_dtype not in PARAM_DTYPES:
+        raise CodecError(f"param_dtype must be one of {PARAM_DTYPES}, got {p.param_dtype!r}")
+    f16 = p.param_dtype == "float16"
+    f16flag = _F16_FLAG if f16 else 0
     if p.sparse:
         if p.has_protect or p.protect_positions.size != nprot:
             raise CodecError("sparse protection needs one position per protected value and no "
@@ -122,19 +135,23 @@ def encode_chunk(codes: np.ndarray, p: QuantParams) -> bytes:
             raise CodecError("protected positions must be strictly increasing and below count")
         gaps = np.diff(pos, prepend=0)
         posbytes = varint_encode(gaps)
-        head = _HEAD.pack(VERSION_SPARSE, METHODS.index(p.method), p.bits, int(p.has_prune),
-                          dtype_code(p.dtype), p.nq, p.count, p.seg_len, nprot)
+        head = _HEAD.pack(VERSION_SPARSE, METHODS.index(p.method), p.bits,
+                          int(p.has_prune) | f16flag, dtype_code(p.dtype), p.nq, p.count,
+                          p.seg_len, nprot)
         head += _NPOS.pack(len(posbytes))
     else:
-        flags = int(p.has_prune) | (int(p.has_protect) << 1)
+        flags = int(p.has_prune) | (int(p.has_protect) << 1) | f16flag
         head = _HEAD.pack(VERSION, METHODS.index(p.method), p.bits, flags, dtype_code(p.dtype),
                           p.nq, p.count, p.seg_len, nprot)
         posbytes = b""
-    pdt = "<f8" if p.dtype == "float64" else "<f4"
-    if p.method == "kmeans":
-        params = p.codebook.astype(pdt).tobytes()
-    else:
-        params = p.zero.astype(pdt).tobytes() + p.scale.astype(pdt).tobytes()
+    pdt = "<f2" if f16 else "<f8" if p.dtype == "float64" else "<f4"
+    arrays = [p.codebook] if p.method == "kmeans" else [p.zero, p.scale]
+    stored = [np.asarray(a).astype(pdt) for a in arrays]
+    if f16 and not all(np.array_equal(s.astype(np.float64), np.asarray(a, np.float64),
+                                      equal_nan=True) for s, a in zip(stored, arrays)):
+        raise CodecError("param_dtype='float16' needs parameters exactly representable in "
+                         "float16 (quantize() rounds them before computing the codes)")
+    params = b"".join(s.tobytes() for s in stored)
     return b"".join([head, params, posbytes, p.protected.astype("<u2").tobytes(),
                      pack_bits(codes, p.bits).tobytes()])
 
@@ -149,10 +166,13 @@ def decode_chunk(buf: np.ndarray) -> tuple[np.ndarray, QuantParams]:
         raise CodecError(f"Quantize format version {version} is not supported (expected "
                          f"{VERSION} or {VERSION_SPARSE}); was it written by a newer ckptcodecs?")
     sparse = version == VERSION_SPARSE
-    if (method >= len(METHODS) or not 1 <= bits <= 8 or flags > (1 if sparse else 3)
-            or dcode not in DTYPE_CODES):
+    if flags & ~(_F16_FLAG | (1 if sparse else 3)):
+        raise CodecError(f"Quantize chunk header has unknown flags {flags:#04x} (corrupted, or "
+                         "written by a newer ckptcodecs)")
+    if method >= len(METHODS) or not 1 <= bits <= 8 or dcode not in DTYPE_CODES:
         raise CodecError("Quantize chunk header corrupted (method, bits, flags or dtype invalid)")
     has_prune, has_protect = bool(flags & 1), bool(flags & 2)
+    f16 = bool(flags & _F16_FLAG)
     levels = nq + has_prune + has_protect
     if nq < 1 or levels > 1 << bits:
         raise CodecError(f"Quantize chunk header corrupted: {nq} levels do not fit {bits} bits")
@@ -175,18 +195,20 @@ def decode_chunk(buf: np.ndarray) -> tuple[np.ndarray, QuantParams]:
         raise CodecError(f"Quantize chunk truncated: {count} values cannot fit {b.size} bytes")
     nseg = -(-count // seg_len) if count else 0
     name = DTYPE_CODES[dcode]
-    isz = 8 if name == "float64" else 4
+    isz = 2 if f16 else 8 if name == "float64" else 4
     nparam = nseg * nq if METHODS[method] == "kmeans" else 2 * nseg
     expected = head + nparam * isz + npos + 2 * nprot + packed_size(count, bits)
     if expected != b.size:
         raise CodecError(f"Quantize chunk has {b.size} bytes, its header implies {expected} "
                          "(truncated or corrupted)")
     pos = head
-    pdt = "<f8" if isz == 8 else "<f4"
-    params = b[pos:pos + nparam * isz].copy().view(pdt).astype(pdt[1:])
+    pdt = {2: "<f2", 4: "<f4", 8: "<f8"}[isz]
+    work = np.float64 if name == "float64" else np.float32  # float16 widens exactly
+    params = b[pos:pos + nparam * isz].copy().view(pdt).astype(work)
     pos += nparam * isz
     p = QuantParams(METHODS[method], bits, nq, has_prune, has_protect, seg_len, count, name,
-                    protect_mode="sparse" if sparse else "level")
+                    protect_mode="sparse" if sparse else "level",
+                    param_dtype="float16" if f16 else "float32")
     if p.method == "kmeans":
         p.codebook = params.reshape(nseg, nq)
     else:

@@ -101,6 +101,23 @@ def fixture_cases():
         ("quantize-sparse-empty", Quantize(protect=0.01, protect_mode="sparse"),
          np.zeros((0, 4), np.float32)),
     ]
+    # param_dtype="float16" (flag bit 2 of the chunk header); arrays from a generator of their own
+    rng16 = np.random.default_rng(20261123)
+    narrow = (rng16.standard_normal((64, 16)) * 0.05).astype(np.float32)
+    wide = rng16.standard_normal((6, 40)).astype(np.float32)
+    wide[1] *= 1e5  # beyond the float16 range: the chunk keeps float32 parameters
+    cases += [
+        ("quantize-f16-uasym-2-rows16", Quantize(bits=2, param_dtype="float16"), narrow),
+        ("quantize-f16-adaptive-4", Quantize("adaptive-asymmetric", 4, param_dtype="float16"),
+         heavy),
+        ("quantize-f16-kmeans-3", Quantize("kmeans", 3, param_dtype="float16"), narrow),
+        ("quantize-f16-bf16", Quantize("uniform-asymmetric", 4, dtype="bfloat16",
+                                       param_dtype="float16"), bf16),
+        ("quantize-f16-sparse", Quantize("adaptive-asymmetric", 3, protect=0.02,
+                                         protect_mode="sparse", param_dtype="float16"), narrow),
+        ("quantize-f16-float64", Quantize("uniform-symmetric", 3, param_dtype="float16"), f64),
+        ("quantize-f16-fallback", Quantize(bits=4, param_dtype="float16"), wide),
+    ]
     return cases
 
 

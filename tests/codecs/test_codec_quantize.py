@@ -404,3 +404,181 @@ def test_sparse_without_protection_and_dtypes():
         ref = Quantize("adaptive-asymmetric", 3).decode(Quantize("adaptive-asymmetric", 3)
                                                         .encode(x))
         np.testing.assert_array_equal(dec, ref)  # no protected values: same as level mode
+
+
+# ---------------------------------------------------------------- param_dtype="float16"
+
+NARROW = (RNG.standard_normal((300, 16)) * 0.02).astype(np.float32)
+
+
+def _is_f16(a):
+    a = np.asarray(a, np.float64)
+    return np.array_equal(a.astype(np.float16).astype(np.float64), a)
+
+
+@pytest.mark.parametrize("method", ["uniform-symmetric", "uniform-asymmetric",
+                                    "adaptive-asymmetric"])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+def test_float16_params_error_bound(method, bits):
+    codec = Quantize(method, bits, param_dtype="float16")
+    for x in (NARROW, HEAVY, ROWS.astype(np.float64)):
+        check_encode_decode(x, codec, _uniform_bound(codec))
+        codes, p = decode_chunk(np.frombuffer(codec.encode(x), np.uint8))
+        assert p.param_dtype == "float16" and _is_f16(p.zero) and _is_f16(p.scale)
+        assert p.zero.dtype == (np.float64 if x.dtype == np.float64 else np.float32)
+        if method != "adaptive-asymmetric":  # zero rounded down, scale up: nothing is clipped
+            xr = x.reshape(-1, p.seg_len).astype(np.float64)
+            hi = p.zero.astype(np.float64) + p.scale * (p.nq - 1.0)
+            assert np.all(xr.min(axis=1) >= p.zero) and np.all(xr.max(axis=1) <= hi)
+            dec = codec.decode(codec.encode(x)).reshape(xr.shape).astype(np.float64)
+            assert np.all(np.abs(dec - xr) <= p.scale[:, None] / 2 * (1 + 1e-6) + 1e-12)
+
+
+@pytest.mark.parametrize("method", METHODS_ALL := ["uniform-symmetric", "uniform-asymmetric",
+                                                   "adaptive-asymmetric", "kmeans"])
+def test_float16_codes_use_the_rounded_params(method):
+    codes, p = quantize(NARROW, method, 3, param_dtype="float16")
+    x = NARROW.astype(np.float64)
+    if method == "kmeans":
+        assert _is_f16(p.codebook) and np.all(np.diff(p.codebook, axis=1) >= 0)
+        dist = np.abs(x.reshape(-1, 16)[:, :, None] - p.codebook[:, None, :])
+        best = np.take_along_axis(dist, codes.reshape(-1, 16, 1).astype(np.intp), 2)[..., 0]
+        np.testing.assert_array_equal(best, dist.min(axis=2))  # nearest stored level
+    else:
+        t = (x - p.zero[:, None]) / p.scale[:, None]
+        expect = np.clip(np.floor(t + 0.5), 0, p.nq - 1)
+        near_tie = np.abs(t - np.floor(t) - 0.5) < 1e-4
+        assert np.all((codes.reshape(x.shape) == expect) | near_tie)
+    # decoding uses exactly the stored parameters: the in-memory ones give the same values
+    enc = Quantize(method, 3, param_dtype="float16").encode(NARROW)
+    c2, p2 = decode_chunk(np.frombuffer(enc, np.uint8))
+    np.testing.assert_array_equal(c2, codes)
+    np.testing.assert_array_equal(dequantize(c2, p2), dequantize(codes, p))
+
+
+@pytest.mark.parametrize("method", METHODS_ALL)
+def test_float16_params_halve_the_parameter_bytes(method):
+    for protect_mode in ("level", "sparse"):
+        kw = dict(protect=0.01, protect_mode=protect_mode)
+        e32 = Quantize(method, 2, **kw).encode(NARROW)
+        e16 = Quantize(method, 2, param_dtype="float16", **kw).encode(NARROW)
+        nparam = 300 * (4 if method == "kmeans" and protect_mode == "sparse" else
+                        3 if method == "kmeans" else 2)
+        assert len(e32) - len(e16) == 2 * nparam
+        assert e16[3] & 4 and not e32[3] & 4 and e16[0] == e32[0]
+        c32, _ = decode_chunk(np.frombuffer(e32, np.uint8))
+        c16, p16 = decode_chunk(np.frombuffer(e16, np.uint8))
+        assert p16.param_dtype == "float16" and c16.size == c32.size
+        # the parameter block is all but the packed codes (ckptstore.qdelta relies on it)
+        from ckptcodecs import encode_chunk, pack_bits, packed_size
+
+        block = e16[:len(e16) - packed_size(p16.count, p16.bits)]
+        assert block + pack_bits(c16, p16.bits).tobytes() == e16
+        assert encode_chunk(c16, p16) == e16
+    # float16 barely changes the error of embedding-like rows
+    err = {pd: np.linalg.norm(NARROW - Quantize(method, 2, param_dtype=pd).decode(
+        Quantize(method, 2, param_dtype=pd).encode(NARROW)).reshape(NARROW.shape), axis=1).mean()
+        for pd in ("float32", "float16")}
+    assert err["float16"] <= err["float32"] * 1.02
+
+
+def test_float16_default_is_float32_and_bit_identical():
+    for x in (ROWS, HEAVY, ROWS.astype(np.float64), to_bf16_bits(HEAVY)):
+        kw = {"dtype": "bfloat16"} if x.dtype == np.uint16 else {}
+        a = Quantize("adaptive-asymmetric", 3, **kw).encode(x)
+        assert Quantize("adaptive-asymmetric", 3, param_dtype="float32", **kw).encode(x) == a
+        assert not a[3] & 4
+    # float64 data keeps float64 parameters unless float16 is asked
+    assert len(Quantize(bits=8).encode(ROWS.astype(np.float64))) == 31 + 50 * 16 + 50 * 96
+    assert (len(Quantize(bits=8, param_dtype="float16").encode(ROWS.astype(np.float64)))
+            == 31 + 50 * 4 + 50 * 96)
+
+
+@pytest.mark.parametrize("method", METHODS_ALL)
+def test_float16_overflow_keeps_float32_params_for_the_chunk(method):
+    x = NARROW.copy()
+    x[7] *= 1e7  # values beyond +-65504
+    c16 = Quantize(method, 3, param_dtype="float16")
+    enc = c16.encode(x)
+    _, p = decode_chunk(np.frombuffer(enc, np.uint8))
+    assert p.param_dtype == "float32" and not enc[3] & 4
+    assert enc == Quantize(method, 3).encode(x)  # the whole chunk as without the option
+    # a scale beyond the float16 range (values inside it) falls back as well
+    wide = np.array([[-60000.0, 60000.0, 0.0, 1.0]], np.float32)
+    _, p = quantize(wide, "uniform-asymmetric", 1, param_dtype="float16")
+    assert p.param_dtype == "float32"
+    _, p = quantize(wide, "uniform-asymmetric", 4, param_dtype="float16")
+    assert p.param_dtype == "float16" and p.scale[0] * 15 + p.zero[0] >= 60000
+    # float16 data: the largest values are representable
+    h = np.array([[-65504.0, 65504.0, 3.0]], np.float16)
+    dec = Quantize("kmeans", 2, param_dtype="float16").decode(
+        Quantize("kmeans", 2, param_dtype="float16").encode(h))
+    np.testing.assert_array_equal(dec, h.reshape(-1))
+
+
+def test_float16_tiny_constant_and_special_rows():
+    x = np.zeros((6, 16), np.float32)
+    x[0] = 0.1  # constant, not a float16 value
+    x[1] = np.linspace(0, 1e-6, 16)  # scale below the smallest normal float16 (subnormal)
+    x[2] = np.linspace(1e-30, 2e-30, 16)  # scale below the smallest float16: rounded up
+    x[3, :3] = [np.nan, np.inf, -np.inf]
+    x[4] = 2.5  # constant and a float16 value: exact
+    for method in ("uniform-asymmetric", "adaptive-asymmetric", "uniform-symmetric"):
+        codec = Quantize(method, 4, param_dtype="float16")
+        codes, p = decode_chunk(np.frombuffer(codec.encode(x), np.uint8))
+        dec = codec.decode(codec.encode(x)).reshape(x.shape)
+        assert np.isnan(dec[3, 0]) and dec[3, 1] == np.inf and dec[3, 2] == -np.inf
+        fin = np.isfinite(x)
+        tol = p.scale[np.nonzero(fin)[0]] / 2 * (1 + 1e-6)
+        assert np.all(np.abs(dec[fin] - x[fin]) <= tol)
+        if method != "uniform-symmetric":  # the scale absorbs the rounding of the zero point
+            assert np.all(np.abs(dec[0] - 0.1) < 1e-6)
+            assert np.all(dec[4] == 2.5) and np.all(dec[5] == 0)
+
+
+def test_float16_chunks_validated():
+    codec = Quantize(bits=2, param_dtype="float16")
+    enc = codec.encode(NARROW[:10])
+    assert len(enc) == 31 + 10 * 4 + 40
+    for cut in (0, 30, 31, 50, len(enc) - 1):
+        with pytest.raises(CodecError, match="truncated|bytes"):
+            codec.decode(enc[:cut])
+    bad = bytearray(enc)
+    bad[3] &= ~4  # float16 parameters read as float32: the size no longer matches
+    with pytest.raises(CodecError, match="implies"):
+        codec.decode(bytes(bad))
+    e32 = bytearray(Quantize(bits=2).encode(NARROW[:10]))
+    e32[3] |= 4
+    with pytest.raises(CodecError, match="implies"):
+        codec.decode(bytes(e32))
+    for flag in (8, 0x80):
+        bad = bytearray(enc)
+        bad[3] |= flag
+        with pytest.raises(CodecError, match="flags"):
+            codec.decode(bytes(bad))
+    # hand-built parameters must be float16 values for a float16 chunk
+    from ckptcodecs import encode_chunk
+
+    codes, p = quantize(NARROW[:10], "uniform-asymmetric", 2, param_dtype="float16")
+    p.scale = p.scale + np.float32(1e-7)
+    with pytest.raises(CodecError, match="float16"):
+        encode_chunk(codes, p)
+    p.param_dtype = "bfloat16"
+    with pytest.raises(CodecError, match="param_dtype"):
+        encode_chunk(codes, p)
+
+
+def test_param_dtype_config():
+    f16 = Quantize("kmeans", 2, param_dtype="float16")
+    check_config(f16)
+    assert f16.get_config()["param_dtype"] == "float16"
+    assert "param_dtype" not in Quantize().get_config()  # float32 configs unchanged
+    assert Quantize(param_dtype="float32") == Quantize()
+    check_repr("Quantize(method='kmeans', bits=2, granularity='row', group_size=None, "
+               "protect=0.0, prune=0.0, levels=None, num_bins=None, ratio=1.0, lam=1.0, "
+               "dtype=None, param_dtype='float16')")
+    for bad in ("float64", "bfloat16", None):
+        with pytest.raises(CodecError, match="param_dtype"):
+            Quantize(param_dtype=bad)
+        with pytest.raises(CodecError, match="param_dtype"):
+            quantize(ROWS, param_dtype=bad)
