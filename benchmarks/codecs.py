@@ -5,6 +5,7 @@ Usage::
     python benchmarks/codecs.py            # speed and quality tables (markdown)
     python benchmarks/codecs.py speed      # only speed
     python benchmarks/codecs.py quality    # only quality (with the k-means verdict table)
+    python benchmarks/codecs.py narrow     # rows of 16/64 values: float32 vs float16 parameters
 
 Speed runs on one thread (numba threading layer pinned to 1 thread; the kernels are serial
 anyway) and reports the best of a few repetitions after a warm-up (numba compile excluded),
@@ -207,7 +208,7 @@ def _side_bytes(enc) -> int:
     _, p = decode_chunk(np.frombuffer(enc, np.uint8))
     head = HEADER_SIZE_V2 if p.sparse else HEADER_SIZE
     nparam = p.codebook.size if p.method == "kmeans" else p.zero.size + p.scale.size
-    isz = 8 if p.dtype == "float64" else 4
+    isz = 2 if p.param_dtype == "float16" else 8 if p.dtype == "float64" else 4
     return len(enc) - head - nparam * isz - packed_size(p.count, p.bits)
 
 
@@ -284,8 +285,73 @@ def quality() -> list[str]:
     return rows + [""] + verdict_rows(results)
 
 
+# ------------------------------------------------------------- narrow rows, param_dtype
+
+NARROW_METHODS = [("uniform-asymmetric", {}), ("adaptive-asymmetric", {}), ("kmeans", {})]
+
+
+def _narrow_sets() -> list[tuple[str, np.ndarray]]:
+    """Rows of 16 and 64 values, about 1 M values each: Gaussian (std 0.05, an initialised
+    embedding table) and MiniLM's word-embedding matrix cut into rows of 16 / 64 values."""
+    rng = np.random.default_rng(5)
+    emb = minilm_weights()["embeddings.word_embeddings.weight"]  # 30522 x 384
+    sets = []
+    for dim in (16, 64):
+        n = (1 << 20) // dim
+        sets.append((f"gaussian {n}x{dim}",
+                     (0.05 * rng.standard_normal((n, dim))).astype(np.float32)))
+        sets.append((f"MiniLM word emb. {n}x{dim}",
+                     np.ascontiguousarray(emb.reshape(-1)[: n * dim].reshape(n, dim))))
+    return sets
+
+
+def narrow_quality() -> list[str]:
+    """Ratio vs float32 input and mean L2 per row, float32 vs float16 parameters."""
+    rows = ["| data | bits | method | ratio, f32 params | ratio, f16 params | mean L2/row, f32 "
+            "params | mean L2/row, f16 params | L2 change |",
+            "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for name, x in _narrow_sets():
+        for bits in (2, 3, 4, 8):
+            for method, kw in NARROW_METHODS:
+                r, l2 = {}, {}
+                for pd in ("float32", "float16"):
+                    codec = Quantize(method, bits, param_dtype=pd, **kw)
+                    enc = codec.encode(x)
+                    dec = codec.decode(enc).reshape(x.shape).astype(np.float64)
+                    r[pd] = x.nbytes / len(enc)
+                    l2[pd] = float(np.linalg.norm(x - dec, axis=1).mean())
+                change = (l2["float16"] / l2["float32"] - 1) * 100 if l2["float32"] else 0.0
+                rows.append(f"| {name} | {bits} | {method} | {r['float32']:.2f} | "
+                            f"{r['float16']:.2f} | {l2['float32']:.4g} | {l2['float16']:.4g} | "
+                            f"{change:+.2f}% |")
+    return rows
+
+
+def narrow_speed() -> list[str]:
+    """Encode / decode speed in M rows/s on 100 000 (Gaussian) rows of 16, 64 and 256 values."""
+    rng = np.random.default_rng(6)
+    rows = ["| row length | method | bits | encode M rows/s, f32 params | encode, f16 params | "
+            "decode, f32 params | decode, f16 params |", "|---:|---|---:|---:|---:|---:|---:|"]
+    for dim in (16, 64, 256):
+        x = (0.05 * rng.standard_normal((100_000, dim))).astype(np.float32)
+        for method in ("uniform-asymmetric", "adaptive-asymmetric", "kmeans"):
+            for bits in (2, 4, 8):
+                cells = []
+                for what in ("encode", "decode"):
+                    for pd in ("float32", "float16"):
+                        codec = Quantize(method, bits, param_dtype=pd)
+                        if what == "encode":
+                            t = best_time(lambda c=codec: c.encode(x), repeat=2)
+                        else:
+                            enc = codec.encode(x)
+                            t = best_time(lambda c=codec, e=enc: c.decode(e), repeat=2)
+                        cells.append(f"{x.shape[0] / t / 1e6:.2f}")
+                rows.append(f"| {dim} | {method} | {bits} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def main(argv: list[str]) -> None:
-    what = argv[1:] or ["speed", "quality"]
+    what = argv[1:] or ["speed", "quality", "narrow"]
     print(f"# ckptcodecs benchmarks ({' '.join(what)}); numpy {np.__version__}, "
           f"{os.cpu_count()} CPUs, NUMBA_NUM_THREADS={os.environ['NUMBA_NUM_THREADS']}\n")
     if "speed" in what:
@@ -293,6 +359,9 @@ def main(argv: list[str]) -> None:
         print("\n".join(row_length_ratios()) + "\n")
     if "quality" in what:
         print("\n".join(quality()) + "\n")
+    if "narrow" in what:
+        print("\n".join(narrow_quality()) + "\n")
+        print("\n".join(narrow_speed()) + "\n")
 
 
 if __name__ == "__main__":
