@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .chunkcodec import ChunkCodec
+from .chunkcodec import ChunkCodec, encoded_size
 from .errors import CorruptedChunkError, ManifestError, UnsupportedLeafError
 from .fs import Storage
 
@@ -29,6 +29,7 @@ __all__ = [
     "dtype_name",
     "host_to_tensor",
     "read_array",
+    "start_read_array",
     "storage_dtype",
     "tensor_to_host",
     "torch_dtype",
@@ -119,6 +120,10 @@ class ChunkGrid:
         row_bytes = max(itemsize * math.prod(shape[1:]), 1)
         n = max(1, math.ceil(rows * row_bytes / target_bytes))
         per = math.ceil(rows / n)
+        if rows % per:  # a few more chunks that split the rows evenly: no padded edge chunk
+            even = next((m for m in range(n + 1, min(2 * n, n + 64) + 1) if rows % m == 0), None)
+            if even is not None:
+                per = rows // even
         return cls(tuple(shape), (per, *(max(s, 1) for s in shape[1:])))
 
     @classmethod
@@ -201,7 +206,7 @@ def write_array(storage: Storage, prefix: str, a: np.ndarray, grid: ChunkGrid, c
     def put_chunk(key: str, lo: int, hi: int) -> int:
         data = codec.encode(_chunk_view(a, grid, lo, hi))
         storage.put_chunk(f"{prefix}/{key}", data)
-        return len(data)
+        return encoded_size(data)
 
     def put_meta() -> int:
         meta = array_metadata(grid, a.dtype, codec, attributes)
@@ -220,6 +225,16 @@ def read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: np.dtyp
 
     ``rows=(lo, hi)`` reads only the chunks that hold those rows and returns ``a[lo:hi]``.
     """
+    out, futures = start_read_array(storage, prefix, grid, np_dtype, codec, executor, rows)
+    for f in futures:
+        f.result()
+    return out
+
+
+def start_read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: np.dtype,
+                     codec: ChunkCodec, executor: Executor,
+                     rows: tuple[int, int] | None = None) -> tuple[np.ndarray, list[Any]]:
+    """Queue the reads of :func:`read_array`; the array is complete once every future is."""
     shape = grid.shape
     lo_want, hi_want = rows if rows is not None else (0, shape[0] if shape else 1)
     out_shape = (hi_want - lo_want, *shape[1:]) if shape else ()
@@ -242,9 +257,8 @@ def read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: np.dtyp
             codec.decode(data, tmp, where)
             out[a - lo_want: b - lo_want] = tmp[a - lo: b - lo]
 
+    futures = []
     if out.size:
         futures = [executor.submit(get_chunk, key, lo, hi) for _, key, lo, hi in grid
                    if hi > lo_want and lo < hi_want or not grid.shape]
-        for f in futures:
-            f.result()
-    return out
+    return out, futures

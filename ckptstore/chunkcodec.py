@@ -17,6 +17,8 @@ from numcodecs import Blosc
 from .errors import CorruptedChunkError, ManifestError
 
 __all__ = [
+    "Encoded",
+    "encoded_size",
     "BloscLossless",
     "ChunkCodec",
     "QuantizedLossy",
@@ -30,10 +32,20 @@ __all__ = [
 _CRC32C_RESIDUE = 0x48674BC7  # crc32c of any message followed by its own little-endian crc32c
 
 
-def add_crc(data: bytes) -> bytes:
-    """Append zarr's crc32c checksum (little-endian uint32)."""
+Encoded = tuple[bytes, bytes]  # a stored chunk: its body, then its 4-byte crc32c
+
+
+def add_crc(data: bytes) -> Encoded:
+    """``(data, crc)``: the stored chunk is their concatenation (zarr's crc32c codec layout).
+
+    Kept as two parts so local writes need no copy to join them (``os.writev``).
+    """
     data = bytes(data)
-    return data + google_crc32c.value(data).to_bytes(4, "little")
+    return data, google_crc32c.value(data).to_bytes(4, "little")
+
+
+def encoded_size(parts: Encoded | bytes) -> int:
+    return len(parts) if isinstance(parts, (bytes, bytearray)) else sum(len(p) for p in parts)
 
 
 def check_crc(data: bytes, where: str) -> memoryview:
@@ -54,7 +66,7 @@ class ChunkCodec(Protocol):
 
     def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]: ...
 
-    def encode(self, chunk: np.ndarray) -> bytes: ...
+    def encode(self, chunk: np.ndarray) -> Encoded: ...
 
     def decode(self, data: bytes, out: np.ndarray, where: str) -> None: ...
 
@@ -82,7 +94,7 @@ class BloscLossless:
             {"name": "crc32c"},
         ]
 
-    def encode(self, chunk: np.ndarray) -> bytes:
+    def encode(self, chunk: np.ndarray) -> Encoded:
         return add_crc(self._blosc.encode(chunk))
 
     def decode(self, data: bytes, out: np.ndarray, where: str) -> None:
@@ -102,8 +114,8 @@ class RawLossless:
     def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
         return [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
 
-    def encode(self, chunk: np.ndarray) -> bytes:
-        return add_crc(memoryview(np.ascontiguousarray(chunk)).cast("B"))
+    def encode(self, chunk: np.ndarray) -> Encoded:
+        return add_crc(np.ascontiguousarray(chunk).tobytes())
 
     def decode(self, data: bytes, out: np.ndarray, where: str) -> None:
         body = check_crc(data, where)
@@ -140,7 +152,7 @@ class QuantizedLossy:
             chain.append({"name": "ckpt.rle_huffman", "configuration": {}})
         return chain + [{"name": "crc32c"}]
 
-    def encode_codes(self, chunk: np.ndarray) -> tuple[bytes, Any, Any]:
+    def encode_codes(self, chunk: np.ndarray) -> tuple[Encoded, Any, Any]:
         """``(stored bytes, codes, params)`` of one chunk."""
         from ckptcodecs import encode_chunk, quantize, rle_huffman_encode
 
@@ -150,7 +162,7 @@ class QuantizedLossy:
         body = encode_chunk(codes, params)
         return add_crc(rle_huffman_encode(body) if self.entropy else body), codes, params
 
-    def encode(self, chunk: np.ndarray) -> bytes:
+    def encode(self, chunk: np.ndarray) -> Encoded:
         return self.encode_codes(chunk)[0]
 
     def decode_codes(self, data: bytes, where: str) -> tuple[np.ndarray, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import fsspec
@@ -39,6 +40,7 @@ class Storage:
         self.is_local = isinstance(fs, LocalFileSystem)
         self.root = os.path.abspath(root) if self.is_local else root.rstrip("/")
         self._made_dirs: set[str] = set()
+        self.durable = False  # fsync every chunk (power-loss safety, costs write throughput)
         self._dirs_lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -127,15 +129,24 @@ class Storage:
             return
         self.fs.pipe_file(self.path(key), data)
 
-    def put_chunk(self, key: str, data: bytes) -> None:
-        """Write a data chunk (never read before its manifest exists, so no atomicity needed)."""
+    def put_chunk(self, key: str, data: bytes | Sequence[bytes]) -> None:
+        """Write a data chunk, given whole or as parts to concatenate (never read before its
+        manifest exists, so no atomicity needed; fsynced when the store is ``durable``)."""
+        parts = [data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data)
         if self.is_local:
             path = self.path(key)
             self._makedirs(os.path.dirname(path))
-            with open(path, "wb") as f:
-                f.write(data)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                total, done = sum(len(p) for p in parts), os.writev(fd, parts)
+                if done < total:  # short write: finish the rest plainly
+                    os.write(fd, b"".join(parts)[done:])
+                if self.durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
             return
-        self.fs.pipe_file(self.path(key), data)
+        self.fs.pipe_file(self.path(key), parts[0] if len(parts) == 1 else b"".join(parts))
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """Create ``key`` only if it does not exist; return False if it already existed.

@@ -29,7 +29,7 @@ _MAGIC = b"QD"
 
 
 def encode_delta_chunk(values: np.ndarray, quant: dict[str, Any], base_codes: np.ndarray,
-                       base_params: Any) -> tuple[bytes, np.ndarray, Any]:
+                       base_params: Any) -> tuple[tuple[bytes, bytes], np.ndarray, Any]:
     """``(stored bytes, new codes, new params)`` of one chunk."""
     from ckptcodecs import delta_encode, encode_chunk, packed_size, quantize, rle_huffman_encode
 

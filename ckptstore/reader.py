@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .arrays import ChunkGrid, host_to_tensor, read_array, storage_dtype, torch_dtype
+from .arrays import (ChunkGrid, host_to_tensor, read_array, start_read_array, storage_dtype,
+                     torch_dtype)
 from .chunkcodec import QuantizedLossy, codec_from_config
 from .errors import CorruptedChunkError, ManifestError
 from .fs import Storage
@@ -161,13 +162,27 @@ class Reader:
                      map_location: Any = None) -> dict[int, Any]:
         """``{tensor index: tensor}`` for the wanted tensors (and what they share storage with)."""
         t_idx, s_idx = needed_entries(m, wanted)
+        # whole arrays are queued together, so workers never idle between arrays
+        pending: dict[int, np.ndarray] = {}
+        futures: list[Any] = []
+        for i in sorted(t_idx):
+            e = m.tensors[i]
+            if e.layout == "array":
+                pending[i], fs = start_read_array(
+                    self.storage, f"{data_dir(e.commit)}/{e.array}",
+                    ChunkGrid.checked(e.shape, e.chunks), _np_dtype(e),
+                    codec_from_config(e.codec), self.executor)
+                futures += fs
         bases = {i: _to_container(self.host(m.storages[i]), m.storages[i], map_location)
                  for i in sorted(s_idx)}
+        for f in futures:
+            f.result()
         out: dict[int, Any] = {}
         for i in sorted(t_idx):
             e = m.tensors[i]
             if e.layout in ("array", "packed", "chain"):
-                out[i] = _to_container(self.host(e), e, map_location)
+                host = pending[i] if i in pending else self.host(e)
+                out[i] = _to_container(host, e, map_location)
         for i in sorted(t_idx):
             e = m.tensors[i]
             if e.layout == "alias":

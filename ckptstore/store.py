@@ -435,16 +435,18 @@ def _plain_metadata(metadata: dict[str, Any], state: Any) -> dict[str, Any]:
 
 
 def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions | None = None,
-         policy: Policy | None = None, io_workers: int | None = None,
+         policy: Policy | None = None, io_workers: int | None = None, durable: bool = False,
          **storage_options: Any) -> Store:
     """Open the store at ``url`` (a local path or any fsspec URL), creating it unless
-    ``create=False``. ``io_workers`` bounds the threads that encode and write chunks (default:
+    ``create=False``. ``durable=True`` fsyncs every chunk file of a local store before the
+    manifest is written (survives power loss, at a cost in write throughput). ``io_workers`` bounds the threads that encode and write chunks (default:
     the CPU count on local disks, 16 for object stores); lower it to leave cores to training.
 
     Raises :class:`NotAStoreError` if the location exists but holds something else, or is absent
     and ``create=False``; :class:`FormatVersionError` if a newer ckptstore wrote it.
     """
     storage = Storage(url, **storage_options)
+    storage.durable = durable
     try:
         decode_marker(storage.read(MARKER), storage.path(MARKER))
     except FileNotFoundError:

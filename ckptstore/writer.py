@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .arrays import ChunkGrid, tensor_to_host, write_array
-from .chunkcodec import BloscLossless, ChunkCodec, QuantizedLossy
+from .chunkcodec import BloscLossless, ChunkCodec, QuantizedLossy, encoded_size
 from .fs import Storage
 from .incremental import changed_rows
 from .layout import data_dir
@@ -138,7 +138,7 @@ def _write_chunks(storage: Storage, prefix: str, a: np.ndarray, grid: ChunkGrid,
             part = full
         data = encode(i, part)
         storage.put_chunk(f"{prefix}/{key}", data)
-        return len(data)
+        return encoded_size(data)
 
     def put_meta() -> int:
         storage.put_chunk(f"{prefix}/zarr.json", metadata)

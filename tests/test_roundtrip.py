@@ -155,3 +155,18 @@ def test_property_roundtrip(state):
     with ckptstore.open("memory://hypothesis-" + str(random.getrandbits(64))) as store:
         store.commit(state)
         assert_bit_exact(store.checkout("main"), state)
+
+
+def test_durable_store_fsyncs_and_roundtrips(tmp_path):
+    import os
+    calls = []
+    real = os.fsync
+    os.fsync = lambda fd: (calls.append(fd), real(fd))[1]
+    try:
+        store = ckptstore.open(tmp_path / "s", durable=True)
+        state = {"w": torch.randn(100_000), "b": torch.ones(3)}
+        store.commit(state)
+    finally:
+        os.fsync = real
+    assert len(calls) >= 3  # chunks, packed array, manifest and ref
+    assert_bit_exact(store.checkout("main"), state)

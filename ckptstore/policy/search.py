@@ -45,7 +45,7 @@ def simulate(state: Mapping[str, Any], spec: QuantSpec, min_bytes: int = 64 * 10
             part = np.zeros(grid.chunks, host.dtype)
             part[: hi - lo] = host[lo:hi]
             dec = np.empty_like(part)
-            codec.decode(codec.encode(part), dec, key)
+            codec.decode(b"".join(codec.encode(part)), dec, key)
             res[lo:hi] = dec[: hi - lo]
         out[name] = host_to_tensor(res, dtype).to(t.device)
     return out
