@@ -26,6 +26,15 @@ and takes the cells below the edge ``j_k`` nearest to the threshold ``a + (k + 1
 same spacing ``d`` and thresholds ``HIST_PER_BIN`` cells apart, so one index serves both. All
 segments (rows) are searched in one compiled call, two side by side -- the per-row loop runs in
 machine code, not in Python.
+
+Short rows. The histogram costs ``O(levels)`` per candidate whatever the row length, so a row of
+16 values at 8 bits paid for 255 thresholds (0.1 M rows/s). Segments of at most
+``2 * (nq - 1) + 16`` values (:func:`use_direct`) are searched instead with the *exact* error of
+each candidate, ``sum (x - a - d * clip(round((x - a) / d)))**2`` over the row's values, in
+``O(row length)``: the same candidates (cell edges), the same greedy walk and tie rule, two rows
+side by side. Its errors are exact rather than measured at cell centres, so its choice is at
+least as good by the true L2 error (measured: 0.0-0.3 % lower mean L2 per row than the
+histogram search on rows of 16-64).
 """
 
 from __future__ import annotations
@@ -33,10 +42,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["HIST_PER_BIN", "adaptive_ranges", "default_num_bins"]
+__all__ = ["DIRECT_SLACK", "HIST_PER_BIN", "adaptive_ranges", "default_num_bins",
+           "direct_ranges", "histogram_ranges", "use_direct"]
 
-#: Histogram cells per greedy step.
+#: Histogram cells per greedy step (candidate end points are cell edges in both searches).
 HIST_PER_BIN = 4
+#: Segments of up to ``2 * (nq - 1) + DIRECT_SLACK`` values use the exact search.
+DIRECT_SLACK = 16
 _IDX_BLOCK = 1024
 
 
@@ -82,8 +94,26 @@ def _prefix_histogram(x, a0, b0, mask, has_mask, lo0, rg, H, cnt, ics, idx, C, S
         S1[o + j + 1] = 0.5 * ics[j]
 
 
+def use_direct(seg: int, nq: int) -> bool:
+    """True when the exact per-value search is the faster one: segments up to about twice the
+    number of levels (measured crossover: 24 values at 2 bits, 32 at 3, 48 at 4, > 256 at 8)."""
+    return seg <= 2 * (nq - 1) + DIRECT_SLACK
+
+
+def adaptive_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio) -> None:
+    """Refine ``lo``/``hi`` (float64, per-segment min/max of the unmasked values) in place.
+
+    ``x``: flat float array; ``seg``: segment length; ``mask``: uint8 array of x.size (nonzero =
+    value excluded) or of size 0; ``nq``: number of uniform levels. Short segments
+    (:func:`use_direct`) are searched with exact errors (:func:`direct_ranges`), others over a
+    histogram (:func:`histogram_ranges`); both walk the same candidates.
+    """
+    fn = direct_ranges if use_direct(seg, nq) else histogram_ranges
+    fn(x, seg, mask, lo, hi, nq, num_bins, ratio)
+
+
 @njit(cache=True, nogil=True, fastmath=True)
-def adaptive_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio):  # pragma: no cover - compiled
+def histogram_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio):  # pragma: no cover - compiled
     """Refine ``lo``/``hi`` (per-segment min/max of the unmasked values) in place.
 
     ``x``: flat float array; ``seg``: segment length; ``mask``: uint8 array of x.size (nonzero =
@@ -189,6 +219,122 @@ def adaptive_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio):  # pragma: no co
         if ok1:
             lo[s + 1] = lo1 + ba1 * (rg1 / H)
             hi[s + 1] = lo1 + bb1 * (rg1 / H)
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def direct_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio):  # pragma: no cover - compiled
+    """As :func:`histogram_ranges`, with the exact error of each candidate: ``O(row length)``
+    per candidate instead of ``O(levels)``, no histogram -- faster on rows shorter than about
+    twice the number of levels. The candidates (cell edges) and the greedy walk are the same.
+
+    Two segments are searched side by side (each greedy step waits on the previous one).
+    """
+    n = x.size
+    nseg = lo.size
+    H = num_bins * HIST_PER_BIN
+    n_iter = int(ratio * num_bins + 1e-9) - 1
+    if nq < 2 or n_iter < 1:
+        return
+    qmax = nq - 1.0
+    u0 = np.empty(max(seg, 1))
+    u1 = np.empty(max(seg, 1))
+    for s in range(0, nseg, 2):
+        lo0 = np.float64(lo[s])
+        rg0 = np.float64(hi[s]) - lo0
+        m0 = _cells(x, s * seg, min(s * seg + seg, n), mask, lo0, rg0, H, u0)
+        lo1 = 0.0
+        rg1 = 0.0
+        m1 = 0
+        if s + 1 < nseg:
+            lo1 = np.float64(lo[s + 1])
+            rg1 = np.float64(hi[s + 1]) - lo1
+            m1 = _cells(x, (s + 1) * seg, min((s + 1) * seg + seg, n), mask, lo1, rg1, H, u1)
+        if m0 < 0 and m1 < 0:
+            continue
+        m0 = max(m0, 0)
+        m1 = max(m1, 0)
+        A0 = 0.0
+        B0 = float(H)
+        A1 = 0.0
+        B1 = float(H)
+        best0 = _direct_error(u0, m0, 0.0, H / qmax, qmax)
+        best1 = _direct_error(u1, m1, 0.0, H / qmax, qmax)
+        ba0 = A0
+        bb0 = B0
+        ba1 = A1
+        bb1 = B1
+        for _ in range(n_iter):
+            # candidates [A + hpb, B] ("x") and [A, B - hpb] ("y"): the same spacing
+            ex0, ey0 = _candidate_errors(u0, m0, A0, B0, qmax)
+            ex1, ey1 = _candidate_errors(u1, m1, A1, B1, qmax)
+            # branch-free moves: the comparisons are data dependent
+            tk0 = ex0 < ey0
+            e0 = ex0 if tk0 else ey0
+            A0 = A0 + HIST_PER_BIN if tk0 else A0
+            B0 = B0 if tk0 else B0 - HIST_PER_BIN
+            tk1 = ex1 < ey1
+            e1 = ex1 if tk1 else ey1
+            A1 = A1 + HIST_PER_BIN if tk1 else A1
+            B1 = B1 if tk1 else B1 - HIST_PER_BIN
+            bt0 = e0 < best0
+            best0 = e0 if bt0 else best0
+            ba0 = A0 if bt0 else ba0
+            bb0 = B0 if bt0 else bb0
+            bt1 = e1 < best1
+            best1 = e1 if bt1 else best1
+            ba1 = A1 if bt1 else ba1
+            bb1 = B1 if bt1 else bb1
+        if rg0 > 0.0 and rg0 != np.inf:
+            lo[s] = lo0 + ba0 * (rg0 / H)
+            hi[s] = lo0 + bb0 * (rg0 / H)
+        if rg1 > 0.0 and rg1 != np.inf:
+            lo[s + 1] = lo1 + ba1 * (rg1 / H)
+            hi[s + 1] = lo1 + bb1 * (rg1 / H)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _cells(x, a0, b0, mask, lo0, rg0, H, u):  # pragma: no cover - compiled
+    # the unmasked values of x[a0:b0] in cells from the minimum, exactly; -1 if no search
+    if not (rg0 > 0.0 and rg0 != np.inf):
+        return -1
+    f = H / rg0
+    m = 0
+    has_mask = mask.size > 0
+    for i in range(a0, b0):
+        if has_mask and mask[i]:
+            continue
+        u[m] = (np.float64(x[i]) - lo0) * f
+        m += 1
+    return m
+
+
+@njit(cache=True, nogil=True, fastmath=True, inline="always")
+def _candidate_errors(u, m, A, B, qmax):  # pragma: no cover - compiled
+    d = (B - A - HIST_PER_BIN) / qmax
+    inv = 1.0 / d
+    ax = A + HIST_PER_BIN
+    ex = 0.0
+    ey = 0.0
+    for i in range(m):
+        v = u[i]
+        cx = min(max(np.floor((v - ax) * inv + 0.5), 0.0), qmax)
+        cy = min(max(np.floor((v - A) * inv + 0.5), 0.0), qmax)
+        rx = v - ax - cx * d
+        ry = v - A - cy * d
+        ex += rx * rx
+        ey += ry * ry
+    return ex, ey
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _direct_error(u, m, a, d, qmax):  # pragma: no cover - compiled
+    inv = 1.0 / d
+    e = 0.0
+    for i in range(m):
+        c = min(max(np.floor((u[i] - a) * inv + 0.5), 0.0), qmax)
+        r = u[i] - a - c * d
+        e += r * r
+    return e
 
 
 @njit(cache=True, nogil=True, fastmath=True)

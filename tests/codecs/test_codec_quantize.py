@@ -74,6 +74,77 @@ def test_adaptive_ratio_limits_the_search():
     assert not np.array_equal(p_full.zero, p_u.zero)
 
 
+def _greedy_reference(vals, nq, num_bins, ratio=1.0):
+    """Check-N-Run's greedy search with exact errors, in plain numpy (one segment)."""
+    lo0, hi0 = float(vals.min()), float(vals.max())
+    H = num_bins * 4
+    rg = hi0 - lo0
+    if rg <= 0:
+        return lo0, hi0
+    u = (vals.astype(np.float64) - lo0) * (H / rg)
+
+    def err(a, b):
+        d = (b - a) / (nq - 1)
+        c = np.clip(np.floor((u - a) / d + 0.5), 0, nq - 1)
+        return float(((u - a - c * d) ** 2).sum())
+
+    A, B = 0.0, float(H)
+    best, ba, bb = err(A, B), A, B
+    for _ in range(int(ratio * num_bins + 1e-9) - 1):
+        ex, ey = err(A + 4, B), err(A, B - 4)
+        if ex < ey:
+            A, e = A + 4, ex
+        else:
+            B, e = B - 4, ey
+        if e < best:
+            best, ba, bb = e, A, B
+    return lo0 + ba * (rg / H), lo0 + bb * (rg / H)
+
+
+@pytest.mark.parametrize("bits,dim", [(2, 16), (3, 24), (4, 40), (8, 16), (8, 100)])
+def test_adaptive_short_rows_search_exactly(bits, dim):
+    from ckptcodecs.adaptive import (
+        default_num_bins,
+        direct_ranges,
+        histogram_ranges,
+        use_direct,
+    )
+
+    nq = 1 << bits
+    assert use_direct(dim, nq) and not use_direct(2 * (nq - 1) + 17, nq)
+    x = (RNG.standard_t(3, size=(61, dim)) * 0.05).astype(np.float32)  # odd row count: pairs
+    x[3] = 0.25  # constant row
+    x[4, :dim // 2] = np.nan  # masked values (protected): left out of the search
+    x[5, 1:] = np.nan  # a single value
+    flat = x.reshape(-1)
+    mask = (~np.isfinite(flat)).astype(np.uint8)
+    fin = np.where(mask.reshape(x.shape) == 0, x, np.nan)
+    lo0 = np.nanmin(fin, axis=1).astype(np.float64)
+    hi0 = np.nanmax(fin, axis=1).astype(np.float64)
+    nb = default_num_bins(bits)
+    lo, hi = lo0.copy(), hi0.copy()
+    direct_ranges(flat, dim, mask, lo, hi, nq, nb, 1.0)
+    ref = np.array([_greedy_reference(r[np.isfinite(r)], nq, nb) for r in fin])
+    same = np.isclose(lo, ref[:, 0], rtol=1e-12, atol=0) & np.isclose(hi, ref[:, 1], rtol=1e-12,
+                                                                       atol=0)
+    assert same.mean() >= 0.95  # float ties may break differently
+    assert (lo[3], hi[3], lo[5], hi[5]) == (0.25, 0.25, lo0[5], hi0[5])
+    # the histogram search walks the same candidates with approximate errors: close results
+    lh, hh = lo0.copy(), hi0.copy()
+    histogram_ranges(flat, dim, mask, lh, hh, nq, nb, 1.0)
+
+    def l2(lo_, hi_):
+        d = np.where(hi_ > lo_, (hi_ - lo_) / (nq - 1), 1.0)[:, None]
+        c = np.clip(np.floor((fin - lo_[:, None]) / d + 0.5), 0, nq - 1)
+        return np.nansum((fin - lo_[:, None] - c * d) ** 2)
+
+    assert l2(lo, hi) <= l2(lh, hh) * (1 + 1e-9)
+    # and quantize() takes the exact search for these rows (sparse: NaN takes no level)
+    _, p = quantize(x, "adaptive-asymmetric", bits, protect_mode="sparse")
+    assert p.nq == nq
+    np.testing.assert_allclose(p.zero, lo.astype(np.float32), rtol=1e-6, atol=1e-12)
+
+
 @pytest.mark.parametrize("levels", [None, 3, 5, 6])
 @pytest.mark.parametrize("granularity", ["tensor", "group", "row"])
 def test_kmeans_nearest_level(levels, granularity):
