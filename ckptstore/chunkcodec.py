@@ -35,13 +35,20 @@ _CRC32C_RESIDUE = 0x48674BC7  # crc32c of any message followed by its own little
 Encoded = tuple[bytes, bytes]  # a stored chunk: its body, then its 4-byte crc32c
 
 
-def add_crc(data: bytes) -> Encoded:
+try:  # hardware crc32c over any buffer, no copy (19 GB/s here)
+    from crc32c import crc32c as _crc32c
+except ImportError:  # pragma: no cover - google_crc32c wants bytes: one copy per chunk
+    def _crc32c(data: Any) -> int:
+        return google_crc32c.value(bytes(data))
+
+
+def add_crc(data: bytes | memoryview) -> Encoded:
     """``(data, crc)``: the stored chunk is their concatenation (zarr's crc32c codec layout).
 
-    Kept as two parts so local writes need no copy to join them (``os.writev``).
+    Kept as two parts so local writes need no copy to join them (``os.writev``); ``data`` may
+    be a memoryview of the caller's array (valid until the chunk is written).
     """
-    data = bytes(data)
-    return data, google_crc32c.value(data).to_bytes(4, "little")
+    return data, _crc32c(data).to_bytes(4, "little")
 
 
 def encoded_size(parts: Encoded | bytes) -> int:
@@ -52,7 +59,7 @@ def check_crc(data: bytes, where: str) -> memoryview:
     """Check and strip the crc32c suffix; raise :class:`CorruptedChunkError` naming ``where``."""
     if len(data) < 4:
         raise CorruptedChunkError(f"chunk {where} is truncated ({len(data)} bytes)", where)
-    if google_crc32c.value(bytes(data)) != _CRC32C_RESIDUE:  # no copy for bytes input
+    if _crc32c(data) != _CRC32C_RESIDUE:
         raise CorruptedChunkError(
             f"chunk {where} failed its crc32c checksum: the stored bytes are corrupted. "
             "Check out an older commit, or restore the file from a replica.", where)
@@ -115,7 +122,7 @@ class RawLossless:
         return [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
 
     def encode(self, chunk: np.ndarray) -> Encoded:
-        return add_crc(np.ascontiguousarray(chunk).tobytes())
+        return add_crc(memoryview(np.ascontiguousarray(chunk)).cast("B"))
 
     def decode(self, data: bytes, out: np.ndarray, where: str) -> None:
         body = check_crc(data, where)
