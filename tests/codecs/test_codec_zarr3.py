@@ -99,3 +99,17 @@ def test_numcodecs_entry_points_in_fresh_process():
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=120, check=False)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr
+
+
+def test_float16_params_in_zarr_metadata(tmp_path):
+    cfg = {"method": "uniform-asymmetric", "bits": 2, "param_dtype": "float16"}
+    a = zarr.create_array(str(tmp_path / "h.zarr"), shape=(64, 16), chunks=(32, 16),
+                          dtype="float32", serializer=QuantizeCodec(**cfg))
+    x = X[:64, :16].copy()
+    a[:] = x
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "h.zarr"))[:],
+                                  _expected(x, (32, 16), **cfg))
+    conf = [c.to_dict() for c in a.metadata.codecs][0]["configuration"]
+    assert conf["param_dtype"] == "float16"
+    plain = QuantizeCodec(method="uniform-asymmetric", bits=2).to_dict()["configuration"]
+    assert "param_dtype" not in plain  # float32 metadata unchanged
