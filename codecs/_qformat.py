@@ -146,9 +146,10 @@ def encode_chunk(codes: np.ndarray, p: QuantParams) -> bytes:
         posbytes = b""
     pdt = "<f2" if f16 else "<f8" if p.dtype == "float64" else "<f4"
     arrays = [p.codebook] if p.method == "kmeans" else [p.zero, p.scale]
-    stored = [np.asarray(a).astype(pdt) for a in arrays]
-    if f16 and not all(np.array_equal(s.astype(np.float64), np.asarray(a, np.float64),
-                                      equal_nan=True) for s, a in zip(stored, arrays)):
+    arrays = [np.asarray(a) for a in arrays]
+    stored = [a.astype(pdt) for a in arrays]
+    if f16 and not all(np.array_equal(s.astype(a.dtype), a, equal_nan=True)
+                       for s, a in zip(stored, arrays)):
         raise CodecError("param_dtype='float16' needs parameters exactly representable in "
                          "float16 (quantize() rounds them before computing the codes)")
     params = b"".join(s.tobytes() for s in stored)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["dequant_codebook", "dequant_uniform", "seg_absmax", "seg_minmax", "uniform_codes"]
+__all__ = ["dequant_codebook", "dequant_uniform", "f16_round", "seg_absmax", "seg_minmax",
+           "uniform_codes", "uniform_params_f16"]
 
 
 @njit(cache=True, nogil=True)
@@ -112,3 +113,59 @@ def dequant_codebook(codes, seg, book, nq, prune_code, protect_code, prot, out):
                 p += 1
             else:
                 out[i] = 0.0
+
+
+_POW2 = np.array([2.0 ** k for k in range(-24, 6)])  # float16 spacings 2**-24 .. 2**5
+_INV_POW2 = 1.0 / _POW2
+
+
+@njit(cache=True, nogil=True)
+def f16_round(v, direction, out):  # pragma: no cover - compiled
+    """``out[i]`` = ``v[i]`` (float64) rounded to a float16 value: down (-1), nearest-even (0, as
+    IEEE: +-inf from 65520 on) or up (+1; +-inf for any ``|v| > 65504``). NaN stays NaN.
+    ``out`` may be ``v``."""
+    bits = v.view(np.int64)
+    pow2 = _POW2
+    inv = _INV_POW2
+    for i in range(v.size):
+        x = v[i]
+        a = abs(x)
+        if not a < np.inf or a == 0.0:
+            out[i] = x
+            continue
+        if a > 65504.0 and (direction != 0 or a >= 65520.0):
+            out[i] = np.inf if x > 0 else -np.inf
+            continue
+        # spacing of float16 values around a: 2**(exponent - 10), at least 2**-24
+        e = ((bits[i] >> 52) & 0x7FF) - 1023
+        k = min(max(e - 10, -24), 5) + 24
+        q = a * inv[k]  # exact: a power-of-two scaling
+        if direction == 0:
+            r = np.rint(q)
+        elif (direction < 0) == (x > 0):  # towards zero in magnitude
+            r = np.floor(q)
+        else:
+            r = np.ceil(q)
+        r *= pow2[k]
+        out[i] = r if x > 0 else -r
+
+
+@njit(cache=True, nogil=True)
+def uniform_params_f16(lo, hi, nq, zero, scale):  # pragma: no cover - compiled
+    """float16 zero points (rounded down) and scales (rounded up) covering ``[lo, hi]``, as
+    float64 in ``zero``/``scale``; ``nq == 1``: the midpoint to nearest, scale 0. False if one
+    is beyond the float16 range (the outputs are then partly written)."""
+    if nq == 1:
+        for s in range(lo.size):
+            zero[s] = lo[s] / 2 + hi[s] / 2
+            scale[s] = 0.0
+        f16_round(zero, 0, zero)
+    else:
+        f16_round(lo, -1, zero)
+        for s in range(lo.size):
+            scale[s] = (hi[s] - zero[s]) / (nq - 1)
+        f16_round(scale, 1, scale)
+    for s in range(lo.size):
+        if not (abs(zero[s]) < np.inf and abs(scale[s]) < np.inf):
+            return False
+    return True

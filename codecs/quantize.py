@@ -297,42 +297,6 @@ def _param_dtype(name: str) -> type:
     return np.float64 if name == "float64" else np.float32
 
 
-def _f16_exact(v: np.ndarray, direction: int) -> np.ndarray:
-    """float64 values rounded to float16: down (-1), to nearest (0) or up (+1); +-inf beyond
-    the float16 range."""
-    with np.errstate(over="ignore"):
-        r = v.astype(np.float16)
-    if direction:
-        wrong = r.astype(np.float64) > v if direction < 0 else r.astype(np.float64) < v
-        if wrong.any():  # one float16 step (on the bits: np.nextafter is slow for float16)
-            b = r.view(np.uint16)
-            neg = b >= 0x8000
-            if direction < 0:  # +0 -> the negative smallest subnormal
-                step = np.where(neg, b + 1, np.where(b == 0, 0x8001, b - 1))
-            else:  # -0 -> the positive smallest subnormal
-                step = np.where(~neg, b + 1, np.where(b == 0x8000, 1, b - 1))
-            r = np.where(wrong, step.astype(np.uint16), b).view(np.float16)
-    return r.astype(np.float64)
-
-
-def _uniform_params_f16(lo, hi, nq):
-    """Zero points and scales exactly representable in float16, or None if one overflows.
-
-    The zero point is rounded down and the scale up, so that ``[zero, zero + scale * (nq - 1)]``
-    still covers ``[lo, hi]``: every value inside the range decodes within ``scale / 2``.
-    """
-    if nq == 1:
-        zero = _f16_exact(lo / 2 + hi / 2, 0)
-        scale = np.zeros_like(zero)
-    else:
-        zero = _f16_exact(lo, -1)
-        with np.errstate(over="ignore", invalid="ignore"):
-            scale = _f16_exact((hi - zero) / (nq - 1), 1)
-    if not (np.isfinite(zero).all() and np.isfinite(scale).all()):
-        return None
-    return zero, scale
-
-
 def _uniform_params(xf, seg, mask, nseg, nq, method, bits, num_bins, ratio,
                     param_dtype="float32"):
     """``(zero, scale, param_dtype used)``: float16 falls back to the native parameters for
@@ -353,9 +317,13 @@ def _uniform_params(xf, seg, mask, nseg, nq, method, bits, num_bins, ratio,
     lo = lo.astype(np.float64)
     hi = hi.astype(np.float64)
     if param_dtype == "float16":
-        f16 = _uniform_params_f16(lo, hi, nq)
-        if f16 is not None:
-            return f16[0].astype(pdt), f16[1].astype(pdt), "float16"
+        # zero point rounded down, scale up (computed from the rounded zero point), so that
+        # [zero, zero + scale * (nq - 1)] still covers [lo, hi]; any parameter beyond +-65504:
+        # the chunk keeps float32 parameters
+        zero = np.empty(nseg)
+        scale = np.empty(nseg)
+        if K.uniform_params_f16(lo, hi, nq, zero, scale):
+            return zero.astype(pdt), scale.astype(pdt), "float16"
     if nq == 1:
         zero = (lo / 2 + hi / 2).astype(pdt)
         return zero, np.zeros(nseg, pdt), "float32"

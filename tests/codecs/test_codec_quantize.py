@@ -653,3 +653,44 @@ def test_param_dtype_config():
             Quantize(param_dtype=bad)
         with pytest.raises(CodecError, match="param_dtype"):
             quantize(ROWS, param_dtype=bad)
+
+
+def test_float16_directed_rounding_against_every_float16():
+    from ckptcodecs._qkernels import uniform_params_f16
+
+    grid = np.unique(np.arange(1 << 16, dtype=np.uint16).view(np.float16)[
+        np.isfinite(np.arange(1 << 16, dtype=np.uint16).view(np.float16))].astype(np.float64))
+    mids = (grid[1:] + grid[:-1]) / 2
+    rng = np.random.default_rng(11)
+    v = np.concatenate([rng.standard_normal(20000) * 10.0 ** rng.integers(-12, 7, 20000), grid,
+                        mids, np.nextafter(mids, np.inf), np.nextafter(mids, -np.inf),
+                        [0.0, 65504.0, 65519.0, 65520.0, 70000.0, 1e300, 5e-324, 2.0 ** -25]])
+    v = np.concatenate([v, -v])
+    i = np.searchsorted(grid, v, side="right") - 1
+    down = np.where((i >= 0) & (np.abs(v) <= 65504), grid[np.maximum(i, 0)], -np.inf)
+    # lo = hi = v, nq = 2: zero = down(v), scale = up(v - zero); False once some |v| > 65504
+    zero, scale = np.empty(v.size), np.empty(v.size)
+    assert not uniform_params_f16(v, v, 2, zero, scale)
+    fin = np.abs(v) <= 65504
+    zero, scale = np.empty(fin.sum()), np.empty(fin.sum())
+    assert uniform_params_f16(v[fin], v[fin], 2, zero, scale)
+    np.testing.assert_array_equal(zero, down[fin])
+    gap = v[fin] - zero  # >= 0: the float64 difference the kernel divides by nq - 1 = 1
+    j = np.searchsorted(grid, gap, side="left")
+    np.testing.assert_array_equal(scale, grid[j])
+    # nq == 1: the midpoint to nearest (ties to even), as numpy's float16 conversion
+    inside = np.abs(v) < 65520
+    zero1, scale1 = np.empty(inside.sum()), np.empty(inside.sum())
+    assert uniform_params_f16(v[inside], v[inside], 1, zero1, scale1)
+    np.testing.assert_array_equal(zero1, v[inside].astype(np.float16).astype(np.float64))
+    assert not scale1.any()
+
+
+def test_float16_large_offset_rows_fall_back():
+    # values beyond +-65504 with a small spread: a float16 zero point cannot be near them
+    x = np.full((2, 16), 90000.0, np.float32)
+    x[:, ::2] += 1.0
+    codec = Quantize("uniform-asymmetric", 4, param_dtype="float16")
+    _, p = decode_chunk(np.frombuffer(codec.encode(x), np.uint8))
+    assert p.param_dtype == "float32"
+    np.testing.assert_allclose(codec.decode(codec.encode(x)).reshape(x.shape), x, atol=0.05)
