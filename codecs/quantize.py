@@ -80,10 +80,10 @@ class QuantParams:
     ``zero``/``scale`` (uniform methods, one per segment) or ``codebook`` (k-means, shape
     ``(nseg, nq)``) are float32 (float64 for float64 data). ``param_dtype`` says how a chunk stores
     them: ``'float32'`` (as they are) or ``'float16'`` (the values are then exactly representable
-    in float16, so that what is decoded is what was used to compute the codes); ``protected`` holds the bfloat16 bits of protected values in
-    position order. ``has_protect`` means a protect *level* (``protect_mode='level'``); with
-    ``protect_mode='sparse'`` it is False and ``protect_positions`` (int64, strictly increasing)
-    says where the protected values go.
+    in float16, so that what is decoded is what was used to compute the codes). ``protected``
+    holds the bfloat16 bits of protected values in position order. ``has_protect`` means a
+    protect *level* (``protect_mode='level'``); with ``protect_mode='sparse'`` it is False and
+    ``protect_positions`` (int64, strictly increasing) says where the protected values go.
     """
 
     method: str
