@@ -22,6 +22,8 @@ class QuantSpec:
 
     ``entropy`` adds RLE + Huffman coding of the packed codes. ``protect_mode="sparse"`` keeps the
     protected values in a side list instead of spending a code level on them (better at 2-3 bits).
+    ``param_dtype="float16"`` halves the per-row scales and zero points (8x instead of 5.3x for
+    2-bit rows of 16 values).
     """
 
     method: str = "adaptive-asymmetric"
@@ -33,6 +35,7 @@ class QuantSpec:
     levels: int | None = None
     lam: float = 1.0
     protect_mode: str = "level"
+    param_dtype: str = "float32"
     entropy: bool = True
 
     def with_bits(self, bits: int) -> QuantSpec:
@@ -49,6 +52,8 @@ class QuantSpec:
             kw["levels"] = self.levels
         if self.protect_mode != "level":
             kw["protect_mode"] = self.protect_mode
+        if self.param_dtype != "float32":
+            kw["param_dtype"] = self.param_dtype
         if dtype == "bfloat16":
             kw["dtype"] = "bfloat16"
         return kw
