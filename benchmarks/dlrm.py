@@ -104,6 +104,7 @@ class Config:
     seed: int = 0
     method: str = "adaptive-asymmetric"
     method8: str = "uniform-asymmetric"
+    param_dtype: str = "float16"         # per-row scale/zero point (float32: 8 bytes per row)
     restores: tuple[int, ...] = RESTORES
     accuracy: bool = True
     lossless_optimizer: bool = False   # keep the tables' Adagrad state lossless (still row chains)
@@ -120,7 +121,8 @@ QUICK = dict(rows=(16_000, 12_000, 8_000, 4_000), intervals=6, steps=5, batch=10
 def quant_spec(cfg: Config, bits: int | None) -> QuantSpec | None:
     if bits is None:
         return None
-    return QuantSpec(method=cfg.method8 if bits == 8 else cfg.method, bits=bits, granularity="row")
+    return QuantSpec(method=cfg.method8 if bits == 8 else cfg.method, bits=bits, granularity="row",
+                     param_dtype=cfg.param_dtype)
 
 
 def bits_label(bits: int | None) -> str:
@@ -664,6 +666,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, argparse.Namespac
     p.add_argument("--method8", default="uniform-asymmetric",
                    help="quantization method at 8 bits (default uniform-asymmetric: the adaptive "
                         "search costs ~50x more at 8 bits and changes nothing measurable)")
+    p.add_argument("--param-dtype", default="float16", choices=("float16", "float32"),
+                   help="dtype of the per-row quantization parameters (default float16)")
     p.add_argument("--no-accuracy", action="store_true", help="skip the resumed runs")
     p.add_argument("--lossless-optimizer", action="store_true",
                    help="keep the Adagrad state of the tables lossless (Policy.overrides); "
@@ -679,7 +683,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, argparse.Namespac
     for k in ("intervals", "steps", "batch", "dim"):
         if getattr(a, k) is not None:
             kw[k] = getattr(a, k)
-    kw.update(seed=a.seed, method=a.method, method8=a.method8,
+    kw.update(seed=a.seed, method=a.method, method8=a.method8, param_dtype=a.param_dtype,
               accuracy=not a.no_accuracy, lossless_optimizer=a.lossless_optimizer)
     return Config(**kw), a
 
