@@ -63,7 +63,7 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -275,9 +275,17 @@ def metrics(prob: np.ndarray, y: np.ndarray) -> dict[str, float]:
 # -- stores --------------------------------------------------------------------------------------
 def make_policy(cfg: Config, incremental: str, bits: int | None,
                 bitwidth: BitWidth | None = None) -> Policy:
+    spec = quant_spec(cfg, bits)
+    if cfg.lossless_optimizer:
+        overrides = (("opt_emb.*", None),)
+    elif spec is not None and spec.param_dtype != "float32":
+        # Adagrad's accumulators reach tiny values whose 1/sqrt sets each row's step size:
+        # float16 scales are too coarse for them, so they keep float32 parameters
+        overrides = (("opt_emb.*", replace(spec, param_dtype="float32")),)
+    else:
+        overrides = ()
     return Policy(incremental="off" if incremental == "full" else incremental,
-                  quantize=quant_spec(cfg, bits), bitwidth=bitwidth,
-                  overrides=(("opt_emb.*", None),) if cfg.lossless_optimizer else ())
+                  quantize=spec, bitwidth=bitwidth, overrides=overrides)
 
 
 def flat_tensors(state: Any, prefix: str = "") -> dict[str, torch.Tensor]:
