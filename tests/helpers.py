@@ -38,3 +38,29 @@ def assert_bit_exact(a: Any, b: Any, path: str = "") -> None:
         assert isinstance(b, float) and b != b, path
     else:
         assert type(a) is type(b) and a == b, f"{path}: {a!r} != {b!r}"
+
+
+def open_golden(path, script: str):
+    """Open a checked-in golden store read-only; fail with how to create it if it is missing."""
+    import pytest
+
+    import ckptstore
+
+    if not path.exists():
+        pytest.fail(f"{path} is missing: run `python {script}` once and commit it")
+    return ckptstore.open(path, create=False)
+
+
+def write_golden_once(path, make) -> None:
+    """``make(tmp)`` builds a golden store in a temporary folder that becomes ``path``; an
+    existing golden store is never overwritten."""
+    import shutil
+    import sys
+
+    if path.exists():
+        sys.exit(f"{path} exists and is never overwritten")
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    make(tmp)
+    tmp.rename(path)
+    print(f"wrote {path}")

@@ -7,7 +7,6 @@ Run this file as a script to create the golden store if it is missing (it is nev
 from __future__ import annotations
 
 import random
-import shutil
 import sys
 from pathlib import Path
 
@@ -45,27 +44,23 @@ def golden_state(version: int) -> dict:
 
 
 def make_golden(path: Path) -> None:
+    """Write the golden store into ``path`` (a fresh folder)."""
     import ckptstore
     from ckptstore import EncodingOptions
 
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    store = ckptstore.open(tmp, options=EncodingOptions(chunk_bytes=16 * 1024, pack_below=2048))
+    store = ckptstore.open(path, options=EncodingOptions(chunk_bytes=16 * 1024, pack_below=2048))
     store.commit(golden_state(0), message="v0")
     store.commit(golden_state(1), message="v1", tags=["best"])
     store.branch("exp", "main")
     store.commit(golden_state(2), message="v2 on exp", branch="exp")
     store.close()
-    tmp.rename(path)
 
 
 @pytest.fixture(scope="module")
 def golden():
-    import ckptstore
+    from helpers import open_golden
 
-    if not GOLDEN.exists():
-        pytest.fail(f"{GOLDEN} is missing: run `python {__file__}` once and commit it")
-    return ckptstore.open(GOLDEN, create=False)
+    return open_golden(GOLDEN, __file__)
 
 
 def test_history_and_refs(golden):
@@ -99,7 +94,7 @@ def test_plain_zarr_reads_golden(golden):
 
 
 if __name__ == "__main__":
-    if GOLDEN.exists():
-        sys.exit(f"{GOLDEN} exists and is never overwritten")
-    make_golden(GOLDEN)
-    print(f"wrote {GOLDEN}")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from helpers import write_golden_once
+
+    write_golden_once(GOLDEN, make_golden)

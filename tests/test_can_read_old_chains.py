@@ -9,7 +9,6 @@ pickle). Run this file as a script to create the store if it is missing (never o
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -40,12 +39,11 @@ def quant_state(version: int) -> dict:
 
 
 def make_golden(path: Path) -> None:
+    """Write the golden store into ``path`` (a fresh folder)."""
     import ckptstore
     from ckptstore import Policy, QuantSpec
 
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    store = ckptstore.open(tmp)
+    store = ckptstore.open(path)
     lossless = Policy(incremental="consecutive", min_quant_bytes=16 * 1024, min_rows=1024)
     for v in range(3):
         store.commit(lossless_state(v), message=f"lossless v{v}", policy=lossless)
@@ -61,17 +59,14 @@ def make_golden(path: Path) -> None:
         expected[f"emb{v}"] = out["emb"].numpy()
         expected[f"dense{v}"] = out["dense"].view(torch.int16).numpy()
     store.close()
-    np.savez(tmp / "expected.npz", **expected)
-    tmp.rename(path)
+    np.savez(path / "expected.npz", **expected)
 
 
 @pytest.fixture(scope="module")
 def golden():
-    import ckptstore
+    from helpers import open_golden
 
-    if not GOLDEN.exists():
-        pytest.fail(f"{GOLDEN} is missing: run `python {__file__}` once and commit it")
-    return ckptstore.open(GOLDEN, create=False)
+    return open_golden(GOLDEN, __file__)
 
 
 def test_kinds_are_what_they_were(golden):
@@ -104,7 +99,7 @@ def test_verify_clean(golden):
 
 
 if __name__ == "__main__":
-    if GOLDEN.exists():
-        sys.exit(f"{GOLDEN} exists and is never overwritten")
-    make_golden(GOLDEN)
-    print(f"wrote {GOLDEN}")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from helpers import write_golden_once
+
+    write_golden_once(GOLDEN, make_golden)
