@@ -493,24 +493,35 @@ def _print_refs(ctx: Context, rows: list[dict[str, Any]], what: str) -> None:
     ctx.print(table(["NAME", "COMMIT", "TIME (UTC)", "STEP", "MESSAGE"], out, right=("STEP",)))
 
 
-def cmd_tag(ctx: Context) -> int:
-    store, args = ctx.store, ctx.args
+def _list_or_delete(ctx: Context, kind: str, refs: dict[str, str],
+                    delete: Callable[[str], None]) -> bool:
+    """Handle ``--delete NAME`` and the no-name listing of ``ckpt tag`` / ``ckpt branch``;
+    False when the verb has more to do."""
+    args = ctx.args
     if args.delete is not None:
         if args.name is not None:
-            raise CliError("tag --delete NAME takes no other names")
-        commit_id = store.tags().get(args.delete)
-        store.delete_tag(args.delete)
+            raise CliError(f"{kind} --delete NAME takes no other names")
+        commit_id = refs.get(args.delete)
+        delete(args.delete)
         if ctx.json:
             ctx.emit({"deleted": args.delete, "id": commit_id})
         else:
-            ctx.print(f"deleted tag {args.delete} (was {commit_id[:10] if commit_id else '?'})")
-        return 0
+            ctx.print(f"deleted {kind} {args.delete} "
+                      f"(was {commit_id[:10] if commit_id else '?'})")
+        return True
     if args.name is None:
-        rows = _ref_rows(store, store.tags())
+        rows = _ref_rows(ctx.store, refs)
         if ctx.json:
             ctx.emit(rows)
         else:
-            _print_refs(ctx, rows, "tags")
+            _print_refs(ctx, rows, "tags" if kind == "tag" else "branches")
+        return True
+    return False
+
+
+def cmd_tag(ctx: Context) -> int:
+    store, args = ctx.store, ctx.args
+    if _list_or_delete(ctx, "tag", store.tags(), store.delete_tag):
         return 0
     commit_id = store.tag(args.name, args.ref or "main")
     if ctx.json:
@@ -522,23 +533,7 @@ def cmd_tag(ctx: Context) -> int:
 
 def cmd_branch(ctx: Context) -> int:
     store, args = ctx.store, ctx.args
-    if args.delete is not None:
-        if args.name is not None:
-            raise CliError("branch --delete NAME takes no other names")
-        commit_id = store.branches().get(args.delete)
-        store.delete_branch(args.delete)
-        if ctx.json:
-            ctx.emit({"deleted": args.delete, "id": commit_id})
-        else:
-            ctx.print(f"deleted branch {args.delete} "
-                      f"(was {commit_id[:10] if commit_id else '?'})")
-        return 0
-    if args.name is None:
-        rows = _ref_rows(store, store.branches())
-        if ctx.json:
-            ctx.emit(rows)
-        else:
-            _print_refs(ctx, rows, "branches")
+    if _list_or_delete(ctx, "branch", store.branches(), store.delete_branch):
         return 0
     ref = args.ref or "main"
     if args.force and args.name in store.branches():
