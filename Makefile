@@ -23,9 +23,14 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# every table of docs/benchmarks.md (about 20 minutes on 2 cores)
 bench: $(STAMP)
-	$(PY) benchmarks/store_io.py
+	$(PY) benchmarks/store_io.py --repeat 9
 	$(PY) benchmarks/codecs.py
+	$(PY) benchmarks/async_writer.py
+	$(PY) benchmarks/dlrm.py
+	$(PY) benchmarks/dense_digits.py
+	$(PY) benchmarks/transfer_minilm.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info demo-store
