@@ -85,3 +85,24 @@ def test_partial_checkout_reads_selected(backend_store):
                           "step": 1})
     out = backend_store.checkout("main", paths=["model.emb.*"])
     assert list(out) == ["model"] and list(out["model"]) == ["emb.weight"]
+
+
+def test_chains_and_async_on_every_backend(backend_store):
+    from ckptstore import Policy, QuantSpec
+
+    backend_store.policy = Policy(incremental="consecutive", delta=True,
+                                  quantize=QuantSpec(method="kmeans", bits=4,
+                                                     granularity="tensor", protect=0.01),
+                                  overrides=(("emb", None),))
+    emb, dense = torch.zeros(4096, 16), torch.randn(256, 128)
+    for step in range(3):
+        emb[step] += 1
+        dense[step] += 0.5
+        info = backend_store.commit_async({"emb": emb, "dense": dense}).wait()
+    kinds = {e.path: e.kind for e in backend_store.manifest(info.id).tensors}
+    assert kinds == {"emb": "consecutive", "dense": "delta"}
+    out = backend_store.checkout("main")
+    assert torch.equal(out["emb"], emb)
+    assert float((out["dense"] - dense).abs().max()) < 0.5
+    assert backend_store.gc(keep_last=1, grace_period=0).commits_removed == []  # all are bases
+    assert backend_store.verify().ok
