@@ -94,7 +94,8 @@ def tensor_to_host(t: torch.Tensor) -> np.ndarray:
         t = t.cpu()
     if _is_bit_view(t.dtype):
         t = t.contiguous().view(_VIEW[_STORAGE[t.dtype]])
-    return np.ascontiguousarray(t.numpy())
+    a = t.numpy()  # np.ascontiguousarray would turn a 0-d array into a 1-d one
+    return a if a.flags.c_contiguous else a.copy(order="C")
 
 
 def host_to_tensor(a: np.ndarray, name: str) -> torch.Tensor:
@@ -130,7 +131,8 @@ class ChunkGrid:
     def checked(cls, shape: list[int], chunks: list[int] | None) -> ChunkGrid:
         """A grid read from a manifest; raises ManifestError unless it chunks rows only."""
         if chunks is None or len(chunks) != len(shape) or any(c < 1 for c in chunks) or list(
-                chunks[1:]) != [max(s, 1) for s in shape[1:]]:
+                chunks[1:]) != [max(s, 1) for s in shape[1:]] or (
+                shape and chunks[0] > max(shape[0], 1)):
             raise ManifestError(f"invalid chunk shape {chunks} for an array of shape {shape}")
         return cls(tuple(shape), tuple(chunks))
 

@@ -106,6 +106,15 @@ class BloscLossless:
 
     def decode(self, data: bytes, out: np.ndarray, where: str) -> None:
         body = check_crc(data, where)
+        # blosc header: u8 version, u8 lz version, u8 flags, u8 typesize, u32 nbytes,
+        # u32 blocksize, u32 cbytes (little-endian)
+        head = bytes(body[:16])
+        if len(head) < 16 or int.from_bytes(head[12:16], "little") != len(body):
+            raise CorruptedChunkError(f"chunk {where} is not a whole blosc frame", where)
+        nbytes = int.from_bytes(head[4:8], "little")
+        if nbytes != out.nbytes:
+            raise CorruptedChunkError(
+                f"chunk {where} decodes to {nbytes} bytes, expected {out.nbytes}", where)
         try:
             self._blosc.decode(body, out=out.reshape(-1).view(np.uint8))
         except Exception as e:

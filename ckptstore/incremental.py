@@ -204,8 +204,11 @@ class ChainMemory:
             if table is not None:  # the store clears the tracker once the snapshot is taken
                 touched = tracker.touched_rows(tensor).cpu().numpy()
                 rows = tensor.shape[0]
-                if shadow is not None and shadow.unsaved is not None and len(shadow.unsaved) == rows:
-                    shadow.unsaved[touched] = True
+                # the tracker is cleared for every branch: each branch's reference of this
+                # table keeps the rows as unsaved until a commit of that branch stores them
+                for (_, p), other in self._shadows.items():
+                    if p == path and other.unsaved is not None and len(other.unsaved) == rows:
+                        other.unsaved[touched] = True
             chain = plan_chain(policy, d.want, d.quant, path, tip, prev_by_path.get(path), shadow,
                                table is not None, list(tensor.shape), dtype, rebase)
             if chain is not None and chain.kind == "delta" and (

@@ -7,6 +7,7 @@ dequantized once at the end).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from typing import Any
@@ -191,5 +192,10 @@ class Reader:
                 base = bases[e.base]
                 if base.dtype != torch_dtype(e.dtype):
                     raise ManifestError(f"tensor {e.path!r} views a storage of another dtype")
+                reach = e.storage_offset + sum((s - 1) * st for s, st in zip(e.shape, e.stride)
+                                               if s > 0)
+                if len(e.stride) != len(e.shape) or min(e.stride, default=0) < 0 or (
+                        math.prod(e.shape) and reach >= base.numel()):
+                    raise ManifestError(f"view {e.path!r} reaches outside its storage")
                 out[i] = torch.as_strided(base, e.shape, e.stride, e.storage_offset)
         return out

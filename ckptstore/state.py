@@ -54,6 +54,15 @@ def _join(prefix: str, key: Any) -> str:
 def flatten(state: Any) -> tuple[Any, list[Leaf]]:
     """Return ``(tree, leaves)``; ``tree`` refers to ``leaves`` by index."""
     leaves: list[Leaf] = []
+    seen: set[str] = set()
+
+    def leaf_path(path: str) -> str:
+        if path in seen:
+            raise UnsupportedLeafError(
+                f"two entries of the state have the dotted path {path!r} (e.g. keys 'a.b' and "
+                "a -> b, or 1 and '1'): rename one so every path is unique")
+        seen.add(path)
+        return path
 
     def walk(obj: Any, path: str, depth: int) -> Any:
         if depth > _MAX_DEPTH:
@@ -65,11 +74,13 @@ def flatten(state: Any) -> tuple[Any, list[Leaf]]:
                 raise UnsupportedLeafError(
                     f"numpy array of dtype {obj.dtype} at {path!r} cannot be stored without "
                     "pickling; use a numeric dtype")
-            leaves.append(Leaf(path, obj))
+            leaves.append(Leaf(leaf_path(path), obj))
             return {"tensor": len(leaves) - 1}
         if isinstance(obj, bool) or obj is None or isinstance(obj, (float, str, bytes)):
+            leaf_path(path)
             return {"value": obj}
         if isinstance(obj, int):
+            leaf_path(path)
             return {"value": obj} if -(2**63) <= obj < 2**64 else {"bigint": str(obj)}
         if is_stateful(obj):
             return walk(obj.state_dict(), path, depth + 1)
@@ -148,8 +159,13 @@ def tree_paths(tree: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
 
     def walk(node: Any, path: str) -> None:
+        if not isinstance(node, dict):
+            raise ManifestError(f"invalid state tree node at {path or '<root>'!r}")
         for kind in ("dict", "odict"):
             if kind in node:
+                if not isinstance(node[kind], list) or not all(
+                        isinstance(p, list) and len(p) == 2 for p in node[kind]):
+                    raise ManifestError(f"invalid dict in state tree at {path or '<root>'!r}")
                 for k, v in node[kind]:
                     walk(v, _join(path, k))
                 return

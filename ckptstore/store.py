@@ -213,7 +213,7 @@ class Store:
         """Write the state of ``ref`` as a new full, lossless commit on ``branch`` (default: ``ref``
         when it is a branch, else ``main``), so that gc can collect the chains before it."""
         commit_id = self.resolve(ref)
-        branch = branch or (ref if self.refs.tip(ref) is not None else "main")
+        branch = branch or (ref if ref in self.refs.branches() else "main")
         m = self.manifest(commit_id)
         state = self.checkout(commit_id)
         return self.commit(state, message=message or f"rebase of {commit_id[:10]}",
@@ -257,8 +257,9 @@ class Store:
         tensors = [got.get(i) for i in range(len(m.tensors))]
         state = unflatten(tree, tensors)
         if into is not None:
+            self._wait_inflight()  # its references must not outlive this load
+            self._chains.forget()  # live tensors change behind any tracker: rebase next time
             load_into(state, into)
-            self._chains.forget()  # live tensors changed behind any tracker: rebase next time
         if for_resume:
             self.record_restore(m.id)
         return state
@@ -396,6 +397,7 @@ class Store:
            grace_period: float = 3600.0) -> GCResult:
         """Remove old commits and leftovers; see :func:`ckptstore.gc.collect`."""
         from .gc import collect
+        self._wait_inflight()  # never collect the data of our own commit in flight
         return collect(self, keep_last=keep_last, keep_tags=keep_tags, keep_every=keep_every,
                        dry_run=dry_run, grace_period=grace_period)
 

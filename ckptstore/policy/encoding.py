@@ -140,7 +140,7 @@ class Policy:
         is_float = tensor.dtype in _FLOATS
         spec = next((s for pattern, s in self.overrides if fnmatch.fnmatchcase(path, pattern)),
                     self.quantize)
-        quant = spec if is_float and nbytes >= self.min_quant_bytes else None
+        quant = spec if is_float and tensor.dim() and nbytes >= self.min_quant_bytes else None
         if (self.incremental != "off" and tensor.dim() == 2 and tensor.shape[0] >= self.min_rows
                 and nbytes >= self.min_quant_bytes):
             return Decision("rows", quant)
