@@ -30,7 +30,13 @@ def _encode(commit_id: str) -> bytes:
     return (commit_id + "\n").encode()
 
 
-def _decode(data: bytes, where: str) -> str:
+_TOMBSTONE = b"deleted\n"  # the newest file of a deleted branch: numbers never go back
+
+
+def _decode(data: bytes, where: str) -> str | None:
+    """The commit id of a ref file, or None for a deleted branch's tombstone."""
+    if data == _TOMBSTONE:
+        return None
     text = data.decode("ascii", errors="replace").strip()
     if not is_commit_id(text):
         raise ManifestError(f"ref file {where} is garbage ({data[:40]!r}); expected a commit id. "
@@ -49,8 +55,8 @@ class Refs:
         names = self.storage.listdir(branch_dir(branch))
         return sorted(int(n) for n in names if len(n) == SEQ_WIDTH and n.isdigit())
 
-    def tip(self, branch: str) -> Tip | None:
-        """``(seq, commit id)`` of the branch tip, or None if the branch does not exist."""
+    def _top(self, branch: str) -> tuple[int, str | None] | None:
+        """The newest ref file: ``(seq, commit id or None for a tombstone)``, None if none."""
         seqs = self._seqs(branch)
         if not seqs:
             return None
@@ -58,7 +64,12 @@ class Refs:
         try:
             return seqs[-1], _decode(self.storage.read(key), key)
         except FileNotFoundError:  # pruned between listing and reading: look again
-            return self.tip(branch)
+            return self._top(branch)
+
+    def tip(self, branch: str) -> Tip | None:
+        """``(seq, commit id)`` of the branch tip, or None if the branch does not exist."""
+        top = self._top(branch)
+        return top if top is not None and top[1] is not None else None
 
     def branches(self) -> dict[str, str]:
         """``{branch: tip commit id}``."""
@@ -101,10 +112,11 @@ class Refs:
         check_ref_name(branch, "branch")
         exists = RefExists(f"branch {branch!r} already exists; choose another name or use "
                            "store.reset_branch() to move it")
-        if self._seqs(branch):
+        top = self._top(branch)
+        if top is not None and top[1] is not None:
             raise exists
-        try:
-            self.advance(branch, None, commit_id)
+        try:  # after a tombstone: numbers go on above it, so stale writers stay below
+            self.advance(branch, top, commit_id)
         except ConcurrentUpdateError:  # another writer created it first
             raise exists from None
 
@@ -116,11 +128,17 @@ class Refs:
         self.advance(branch, tip, commit_id)
 
     def delete_branch(self, branch: str) -> None:
-        seqs = self._seqs(branch)
-        if not seqs:
+        """Delete a branch: a tombstone above its tip (so a writer that saw the old tip cannot
+        move it later), then the older ref files."""
+        tip = self.tip(branch)
+        if tip is None:
             raise RefNotFound(f"no branch {branch!r}")
-        for s in seqs:
-            self.storage.delete(branch_seq(branch, s))
+        if not self.storage.put_if_absent(branch_seq(branch, tip[0] + 1), _TOMBSTONE):
+            raise ConcurrentUpdateError(f"branch {branch!r} moved while it was being deleted; "
+                                        "look at it again", branch=branch)
+        for s in self._seqs(branch):
+            if s <= tip[0]:
+                self.storage.delete(branch_seq(branch, s))
 
     def prune_moves(self, branch: str, keep: int = 8) -> int:
         """Delete all but the newest ``keep`` ref files of a branch; return how many went."""
@@ -145,9 +163,12 @@ class Refs:
     def tag(self, name: str) -> str:
         key = tag_key(name)
         try:
-            return _decode(self.storage.read(key), key)
+            commit_id = _decode(self.storage.read(key), key)
         except FileNotFoundError:
             raise RefNotFound(f"no tag {name!r}") from None
+        if commit_id is None:
+            raise ManifestError(f"tag file {key} is garbage; delete it or restore it")
+        return commit_id
 
     def create_tag(self, name: str, commit_id: str) -> None:
         if not self.storage.put_if_absent(tag_key(name), _encode(commit_id)):

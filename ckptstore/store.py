@@ -387,6 +387,7 @@ class Store:
 
     def delete_branch(self, name: str) -> None:
         self.refs.delete_branch(name)
+        self._chains.forget(name)
 
     def branches(self) -> dict[str, str]:
         return self.refs.branches()

@@ -121,3 +121,20 @@ def test_view_outside_its_storage(tmp_path):
     _rewrite_manifest(store, info.id, stretch)
     with pytest.raises(ManifestError, match="outside its storage"):
         ckptstore.open(tmp_path / "s", create=False).checkout("main")
+
+
+def test_deleted_branch_cannot_be_moved_by_a_stale_writer():
+    store = ckptstore.open("memory://tombstone")
+    a = store.commit({"w": torch.zeros(2)}, branch="dev")
+    stale = store.refs.tip("dev")
+    b = store.commit({"w": torch.ones(2)}, branch="dev")
+    store.delete_branch("dev")
+    assert "dev" not in store.branches()
+    with pytest.raises(ckptstore.ConcurrentUpdateError):
+        store.refs.advance("dev", stale, b.id)  # saw the branch before it was deleted
+    assert "dev" not in store.branches()
+    store.branch("dev", a.id)  # re-created: numbers go on above the tombstone
+    assert store.resolve("dev") == a.id
+    with pytest.raises(ckptstore.ConcurrentUpdateError):
+        store.refs.advance("dev", stale, b.id)
+    assert store.resolve("dev") == a.id
