@@ -17,9 +17,10 @@ import os
 import time
 
 import pytest
+from helpers import assert_bit_exact as assert_same
+from workers import ForkServer, build_state, run_processes
 
 import ckptstore
-from workers import ForkServer, assert_same, build_state, run_processes
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the worker server forks")
 

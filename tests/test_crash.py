@@ -22,9 +22,10 @@ import statistics
 import time
 
 import pytest
+from helpers import assert_bit_exact as assert_same
+from workers import ForkServer, build_state
 
 import ckptstore
-from workers import ForkServer, assert_same, build_state
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the worker server forks")
 

@@ -74,28 +74,6 @@ def build_state(seed: int, profile: str = "crash") -> dict[str, Any]:
     }
 
 
-def assert_same(a: Any, b: Any, path: str = "state") -> None:
-    """Assert two states are identical: same structure, types, dtypes, shapes and bits."""
-    import torch
-
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor), f"{path}: {type(b).__name__} is not a tensor"
-        assert (a.dtype, a.shape) == (b.dtype, b.shape), f"{path}: {b.dtype}{tuple(b.shape)}"
-        ab = a.detach().contiguous().reshape(-1).view(torch.uint8)
-        bb = b.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-        assert torch.equal(ab, bb), f"{path}: bits differ"
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and list(a) == list(b), f"{path}: keys {list(b)}"
-        for k in a:
-            assert_same(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), f"{path}: {b!r}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{path}.{i}")
-    else:
-        assert type(a) is type(b) and a == b, f"{path}: {b!r} != {a!r}"
-
-
 # -- output ---------------------------------------------------------------------------------------
 def emit(event: str, **fields: Any) -> None:
     """One JSON line in a single write() (atomic on a pipe), flushed before anything else."""
@@ -255,10 +233,11 @@ def cmd_branch(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Fork server: no threads and no torch computation here, so forking stays safe."""
+    import torch  # noqa: F401
+
     import ckptstore  # noqa: F401 - imported once, inherited by every worker
     import ckptstore.gc  # noqa: F401
     import ckptstore.verify  # noqa: F401
-    import torch  # noqa: F401
     try:
         import s3fs  # noqa: F401
     except ImportError:
