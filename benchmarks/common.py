@@ -177,3 +177,12 @@ def write_text(path: str | os.PathLike, text: str) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         f.write(text if text.endswith("\n") else text + "\n")
+
+
+def command_line(script: str, argv: Sequence[str] | None) -> str:
+    """The shell command that ran ``script`` with ``argv`` (default ``sys.argv[1:]``)."""
+    import shlex
+    import sys
+
+    args = argv if argv is not None else sys.argv[1:]
+    return " ".join(["python", script, *(shlex.quote(a) for a in args)])

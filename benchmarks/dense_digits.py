@@ -46,7 +46,6 @@ import argparse
 import json
 import math
 import os
-import shlex
 import shutil
 import sys
 import tempfile
@@ -60,6 +59,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (
+    command_line,
     dir_bytes,
     human_bytes,
     load_average,
@@ -355,8 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     wall = time.perf_counter() - t_start
 
-    cmd = "python benchmarks/dense_digits.py " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    cmd = command_line("benchmarks/dense_digits.py", argv)
     lines = [
         (f"`{cmd.strip()}` -- {machine_description()}, load {load_average()}, "
         f"{wall:.0f} s wall."),

@@ -52,7 +52,6 @@ import argparse
 import copy
 import json
 import logging
-import shlex
 import sys
 import time
 import uuid
@@ -62,7 +61,14 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import human_bytes, load_average, machine_description, markdown_table, write_text
+from common import (
+    command_line,
+    human_bytes,
+    load_average,
+    machine_description,
+    markdown_table,
+    write_text,
+)
 
 import ckptstore
 from ckptstore import Policy, QuantSpec
@@ -310,8 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     groups = tensor_groups(state, Policy(quantize=QuantSpec(), lossless=SMALL_LOSSLESS))
     ffn_out, other_out = row_outliers(state)
 
-    cmd = "python benchmarks/transfer_minilm.py " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    cmd = command_line("benchmarks/transfer_minilm.py", argv)
     lines = [
         (f"`{cmd.strip()}` -- {machine_description()}, load {load_average()}, "
         f"{wall:.0f} s wall (model load {t_load:.0f} s)."),
