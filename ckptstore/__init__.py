@@ -7,7 +7,7 @@
 1
 """
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 from .errors import *
 from .errors import __all__ as _errors_all

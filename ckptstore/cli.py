@@ -33,7 +33,7 @@ from typing import Any, TextIO
 import numpy as np
 import torch
 
-from . import __version__
+from ._version import __version__
 from . import open as open_store
 from .arrays import storage_dtype, tensor_to_host, torch_dtype
 from .errors import CkptStoreError, ManifestError
@@ -41,7 +41,8 @@ from .layout import COMMITS, DATA, is_commit_id
 from .manifest import Manifest, TensorEntry
 from .plan import PACKED_ARRAY
 from .state import flatten, tree_paths
-from .store import Store, commit_time
+from .ids import commit_time
+from .store import Store
 
 __all__ = ["build_parser", "human_size", "main", "parse_storage_options"]
 

@@ -11,39 +11,38 @@ and data that no ref reaches (a crashed or lost commit) are removed only once ol
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
+from .chains.walk import arrays_read
+from .ids import commit_time, is_commit_id
 from .info import GCResult
-from .layout import COMMITS, DATA, HEADS, TAGS, data_dir, is_commit_id, manifest_key
-
-if TYPE_CHECKING:
-    from .store import Store
+from .layout import COMMITS, DATA, HEADS, TAGS, data_dir, manifest_key
+from .repository import Repository
 
 __all__ = ["collect"]
 
 
-def _retained(store: Store, keep_last: int | None, keep_tags: bool,
+def _retained(repo: Repository, keep_last: int | None, keep_tags: bool,
               keep_every: int | None) -> tuple[set[str], set[str]]:
     """(retained commits, every commit reachable from a ref)."""
-    reachable = set(store.reachable())
+    reachable = set(repo.reachable())
     keep: set[str] = set()
-    for tip in store.refs.branches().values():
-        line = store.reachable([tip])  # newest first along first parents
+    for tip in repo.refs.branches().values():
+        line = repo.reachable([tip])  # newest first along first parents
         keep.update(line if keep_last is None else line[: max(keep_last, 1)])
         if keep_every:
-            keep.update(c for c in line if store.manifest(c).generation % keep_every == 0)
+            keep.update(c for c in line if repo.manifest(c).generation % keep_every == 0)
     if keep_tags:
-        keep.update(c for c in store.refs.tags().values() if c in reachable)
+        keep.update(c for c in repo.refs.tags().values() if c in reachable)
     stack = list(keep)  # chain entries need their bases' manifests and data
     while stack:
-        for base in store.manifest(stack.pop()).base_commits():
+        for base in repo.manifest(stack.pop()).base_commits():
             if base not in keep:
                 keep.add(base)
                 stack.append(base)
     return keep, reachable
 
 
-def collect(store: Store, keep_last: int | None = None, keep_tags: bool = True,
+def collect(repo: Repository, keep_last: int | None = None, keep_tags: bool = True,
             keep_every: int | None = None, dry_run: bool = False,
             grace_period: float = 3600.0) -> GCResult:
     """Apply the retention policy and delete what nothing needs; see the module docstring."""
@@ -51,19 +50,16 @@ def collect(store: Store, keep_last: int | None = None, keep_tags: bool = True,
         raise ValueError("keep_last must be at least 1 (a branch tip is always kept)")
     if keep_every is not None and keep_every < 1:
         raise ValueError("keep_every must be a positive number of commits")
-    storage = store.storage
+    storage = repo.storage
     now = time.time()
-    keep, reachable = _retained(store, keep_last, keep_tags, keep_every)
-    live_data: set[str] = set()
-    for c in keep:
-        live_data |= store.manifest(c).data_commits()
+    keep, reachable = _retained(repo, keep_last, keep_tags, keep_every)
+    live_data = {a.commit for c in keep for a in arrays_read(repo.manifest, repo.manifest(c))}
 
     def old(commit_id: str) -> bool:
-        from .store import commit_time
         return commit_time(commit_id) + grace_period <= now
 
     result = GCResult(dry_run=dry_run, kept=sorted(keep))
-    all_commits = store.commit_ids()
+    all_commits = repo.commit_ids()
     for c in all_commits:
         if c in keep or (c not in reachable and not old(c)):
             continue
@@ -76,26 +72,26 @@ def collect(store: Store, keep_last: int | None = None, keep_tags: bool = True,
             result.data_removed.append(name)
             result.bytes_freed += sum(storage.walk_sizes(data_dir(name)).values())
     removed = set(result.commits_removed)
-    result.tags_removed = sorted(t for t, c in store.refs.tags().items() if c in removed)
+    result.tags_removed = sorted(t for t, c in repo.refs.tags().items() if c in removed)
     if dry_run:
         return result
 
     for t in result.tags_removed:
-        store.refs.delete_tag(t)
+        repo.refs.delete_tag(t)
     for c in result.commits_removed:
         storage.delete(manifest_key(c))
-        store.forget(c)
+        repo.forget(c)
     for d in result.data_removed:
         storage.delete_tree(data_dir(d))
-    for branch in store.refs.branches():
-        result.ref_files_removed += store.refs.prune_moves(branch)
-    _remove_temp_files(store, grace_period, now)
+    for branch in repo.refs.branches():
+        result.ref_files_removed += repo.refs.prune_moves(branch)
+    _remove_temp_files(repo, grace_period, now)
     return result
 
 
-def _remove_temp_files(store: Store, grace_period: float, now: float) -> None:
+def _remove_temp_files(repo: Repository, grace_period: float, now: float) -> None:
     """Temporary files of interrupted local writes (``.tmp-*``)."""
-    storage = store.storage
+    storage = repo.storage
     dirs = [COMMITS, TAGS, ""] + [f"{HEADS}/{b}" for b in storage.listdir(HEADS)]
     for d in dirs:
         for name in storage.listdir(d):

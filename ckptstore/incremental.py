@@ -23,11 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ManifestError
 from .manifest import Manifest, TensorEntry
 from .policy import Policy, QuantSpec
 
-__all__ = ["ChainMemory", "ChainPlan", "Shadow", "base_entry", "chain_entries", "changed_rows",
+__all__ = ["ChainMemory", "ChainPlan", "Shadow", "changed_rows",
            "commit_rebases", "plan_chain"]
 
 
@@ -143,29 +142,6 @@ def plan_chain(policy: Policy, decision_want: str, quant: QuantSpec | None, path
             return None
         return ChainPlan("delta", tip.id, prev.chain + 1, [], shadow, quant=quant)
     return None
-
-
-def base_entry(manifest_of: Callable[[str], Manifest], entry: TensorEntry) -> TensorEntry:
-    """The entry of the same path in the base commit of a chain entry."""
-    base = manifest_of(entry.base_commit)
-    for e in base.tensors:
-        if e.path == entry.path:
-            return e
-    raise ManifestError(f"base commit {entry.base_commit} has no tensor {entry.path!r}")
-
-
-def chain_entries(manifest_of: Callable[[str], Manifest], entry: TensorEntry,
-                  limit: int = 10_000) -> list[TensorEntry]:
-    """Entries from the full baseline to ``entry`` (oldest first)."""
-    out = [entry]
-    while out[-1].kind != "full":
-        if len(out) > limit:
-            raise ManifestError(f"chain of {entry.path!r} is longer than {limit} (a cycle?)")
-        nxt = base_entry(manifest_of, out[-1])
-        if nxt.shape != entry.shape or nxt.dtype != entry.dtype:
-            raise ManifestError(f"chain of {entry.path!r} changes shape or dtype")
-        out.append(nxt)
-    return out[::-1]
 
 
 class ChainMemory:

@@ -7,6 +7,9 @@
     <root>/refs/tags/<name>           immutable tag file (commit id)
     <root>/commits/<id>.msgpack       immutable commit manifest
     <root>/data/<id>/                 zarr v3 group with the commit's arrays
+    <root>/data/<id>/<array>/         one zarr v3 array: zarr.json and its chunks
+    <root>/data/<id>/_packed/         the small tensors of a commit, back to back
+    <root>/stats/restores/<id>        one file per resume of training (restore budget)
 
 All keys are relative to the store root and use ``/``.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 import re
 
 from .errors import InvalidRefName
+from .ids import COMMIT_ID_RE, is_commit_id
 
 __all__ = [
     "COMMITS",
@@ -23,15 +27,20 @@ __all__ = [
     "DATA",
     "HEADS",
     "MARKER",
+    "PACKED_ARRAY",
     "RESTORES",
     "SEQ_WIDTH",
     "TAGS",
+    "ZARR_JSON",
+    "array_dir",
     "branch_dir",
     "branch_seq",
     "check_ref_name",
     "data_dir",
     "is_commit_id",
+    "manifest_id",
     "manifest_key",
+    "restore_key",
     "tag_key",
 ]
 
@@ -42,8 +51,10 @@ HEADS = "refs/heads"
 TAGS = "refs/tags"
 RESTORES = "stats/restores"  # one file per resume of training (restore budget)
 SEQ_WIDTH = 12  # zero-padded so that lexical order is numeric order
+PACKED_ARRAY = "_packed"  # the array of a commit that holds its small tensors
+ZARR_JSON = "zarr.json"  # zarr v3 metadata document of a group or an array
+_MANIFEST_SUFFIX = ".msgpack"
 
-COMMIT_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 # git-like names, one path component: no '/', no '..', no leading '.' or '-', no ref syntax chars.
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")
 
@@ -62,10 +73,6 @@ def check_ref_name(name: str, what: str = "ref") -> str:
     return name
 
 
-def is_commit_id(text: str) -> bool:
-    return bool(COMMIT_ID_RE.match(text))
-
-
 def branch_dir(branch: str) -> str:
     return f"{HEADS}/{check_ref_name(branch, 'branch')}"
 
@@ -79,8 +86,24 @@ def tag_key(name: str) -> str:
 
 
 def manifest_key(commit_id: str) -> str:
-    return f"{COMMITS}/{commit_id}.msgpack"
+    return f"{COMMITS}/{commit_id}{_MANIFEST_SUFFIX}"
+
+
+def manifest_id(name: str) -> str | None:
+    """The commit id of a file name listed under ``commits/``, or None for anything else."""
+    if name.endswith(_MANIFEST_SUFFIX) and is_commit_id(name[: -len(_MANIFEST_SUFFIX)]):
+        return name[: -len(_MANIFEST_SUFFIX)]
+    return None
 
 
 def data_dir(commit_id: str) -> str:
     return f"{DATA}/{commit_id}"
+
+
+def array_dir(commit_id: str, array: str) -> str:
+    """Folder of one zarr array of a commit (its ``zarr.json`` and chunks)."""
+    return f"{DATA}/{commit_id}/{array}"
+
+
+def restore_key(record_id: str) -> str:
+    return f"{RESTORES}/{record_id}"

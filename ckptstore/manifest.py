@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from enum import Enum
 from typing import Any, Literal
 
 import msgpack
@@ -22,6 +23,8 @@ from .errors import FormatVersionError, ManifestError, NotAStoreError
 __all__ = [
     "FORMAT_VERSION",
     "Blob",
+    "Kind",
+    "Layout",
     "Manifest",
     "PackedInfo",
     "TensorEntry",
@@ -37,8 +40,34 @@ _HEADER = len(MAGIC) + 1 + 32
 _ID = r"^[0-9a-f]{32}$"
 
 
+class Layout(str, Enum):
+    """Where the bits of a manifest entry live (shared by the plan and the manifest)."""
+
+    ARRAY = "array"    # its own zarr array data/<commit>/<array>
+    PACKED = "packed"  # a slice of the commit's packed array of small tensors
+    ALIAS = "alias"    # the very same tensor as an earlier entry (tied weights)
+    VIEW = "view"      # a strided view of a shared storage
+    CHAIN = "chain"    # parts applied to the same path in a base commit
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Kind(str, Enum):
+    """How an entry builds on older commits (Check-N-Run section 5.1, DynaQuant section 6)."""
+
+    FULL = "full"                # the whole tensor: a baseline
+    INCREMENTAL = "incremental"  # rows changed since the baseline (one-shot, intermittent)
+    CONSECUTIVE = "consecutive"  # rows changed since the previous commit
+    DELTA = "delta"              # quantization codes as deltas against the previous commit's
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # enum fields hold their plain string values: the msgpack payload is unchanged
+    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=True)
 
 
 class Blob(_Model):
@@ -80,8 +109,8 @@ class TensorEntry(_Model):
     path: str
     dtype: str
     shape: list[int] = Field(default_factory=list)
-    layout: Literal["array", "packed", "alias", "view", "chain"]
-    kind: Literal["full", "incremental", "consecutive", "delta"] = "full"
+    layout: Layout
+    kind: Kind = Kind.FULL
     container: Literal["torch", "numpy", "numpy-scalar"] = "torch"
     commit: str | None = Field(default=None, pattern=_ID)
     array: str | None = None

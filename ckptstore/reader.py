@@ -20,30 +20,16 @@ from .arrays import (ChunkGrid, host_to_tensor, read_array, start_read_array, st
 from .chunkcodec import QuantizedLossy, codec_from_config
 from .errors import CorruptedChunkError, ManifestError
 from .fs import Storage
-from .incremental import chain_entries
+from .chains.walk import chain_of, needed_entries
 from .layout import data_dir
 from .manifest import Blob, Manifest, TensorEntry
 from .plan import PACKED_ARRAY
 from .qdelta import decode_delta_chunk
 
-__all__ = ["Reader", "needed_entries"]
+__all__ = ["Reader"]
 
 _BLOB_DTYPES = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                 "float16", "float32", "float64", "complex64", "complex128"}
-
-
-def needed_entries(m: Manifest, wanted: Iterable[int]) -> tuple[set[int], set[int]]:
-    """Tensor and storage indices that must be read to rebuild ``wanted`` tensors."""
-    tensors: set[int] = set()
-    storages: set[int] = set()
-    for i in wanted:
-        e = m.tensors[i]
-        tensors.add(i)
-        if e.layout == "alias":
-            tensors.add(e.base)
-        elif e.layout == "view":
-            storages.add(e.base)
-    return tensors, storages
 
 
 def _np_dtype(e: TensorEntry) -> np.dtype:
@@ -79,7 +65,7 @@ class Reader:
         if e.layout == "packed":
             return self._from_packed(e)
         if e.layout == "chain":
-            chain = chain_entries(self.manifest_of, e)
+            chain = chain_of(self.manifest_of, e)
             if e.kind == "delta":
                 return self._replay_deltas(chain)
             out = self.host(chain[0])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from . import __version__
+from ._version import __version__
 from .manifest import FORMAT_VERSION, Blob, Manifest, PackedInfo, TensorEntry
 from .plan import PACKED_ARRAY, CommitPlan, TensorPlan
 from .writer import Persisted

@@ -3,47 +3,32 @@
 from __future__ import annotations
 
 import os
-import re
-import secrets
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import AmbiguousRef, ManifestError, NotAStoreError, RefExists, RefNotFound
+from .errors import ManifestError, NotAStoreError, RefExists
 from .fs import Storage
+from .gc import collect
+from .ids import new_commit_id
 from .incremental import ChainMemory
 from .info import CommitInfo, GCResult, VerifyReport
-from .layout import COMMITS, MARKER, RESTORES, check_ref_name, is_commit_id, manifest_key
-from .manifest import Manifest, decode_manifest, decode_marker, encode_manifest, encode_marker
+from .layout import MARKER, check_ref_name, tag_key
+from .manifest import Manifest, decode_marker, encode_marker
 from .pending import PendingCommit
 from .plan import EncodingOptions, plan_commit
 from .policy import Policy
 from .reader import Reader
 from .records import build_manifest
-from .refs import Refs
+from .repository import Repository
 from .staging import StagingPool
 from .state import flatten, load_into, select, tree_paths, unflatten
+from .verify import verify
 from .writer import persist, snapshot
 
-__all__ = ["Store", "new_commit_id", "open"]
-
-_REF_RE = re.compile(r"^(?P<name>[^~^\s]+)(?P<ops>(?:~\d*|\^\d*)*)$")
-_OP_RE = re.compile(r"(~|\^)(\d*)")
-
-
-def new_commit_id(now: float | None = None) -> str:
-    """32 hex digits: 20 random, then the creation time in ms (so gc knows an orphan's age)."""
-    ms = int((time.time() if now is None else now) * 1000)
-    return secrets.token_hex(10) + f"{ms:012x}"[-12:]
-
-
-def commit_time(commit_id: str) -> float:
-    """Creation time (seconds) encoded in a commit id."""
-    return int(commit_id[20:], 16) / 1000.0
+__all__ = ["Store", "open"]
 
 
 @dataclass
@@ -66,21 +51,19 @@ class Store:
 
     def __init__(self, storage: Storage, options: EncodingOptions | None = None,
                  io_workers: int | None = None, policy: Policy | None = None):
+        self.repo = Repository(storage, io_workers)
         self.storage = storage
-        self.refs = Refs(storage)
+        self.refs = self.repo.refs
         self.options = options or EncodingOptions()
         self.policy = policy or Policy()
         self._chains = ChainMemory()
-        cpus = os.cpu_count() or 2
-        workers = io_workers or (cpus if storage.is_local else max(16, cpus))
-        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="ckptstore-io")
+        self._executor = self.repo.executor
+        workers = self.repo.io_workers
         # encoded chunks in memory at once: enough to keep the workers busy, at most ~64 MiB
         self._max_inflight = max(2, min(2 * workers, (64 << 20) // self.options.chunk_bytes))
-        self._manifests: OrderedDict[str, Manifest] = OrderedDict()
         self._staging = StagingPool()
         self._persister = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-persist")
         self._inflight: PendingCommit | None = None
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"<ckptstore.Store {self.storage.url!r}>"
@@ -100,7 +83,7 @@ class Store:
             self._wait_inflight()
         finally:
             self._persister.shutdown(wait=True)
-            self._executor.shutdown(wait=True)
+            self.repo.close()
             self._staging.clear()
 
     # -- commit ----------------------------------------------------------------------------
@@ -171,7 +154,7 @@ class Store:
         check_ref_name(branch, "branch")
         tags = [check_ref_name(t, "tag") for t in ([tags] if isinstance(tags, str) else tags)]
         for t in tags:
-            if self.storage.exists(f"refs/tags/{t}"):
+            if self.storage.exists(tag_key(t)):
                 raise RefExists(f"tag {t!r} already exists; choose another name")
         metadata = _plain_metadata(metadata or {}, state)
         policy = self._effective_policy(policy or self.policy)
@@ -188,12 +171,11 @@ class Store:
                        self._max_inflight, self.options.chunk_bytes, progress)
         manifest = build_manifest(commit_id, job.parent, job.message, job.metadata, job.tree,
                                   job.plan, done)
-        self.storage.put_if_absent(manifest_key(commit_id), encode_manifest(manifest))  # 5.
+        self.repo.write_manifest(manifest)                                 # 5. manifest
         self.refs.advance(job.branch, job.tip, commit_id)                   # 6. ref
         tracker = job.tracker
         self._chains.commit_done(job.branch, commit_id, job.plan, snap, done,
                                  lambda t: tracker is not None and tracker.lookup(t) is not None)
-        self._remember(manifest)
         for t in job.tags:
             try:
                 self.refs.create_tag(t, commit_id)
@@ -222,11 +204,11 @@ class Store:
     # -- restores ----------------------------------------------------------------------------
     def record_restore(self, commit_id: str) -> None:
         """Count one resume of training from a commit (drives :class:`~ckptstore.policy.BitWidth`)."""
-        self.storage.put_if_absent(f"{RESTORES}/{new_commit_id()}", (commit_id + "\n").encode())
+        self.repo.record_restore(commit_id)
 
     def restore_count(self) -> int:
         """How many times training resumed from this store (``checkout(..., for_resume=True)``)."""
-        return sum(1 for n in self.storage.listdir(RESTORES) if is_commit_id(n))
+        return self.repo.restore_count()
 
     # -- checkout --------------------------------------------------------------------------
     def checkout(self, ref: str = "main", *, into: Any = None,
@@ -267,94 +249,27 @@ class Store:
     # -- history and refs ------------------------------------------------------------------
     def manifest(self, commit_id: str) -> Manifest:
         """The validated manifest of a commit (cached; manifests are immutable)."""
-        with self._lock:
-            if commit_id in self._manifests:
-                self._manifests.move_to_end(commit_id)
-                return self._manifests[commit_id]
-        key = manifest_key(commit_id)
-        try:
-            data = self.storage.read(key)
-        except FileNotFoundError:
-            raise RefNotFound(f"commit {commit_id} is not in the store (removed by gc?)") from None
-        m = decode_manifest(data, key)
-        if m.id != commit_id:
-            raise ManifestError(f"{key} holds commit {m.id}, not {commit_id}")
-        self._remember(m)
-        return m
-
-    def _remember(self, m: Manifest) -> None:
-        with self._lock:
-            self._manifests[m.id] = m
-            while len(self._manifests) > 512:
-                self._manifests.popitem(last=False)
+        return self.repo.manifest(commit_id)
 
     def forget(self, commit_id: str) -> None:
         """Drop a commit from the manifest cache (after gc removed it)."""
-        with self._lock:
-            self._manifests.pop(commit_id, None)
+        self.repo.forget(commit_id)
 
     def commit_ids(self) -> list[str]:
         """Ids of every commit manifest in the store (reachable or not)."""
-        return [n[:-8] for n in self.storage.listdir(COMMITS)
-                if n.endswith(".msgpack") and is_commit_id(n[:-8])]
+        return self.repo.commit_ids()
 
     def resolve(self, ref: str) -> str:
         """Commit id of a branch, tag, commit id, unique id prefix, with ``~N`` / ``^N``."""
-        if not isinstance(ref, str) or not (match := _REF_RE.match(ref)):
-            raise RefNotFound(f"cannot parse ref {ref!r}: use a branch, tag or commit id, "
-                              "optionally followed by ~N")
-        commit_id = self._resolve_name(match["name"])
-        for op, num in _OP_RE.findall(match["ops"]):
-            n = int(num) if num else 1
-            if op == "^" and n > 1:
-                raise RefNotFound(f"{ref!r}: commits have a single parent (use ~N)")
-            for _ in range(n if op == "~" else 1):
-                parent = self.manifest(commit_id).parent
-                if parent is None:
-                    raise RefNotFound(f"{ref!r} goes past the first commit of the history")
-                commit_id = parent
-        return commit_id
-
-    def _resolve_name(self, name: str) -> str:
-        try:
-            check_ref_name(name)
-        except ValueError:
-            if not re.fullmatch(r"[0-9a-f]{4,32}", name):
-                raise RefNotFound(f"no branch, tag or commit {name!r}") from None
-        else:
-            tip = self.refs.tip(name)
-            if tip is not None:
-                return tip[1]
-            try:
-                return self.refs.tag(name)
-            except RefNotFound:
-                pass
-        if re.fullmatch(r"[0-9a-f]{4,32}", name):
-            if is_commit_id(name) and self.storage.exists(manifest_key(name)):
-                return name
-            hits = [c for c in self.commit_ids() if c.startswith(name)]
-            if len(hits) == 1:
-                return hits[0]
-            if len(hits) > 1:
-                raise AmbiguousRef(f"commit prefix {name!r} matches {len(hits)} commits: "
-                                   f"{', '.join(h[:12] for h in hits[:5])}; give more digits")
-        raise RefNotFound(f"no branch, tag or commit {name!r} (branches: "
-                          f"{', '.join(sorted(self.refs.branches())) or 'none'})")
+        return self.repo.resolve(ref)
 
     def log(self, ref: str = "main", limit: int | None = None) -> list[CommitInfo]:
         """History from ``ref`` back along first parents, newest first."""
         return list(self.iter_log(ref, limit))
 
     def iter_log(self, ref: str = "main", limit: int | None = None) -> Iterator[CommitInfo]:
-        commit_id: str | None = self.resolve(ref)
-        n = 0
-        while commit_id is not None and (limit is None or n < limit):
-            try:
-                m = self.manifest(commit_id)
-            except RefNotFound:
-                return  # older history was removed by gc
-            yield CommitInfo.from_manifest(m)
-            commit_id, n = m.parent, n + 1
+        """History from ``ref`` back along first parents, newest first (lazily)."""
+        return self.repo.iter_log(ref, limit)
 
     def info(self, ref: str) -> CommitInfo:
         return CommitInfo.from_manifest(self.manifest(self.resolve(ref)))
@@ -397,31 +312,18 @@ class Store:
            keep_every: int | None = None, dry_run: bool = False,
            grace_period: float = 3600.0) -> GCResult:
         """Remove old commits and leftovers; see :func:`ckptstore.gc.collect`."""
-        from .gc import collect
         self._wait_inflight()  # never collect the data of our own commit in flight
-        return collect(self, keep_last=keep_last, keep_tags=keep_tags, keep_every=keep_every,
+        return collect(self.repo, keep_last=keep_last, keep_tags=keep_tags, keep_every=keep_every,
                        dry_run=dry_run, grace_period=grace_period)
 
     def verify(self, ref: str | None = None, progress: bool = False) -> VerifyReport:
         """Check every chunk (existence and checksum) of ``ref``'s commit, or of every commit
         reachable from a branch or tag."""
-        from .verify import verify
-        return verify(self, ref, progress=progress)
+        return verify(self.repo, ref, progress=progress)
 
     def reachable(self, roots: Iterable[str] | None = None) -> list[str]:
         """Commits reachable from branch tips and tags (or from ``roots``), newest first."""
-        roots = list(roots) if roots is not None else [
-            *self.refs.branches().values(), *self.refs.tags().values()]
-        seen: dict[str, None] = {}
-        for c in roots:
-            while c is not None and c not in seen:
-                try:
-                    m = self.manifest(c)
-                except RefNotFound:
-                    break
-                seen[c] = None
-                c = m.parent
-        return list(seen)
+        return self.repo.reachable(roots)
 
 
 def _plain_metadata(metadata: dict[str, Any], state: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import torch
 
 import ckptstore
 from ckptstore.cli import human_size, main, max_abs_diff, parse_storage_options
-from ckptstore.store import new_commit_id
+from ckptstore.ids import new_commit_id
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 

@@ -1,0 +1,160 @@
+"""History and refs of one store: storage, refs, immutable manifests (cached), the I/O pool.
+
+The :class:`Repository` is what everything that reads history takes -- gc, verify, the reader,
+usage, diff and the CLI -- instead of the :class:`~ckptstore.store.Store` facade, which adds the
+act of committing (:mod:`ckptstore.committer`) on top of it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+from .errors import AmbiguousRef, ManifestError, RefNotFound
+from .fs import Storage
+from .ids import is_commit_id, new_commit_id
+from .info import CommitInfo
+from .layout import COMMITS, RESTORES, check_ref_name, manifest_id, manifest_key, restore_key
+from .manifest import Manifest, decode_manifest, encode_manifest
+from .refs import Refs
+from .revparse import HEX_PREFIX_RE, parse_revision
+
+__all__ = ["Repository"]
+
+_CACHED_MANIFESTS = 512
+
+
+class Repository:
+    """Refs, manifests and the chunk I/O thread pool of one store root.
+
+    Parameters
+    ----------
+    storage
+        The store root.
+    io_workers
+        Threads that encode, write and read chunks (default: the CPU count on local disks, at
+        least 16 for object stores, where requests wait on the network).
+    """
+
+    def __init__(self, storage: Storage, io_workers: int | None = None):
+        self.storage = storage
+        self.refs = Refs(storage)
+        cpus = os.cpu_count() or 2
+        self.io_workers = io_workers or (cpus if storage.is_local else max(16, cpus))
+        self.executor = ThreadPoolExecutor(self.io_workers, thread_name_prefix="ckptstore-io")
+        self._manifests: OrderedDict[str, Manifest] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Release the I/O threads."""
+        self.executor.shutdown(wait=True)
+
+    # -- manifests -------------------------------------------------------------------------
+    def manifest(self, commit_id: str) -> Manifest:
+        """The validated manifest of a commit (cached; manifests are immutable)."""
+        with self._lock:
+            if commit_id in self._manifests:
+                self._manifests.move_to_end(commit_id)
+                return self._manifests[commit_id]
+        key = manifest_key(commit_id)
+        try:
+            data = self.storage.read(key)
+        except FileNotFoundError:
+            raise RefNotFound(f"commit {commit_id} is not in the store (removed by gc?)") from None
+        m = decode_manifest(data, key)
+        if m.id != commit_id:
+            raise ManifestError(f"{key} holds commit {m.id}, not {commit_id}")
+        self.remember(m)
+        return m
+
+    def write_manifest(self, m: Manifest) -> None:
+        """Store a new commit's manifest (put-if-absent: manifests are never overwritten)."""
+        self.storage.put_if_absent(manifest_key(m.id), encode_manifest(m))
+        self.remember(m)
+
+    def remember(self, m: Manifest) -> None:
+        with self._lock:
+            self._manifests[m.id] = m
+            while len(self._manifests) > _CACHED_MANIFESTS:
+                self._manifests.popitem(last=False)
+
+    def forget(self, commit_id: str) -> None:
+        """Drop a commit from the manifest cache (after gc removed it)."""
+        with self._lock:
+            self._manifests.pop(commit_id, None)
+
+    def commit_ids(self) -> list[str]:
+        """Ids of every commit manifest in the store (reachable or not)."""
+        return [c for c in map(manifest_id, self.storage.listdir(COMMITS)) if c is not None]
+
+    # -- revisions -------------------------------------------------------------------------
+    def resolve(self, ref: str) -> str:
+        """Commit id of a branch, tag, commit id, unique id prefix, with ``~N`` / ``^``."""
+        rev = parse_revision(ref)
+        return rev.walk(self._resolve_name(rev.name), lambda c: self.manifest(c).parent, ref)
+
+    def _resolve_name(self, name: str) -> str:
+        try:
+            check_ref_name(name)
+        except ValueError:
+            if not HEX_PREFIX_RE.fullmatch(name):
+                raise RefNotFound(f"no branch, tag or commit {name!r}") from None
+        else:
+            tip = self.refs.tip(name)
+            if tip is not None:
+                return tip[1]
+            try:
+                return self.refs.tag(name)
+            except RefNotFound:
+                pass
+        if HEX_PREFIX_RE.fullmatch(name):
+            if is_commit_id(name) and self.storage.exists(manifest_key(name)):
+                return name
+            hits = [c for c in self.commit_ids() if c.startswith(name)]
+            if len(hits) == 1:
+                return hits[0]
+            if len(hits) > 1:
+                raise AmbiguousRef(f"commit prefix {name!r} matches {len(hits)} commits: "
+                                   f"{', '.join(h[:12] for h in hits[:5])}; give more digits")
+        raise RefNotFound(f"no branch, tag or commit {name!r} (branches: "
+                          f"{', '.join(sorted(self.refs.branches())) or 'none'})")
+
+    # -- history ---------------------------------------------------------------------------
+    def iter_log(self, ref: str = "main", limit: int | None = None) -> Iterator[CommitInfo]:
+        """History from ``ref`` back along first parents, newest first (stops where gc cut)."""
+        commit_id: str | None = self.resolve(ref)
+        n = 0
+        while commit_id is not None and (limit is None or n < limit):
+            try:
+                m = self.manifest(commit_id)
+            except RefNotFound:
+                return  # older history was removed by gc
+            yield CommitInfo.from_manifest(m)
+            commit_id, n = m.parent, n + 1
+
+    def reachable(self, roots: Iterable[str] | None = None) -> list[str]:
+        """Commits reachable from branch tips and tags (or from ``roots``), newest first."""
+        roots = list(roots) if roots is not None else [
+            *self.refs.branches().values(), *self.refs.tags().values()]
+        seen: dict[str, None] = {}
+        for c in roots:
+            while c is not None and c not in seen:
+                try:
+                    m = self.manifest(c)
+                except RefNotFound:
+                    break
+                seen[c] = None
+                c = m.parent
+        return list(seen)
+
+    # -- restores --------------------------------------------------------------------------
+    def record_restore(self, commit_id: str) -> None:
+        """Count one resume of training from a commit (drives the restore-driven bit width)."""
+        self.storage.put_if_absent(restore_key(new_commit_id()), (commit_id + "\n").encode())
+
+    def restore_count(self) -> int:
+        """How many times training resumed from this store."""
+        return sum(1 for n in self.storage.listdir(RESTORES) if is_commit_id(n))
