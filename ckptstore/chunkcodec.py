@@ -192,6 +192,21 @@ class QuantizedLossy:
         except ValueError as e:
             raise CorruptedChunkError(f"chunk {where} does not decode: {e}", where) from e
 
+    def encode_delta(self, chunk: np.ndarray, base_codes: np.ndarray,
+                     base_params: Any) -> tuple[Encoded, np.ndarray, Any]:
+        """``(stored bytes, codes, params)`` of one chunk stored as code deltas against the codes
+        of the same chunk in the previous version (DynaQuant)."""
+        from .qdelta import encode_delta_chunk
+
+        return encode_delta_chunk(chunk, self.quantize, base_codes, base_params)
+
+    def decode_delta(self, data: bytes, base_codes: np.ndarray, base_params: Any,
+                     where: str) -> tuple[np.ndarray, Any]:
+        """``(codes, params)`` of a chunk stored by :meth:`encode_delta`."""
+        from .qdelta import decode_delta_chunk
+
+        return decode_delta_chunk(data, base_codes, base_params, where)
+
     def decode(self, data: bytes, out: np.ndarray, where: str) -> None:
         from ckptcodecs import dequantize
 

@@ -24,7 +24,6 @@ from .chains.walk import chain_of, needed_entries
 from .layout import data_dir
 from .manifest import Blob, Manifest, TensorEntry
 from .plan import PACKED_ARRAY
-from .qdelta import decode_delta_chunk
 
 __all__ = ["Reader"]
 
@@ -109,7 +108,7 @@ class Reader:
             for d in chain[1:]:
                 blob = d.parts["codes"]
                 where = f"{data_dir(blob.commit)}/{blob.array}/{key}"
-                codes, params = decode_delta_chunk(self._read(where), codes, params, where)
+                codes, params = codec.decode_delta(self._read(where), codes, params, where)
             values = dequantize(codes, params)
             full = values.view(dtype) if values.dtype != dtype else values
             if full.size != int(np.prod(grid.chunks)):

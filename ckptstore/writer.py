@@ -22,7 +22,6 @@ from .fs import Storage
 from .incremental import changed_rows
 from .layout import data_dir
 from .plan import PACKED_ARRAY, CommitPlan, TensorPlan
-from .qdelta import encode_delta_chunk
 
 __all__ = ["GROUP_METADATA", "Persisted", "Snapshot", "bounded_submit", "persist", "snapshot"]
 
@@ -193,11 +192,10 @@ def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
         chain = p.chain
         if chain.kind == "delta":
             base = chain.shadow.codes
-            quant = p.codec.quantize
             sink = sinks[id(p)] = _CodesSink(p.codec)
 
-            def enc(i: int, c: np.ndarray, s: _CodesSink = sink, base=base, quant=quant) -> bytes:
-                data, codes, params = encode_delta_chunk(c, quant, *base[i])
+            def enc(i: int, c: np.ndarray, s: _CodesSink = sink, base=base) -> bytes:
+                data, codes, params = s.codec.encode_delta(c, *base[i])
                 s.codes[i] = (codes, params)
                 return data
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-GOLDEN = Path(__file__).parent / "data" / "golden_v1"
+GOLDEN = Path(__file__).parents[1] / "data" / "golden_v1"
 
 
 def golden_state(version: int) -> dict:
@@ -94,7 +94,7 @@ def test_plain_zarr_reads_golden(golden):
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parents[1]))
     from helpers import write_golden_once
 
     write_golden_once(GOLDEN, make_golden)

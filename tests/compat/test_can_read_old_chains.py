@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-GOLDEN = Path(__file__).parent / "data" / "golden_v1_chains"
+GOLDEN = Path(__file__).parents[1] / "data" / "golden_v1_chains"
 
 
 def lossless_state(version: int) -> dict:
@@ -99,7 +99,7 @@ def test_verify_clean(golden):
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parents[1]))
     from helpers import write_golden_once
 
     write_golden_once(GOLDEN, make_golden)
