@@ -203,7 +203,7 @@ def stall_case(size_mb: int, policy: str, repeat: int, warmup: int, root: str,
             res.cpu_ratios.append(stall_cpu / max((bare1_cpu + bare2_cpu) / 2, 1e-9))
             res.persist.append(pending.persist_seconds)
             res.stored.append(info.stored_bytes)
-        res.pool_bytes = store._staging.nbytes
+        res.pool_bytes = store.staging_bytes
     finally:
         store.close()
         shutil.rmtree(folder, ignore_errors=True)
@@ -490,7 +490,7 @@ def rss_child(variant: str, size_mb: int, seed: int, root: str) -> dict[str, Any
                 store.commit_async(state).wait()
                 peaks.append(_proc_status()["VmHWM"])
             out["peak_steady"] = max(peaks)
-            out["pool"] = store._staging.nbytes
+            out["pool"] = store.staging_bytes
             store.close()
     finally:
         shutil.rmtree(folder, ignore_errors=True)

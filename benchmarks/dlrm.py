@@ -344,22 +344,14 @@ class StoreRun:
 def restore_footprint(store: Any) -> int:
     """Bytes that restoring the branch tip reads: the data folders of its arrays (every link of
     a chain) and their manifests -- what a gc that keeps single arrays would have to keep."""
-    from ckptstore.incremental import chain_entries
+    from ckptstore.chains.walk import arrays_read
+    from ckptstore.layout import manifest_key
+
     tip = store.manifest(store.resolve("main"))
-    folders: set[tuple[str, str]] = set()
-    commits = {tip.id}
-    for e in tip.tensors:
-        for x in (chain_entries(store.manifest, e) if e.kind != "full" else [e]):
-            if x.layout == "array":
-                folders.add((x.commit, x.array))
-            elif x.layout == "packed":
-                folders.add((x.commit, "_packed"))
-            for blob in (x.parts or {}).values():
-                folders.add((blob.commit, blob.array))
-    commits |= {c for c, _ in folders}
-    total = sum(sum(store.storage.walk_sizes(f"data/{c}/{a}").values()) for c, a in folders)
-    for c in commits:
-        total += sum(store.storage.walk_sizes(f"commits/{c}.msgpack").values())
+    arrays = arrays_read(store.manifest, tip)  # the one walk of what a checkout reads
+    total = sum(sum(store.storage.walk_sizes(a.prefix).values()) for a in arrays)
+    for c in {tip.id} | {a.commit for a in arrays}:
+        total += sum(store.storage.walk_sizes(manifest_key(c)).values())
     return total
 
 

@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .chunkcodec import ChunkCodec, encoded_size
+from .chunkcodec import ChunkCodec, Encoded, encoded_size
 from .errors import CorruptedChunkError, ManifestError, UnsupportedLeafError
 from .fs import Storage
+from .layout import ZARR_JSON
 
 __all__ = [
     "CHUNK_BYTES",
@@ -196,27 +197,31 @@ def _chunk_view(a: np.ndarray, grid: ChunkGrid, lo: int, hi: int) -> np.ndarray:
 
 
 def write_array(storage: Storage, prefix: str, a: np.ndarray, grid: ChunkGrid, codec: ChunkCodec,
-                attributes: dict[str, Any], submit: Callable[..., Any]) -> list[Any]:
+                attributes: dict[str, Any] | None, submit: Callable[..., Any],
+                encode: Callable[[int, np.ndarray], Encoded] | None = None) -> list[Any]:
     """Queue the chunks of ``a`` and its ``zarr.json`` under ``prefix``; returns the futures.
 
     ``submit(fn, *args)`` schedules work (an executor's submit, possibly bounded); each future
-    resolves to the number of bytes written.
+    resolves to the number of bytes written. ``encode(chunk index, chunk)`` replaces
+    ``codec.encode`` (to keep codes, or to write code deltas); ``attributes=None`` writes no
+    ``zarr.json`` (arrays only ckptstore reads).
     """
     if tuple(a.shape) != grid.shape:
         raise ValueError(f"array of shape {a.shape} written with a grid for {grid.shape}")
 
-    def put_chunk(key: str, lo: int, hi: int) -> int:
-        data = codec.encode(_chunk_view(a, grid, lo, hi))
+    def put_chunk(i: int, key: str, lo: int, hi: int) -> int:
+        chunk = _chunk_view(a, grid, lo, hi)
+        data = codec.encode(chunk) if encode is None else encode(i, chunk)
         storage.put_chunk(f"{prefix}/{key}", data)
         return encoded_size(data)
 
     def put_meta() -> int:
-        meta = array_metadata(grid, a.dtype, codec, attributes)
-        storage.put_chunk(f"{prefix}/zarr.json", meta)
+        meta = array_metadata(grid, a.dtype, codec, attributes or {})
+        storage.put_chunk(f"{prefix}/{ZARR_JSON}", meta)
         return len(meta)
 
-    futures = [submit(put_meta)]
-    futures += [submit(put_chunk, key, lo, hi) for _, key, lo, hi in grid]
+    futures = [submit(put_meta)] if attributes is not None else []
+    futures += [submit(put_chunk, i, key, lo, hi) for i, key, lo, hi in grid]
     return futures
 
 

@@ -103,7 +103,7 @@ class TensorEntry(_Model):
       - ``view``: ``as_strided(storages[base], shape, stride, storage_offset)`` (views that share a
         storage partially);
       - ``chain``: ``kind`` says how ``parts`` apply to the same path in ``base_commit``
-        (see :mod:`ckptstore.incremental`).
+        (see :mod:`ckptstore.chains.decide`).
     """
 
     path: str

@@ -1,28 +1,39 @@
-"""Per-tensor encoding decisions for one commit: what is written, where, and how.
+"""Per-tensor encoding decisions for one commit: what is written, where, and how (no I/O).
 
-The planner sees the flattened leaves and decides, for each tensor, its layout (own array, packed
-with other small tensors, alias of a tied tensor, or a view of a shared storage) and its chunk codec.
-It writes nothing. Later encodings (incremental rows, quantization, deltas) are further plan kinds.
+A :class:`CommitPlan` is frozen: one item per manifest entry, in manifest order (tensors, then
+the shared storages that views point into), each carrying its ``index`` in :attr:`CommitPlan.items`
+-- snapshot and persist results are keyed by it, as DCP joins ``WriteItem`` and ``WriteResult``.
+One item class per layout:
+
+- :class:`ArrayItem` -- its own zarr array (lossless or quantized);
+- :class:`RowsItem` -- an array item stored as the rows changed since its base (Check-N-Run);
+- :class:`CodesItem` -- an array item stored as code deltas against the previous commit;
+- :class:`PackedItem` -- a slice of the commit's one packed array of small tensors;
+- :class:`AliasItem` -- the very same tensor as an earlier entry (tied weights);
+- :class:`ViewItem` -- a strided view of a shared storage.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 
 from .arrays import CHUNK_BYTES, ChunkGrid, dtype_name, storage_dtype
+from .chains.decide import ChainLink, ChainStart
 from .chunkcodec import BloscLossless, ChunkCodec, RawLossless
 from .errors import UnsupportedLeafError
+from .layout import PACKED_ARRAY
+from .manifest import Kind, Layout
 from .state import Leaf
 
-__all__ = ["PACKED_ARRAY", "CommitPlan", "EncodingOptions", "TensorPlan", "plan_commit"]
+__all__ = ["AliasItem", "ArrayItem", "CodesItem", "CommitPlan", "Decide", "EncodingOptions",
+           "PackedItem", "PlanItem", "RowsItem", "TensorDecision", "ViewItem", "plan_commit"]
 
-PACKED_ARRAY = "_packed"
 PACK_ALIGN = 16
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
@@ -54,67 +65,165 @@ class EncodingOptions:
         raise ValueError(f"compression must be 'lz4' or 'none', not {self.compression!r}")
 
 
-@dataclass
-class TensorPlan:
-    """One manifest tensor entry to produce.
+# -- plan items --------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False, kw_only=True)
+class PlanItem:
+    """One manifest entry to produce; ``index`` is its position in :attr:`CommitPlan.items`."""
 
-    ``source`` is the tensor (or numpy array) whose bits are stored; for ``view`` storages it is a
-    flat tensor over the shared span.
-    """
-
+    layout: ClassVar[Layout]
+    index: int
     path: str
-    dtype: str
-    shape: list[int]
-    layout: str  # array | packed | alias | view
-    container: str = "torch"
-    source: Any = None
-    array: str | None = None
-    base: int | None = None
-    storage_offset: int | None = None
-    stride: list[int] | None = None
-    offset: int | None = None  # packed: byte offset
-    nbytes: int = 0
-    grid: ChunkGrid | None = None  # array: its chunking
-    codec: ChunkCodec | None = None  # array: its codec (lossless or quantized)
-    kind: str = "full"
-    chain: Any = None  # incremental.ChainPlan for layout "chain"
-    keep_codes: bool = False  # quantized: keep the codes as the base of later code deltas
-    want: str = "full"  # what the policy wanted (full, rows, codes)
+    dtype: str             # torch dtype name
+    shape: tuple[int, ...]
+    container: str = "torch"  # torch | numpy | numpy-scalar: what checkout hands back
+    nbytes: int = 0        # bytes of the tensor in memory
+
+    @property
+    def kind(self) -> Kind:
+        return Kind.FULL
+
+    @property
+    def want(self) -> str:
+        """What the policy wanted for it: ``full``, ``rows`` or ``codes``."""
+        return "full"
 
 
-@dataclass
+@dataclass(frozen=True, eq=False, kw_only=True)
+class PackedItem(PlanItem):
+    """``nbytes`` bytes at ``offset`` of the commit's packed array."""
+
+    layout: ClassVar[Layout] = Layout.PACKED
+    source: torch.Tensor
+    offset: int
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class AliasItem(PlanItem):
+    """The very same tensor as ``tensors[base]`` (tied weights): no bits of its own."""
+
+    layout: ClassVar[Layout] = Layout.ALIAS
+    base: int
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class ViewItem(PlanItem):
+    """``as_strided(storages[base], shape, stride, storage_offset)``: no bits of its own."""
+
+    layout: ClassVar[Layout] = Layout.VIEW
+    base: int
+    storage_offset: int
+    stride: tuple[int, ...]
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class ArrayItem(PlanItem):
+    """Its own zarr array ``data/<commit>/<array>``, chunked by ``grid``, encoded by ``codec``."""
+
+    layout: ClassVar[Layout] = Layout.ARRAY
+    source: torch.Tensor
+    array: str
+    grid: ChunkGrid
+    codec: ChunkCodec
+    wanted: str = "full"
+
+    @property
+    def want(self) -> str:
+        return self.wanted
+
+    @property
+    def keep_codes(self) -> bool:
+        """Quantized: keep the codes as the base of the next commit's code deltas."""
+        return self.wanted == "codes"
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class RowsItem(ArrayItem):
+    """An array item stored as its changed rows (``<array>.rows``, ``<array>.values``)."""
+
+    layout: ClassVar[Layout] = Layout.CHAIN
+    start: ChainStart
+
+    @property
+    def kind(self) -> Kind:
+        return self.start.link.kind
+
+    @property
+    def link(self) -> ChainLink:
+        return self.start.link
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class CodesItem(ArrayItem):
+    """An array item stored as code deltas against the previous commit (``<array>.codes``)."""
+
+    layout: ClassVar[Layout] = Layout.CHAIN
+    start: ChainStart
+
+    @property
+    def kind(self) -> Kind:
+        return Kind.DELTA
+
+    @property
+    def link(self) -> ChainLink:
+        return self.start.link
+
+
+# -- the plan ----------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
 class CommitPlan:
-    tensors: list[TensorPlan] = field(default_factory=list)
-    storages: list[TensorPlan] = field(default_factory=list)
-    packed_nbytes: int = 0
-    packed_grid: ChunkGrid | None = None
-    codec: ChunkCodec = field(default_factory=BloscLossless)
+    """Every entry of a commit, tensors first (``items[:n_tensors]``), then shared storages."""
+
+    items: tuple[PlanItem, ...]
+    n_tensors: int
+    packed_nbytes: int
+    packed_grid: ChunkGrid | None
+    codec: ChunkCodec  # of the packed array
+
+    @property
+    def tensors(self) -> tuple[PlanItem, ...]:
+        return self.items[: self.n_tensors]
+
+    @property
+    def storages(self) -> tuple[PlanItem, ...]:
+        return self.items[self.n_tensors:]
 
     @property
     def logical_bytes(self) -> int:
-        return sum(p.nbytes for p in self.tensors
-                   if p.layout in ("array", "packed", "view", "chain"))
+        return sum(p.nbytes for p in self.tensors if not isinstance(p, AliasItem))
 
-    def stored(self) -> list[TensorPlan]:
-        """Entries whose bits are written (arrays, packed, chains), storages included."""
-        return [p for p in (*self.tensors, *self.storages)
-                if p.layout in ("array", "packed", "chain")]
+    def stored(self) -> Iterator[PlanItem]:
+        """Items whose bits are written (arrays, chains, packed), storages included."""
+        return (p for p in self.items if isinstance(p, (ArrayItem, PackedItem)))
 
 
-def _container(value: Any) -> str:
+@dataclass(frozen=True, eq=False)
+class TensorDecision:
+    """The policy's answer for one tensor: what it wanted (``full``, ``rows``, ``codes``), a
+    codec other than the lossless default (None: lossless), and a chain entry to write instead of
+    the full tensor (None: full)."""
+
+    want: str = "full"
+    codec: ChunkCodec | None = None
+    chain: ChainStart | None = None
+
+
+Decide = Callable[[str, torch.Tensor, ChunkGrid], TensorDecision]
+
+
+def _container(value: object) -> str:
     if isinstance(value, np.generic):
         return "numpy-scalar"
     return "numpy" if isinstance(value, np.ndarray) else "torch"
 
 
-def _as_tensor(value: Any) -> torch.Tensor:
+def _as_tensor(value: object) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value.detach()
     a = np.asarray(value)  # np.ascontiguousarray would turn 0-d arrays into 1-d ones
     return torch.from_numpy(a if a.flags.c_contiguous else a.copy(order="C"))
 
 
-def _storage_key(t: torch.Tensor) -> tuple[Any, ...] | None:
+def _storage_key(t: torch.Tensor) -> tuple[object, ...] | None:
     if t.numel() == 0 or t.layout != torch.strided:
         return None
     return t.device.type, t.device.index, t.untyped_storage().data_ptr()
@@ -128,37 +237,26 @@ def _array_name(path: str, index: int, taken: set[str]) -> str:
     return name
 
 
-Decide = Callable[[str, torch.Tensor, ChunkGrid], tuple[ChunkCodec | None, Any, str]]
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
-def plan_commit(leaves: list[Leaf], options: EncodingOptions,
-                decide: Decide | None = None) -> CommitPlan:
-    """Decide the layout of every leaf tensor; shared storages are detected here.
-
-    ``decide(path, tensor, grid) -> (codec, chain, want)`` is asked about every tensor that gets
-    an array of its own: a codec other than the lossless default (quantization), a
-    :class:`~ckptstore.incremental.ChainPlan` to store it as a chain entry instead of in full,
-    and what the policy wanted for it (``full``, ``rows`` or ``codes``).
-    """
-    plan = CommitPlan(codec=options.codec())
-    tensors = [_as_tensor(leaf.value) for leaf in leaves]
-    for t, leaf in zip(tensors, leaves):
-        if t.is_sparse or t.layout != torch.strided:
-            raise UnsupportedLeafError(
-                f"tensor at {leaf.path!r} has layout {t.layout}: convert it with .to_dense()")
-        storage_dtype(t.dtype)  # unsupported dtypes fail before anything is written
-
-    groups: dict[tuple[Any, ...], list[int]] = {}
+def _shared_storages(tensors: list[torch.Tensor], leaves: list[Leaf]
+                     ) -> tuple[dict[int, tuple[str, int]], list[tuple[str, torch.Tensor]]]:
+    """Tensors sharing a storage: ``({index: ("alias", first) | ("view", storage)}, storages)``
+    where each storage is ``(path, flat tensor over the shared span)``."""
+    groups: dict[tuple[object, ...], list[int]] = {}
     for i, t in enumerate(tensors):
         key = _storage_key(t) if isinstance(leaves[i].value, torch.Tensor) else None
         if key is not None:
             groups.setdefault(key, []).append(i)
-    role: dict[int, tuple[str, int]] = {}  # index -> ("alias", first) | ("view", storage index)
+    role: dict[int, tuple[str, int]] = {}
+    spans: list[tuple[str, torch.Tensor]] = []
     for members in groups.values():
         if len(members) < 2:
             continue
         first = tensors[members[0]]
-        sig = lambda t: (t.dtype, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        sig = lambda t: (t.dtype, t.storage_offset(), tuple(t.shape), tuple(t.stride()))  # noqa
         if all(sig(tensors[m]) == sig(first) for m in members):
             for m in members[1:]:
                 role[m] = ("alias", members[0])
@@ -170,45 +268,65 @@ def plan_commit(leaves: list[Leaf], options: EncodingOptions,
                  zip(tensors[m].shape, tensors[m].stride())) + 1 for m in members)
         span = torch.empty(0, dtype=first.dtype, device=first.device).set_(
             first.untyped_storage(), lo, (hi - lo,), (1,))
-        plan.storages.append(TensorPlan(path=f"<storage of {leaves[members[0]].path}>",
-                                        dtype=dtype_name(first.dtype), shape=[hi - lo],
-                                        layout="array", source=span,
-                                        nbytes=span.numel() * span.element_size()))
+        spans.append((f"<storage of {leaves[members[0]].path}>", span))
         for m in members:
-            role[m] = ("view", len(plan.storages) - 1)
+            role[m] = ("view", len(spans) - 1)
+    return role, spans
 
+
+def plan_commit(leaves: list[Leaf], options: EncodingOptions,
+                decide: Decide | None = None) -> CommitPlan:
+    """Decide the layout of every leaf tensor; shared storages are detected here.
+
+    ``decide(path, tensor, grid)`` is asked about every tensor that may get an array of its own
+    (small tensors too: a policy may quantize below ``pack_below``) and returns a
+    :class:`TensorDecision`.
+    """
+    tensors = [_as_tensor(leaf.value) for leaf in leaves]
+    for t, leaf in zip(tensors, leaves):
+        if t.is_sparse or t.layout != torch.strided:
+            raise UnsupportedLeafError(
+                f"tensor at {leaf.path!r} has layout {t.layout}: convert it with .to_dense()")
+        storage_dtype(t.dtype)  # unsupported dtypes fail before anything is written
+    role, spans = _shared_storages(tensors, leaves)
+    lossless = options.codec()
+    items: list[PlanItem] = []
+    packed_nbytes = 0
     taken: set[str] = set()
-    for i, (t, leaf) in enumerate(zip(tensors, leaves)):
-        p = TensorPlan(path=leaf.path, dtype=dtype_name(t.dtype), shape=list(t.shape),
-                       layout="array", container=_container(leaf.value), source=t,
-                       nbytes=t.numel() * t.element_size())
+    entries = [(leaf.path, t, _container(leaf.value)) for t, leaf in zip(tensors, leaves)]
+    entries += [(path, span, "torch") for path, span in spans]
+    for i, (path, t, container) in enumerate(entries):
+        common = dict(index=i, path=path, dtype=dtype_name(t.dtype), shape=tuple(t.shape),
+                      container=container, nbytes=_nbytes(t))
         if i in role:
             kind, ref = role[i]
-            p.layout, p.base, p.source = kind, ref, None
-            if kind == "view":
-                lo = plan.storages[ref].source.storage_offset()
-                p.storage_offset, p.stride = t.storage_offset() - lo, list(t.stride())
-        plan.tensors.append(p)
-
-    for i, p in enumerate([*plan.tensors, *plan.storages]):
-        if p.layout != "array" or p.nbytes == 0:
-            if p.layout == "array":  # empty: nothing to store
-                p.layout, p.offset = "packed", plan.packed_nbytes
+            if kind == "alias":
+                items.append(AliasItem(**common, base=ref))
+            else:
+                lo = spans[ref][1].storage_offset()
+                items.append(ViewItem(**common, base=ref, storage_offset=t.storage_offset() - lo,
+                                      stride=tuple(t.stride())))
             continue
-        grid = ChunkGrid.for_array(tuple(p.shape), storage_dtype(p.source.dtype).itemsize,
+        nbytes = common["nbytes"]
+        if nbytes == 0:  # empty: nothing to store
+            items.append(PackedItem(**common, source=t, offset=packed_nbytes))
+            continue
+        grid = ChunkGrid.for_array(tuple(t.shape), storage_dtype(t.dtype).itemsize,
                                    options.chunk_bytes)
-        codec, chain = None, None
-        if decide is not None and p.container == "torch" and i < len(plan.tensors):
-            # asked for small tensors too: a policy may quantize below pack_below
-            codec, chain, p.want = decide(p.path, p.source, grid)
-        if codec is None and chain is None and p.nbytes < options.pack_below:
-            p.layout, p.offset, p.want = "packed", plan.packed_nbytes, "full"
-            plan.packed_nbytes += -(-p.nbytes // PACK_ALIGN) * PACK_ALIGN
+        d = TensorDecision()
+        if decide is not None and container == "torch" and i < len(leaves):
+            d = decide(path, t, grid)
+        if d.codec is None and d.chain is None and nbytes < options.pack_below:
+            items.append(PackedItem(**common, source=t, offset=packed_nbytes))
+            packed_nbytes += -(-nbytes // PACK_ALIGN) * PACK_ALIGN
             continue
-        p.array, p.grid, p.codec = _array_name(p.path, i, taken), grid, codec or plan.codec
-        p.keep_codes = p.want == "codes"
-        if chain is not None:
-            p.layout, p.kind, p.chain = "chain", chain.kind, chain
-    if plan.packed_nbytes:
-        plan.packed_grid = ChunkGrid.for_array((plan.packed_nbytes,), 1, options.chunk_bytes)
-    return plan
+        array = dict(source=t, array=_array_name(path, i, taken), grid=grid,
+                     codec=d.codec or lossless, wanted=d.want)
+        if d.chain is None:
+            items.append(ArrayItem(**common, **array))
+        elif d.chain.link.kind == Kind.DELTA:
+            items.append(CodesItem(**common, **array, start=d.chain))
+        else:
+            items.append(RowsItem(**common, **array, start=d.chain))
+    grid = ChunkGrid.for_array((packed_nbytes,), 1, options.chunk_bytes) if packed_nbytes else None
+    return CommitPlan(tuple(items), len(leaves), packed_nbytes, grid, lossless)

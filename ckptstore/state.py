@@ -26,7 +26,9 @@ import torch
 
 from .errors import ManifestError, UnsupportedLeafError
 
-__all__ = ["Leaf", "flatten", "is_stateful", "load_into", "select", "tree_paths", "unflatten"]
+__all__ = ["Leaf", "Tree", "flatten", "is_stateful", "load_into", "select", "tree_paths", "unflatten"]
+
+Tree = dict[str, object]  # a node of the flattened tree (a one-key map, see the module docstring)
 
 _SCALARS = (type(None), bool, int, float, str, bytes)
 _KEYS = (str, int, float, bool, type(None))
@@ -51,7 +53,7 @@ def _join(prefix: str, key: Any) -> str:
     return f"{prefix}.{key}" if prefix else str(key)
 
 
-def flatten(state: Any) -> tuple[Any, list[Leaf]]:
+def flatten(state: Any) -> tuple[Tree, list[Leaf]]:
     """Return ``(tree, leaves)``; ``tree`` refers to ``leaves`` by index."""
     leaves: list[Leaf] = []
     seen: set[str] = set()

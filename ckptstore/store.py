@@ -1,49 +1,33 @@
-"""The Store facade: commit, checkout, history, refs, gc and verify over one store root."""
+"""The Store facade: the verbs of a checkpoint store, each a call into the layer that does it.
+
+History and refs live in :class:`~ckptstore.repository.Repository`, the act of writing in
+:class:`~ckptstore.committer.Committer`, reading in :class:`~ckptstore.reader.Reader`,
+maintenance in :mod:`ckptstore.gc` and :mod:`ckptstore.verify`.
+"""
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
-from .errors import ManifestError, NotAStoreError, RefExists
+from .committer import Committer, Metadata
+from .errors import ManifestError, NotAStoreError
 from .fs import Storage
 from .gc import collect
-from .ids import new_commit_id
-from .incremental import ChainMemory
 from .info import CommitInfo, GCResult, VerifyReport
-from .layout import MARKER, check_ref_name, tag_key
+from .layout import MARKER, check_ref_name
 from .manifest import Manifest, decode_marker, encode_marker
 from .pending import PendingCommit
-from .plan import EncodingOptions, plan_commit
+from .plan import EncodingOptions
 from .policy import Policy
 from .reader import Reader
-from .records import build_manifest
 from .repository import Repository
-from .staging import StagingPool
-from .state import flatten, load_into, select, tree_paths, unflatten
+from .state import load_into, select, tree_paths, unflatten
+from .tracking import RowTracker
 from .verify import verify
-from .writer import persist, snapshot
 
 __all__ = ["Store", "open"]
-
-
-@dataclass
-class _Job:
-    """A planned commit between its snapshot and its persist."""
-
-    branch: str
-    tags: list[str]
-    message: str
-    metadata: dict[str, Any]
-    tree: Any
-    plan: Any
-    tip: Any
-    parent: Manifest | None
-    tracker: Any
 
 
 class Store:
@@ -56,14 +40,7 @@ class Store:
         self.refs = self.repo.refs
         self.options = options or EncodingOptions()
         self.policy = policy or Policy()
-        self._chains = ChainMemory()
-        self._executor = self.repo.executor
-        workers = self.repo.io_workers
-        # encoded chunks in memory at once: enough to keep the workers busy, at most ~64 MiB
-        self._max_inflight = max(2, min(2 * workers, (64 << 20) // self.options.chunk_bytes))
-        self._staging = StagingPool()
-        self._persister = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-persist")
-        self._inflight: PendingCommit | None = None
+        self._committer = Committer(self.repo, self.options)
 
     def __repr__(self) -> str:
         return f"<ckptstore.Store {self.storage.url!r}>"
@@ -80,16 +57,19 @@ class Store:
         Raises :class:`PendingCommitError` if the last asynchronous commit failed unobserved.
         """
         try:
-            self._wait_inflight()
+            self._committer.close()
         finally:
-            self._persister.shutdown(wait=True)
             self.repo.close()
-            self._staging.clear()
+
+    @property
+    def staging_bytes(self) -> int:
+        """Host bytes held by the reusable staging buffers of ``commit_async``."""
+        return self._committer.staging.nbytes
 
     # -- commit ----------------------------------------------------------------------------
-    def commit(self, state: Any, message: str = "", branch: str = "main",
-               tags: Sequence[str] = (), metadata: dict[str, Any] | None = None,
-               policy: Policy | None = None, tracker: Any = None) -> CommitInfo:
+    def commit(self, state: object, message: str = "", branch: str = "main",
+               tags: Sequence[str] = (), metadata: Metadata | None = None,
+               policy: Policy | None = None, tracker: RowTracker | None = None) -> CommitInfo:
         """Store ``state`` as a new commit on ``branch`` and return its :class:`CommitInfo`.
 
         ``state`` is an ``nn.Module``, a state dict, or a mapping of names to objects with
@@ -102,16 +82,12 @@ class Store:
         :class:`ConcurrentUpdateError` is raised and the commit stays stored (unreferenced) until
         gc.
         """
-        self._wait_inflight()
-        job = self._prepare(state, message, branch, tags, metadata, policy, tracker)
-        snap = snapshot(job.plan)                                            # 3. snapshot
-        if tracker is not None:
-            tracker.clear()  # rows seen so far are in the plan (kept as unsaved until the ref moves)
-        return self._finish(job, snap)
+        return self._committer.commit(state, message, branch, tags, metadata,
+                                      self._effective_policy(policy), tracker)
 
-    def commit_async(self, state: Any, message: str = "", branch: str = "main",
-                     tags: Sequence[str] = (), metadata: dict[str, Any] | None = None,
-                     policy: Policy | None = None, tracker: Any = None,
+    def commit_async(self, state: object, message: str = "", branch: str = "main",
+                     tags: Sequence[str] = (), metadata: Metadata | None = None,
+                     policy: Policy | None = None, tracker: RowTracker | None = None,
                      staged: bool = False) -> PendingCommit:
         """Capture ``state`` now and persist it in the background (CheckFreq's two phases).
 
@@ -122,70 +98,11 @@ class Store:
         state as an already-made snapshot (e.g. a dict of pinned CPU tensors nobody modifies
         until ``wait()`` returns) and copies nothing.
         """
-        t0 = time.perf_counter()  # the stall includes waiting for the previous persist
-        self._wait_inflight()
-        job = self._prepare(state, message, branch, tags, metadata, policy, tracker)
-        snap = snapshot(job.plan, None if staged else self._staging)
-        if tracker is not None:
-            tracker.clear()
-        pending = PendingCommit(time.perf_counter() - t0, snap.nbytes)
+        return self._committer.commit_async(state, message, branch, tags, metadata,
+                                            self._effective_policy(policy), tracker, staged)
 
-        def run() -> None:
-            try:
-                info = self._finish(job, snap, pending.progress)
-            except BaseException as e:  # noqa: BLE001 - handed to the caller through wait()
-                pending._finish(None, e)
-            else:
-                pending._finish(info, None)
-
-        self._inflight = pending
-        self._persister.submit(run)
-        return pending
-
-    def _wait_inflight(self) -> None:
-        pending = self._inflight
-        if pending is not None:
-            pending._done.wait()
-            pending.raise_unobserved()
-
-    def _prepare(self, state: Any, message: str, branch: str, tags: Sequence[str],
-                 metadata: dict[str, Any] | None, policy: Policy | None,
-                 tracker: Any) -> _Job:
-        check_ref_name(branch, "branch")
-        tags = [check_ref_name(t, "tag") for t in ([tags] if isinstance(tags, str) else tags)]
-        for t in tags:
-            if self.storage.exists(tag_key(t)):
-                raise RefExists(f"tag {t!r} already exists; choose another name")
-        metadata = _plain_metadata(metadata or {}, state)
-        policy = self._effective_policy(policy or self.policy)
-        tree, leaves = flatten(state)                                        # 1. flatten
-        tip = self.refs.tip(branch)
-        parent = self.manifest(tip[1]) if tip else None
-        decide = self._chains.decider(policy, branch, parent, tracker)
-        plan = plan_commit(leaves, self.options, decide)                     # 2. plan
-        return _Job(branch, tags, message, metadata, tree, plan, tip, parent, tracker)
-
-    def _finish(self, job: _Job, snap: Any, progress: Any = None) -> CommitInfo:
-        commit_id = new_commit_id()
-        done = persist(self.storage, commit_id, job.plan, snap, self._executor,  # 4. persist
-                       self._max_inflight, self.options.chunk_bytes, progress)
-        manifest = build_manifest(commit_id, job.parent, job.message, job.metadata, job.tree,
-                                  job.plan, done)
-        self.repo.write_manifest(manifest)                                 # 5. manifest
-        self.refs.advance(job.branch, job.tip, commit_id)                   # 6. ref
-        tracker = job.tracker
-        self._chains.commit_done(job.branch, commit_id, job.plan, snap, done,
-                                 lambda t: tracker is not None and tracker.lookup(t) is not None)
-        for t in job.tags:
-            try:
-                self.refs.create_tag(t, commit_id)
-            except RefExists:
-                raise RefExists(f"commit {commit_id} was made on {job.branch!r}, but another "
-                                f"writer created tag {t!r} meanwhile; do not commit again -- tag "
-                                f"this commit with another name") from None
-        return CommitInfo.from_manifest(manifest)
-
-    def _effective_policy(self, policy: Policy) -> Policy:
+    def _effective_policy(self, policy: Policy | None) -> Policy:
+        policy = policy or self.policy
         if policy.bitwidth is not None:
             return policy.with_bits(policy.bitwidth.bits(self.restore_count()))
         return policy
@@ -234,13 +151,12 @@ class Store:
         wanted = [n["tensor"] for n in tree_paths(tree).values() if "tensor" in n]
         if any(not isinstance(i, int) or not 0 <= i < len(m.tensors) for i in wanted):
             raise ManifestError(f"commit {m.id} refers to tensors it does not have")
-        reader = Reader(self.storage, self.manifest, self._executor)
-        got = reader.read_tensors(m, wanted, map_location)
+        got = Reader(self.repo).read_tensors(m, wanted, map_location)
         tensors = [got.get(i) for i in range(len(m.tensors))]
         state = unflatten(tree, tensors)
         if into is not None:
-            self._wait_inflight()  # its references must not outlive this load
-            self._chains.forget()  # live tensors change behind any tracker: rebase next time
+            self._committer.wait()  # its references must not outlive this load
+            self._committer.chains.forget()  # live tensors change behind any tracker: rebase next time
             load_into(state, into)
         if for_resume:
             self.record_restore(m.id)
@@ -302,7 +218,7 @@ class Store:
 
     def delete_branch(self, name: str) -> None:
         self.refs.delete_branch(name)
-        self._chains.forget(name)
+        self._committer.chains.forget(name)
 
     def branches(self) -> dict[str, str]:
         return self.refs.branches()
@@ -312,7 +228,7 @@ class Store:
            keep_every: int | None = None, dry_run: bool = False,
            grace_period: float = 3600.0) -> GCResult:
         """Remove old commits and leftovers; see :func:`ckptstore.gc.collect`."""
-        self._wait_inflight()  # never collect the data of our own commit in flight
+        self._committer.wait()  # never collect the data of our own commit in flight
         return collect(self.repo, keep_last=keep_last, keep_tags=keep_tags, keep_every=keep_every,
                        dry_run=dry_run, grace_period=grace_period)
 
@@ -324,19 +240,6 @@ class Store:
     def reachable(self, roots: Iterable[str] | None = None) -> list[str]:
         """Commits reachable from branch tips and tags (or from ``roots``), newest first."""
         return self.repo.reachable(roots)
-
-
-def _plain_metadata(metadata: dict[str, Any], state: Any) -> dict[str, Any]:
-    out = dict(metadata)
-    if isinstance(state, dict):
-        for key in ("step", "epoch"):
-            if key in state and key not in out and isinstance(state[key], (int, float)):
-                out[key] = state[key]
-    for k, v in out.items():
-        if not isinstance(k, str) or not isinstance(v, (type(None), bool, int, float, str)):
-            raise TypeError(f"metadata[{k!r}] must be a str key with a plain value "
-                            "(None, bool, int, float, str)")
-    return out
 
 
 def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions | None = None,

@@ -2,41 +2,48 @@
 
 ``snapshot`` is the only step that must happen while training waits; ``persist`` finds changed
 rows, encodes (lossless, quantized, code deltas) and writes chunks on a thread pool, at most
-``max_inflight`` encoded chunks in memory at once.
+``max_inflight`` encoded chunks in memory at once. Both key what they produce by the plan item's
+``index`` (:class:`Snapshot.arrays`, :class:`Persisted.results`).
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
+import torch
 
 from .arrays import ChunkGrid, tensor_to_host, write_array
-from .chunkcodec import BloscLossless, ChunkCodec, QuantizedLossy, encoded_size
+from .chains.decide import CodesBase
+from .chains.replay import changed_rows
+from .chunkcodec import BloscLossless, Encoded, QuantizedLossy
 from .fs import Storage
-from .incremental import changed_rows
-from .layout import data_dir
-from .plan import PACKED_ARRAY, CommitPlan, TensorPlan
+from .layout import PACKED_ARRAY, ZARR_JSON, array_dir, data_dir
+from .manifest import Blob
+from .pending import Progress
+from .plan import ArrayItem, CodesItem, CommitPlan, PackedItem, PlanItem, RowsItem
+from .staging import StagingPool
 
-__all__ = ["GROUP_METADATA", "Persisted", "Snapshot", "bounded_submit", "persist", "snapshot"]
+__all__ = ["GROUP_METADATA", "Persisted", "Snapshot", "WriteResult", "bounded_submit", "persist",
+           "snapshot"]
 
 GROUP_METADATA = json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}).encode()
 _ROWS_CODEC = BloscLossless()
+Submit = Callable[..., Future]
 
 
 @dataclass
 class Snapshot:
-    """Host copies of everything a commit writes: one array per stored entry, plus the packed
-    bytes of all small tensors."""
+    """Host copies of everything a commit writes: one array per stored item (by index), plus the
+    packed bytes of all small tensors."""
 
-    arrays: dict[int, np.ndarray]  # id(plan entry) -> host array
+    arrays: dict[int, np.ndarray]
     packed: np.ndarray | None
-    events: list[Any] = field(default_factory=list)  # CUDA copies to wait for before reading
+    events: list[torch.cuda.Event] = field(default_factory=list)  # CUDA copies to wait for
 
     @property
     def nbytes(self) -> int:
@@ -50,7 +57,7 @@ class Snapshot:
         self.events.clear()
 
 
-def snapshot(plan: CommitPlan, pool: Any = None) -> Snapshot:
+def snapshot(plan: CommitPlan, pool: StagingPool | None = None) -> Snapshot:
     """Capture the bits of every stored tensor on the host.
 
     Without ``pool`` CPU tensors that are already contiguous are referenced, not copied (the
@@ -59,34 +66,35 @@ def snapshot(plan: CommitPlan, pool: Any = None) -> Snapshot:
     asynchronously for CUDA tensors) so training may modify it as soon as this returns.
     """
     arrays: dict[int, np.ndarray] = {}
-    events: list[Any] = []
+    events: list[torch.cuda.Event] = []
     packed = None
     if plan.packed_nbytes:
         packed = (np.zeros(plan.packed_nbytes, dtype=np.uint8) if pool is None
                   else pool.packed(plan.packed_nbytes))
     for p in plan.stored():
-        if p.layout == "packed":
+        if isinstance(p, PackedItem):
             if p.nbytes:
                 host = tensor_to_host(p.source)
                 packed[p.offset: p.offset + p.nbytes] = host.reshape(-1).view(np.uint8)
             continue
+        assert isinstance(p, ArrayItem)
         if pool is None:
-            arrays[id(p)] = tensor_to_host(p.source)
+            arrays[p.index] = tensor_to_host(p.source)
             continue
-        arrays[id(p)], event = pool.stage(p.array or p.path, p.source)
+        arrays[p.index], event = pool.stage(p.array, p.source)
         if event is not None:
             events.append(event)
     return Snapshot(arrays, packed, events)
 
 
-def bounded_submit(executor: Executor, max_inflight: int) -> Callable[..., Future]:
+def bounded_submit(executor: Executor, max_inflight: int) -> Submit:
     """``executor.submit`` that blocks while ``max_inflight`` tasks are queued or running."""
     slots = threading.BoundedSemaphore(max_inflight)
 
-    def submit(fn: Callable[..., Any], *args: Any) -> Future:
+    def submit(fn: Callable[..., object], *args: object) -> Future:
         slots.acquire()
 
-        def run() -> Any:
+        def run() -> object:
             try:
                 return fn(*args)
             finally:
@@ -101,162 +109,153 @@ def bounded_submit(executor: Executor, max_inflight: int) -> Callable[..., Futur
     return submit
 
 
-@dataclass
-class Persisted:
-    """What persist wrote, per plan entry: bytes, chain parts, rows, and codes kept for deltas."""
+@dataclass(frozen=True, eq=False)
+class WriteResult:
+    """What persist wrote for one plan item (``index``): stored bytes, the parts of a chain entry,
+    the rows an increment stored and their fraction, and kept codes (the next delta's base)."""
 
-    sizes: dict[str, int] = field(default_factory=dict)
-    parts: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
-    fractions: dict[int, float] = field(default_factory=dict)
-    rows: dict[int, np.ndarray] = field(default_factory=dict)
-    codes: dict[int, dict[int, tuple[np.ndarray, Any]]] = field(default_factory=dict)
+    index: int
+    stored_bytes: int
+    parts: Mapping[str, Blob] = field(default_factory=dict)
+    fraction: float | None = None
+    rows: np.ndarray | None = None
+    codes: CodesBase | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Persisted:
+    """Every item's :class:`WriteResult` by index, and the stored bytes of the packed array."""
+
+    results: Mapping[int, WriteResult]
+    packed_bytes: int = 0
 
     @property
     def stored_bytes(self) -> int:
-        return sum(self.sizes.values())
+        return self.packed_bytes + sum(r.stored_bytes for r in self.results.values())
 
 
-class _CodesSink:
-    """Keeps the codes of every chunk a quantized codec encodes (the base of the next delta)."""
+@dataclass
+class _Pending:
+    """An item whose chunks are queued: the futures, then what its result will say."""
 
-    def __init__(self, codec: QuantizedLossy):
-        self.codec = codec
-        self.codes: dict[int, tuple[np.ndarray, Any]] = {}
+    index: int
+    futures: list[Future]
+    parts: dict[str, Blob] = field(default_factory=dict)
+    fraction: float | None = None
+    rows: np.ndarray | None = None
+    codes: CodesBase | None = None
 
-
-def _write_chunks(storage: Storage, prefix: str, a: np.ndarray, grid: ChunkGrid,
-                  encode: Callable[[int, np.ndarray], bytes], submit: Callable[..., Any],
-                  metadata: bytes | None) -> list[Future]:
-    """Queue one encoded chunk per grid row block (a custom per-chunk encoder)."""
-
-    def put(key: str, i: int, lo: int, hi: int) -> int:
-        part = a[lo:hi]
-        if hi - lo < grid.chunks[0]:
-            full = np.zeros(grid.chunks, dtype=a.dtype)
-            full[: hi - lo] = part
-            part = full
-        data = encode(i, part)
-        storage.put_chunk(f"{prefix}/{key}", data)
-        return encoded_size(data)
-
-    def put_meta() -> int:
-        storage.put_chunk(f"{prefix}/zarr.json", metadata)
-        return len(metadata)
-
-    futures = [submit(put_meta)] if metadata else []
-    futures += [submit(put, key, i, lo, hi) for i, key, lo, hi in grid]
-    return futures
+    def result(self) -> WriteResult:
+        return WriteResult(self.index, sum(f.result() for f in self.futures), self.parts,
+                           self.fraction, self.rows, self.codes)
 
 
-def _attrs(p: TensorPlan, **extra: Any) -> dict[str, Any]:
+def _attrs(p: PlanItem, **extra: str) -> dict[str, dict[str, str]]:
     return {"ckptstore": {"torch_dtype": p.dtype, "path": p.path, **extra}}
 
 
+def _blob(a: np.ndarray, commit: str, name: str, grid: ChunkGrid, codec: dict[str, object]
+          ) -> Blob:
+    return Blob(dtype=a.dtype.name, shape=list(a.shape), commit=commit, array=name,
+                chunks=list(grid.chunks), codec=codec)
+
+
+def _write_full(storage: Storage, commit_id: str, p: ArrayItem, host: np.ndarray,
+                submit: Submit) -> _Pending:
+    prefix = array_dir(commit_id, p.array)
+    if not (p.keep_codes and isinstance(p.codec, QuantizedLossy)):
+        return _Pending(p.index, write_array(storage, prefix, host, p.grid, p.codec, _attrs(p),
+                                             submit))
+    codes: CodesBase = {}
+    codec = p.codec
+
+    def encode(i: int, chunk: np.ndarray) -> Encoded:
+        data, chunk_codes, params = codec.encode_codes(chunk)
+        codes[i] = (chunk_codes, params)
+        return data
+
+    futures = write_array(storage, prefix, host, p.grid, codec, _attrs(p), submit, encode)
+    return _Pending(p.index, futures, codes=codes)
+
+
+def _write_code_deltas(storage: Storage, commit_id: str, p: CodesItem, host: np.ndarray,
+                       submit: Submit) -> _Pending:
+    base = p.start.base_codes
+    codec = p.codec
+    assert isinstance(codec, QuantizedLossy) and base is not None
+    codes: CodesBase = {}
+
+    def encode(i: int, chunk: np.ndarray) -> Encoded:
+        data, new_codes, params = codec.encode_delta(chunk, *base[i])
+        codes[i] = (new_codes, params)
+        return data
+
+    name = f"{p.array}.codes"
+    futures = write_array(storage, array_dir(commit_id, name), host, p.grid, codec, None, submit,
+                          encode)
+    parts = {"codes": _blob(host, commit_id, name, p.grid, {"id": "qdelta"})}
+    return _Pending(p.index, futures, parts, fraction=1.0, codes=codes)
+
+
+def _write_rows(storage: Storage, commit_id: str, p: RowsItem, host: np.ndarray,
+                submit: Submit, chunk_bytes: int) -> _Pending:
+    start = p.start
+    if start.tracked_rows is not None:
+        rows = np.flatnonzero(start.tracked_rows).astype(np.int64)
+    else:
+        rows = changed_rows(host, start.reference)
+    values = host[rows]
+    pending = _Pending(p.index, [], rows=rows, fraction=len(rows) / max(host.shape[0], 1))
+    rgrid = ChunkGrid.for_array(rows.shape, 8, chunk_bytes)
+    vgrid = ChunkGrid.for_array(values.shape, values.dtype.itemsize, chunk_bytes)
+    for part, arr, grid, codec in (("rows", rows, rgrid, _ROWS_CODEC),
+                                   ("values", values, vgrid, p.codec)):
+        name = f"{p.array}.{part}"
+        pending.futures += write_array(storage, array_dir(commit_id, name), arr, grid, codec,
+                                       _attrs(p, part=part), submit)
+        pending.parts[part] = _blob(arr, commit_id, name, grid, codec.config())
+    return pending
+
+
 def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
-            executor: Executor, max_inflight: int = 8,
-            chunk_bytes: int | None = None, progress: Any = None) -> Persisted:
-    """Write the commit's zarr group; return what was written (the codes of quantized tensors
-    planned with ``keep_codes`` included: the base of later code deltas).
+            executor: Executor, max_inflight: int, chunk_bytes: int,
+            progress: Progress | None = None) -> Persisted:
+    """Write the commit's zarr group; return what was written, per plan item.
 
-    ``progress`` (a :class:`~ckptstore.pending.Progress`) counts bytes written as chunks land.
+    ``progress`` counts bytes written as chunks land.
     """
-    from .arrays import CHUNK_BYTES
-
-    chunk_bytes = chunk_bytes or CHUNK_BYTES
     prefix = data_dir(commit_id)
     snap.ready()
-    storage.put_chunk(f"{prefix}/zarr.json", GROUP_METADATA)
+    storage.put_chunk(f"{prefix}/{ZARR_JSON}", GROUP_METADATA)
     submit = bounded_submit(executor, max_inflight)
     if progress is not None:
         submit = _counting(submit, progress)
-    pending: dict[str, list[Future]] = {}
-    out = Persisted()
-    sinks: dict[int, _CodesSink] = {}
-
+    pending: list[_Pending] = []
     for p in plan.stored():
-        if p.layout == "packed":
+        if isinstance(p, PackedItem):
             continue
-        host = snap.arrays[id(p)]
-        if p.layout == "array":
-            if p.keep_codes and isinstance(p.codec, QuantizedLossy):
-                sink = sinks[id(p)] = _CodesSink(p.codec)
-                meta = _array_meta(p.grid, host.dtype, p.codec, _attrs(p))
-                pending[p.array] = _write_chunks(
-                    storage, f"{prefix}/{p.array}", host, p.grid,
-                    lambda i, c, s=sink: _encode_keep(s, i, c), submit, meta)
-            else:
-                pending[p.array] = write_array(storage, f"{prefix}/{p.array}", host, p.grid,
-                                               p.codec, _attrs(p), submit)
-            continue
-        # chain entries
-        chain = p.chain
-        if chain.kind == "delta":
-            base = chain.shadow.codes
-            sink = sinks[id(p)] = _CodesSink(p.codec)
-
-            def enc(i: int, c: np.ndarray, s: _CodesSink = sink, base=base) -> bytes:
-                data, codes, params = s.codec.encode_delta(c, *base[i])
-                s.codes[i] = (codes, params)
-                return data
-
-            name = f"{p.array}.codes"
-            pending[name] = _write_chunks(storage, f"{prefix}/{name}", host, p.grid, enc, submit,
-                                          None)
-            out.parts[id(p)] = {"codes": _blob(host.dtype, host.shape, commit_id, name,
-                                               p.grid, {"id": "qdelta"})}
-            out.fractions[id(p)] = 1.0
-            continue
-        if chain.tracked_rows is not None:
-            rows = np.flatnonzero(chain.tracked_rows).astype(np.int64)
+        host = snap.arrays[p.index]
+        if isinstance(p, CodesItem):
+            pending.append(_write_code_deltas(storage, commit_id, p, host, submit))
+        elif isinstance(p, RowsItem):
+            pending.append(_write_rows(storage, commit_id, p, host, submit, chunk_bytes))
         else:
-            rows = changed_rows(host, chain.shadow.values)
-        values = host[rows]
-        out.rows[id(p)] = rows
-        nrows = max(host.shape[0], 1)
-        out.fractions[id(p)] = len(rows) / nrows
-        rgrid = ChunkGrid.for_array(rows.shape, 8, chunk_bytes)
-        vgrid = ChunkGrid.for_array(values.shape, values.dtype.itemsize, chunk_bytes)
-        for part, arr, grid, codec in (("rows", rows, rgrid, _ROWS_CODEC),
-                                       ("values", values, vgrid, p.codec)):
-            name = f"{p.array}.{part}"
-            pending[name] = write_array(storage, f"{prefix}/{name}", arr, grid, codec,
-                                        _attrs(p, part=part), submit)
-            out.parts.setdefault(id(p), {})[part] = _blob(arr.dtype, arr.shape, commit_id, name,
-                                                          grid, codec.config())
-
+            assert isinstance(p, ArrayItem)
+            pending.append(_write_full(storage, commit_id, p, host, submit))
+    packed: list[Future] = []
     if snap.packed is not None:
-        attrs = {"ckptstore": {"packed": True}}
-        pending[PACKED_ARRAY] = write_array(storage, f"{prefix}/{PACKED_ARRAY}", snap.packed,
-                                            plan.packed_grid, plan.codec, attrs, submit)
-    out.sizes = {name: sum(f.result() for f in futs) for name, futs in pending.items()}
-    out.codes = {k: s.codes for k, s in sinks.items()}
+        packed = write_array(storage, array_dir(commit_id, PACKED_ARRAY), snap.packed,
+                             plan.packed_grid, plan.codec, {"ckptstore": {"packed": True}}, submit)
+    out = Persisted({w.index: w.result() for w in pending}, sum(f.result() for f in packed))
     storage.fsync_dir(prefix)
     return out
 
 
-def _counting(submit: Callable[..., Future], progress: Any) -> Callable[..., Future]:
-    def counted(fn: Callable[..., int], *args: Any) -> Future:
+def _counting(submit: Submit, progress: Progress) -> Submit:
+    def counted(fn: Callable[..., int], *args: object) -> Future:
         def run() -> int:
             n = fn(*args)
             progress.written += n
             return n
         return submit(run)
     return counted
-
-
-def _encode_keep(sink: _CodesSink, index: int, chunk: np.ndarray) -> bytes:
-    data, codes, params = sink.codec.encode_codes(chunk)
-    sink.codes[index] = (codes, params)
-    return data
-
-
-def _array_meta(grid: ChunkGrid, dtype: np.dtype, codec: ChunkCodec,
-                attrs: dict[str, Any]) -> bytes:
-    from .arrays import array_metadata
-    return array_metadata(grid, dtype, codec, attrs)
-
-
-def _blob(dtype: np.dtype, shape: tuple[int, ...], commit: str, name: str, grid: ChunkGrid,
-          codec: dict[str, Any]) -> dict[str, Any]:
-    return {"dtype": np.dtype(dtype).name, "shape": list(shape), "commit": commit, "array": name,
-            "chunks": list(grid.chunks), "codec": codec}

@@ -63,11 +63,11 @@ def test_captured_state_is_what_is_stored(store):
 def test_staging_buffers_are_reused(store):
     w = torch.randn(200_000, 4)
     store.commit_async({"w": w}).wait()
-    held = store._staging.nbytes
+    held = store.staging_bytes
     for _ in range(3):
         w.add_(1)
         store.commit_async({"w": w}).wait()
-    assert store._staging.nbytes == held == w.numel() * 4
+    assert store.staging_bytes == held == w.numel() * 4
 
 
 def test_staged_snapshot_is_taken_as_is(store):
@@ -75,7 +75,7 @@ def test_staged_snapshot_is_taken_as_is(store):
     pending = store.commit_async(snap, staged=True)
     info = pending.wait()
     assert_bit_exact(store.checkout(info.id), snap)
-    assert store._staging.nbytes == 0
+    assert store.staging_bytes == 0
 
 
 def test_at_most_one_commit_in_flight(flaky):

@@ -1,0 +1,136 @@
+"""Remembering chains: what a store keeps between its own commits to build the next chain entry.
+
+Changed rows come from a :class:`~ckptstore.tracking.RowTracker` when the commit is given one,
+else from comparing the tensor's bits with a host copy of the reference kept here after the
+last commit (exact, costs one copy of each incremental tensor in host memory). A process without
+that reference (after a restart) writes a full baseline instead of guessing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..arrays import ChunkGrid, dtype_name
+from ..chunkcodec import QuantizedLossy
+from ..manifest import Kind, Manifest
+from ..plan import ArrayItem, CommitPlan, Decide, TensorDecision
+from ..policy import Policy
+from ..tracking import RowTracker
+from .decide import ChainStart, CodesBase, Reference, commit_rebases, plan_chain
+
+__all__ = ["ChainMemory", "Shadow"]
+
+
+@dataclass
+class Shadow:
+    """What the store remembers of a tensor after committing it on a branch.
+
+    ``commit`` is the commit the reference belongs to: the baseline (one-shot, intermittent) or
+    the last commit (consecutive, delta). Tracker rows are updated in place as commits land.
+    """
+
+    commit: str
+    values: np.ndarray | None = None          # host bits of the reference (compare mode)
+    since_base: np.ndarray | None = None      # bool rows changed since the baseline (tracker)
+    unsaved: np.ndarray | None = None         # bool rows consumed from the tracker, not yet saved
+    codes: CodesBase | None = None            # per chunk (codes, params): deltas
+    grid_chunks: tuple[int, ...] | None = None
+
+    def reference(self) -> Reference:
+        return Reference(self.commit, self.values is not None, self.codes is not None)
+
+
+class ChainMemory:
+    """The references chains are built on: one :class:`Shadow` per (branch, tensor path), kept
+    only for tensors the policy wants as chains. :meth:`decider` answers the planner;
+    :meth:`commit_done` updates the shadows once the branch moved (a failed commit changes
+    nothing, and rows consumed from a tracker stay unsaved)."""
+
+    def __init__(self) -> None:
+        self._shadows: dict[tuple[str, str], Shadow] = {}
+
+    def forget(self, branch: str | None = None) -> None:
+        """Drop references (all, or one branch's): the next commits are full baselines."""
+        self._shadows = {k: v for k, v in self._shadows.items()
+                         if branch is not None and k[0] != branch}
+
+    def _consume_tracked(self, path: str, tracker: RowTracker, tensor: torch.Tensor) -> None:
+        """The store clears the tracker once the snapshot is taken, for every branch: each
+        branch's reference of this table keeps the rows as unsaved until it stores them."""
+        touched = tracker.touched_rows(tensor).cpu().numpy()
+        rows = tensor.shape[0]
+        for (_, p), other in self._shadows.items():
+            if p == path and other.unsaved is not None and len(other.unsaved) == rows:
+                other.unsaved[touched] = True
+
+    def decider(self, policy: Policy, branch: str, tip: Manifest | None,
+                tracker: RowTracker | None = None) -> Decide:
+        """The planner's ``decide``: the policy's wish, then a chain entry where a base exists."""
+        prev_by_path = {e.path: e for e in tip.tensors} if tip is not None else {}
+        rebase = commit_rebases(policy, tip)
+
+        def decide(path: str, tensor: torch.Tensor, grid: ChunkGrid) -> TensorDecision:
+            d = policy.decide(path, tensor)
+            dtype = dtype_name(tensor.dtype)
+            codec = QuantizedLossy(d.quant.codec_kwargs(dtype), d.quant.entropy) \
+                if d.quant is not None else None
+            if d.want == "full":
+                return TensorDecision("full", codec)
+            shadow = self._shadows.get((branch, path))
+            tracked = (tracker is not None and d.want == "rows"
+                       and tracker.lookup(tensor) is not None)
+            if tracked:
+                self._consume_tracked(path, tracker, tensor)
+            link = plan_chain(policy, d.want, d.quant is not None, tip, prev_by_path.get(path),
+                              shadow.reference() if shadow is not None else None, tracked,
+                              list(tensor.shape), dtype, rebase)
+            if link is None:
+                return TensorDecision(d.want, codec)
+            if link.kind == Kind.DELTA:
+                if shadow.grid_chunks != tuple(grid.chunks):
+                    return TensorDecision(d.want, codec)
+                return TensorDecision(d.want, codec, ChainStart(link, base_codes=shadow.codes))
+            mask = None
+            if tracked and shadow.unsaved is not None:
+                mask = shadow.unsaved.copy()
+                if link.kind == Kind.INCREMENTAL and shadow.since_base is not None:
+                    mask |= shadow.since_base
+            return TensorDecision(d.want, codec, ChainStart(link, tracked_rows=mask,
+                                                            reference=shadow.values))
+
+        return decide
+
+    def commit_done(self, branch: str, commit_id: str, plan: CommitPlan,
+                    host: dict[int, np.ndarray], codes: dict[int, CodesBase | None],
+                    tracker: RowTracker | None) -> None:
+        """Update the references after ``commit_id`` became the tip of ``branch``; ``host`` and
+        ``codes`` are the snapshot's arrays and the kept codes, by plan item index."""
+        for p in plan.tensors:
+            if not isinstance(p, ArrayItem) or p.want not in ("rows", "codes"):
+                continue
+            key = (branch, p.path)
+            if p.want == "codes":
+                kept = codes.get(p.index)
+                if kept:
+                    self._shadows[key] = Shadow(commit_id, codes=kept,
+                                                grid_chunks=tuple(p.grid.chunks))
+                else:
+                    self._shadows.pop(key, None)
+                continue
+            old = self._shadows.get(key)
+            if p.kind == Kind.INCREMENTAL and old is not None:  # baseline stays the reference
+                if old.since_base is not None and old.unsaved is not None:
+                    old.since_base |= old.unsaved
+                    old.unsaved[:] = False
+                continue
+            # full baseline or consecutive: this commit is the new reference
+            is_tracked = tracker is not None and tracker.lookup(p.source) is not None
+            rows = p.shape[0]
+            self._shadows[key] = Shadow(
+                commit_id,
+                values=None if is_tracked else np.array(host[p.index], copy=True),
+                since_base=np.zeros(rows, bool) if is_tracked else None,
+                unsaved=np.zeros(rows, bool) if is_tracked else None)

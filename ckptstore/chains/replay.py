@@ -1,0 +1,80 @@
+"""Replaying chains: which rows changed (write side), and rebuilding a tensor from its chain
+(read side: rows applied in order onto the baseline, or code deltas applied per chunk and
+dequantized once)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Executor
+
+import numpy as np
+
+from ..arrays import ChunkGrid
+from ..chunkcodec import QuantizedLossy, codec_from_config
+from ..errors import CorruptedChunkError, ManifestError
+from ..layout import array_dir
+from ..manifest import Blob, Kind, Layout, TensorEntry
+
+__all__ = ["apply_rows", "changed_rows", "replay_code_deltas"]
+
+
+def changed_rows(current: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Indices (int64) of rows whose bits differ; NaNs compare by bits, so nothing is missed."""
+    if current.shape != reference.shape:
+        raise ValueError("shape changed: a chain needs a full commit")
+    width = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(current.dtype.itemsize)
+    a = current.view(width) if width else current.view(np.uint8)
+    b = reference.view(width) if width else reference.view(np.uint8)
+    rows = a.shape[0]
+    diff = np.not_equal(a.reshape(rows, -1), b.reshape(rows, -1)).any(axis=1)
+    return np.flatnonzero(diff).astype(np.int64)
+
+
+def apply_rows(out: np.ndarray, increments: list[TensorEntry],
+               read_blob: Callable[[Blob], np.ndarray]) -> np.ndarray:
+    """Apply the changed rows of each increment, oldest first, onto the baseline ``out``."""
+    if not out.flags.writeable:
+        out = out.copy()
+    for inc in increments:
+        rows = read_blob(inc.parts["rows"])
+        values = read_blob(inc.parts["values"])
+        if rows.ndim != 1 or values.shape != (len(rows), *out.shape[1:]) or (
+                rows.size and (rows.min() < 0 or rows.max() >= out.shape[0])):
+            raise ManifestError(f"increment of {inc.path!r} in {inc.parts['rows'].commit} "
+                                "does not fit the tensor")
+        out[rows] = values
+    return out
+
+
+def replay_code_deltas(chain: list[TensorEntry], dtype: np.dtype, read: Callable[[str], bytes],
+                       executor: Executor) -> np.ndarray:
+    """Rebuild a tensor from a quantized full baseline and its code deltas, chunk by chunk in
+    parallel: codes of each version from the previous one's, then one dequantization."""
+    from ckptcodecs import dequantize
+
+    base = chain[0]
+    codec = codec_from_config(base.codec)
+    if base.layout != Layout.ARRAY or not isinstance(codec, QuantizedLossy):
+        raise ManifestError(f"code deltas of {base.path!r} need a quantized full baseline")
+    grid = ChunkGrid.checked(base.shape, base.chunks)
+    for d in chain[1:]:
+        if d.kind != Kind.DELTA or list(grid.chunks) != d.chunks:
+            raise ManifestError(f"delta chain of {base.path!r} mixes kinds or chunk grids")
+    out = np.empty(base.shape, dtype=dtype)
+
+    def one(key: str, lo: int, hi: int) -> None:
+        where = f"{array_dir(base.commit, base.array)}/{key}"
+        codes, params = codec.decode_codes(read(where), where)
+        for d in chain[1:]:
+            blob = d.parts["codes"]
+            where = f"{array_dir(blob.commit, blob.array)}/{key}"
+            codes, params = codec.decode_delta(read(where), codes, params, where)
+        values = dequantize(codes, params)
+        full = values.view(dtype) if values.dtype != dtype else values
+        if full.size != int(np.prod(grid.chunks)):
+            raise CorruptedChunkError(f"chunk {where} has the wrong size", where)
+        out[lo:hi] = full.reshape(grid.chunks)[: hi - lo]
+
+    for f in [executor.submit(one, key, lo, hi) for _, key, lo, hi in grid]:
+        f.result()
+    return out

@@ -1,0 +1,177 @@
+"""The act of committing: flatten -> plan -> snapshot -> persist -> manifest -> ref.
+
+A :class:`Committer` owns what writing needs beyond the repository: the chain memory (the
+references of the next incremental or delta entries), the reusable staging buffers, the one
+persist thread and the at-most-one commit in flight. The call order of one commit::
+
+    1. flatten(state)                         -> tree, leaves              (state.py)
+    2. plan_commit(leaves, options, decide)   -> CommitPlan                 (plan.py, chains/)
+    3. snapshot(plan, staging)                -> Snapshot by item index     (writer.py)
+       -- commit_async returns here; training may modify the state --
+    4. persist(storage, id, plan, snapshot)   -> Persisted by item index    (writer.py)
+    5. build_manifest(...); write_manifest    -> commits/<id>.msgpack       (records.py)
+    6. refs.advance(branch, tip, id)          -> the commit becomes visible (refs.py)
+    7. chains.commit_done(...); tags           (after the ref moved)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from .chains.memory import ChainMemory
+from .errors import RefExists
+from .ids import new_commit_id
+from .info import CommitInfo
+from .layout import check_ref_name, tag_key
+from .manifest import Manifest
+from .pending import PendingCommit, Progress
+from .plan import CommitPlan, EncodingOptions, plan_commit
+from .policy import Policy
+from .records import build_manifest
+from .refs import Tip
+from .repository import Repository
+from .staging import StagingPool
+from .state import Tree, flatten
+from .tracking import RowTracker
+from .writer import Snapshot, persist, snapshot
+
+__all__ = ["CommitJob", "Committer", "Metadata"]
+
+Metadata = dict[str, object]  # plain values only: None, bool, int, float, str
+_PLAIN = (type(None), bool, int, float, str)
+
+
+@dataclass(frozen=True, eq=False)
+class CommitJob:
+    """A planned commit between its snapshot and its persist."""
+
+    branch: str
+    tags: tuple[str, ...]
+    message: str
+    metadata: Metadata
+    tree: Tree
+    plan: CommitPlan
+    tip: Tip | None
+    parent: Manifest | None
+    tracker: RowTracker | None
+
+
+class Committer:
+    """At most one commit in flight, the staging pool, the persist thread, the chain memory."""
+
+    def __init__(self, repo: Repository, options: EncodingOptions):
+        self.repo = repo
+        self.options = options
+        self.chains = ChainMemory()
+        self.staging = StagingPool()
+        # encoded chunks in memory at once: enough to keep the workers busy, at most ~64 MiB
+        self.max_inflight = max(2, min(2 * repo.io_workers, (64 << 20) // options.chunk_bytes))
+        self._persister = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-persist")
+        self._inflight: PendingCommit | None = None
+
+    def close(self) -> None:
+        """Wait for the commit in flight (raising its unobserved failure), then stop."""
+        try:
+            self.wait()
+        finally:
+            self._persister.shutdown(wait=True)
+            self.staging.clear()
+
+    def wait(self) -> None:
+        """Wait for the commit in flight; raise :class:`PendingCommitError` if it failed
+        unobserved."""
+        pending = self._inflight
+        if pending is not None:
+            pending._done.wait()
+            pending.raise_unobserved()
+
+    # -- the two entry points --------------------------------------------------------------
+    def commit(self, state: object, message: str, branch: str, tags: Sequence[str],
+               metadata: Metadata | None, policy: Policy, tracker: RowTracker | None
+               ) -> CommitInfo:
+        """Steps 1-7 in the caller's thread."""
+        self.wait()
+        job = self.prepare(state, message, branch, tags, metadata, policy, tracker)
+        snap = snapshot(job.plan)
+        if tracker is not None:
+            tracker.clear()  # rows seen so far are in the plan (kept as unsaved until the ref moves)
+        return self.finish(job, snap)
+
+    def commit_async(self, state: object, message: str, branch: str, tags: Sequence[str],
+                     metadata: Metadata | None, policy: Policy, tracker: RowTracker | None,
+                     staged: bool) -> PendingCommit:
+        """Steps 1-3 now, 4-7 on the persist thread (CheckFreq's two phases)."""
+        t0 = time.perf_counter()  # the stall includes waiting for the previous persist
+        self.wait()
+        job = self.prepare(state, message, branch, tags, metadata, policy, tracker)
+        snap = snapshot(job.plan, None if staged else self.staging)
+        if tracker is not None:
+            tracker.clear()
+        pending = PendingCommit(time.perf_counter() - t0, snap.nbytes)
+
+        def run() -> None:
+            try:
+                info = self.finish(job, snap, pending.progress)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller through wait()
+                pending._finish(None, e)
+            else:
+                pending._finish(info, None)
+
+        self._inflight = pending
+        self._persister.submit(run)
+        return pending
+
+    # -- the steps -------------------------------------------------------------------------
+    def prepare(self, state: object, message: str, branch: str, tags: Sequence[str],
+                metadata: Metadata | None, policy: Policy,
+                tracker: RowTracker | None) -> CommitJob:
+        """Steps 1-2: check names, flatten, plan (the policy and the chain memory decide)."""
+        check_ref_name(branch, "branch")
+        tags = tuple(check_ref_name(t, "tag") for t in ([tags] if isinstance(tags, str) else tags))
+        for t in tags:
+            if self.repo.storage.exists(tag_key(t)):
+                raise RefExists(f"tag {t!r} already exists; choose another name")
+        metadata = _plain_metadata(metadata or {}, state)
+        tree, leaves = flatten(state)                                        # 1. flatten
+        tip = self.repo.refs.tip(branch)
+        parent = self.repo.manifest(tip[1]) if tip else None
+        decide = self.chains.decider(policy, branch, parent, tracker)
+        plan = plan_commit(leaves, self.options, decide)                     # 2. plan
+        return CommitJob(branch, tags, message, metadata, tree, plan, tip, parent, tracker)
+
+    def finish(self, job: CommitJob, snap: Snapshot, progress: Progress | None = None
+               ) -> CommitInfo:
+        """Steps 4-7: persist, manifest, ref, then remember the chains and tag."""
+        commit_id = new_commit_id()
+        done = persist(self.repo.storage, commit_id, job.plan, snap,          # 4. persist
+                       self.repo.executor, self.max_inflight, self.options.chunk_bytes, progress)
+        manifest = build_manifest(commit_id, job.parent, job.message, job.metadata, job.tree,
+                                  job.plan, done)
+        self.repo.write_manifest(manifest)                                    # 5. manifest
+        self.repo.refs.advance(job.branch, job.tip, commit_id)                # 6. ref
+        self.chains.commit_done(job.branch, commit_id, job.plan, snap.arrays,  # 7.
+                                {i: r.codes for i, r in done.results.items()}, job.tracker)
+        for t in job.tags:
+            try:
+                self.repo.refs.create_tag(t, commit_id)
+            except RefExists:
+                raise RefExists(f"commit {commit_id} was made on {job.branch!r}, but another "
+                                f"writer created tag {t!r} meanwhile; do not commit again -- tag "
+                                f"this commit with another name") from None
+        return CommitInfo.from_manifest(manifest)
+
+
+def _plain_metadata(metadata: Metadata, state: object) -> Metadata:
+    out = dict(metadata)
+    if isinstance(state, dict):
+        for key in ("step", "epoch"):
+            if key in state and key not in out and isinstance(state[key], (int, float)):
+                out[key] = state[key]
+    for k, v in out.items():
+        if not isinstance(k, str) or not isinstance(v, _PLAIN):
+            raise TypeError(f"metadata[{k!r}] must be a str key with a plain value "
+                            "(None, bool, int, float, str)")
+    return out
