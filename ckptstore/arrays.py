@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -157,7 +156,7 @@ class ChunkGrid:
             yield (i, self.key(i), *self.rows(i))
 
 
-def _fill_value(np_dtype: np.dtype) -> Any:
+def _fill_value(np_dtype: np.dtype) -> bool | int | float | list[float]:
     if np_dtype.kind == "b":
         return False
     if np_dtype.kind == "c":
@@ -168,7 +167,7 @@ def _fill_value(np_dtype: np.dtype) -> Any:
 
 
 def array_metadata(grid: ChunkGrid, np_dtype: np.dtype, codec: ChunkCodec,
-                   attributes: dict[str, Any]) -> bytes:
+                   attributes: dict[str, object]) -> bytes:
     """Standard zarr v3 ``zarr.json`` of an array."""
     meta = {
         "zarr_format": 3,
@@ -197,8 +196,8 @@ def _chunk_view(a: np.ndarray, grid: ChunkGrid, lo: int, hi: int) -> np.ndarray:
 
 
 def write_array(storage: Storage, prefix: str, a: np.ndarray, grid: ChunkGrid, codec: ChunkCodec,
-                attributes: dict[str, Any] | None, submit: Callable[..., Any],
-                encode: Callable[[int, np.ndarray], Encoded] | None = None) -> list[Any]:
+                attributes: dict[str, object] | None, submit: Callable[..., Future],
+                encode: Callable[[int, np.ndarray], Encoded] | None = None) -> list[Future]:
     """Queue the chunks of ``a`` and its ``zarr.json`` under ``prefix``; returns the futures.
 
     ``submit(fn, *args)`` schedules work (an executor's submit, possibly bounded); each future
@@ -240,7 +239,7 @@ def read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: np.dtyp
 
 def start_read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: np.dtype,
                      codec: ChunkCodec, executor: Executor,
-                     rows: tuple[int, int] | None = None) -> tuple[np.ndarray, list[Any]]:
+                     rows: tuple[int, int] | None = None) -> tuple[np.ndarray, list[Future]]:
     """Queue the reads of :func:`read_array`; the array is complete once every future is."""
     shape = grid.shape
     lo_want, hi_want = rows if rows is not None else (0, shape[0] if shape else 1)

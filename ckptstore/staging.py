@@ -10,21 +10,23 @@ a tensor before it was copied. The persist thread waits for the copies' event be
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from .arrays import _STORAGE, _VIEW, _is_bit_view, storage_dtype, tensor_to_host
 
-__all__ = ["StagingPool"]
+__all__ = ["Buffer", "StagingPool"]
+
+Buffer = np.ndarray | torch.Tensor  # host numpy buffer, or pinned torch buffer for CUDA tensors
 
 
 class StagingPool:
     """Host buffers keyed by (path, shape, dtype), reused across commits."""
 
     def __init__(self) -> None:
-        self._buffers: dict[tuple[Any, ...], Any] = {}
+        self._buffers: dict[tuple[object, ...], Buffer] = {}
         self._lock = threading.Lock()
         self._stream = None
 
@@ -38,7 +40,7 @@ class StagingPool:
         with self._lock:
             self._buffers.clear()
 
-    def stage(self, key: str, t: torch.Tensor) -> tuple[np.ndarray, Any]:
+    def stage(self, key: str, t: torch.Tensor) -> tuple[np.ndarray, torch.cuda.Event | None]:
         """Copy ``t``'s bits into its staging buffer; return ``(host array, event or None)``.
 
         The host array must not be read before ``event.synchronize()`` when an event is given.
@@ -58,14 +60,14 @@ class StagingPool:
         buf[...] = 0  # alignment padding between tensors stays zero
         return buf
 
-    def _buffer(self, k: tuple[Any, ...], make: Any) -> Any:
+    def _buffer(self, k: tuple[object, ...], make: Callable[[], Buffer]) -> Buffer:
         with self._lock:
             buf = self._buffers.get(k)
             if buf is None:
                 buf = self._buffers[k] = make()
             return buf
 
-    def _stage_cuda(self, key: str, t: torch.Tensor) -> tuple[np.ndarray, Any]:
+    def _stage_cuda(self, key: str, t: torch.Tensor) -> tuple[np.ndarray, torch.cuda.Event]:
         storage_dtype(t.dtype)
         pinned = self._buffer(("cuda", key, tuple(t.shape), t.dtype),
                               lambda: torch.empty(t.shape, dtype=t.dtype, pin_memory=True))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -42,7 +41,7 @@ class StoredArray:
     name: str
     grid: ChunkGrid
     dtype: np.dtype
-    codec: dict[str, Any]
+    codec: dict[str, object]
 
     @property
     def prefix(self) -> str:
