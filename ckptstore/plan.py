@@ -6,8 +6,8 @@ the shared storages that views point into), each carrying its ``index`` in :attr
 One item class per layout:
 
 - :class:`ArrayItem` -- its own zarr array (lossless or quantized);
-- :class:`RowsItem` -- an array item stored as the rows changed since its base (Check-N-Run);
-- :class:`CodesItem` -- an array item stored as code deltas against the previous commit;
+- :class:`RowsItem` (a :class:`ChainItem`) -- an array item stored as the rows changed since its base (Check-N-Run);
+- :class:`CodesItem` (a :class:`ChainItem`) -- an array item stored as code deltas against the previous commit;
 - :class:`PackedItem` -- a slice of the commit's one packed array of small tensors;
 - :class:`AliasItem` -- the very same tensor as an earlier entry (tied weights);
 - :class:`ViewItem` -- a strided view of a shared storage.
@@ -31,7 +31,7 @@ from .layout import PACKED_ARRAY
 from .manifest import Kind, Layout
 from .state import Leaf
 
-__all__ = ["AliasItem", "ArrayItem", "CodesItem", "CommitPlan", "Decide", "EncodingOptions",
+__all__ = ["AliasItem", "ArrayItem", "ChainItem", "CodesItem", "CommitPlan", "Decide", "EncodingOptions",
            "PackedItem", "PlanItem", "RowsItem", "TensorDecision", "ViewItem", "plan_commit"]
 
 PACK_ALIGN = 16
@@ -137,8 +137,8 @@ class ArrayItem(PlanItem):
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
-class RowsItem(ArrayItem):
-    """An array item stored as its changed rows (``<array>.rows``, ``<array>.values``)."""
+class ChainItem(ArrayItem):
+    """An array item stored as a chain entry on a base commit (``start.link`` says which)."""
 
     layout: ClassVar[Layout] = Layout.CHAIN
     start: ChainStart
@@ -153,19 +153,14 @@ class RowsItem(ArrayItem):
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
-class CodesItem(ArrayItem):
-    """An array item stored as code deltas against the previous commit (``<array>.codes``)."""
+class RowsItem(ChainItem):
+    """Stored as its changed rows (``<array>.rows``, ``<array>.values``): incremental or
+    consecutive."""
 
-    layout: ClassVar[Layout] = Layout.CHAIN
-    start: ChainStart
 
-    @property
-    def kind(self) -> Kind:
-        return Kind.DELTA
-
-    @property
-    def link(self) -> ChainLink:
-        return self.start.link
+@dataclass(frozen=True, eq=False, kw_only=True)
+class CodesItem(ChainItem):
+    """Stored as code deltas against the previous commit's codes (``<array>.codes``)."""
 
 
 # -- the plan ----------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import time
 from ._version import __version__
 from .layout import PACKED_ARRAY
 from .manifest import FORMAT_VERSION, Manifest, PackedInfo, TensorEntry
-from .plan import AliasItem, ArrayItem, CodesItem, CommitPlan, PackedItem, PlanItem, RowsItem
+from .plan import AliasItem, ArrayItem, ChainItem, CommitPlan, PackedItem, PlanItem
 from .state import Tree
 from .writer import Persisted, WriteResult
 
@@ -17,7 +17,7 @@ __all__ = ["build_manifest"]
 def _entry(p: PlanItem, commit_id: str, done: WriteResult | None) -> TensorEntry:
     common = dict(path=p.path, dtype=p.dtype, shape=list(p.shape), layout=p.layout,
                   container=p.container)
-    if isinstance(p, (RowsItem, CodesItem)):
+    if isinstance(p, ChainItem):
         link = p.link
         fractions = [*link.fractions, done.fraction] if link.kind == "incremental" else None
         return TensorEntry(**common, kind=link.kind, base_commit=link.base_commit,
