@@ -21,6 +21,8 @@ from ._qformat import HEADER_SIZE, decode_chunk, encode_chunk
 from .bitpack import pack_bits, packed_size, unpack_bits
 from .delta import BucketDelta, delta_decode, delta_encode
 from .errors import CodecError
+# from .quantize, whose names include the function quantize: bound after the submodule of that
+# name is imported, it is what ckptcodecs.quantize means
 from .quantize import (
     GRANULARITIES,
     METHODS,

@@ -60,7 +60,7 @@ import numpy as np
 from ._floats import DTYPE_CODES, dtype_code
 from .bitpack import pack_bits, packed_size, unpack_bits
 from .errors import CodecError
-from .quantize import METHODS, PARAM_DTYPES, QuantParams
+from .qparams import METHODS, PARAM_DTYPES, QuantParams
 
 __all__ = ["HEADER_SIZE", "HEADER_SIZE_V2", "VERSION", "VERSION_SPARSE", "decode_chunk",
            "encode_chunk", "varint_decode", "varint_encode"]
