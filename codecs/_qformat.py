@@ -35,8 +35,8 @@ Version 2 (``protect_mode='sparse'``): protected values take no code; their posi
 
 The header is the version-1 header (same field order, 31 bytes) followed by ``npos`` (39 bytes).
 In both versions the packed codes are the last bytes of a chunk, so ``chunk[:-packed_size]`` is a
-parameter block that ``block + pack_bits(codes)`` turns back into a chunk (the store's code
-deltas rely on it).
+parameter block that ``block + pack_bits(codes)`` turns back into a chunk (code deltas,
+:mod:`ckptcodecs.qdelta`, rely on it).
 
 Flag bit 2 (float16 parameters) was added after both versions: chunks without it are byte for
 byte what they were, and a decoder older than the bit rejects such a chunk as corrupted rather
