@@ -24,9 +24,7 @@ from .bitpack import pack_bits, packed_size, unpack_bits
 from .delta import BucketDelta, delta_decode, delta_encode
 from .errors import CodecError
 from .qdelta import qdelta_decode, qdelta_encode
-# from .quantize, whose names include the function quantize: bound after the submodule of that
-# name is imported, it is what ckptcodecs.quantize means
-from .quantize import (
+from .quantize import (  # the function quantize, bound after the submodule it shadows
     GRANULARITIES,
     METHODS,
     PARAM_DTYPES,

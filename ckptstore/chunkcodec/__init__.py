@@ -21,6 +21,9 @@ Subclass :class:`ChunkCodec`, give it a ``codec_id`` no other codec holds, keep 
 arguments as attributes of the same names (the default ``config``/``from_config`` then round-trip
 it), implement ``zarr_codecs``, ``encode`` and ``decode``, and register the class::
 
+    import numcodecs
+    from ckptstore.chunkcodec import ChunkCodec, add_crc, check_crc, register_chunk_codec
+
     @register_chunk_codec
     class ZstdLossless(ChunkCodec):
         codec_id = "zstd"

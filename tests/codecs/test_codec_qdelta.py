@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from ckptcodecs import CodecError, encode_chunk, qdelta_decode, qdelta_encode, quantize
 
 RNG = np.random.default_rng(7)
