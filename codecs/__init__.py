@@ -9,6 +9,8 @@ Depends on numpy, numcodecs, numba and zarr only -- never on ``ckptstore``.
 - :class:`RLEHuffman` (``ckpt.rle_huffman``): lossless run lengths + canonical Huffman.
 - :func:`encode_chunk` / :func:`decode_chunk`: the self-contained Quantize chunk layout for codes
   and parameters computed elsewhere (e.g. codes rebuilt from a BucketDelta).
+- :func:`qdelta_encode` / :func:`qdelta_decode`: DynaQuant code-delta chunks (new parameters +
+  RLE+Huffman coded BucketDelta of the codes against a base version's codes).
 - :mod:`ckptcodecs.zarr3`: ``QuantizeCodec`` and ``RLEHuffmanCodec`` for zarr v3 (imported lazily).
 
 Importing the package registers the numcodecs codecs (the ``numcodecs.codecs`` entry points do
@@ -21,7 +23,8 @@ from ._qformat import HEADER_SIZE, decode_chunk, encode_chunk
 from .bitpack import pack_bits, packed_size, unpack_bits
 from .delta import BucketDelta, delta_decode, delta_encode
 from .errors import CodecError
-from .quantize import (
+from .qdelta import qdelta_decode, qdelta_encode
+from .quantize import (  # the function quantize, bound after the submodule it shadows
     GRANULARITIES,
     METHODS,
     PARAM_DTYPES,
@@ -51,6 +54,8 @@ __all__ = [
     "encode_chunk",
     "pack_bits",
     "packed_size",
+    "qdelta_decode",
+    "qdelta_encode",
     "quantize",
     "rle_huffman_decode",
     "rle_huffman_encode",

@@ -35,8 +35,8 @@ Version 2 (``protect_mode='sparse'``): protected values take no code; their posi
 
 The header is the version-1 header (same field order, 31 bytes) followed by ``npos`` (39 bytes).
 In both versions the packed codes are the last bytes of a chunk, so ``chunk[:-packed_size]`` is a
-parameter block that ``block + pack_bits(codes)`` turns back into a chunk (the store's code
-deltas rely on it).
+parameter block that ``block + pack_bits(codes)`` turns back into a chunk (code deltas,
+:mod:`ckptcodecs.qdelta`, rely on it).
 
 Flag bit 2 (float16 parameters) was added after both versions: chunks without it are byte for
 byte what they were, and a decoder older than the bit rejects such a chunk as corrupted rather
@@ -60,7 +60,7 @@ import numpy as np
 from ._floats import DTYPE_CODES, dtype_code
 from .bitpack import pack_bits, packed_size, unpack_bits
 from .errors import CodecError
-from .quantize import METHODS, PARAM_DTYPES, QuantParams
+from .qparams import METHODS, PARAM_DTYPES, QuantParams
 
 __all__ = ["HEADER_SIZE", "HEADER_SIZE_V2", "VERSION", "VERSION_SPARSE", "decode_chunk",
            "encode_chunk", "varint_decode", "varint_encode"]

@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["ckptcodecs.quantize", "ckptcodecs.rle_huffman", "ckptcodecs.delta"]
+MODULES = ["ckptcodecs.quantize", "ckptcodecs.rle_huffman", "ckptcodecs.delta", "ckptcodecs.qdelta"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -374,7 +374,7 @@ def test_sparse_matches_level_fit_with_one_level_more():
 def test_sparse_parameter_block_rebuilds_the_chunk():
     from ckptcodecs import delta_decode, delta_encode, encode_chunk, pack_bits, packed_size
 
-    # what ckptstore.qdelta does: chunk minus packed codes, then block + pack_bits(new codes)
+    # what ckptcodecs.qdelta does: chunk minus packed codes, then block + pack_bits(new codes)
     rng = np.random.default_rng(3)
     x0 = rng.standard_normal((64, 32)).astype(np.float32)
     x1 = x0 + 0.05 * rng.standard_normal(x0.shape).astype(np.float32)
@@ -540,7 +540,7 @@ def test_float16_params_halve_the_parameter_bytes(method):
         c32, _ = decode_chunk(np.frombuffer(e32, np.uint8))
         c16, p16 = decode_chunk(np.frombuffer(e16, np.uint8))
         assert p16.param_dtype == "float16" and c16.size == c32.size
-        # the parameter block is all but the packed codes (ckptstore.qdelta relies on it)
+        # the parameter block is all but the packed codes (ckptcodecs.qdelta relies on it)
         from ckptcodecs import encode_chunk, pack_bits, packed_size
 
         block = e16[:len(e16) - packed_size(p16.count, p16.bits)]

@@ -1,0 +1,138 @@
+"""Lossy chunk codecs: quantized chunks (``"quantize"``, readable by plain zarr through the
+registered ``ckpt.*`` codecs) and code deltas against a base version (``"qdelta"``, ckptstore
+only). The formats are ckptcodecs'; here they gain the crc32c and errors naming the chunk.
+
+ckptcodecs (numba) is imported on first use, not with ckptstore.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import CorruptedChunkError, ManifestError
+from .base import ChunkCodec, Encoded, add_crc, check_crc
+from .registry import register_chunk_codec
+
+if TYPE_CHECKING:
+    from ckptcodecs import QuantParams
+
+__all__ = ["CodeDelta", "QuantizedLossy"]
+
+
+@register_chunk_codec
+class QuantizedLossy(ChunkCodec):
+    """Quantize (ckptcodecs) -> optional RLE+Huffman -> crc32c: lossy, 4-16x smaller floats.
+
+    Registered zarr codecs (``ckpt.quantize``, ``ckpt.rle_huffman``) make the chunks readable by
+    plain zarr after ``pip install ckptstore``.
+
+    Parameters
+    ----------
+    quantize : dict
+        Keyword arguments of :class:`ckptcodecs.Quantize` (validated here).
+    entropy : bool
+        RLE + Huffman code the quantized chunk.
+    """
+
+    codec_id = "quantize"
+
+    def __init__(self, quantize: Mapping[str, Any], entropy: bool = True):
+        from ckptcodecs import Quantize
+
+        if not isinstance(quantize, Mapping):
+            raise TypeError(f"quantize must be a dict of Quantize parameters, not {quantize!r}")
+        self.quantize = dict(quantize)
+        self.entropy = bool(entropy)
+        self._codec = Quantize(**self.quantize)  # validates early
+
+    def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
+        chain: list[dict[str, Any]] = [{"name": "ckpt.quantize",
+                                        "configuration": self._codec.get_config() | {}}]
+        chain[0]["configuration"].pop("id", None)
+        if self.entropy:
+            chain.append({"name": "ckpt.rle_huffman", "configuration": {}})
+        return chain + [{"name": "crc32c"}]
+
+    def _quantize(self, chunk: np.ndarray) -> tuple[np.ndarray, QuantParams]:
+        from ckptcodecs import quantize
+
+        kw = dict(self.quantize)
+        return quantize(np.ascontiguousarray(chunk), kw.pop("method"), kw.pop("bits"), **kw)
+
+    def encode_codes(self, chunk: np.ndarray) -> tuple[Encoded, np.ndarray, QuantParams]:
+        """``(stored bytes, codes, params)`` of one chunk."""
+        from ckptcodecs import encode_chunk, rle_huffman_encode
+
+        codes, params = self._quantize(chunk)
+        body = encode_chunk(codes, params)
+        return add_crc(rle_huffman_encode(body) if self.entropy else body), codes, params
+
+    def encode(self, chunk: np.ndarray) -> Encoded:
+        return self.encode_codes(chunk)[0]
+
+    def decode_codes(self, data: bytes, where: str) -> tuple[np.ndarray, QuantParams]:
+        """``(codes, params)`` of a stored chunk."""
+        from ckptcodecs import decode_chunk, rle_huffman_decode
+
+        body = check_crc(data, where)
+        try:
+            raw = rle_huffman_decode(body) if self.entropy else np.frombuffer(body, np.uint8)
+            return decode_chunk(raw)
+        except ValueError as e:  # ckptcodecs.CodecError
+            raise CorruptedChunkError(f"chunk {where} does not decode: {e}", where) from e
+
+    def decode(self, data: bytes, out: np.ndarray, where: str) -> None:
+        from ckptcodecs import dequantize
+
+        codes, params = self.decode_codes(data, where)
+        if params.count != out.size:
+            raise CorruptedChunkError(
+                f"chunk {where} holds {params.count} values, expected {out.size}", where)
+        values = dequantize(codes, params)
+        out.reshape(-1)[...] = values.view(out.dtype) if values.dtype.itemsize == \
+            out.dtype.itemsize and values.dtype != out.dtype else values
+
+    def encode_delta(self, chunk: np.ndarray, base_codes: np.ndarray,
+                     base_params: QuantParams) -> tuple[Encoded, np.ndarray, QuantParams]:
+        """``(stored bytes, codes, params)`` of one chunk stored as code deltas against the codes
+        of the same chunk in the previous version (DynaQuant; :mod:`ckptcodecs.qdelta`). The
+        stored array's codec is :class:`CodeDelta`."""
+        from ckptcodecs import qdelta_encode
+
+        codes, params = self._quantize(chunk)
+        return add_crc(qdelta_encode(codes, params, base_codes, base_params)), codes, params
+
+    def decode_delta(self, data: bytes, base_codes: np.ndarray, base_params: QuantParams,
+                     where: str) -> tuple[np.ndarray, QuantParams]:
+        """``(codes, params)`` of a chunk stored by :meth:`encode_delta`."""
+        from ckptcodecs import qdelta_decode
+
+        body = check_crc(data, where)
+        try:
+            return qdelta_decode(body, base_codes, base_params)
+        except ValueError as e:  # ckptcodecs.CodecError
+            raise CorruptedChunkError(f"chunk {where} does not decode: {e}", where) from e
+
+
+@register_chunk_codec
+class CodeDelta(ChunkCodec):
+    """The codec id of code-delta arrays (``{"id": "qdelta"}``): chunks written by
+    :meth:`QuantizedLossy.encode_delta`, which decode only against the base version's codes
+    (:meth:`QuantizedLossy.decode_delta`), never on their own and never by plain zarr."""
+
+    codec_id = "qdelta"
+    standalone = False
+
+    def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
+        raise TypeError("code-delta arrays have no zarr metadata: plain zarr cannot read them")
+
+    def encode(self, chunk: np.ndarray) -> Encoded:
+        raise TypeError("code deltas need the base version's codes: use "
+                        "QuantizedLossy.encode_delta")
+
+    def decode(self, data: bytes, out: np.ndarray, where: str) -> None:
+        raise ManifestError(f"chunk {where} is a code delta: it decodes only against its base "
+                            "version's codes, not as an array of its own")
