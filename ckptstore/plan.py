@@ -25,7 +25,7 @@ import torch
 
 from .arrays import CHUNK_BYTES, ChunkGrid, dtype_name, storage_dtype
 from .chains.decide import ChainLink, ChainStart
-from .chunkcodec import BloscLossless, ChunkCodec, RawLossless
+from .chunkcodec import ChunkCodec, lossless_codec
 from .errors import UnsupportedLeafError
 from .layout import PACKED_ARRAY
 from .manifest import Kind, Layout
@@ -58,11 +58,8 @@ class EncodingOptions:
     compression: str = "lz4"
 
     def codec(self) -> ChunkCodec:
-        if self.compression == "lz4":
-            return BloscLossless()
-        if self.compression == "none":
-            return RawLossless()
-        raise ValueError(f"compression must be 'lz4' or 'none', not {self.compression!r}")
+        """The lossless chunk codec named by ``compression``."""
+        return lossless_codec(self.compression)
 
 
 # -- plan items --------------------------------------------------------------------------------

@@ -16,9 +16,6 @@ from .repository import Repository
 
 __all__ = ["verify"]
 
-_CHECKSUM_ONLY = "qdelta"  # code deltas: no zarr metadata, decoding needs the base codes
-
-
 def _check_metadata(repo: Repository, a: StoredArray) -> str | None:
     where = f"{a.prefix}/{ZARR_JSON}"
     try:
@@ -46,13 +43,17 @@ def verify(repo: Repository, ref: str | None = None, progress: bool = False) -> 
 
     jobs: list[tuple[str, StoredArray, ChunkCodec | None]] = []
     for a in arrays.values():
-        if a.codec.get("id") == _CHECKSUM_ONLY:
+        try:
+            codec = codec_from_config(a.codec)
+        except CkptStoreError as e:
+            report.problems.append(f"{a.prefix}: {e}")
+            continue
+        if not codec.standalone:  # code deltas: no zarr metadata, decoding needs the base codes
             jobs += [(f"{a.prefix}/{key}", a, None) for _, key, _, _ in a.grid]
             continue
         problem = _check_metadata(repo, a)
         if problem:
             report.problems.append(problem)
-        codec = codec_from_config(a.codec)
         jobs += [(f"{a.prefix}/{key}", a, codec) for _, key, _, _ in a.grid]
 
     def check(job: tuple[str, StoredArray, ChunkCodec | None]) -> tuple[int, str | None]:

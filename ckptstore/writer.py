@@ -20,7 +20,7 @@ import torch
 from .arrays import ChunkGrid, tensor_to_host, write_array
 from .chains.decide import CodesBase
 from .chains.replay import changed_rows
-from .chunkcodec import BloscLossless, Encoded, QuantizedLossy
+from .chunkcodec import BloscLossless, CodeDelta, Encoded, QuantizedLossy
 from .fs import Storage
 from .layout import PACKED_ARRAY, ZARR_JSON, array_dir, data_dir
 from .manifest import Blob
@@ -193,7 +193,7 @@ def _write_code_deltas(storage: Storage, commit_id: str, p: CodesItem, host: np.
     name = f"{p.array}.codes"
     futures = write_array(storage, array_dir(commit_id, name), host, p.grid, codec, None, submit,
                           encode)
-    parts = {"codes": _blob(host, commit_id, name, p.grid, {"id": "qdelta"})}
+    parts = {"codes": _blob(host, commit_id, name, p.grid, CodeDelta().config())}
     return _Pending(p.index, futures, parts, fraction=1.0, codes=codes)
 
 
