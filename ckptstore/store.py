@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from .diff import DiffResult, diff
 from .errors import ManifestError, NotAStoreError, RefExists
 from .fs import Storage
 from .gc import collect
@@ -16,6 +17,7 @@ from .ids import new_commit_id
 from .incremental import ChainMemory
 from .info import CommitInfo, GCResult, VerifyReport
 from .layout import MARKER, check_ref_name, tag_key
+from .leaves import BATCH_BYTES, TensorLike, iter_tensors
 from .manifest import Manifest, decode_marker, encode_marker
 from .pending import PendingCommit
 from .plan import EncodingOptions, plan_commit
@@ -25,6 +27,7 @@ from .records import build_manifest
 from .repository import Repository
 from .staging import StagingPool
 from .state import flatten, load_into, select, tree_paths, unflatten
+from .usage import UsageReport, disk_usage
 from .verify import verify
 from .writer import persist, snapshot
 
@@ -324,6 +327,24 @@ class Store:
     def reachable(self, roots: Iterable[str] | None = None) -> list[str]:
         """Commits reachable from branch tips and tags (or from ``roots``), newest first."""
         return self.repo.reachable(roots)
+
+    # -- inspection: the library behind ckpt diff / du / export ----------------------------
+    def diff(self, a: str, b: str, paths: Sequence[str] | None = None,
+             progress: bool = False) -> DiffResult:
+        """Tensors and plain values changed, added or removed from ``a`` to ``b``, with the
+        largest absolute difference of each changed tensor; see :func:`ckptstore.diff.diff`."""
+        return diff(self.repo, a, b, paths, progress=progress)
+
+    def usage(self, ref: str | None = None, limit: int | None = None) -> UsageReport:
+        """Stored bytes per commit (own data, data of other commits it reads), newest first:
+        every commit, or ``ref``'s history; see :func:`ckptstore.usage.disk_usage`."""
+        return disk_usage(self.repo, ref, limit)
+
+    def iter_tensors(self, ref: str = "main", paths: Sequence[str] | None = None,
+                     batch_bytes: int = BATCH_BYTES) -> Iterator[tuple[str, TensorLike]]:
+        """``(dotted path, tensor)`` of a commit's tensors, read about ``batch_bytes`` at a time
+        so the whole state is never in memory; see :func:`ckptstore.leaves.iter_tensors`."""
+        return iter_tensors(self.repo, ref, paths, batch_bytes)
 
 
 def _plain_metadata(metadata: dict[str, Any], state: Any) -> dict[str, Any]:

@@ -17,7 +17,9 @@ import pytest
 import torch
 
 import ckptstore
-from ckptstore.cli import human_size, main, max_abs_diff, parse_storage_options
+from ckptstore.cli import main, parse_storage_options
+from ckptstore.cli._output import human_size
+from ckptstore.diff import max_abs_diff
 from ckptstore.ids import new_commit_id
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
