@@ -9,8 +9,10 @@
 
 from ._version import __version__
 
+from .diff import DiffResult
 from .errors import *
 from .errors import __all__ as _errors_all
+from .export import ExportResult
 from .info import CommitInfo, GCResult, VerifyReport
 from .pending import PendingCommit
 from .plan import EncodingOptions
@@ -26,9 +28,10 @@ from .policy import (
 from .resume import ResumableLoader, ResumableSampler, RNGState
 from .store import Store, open
 from .tracking import RowTracker, track
+from .usage import UsageReport
 
 __all__ = ["open", "Store", "CommitInfo", "GCResult", "VerifyReport", "EncodingOptions",
            "Policy", "QuantSpec", "BitWidth", "QualitySearch", "Intermittent", "MaxChain", "track", "RowTracker",
            "PendingCommit", "Frequency", "ResumableSampler", "ResumableLoader", "RNGState",
-           "__version__",
+           "DiffResult", "UsageReport", "ExportResult", "__version__",
            *_errors_all]

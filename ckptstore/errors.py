@@ -17,7 +17,8 @@ input)::
     ├── CorruptionError (ValueError)
     │   ├── ManifestError                        truncated / invalid commit manifest or ref file
     │   └── CorruptedChunkError                  a chunk failed its checksum or is missing
-    └── PendingCommitError (RuntimeError)        a background persist failed
+    ├── PendingCommitError (RuntimeError)        a background persist failed
+    └── ExportError (ValueError)                 an export file that cannot be written
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = [
     "ManifestError",
     "NotAStoreError",
     "PendingCommitError",
+    "ExportError",
     "RefError",
     "RefExists",
     "RefNotFound",
@@ -110,3 +112,8 @@ class CorruptedChunkError(CorruptionError):
 
 class PendingCommitError(CkptStoreError, RuntimeError):
     """A background persist failed; the commit was not made."""
+
+
+class ExportError(CkptStoreError, ValueError):
+    """An export that cannot be written: the file exists, its folder is missing, or two tensors
+    would get the same key."""

@@ -12,11 +12,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from .committer import Committer, Metadata
+from .diff import DiffResult, diff
 from .errors import ManifestError, NotAStoreError
 from .fs import Storage
 from .gc import collect
 from .info import CommitInfo, GCResult, VerifyReport
 from .layout import MARKER, check_ref_name
+from .leaves import BATCH_BYTES, TensorLike, iter_tensors
 from .manifest import Manifest, decode_marker, encode_marker
 from .pending import PendingCommit
 from .plan import EncodingOptions
@@ -25,6 +27,7 @@ from .reader import Reader
 from .repository import Repository
 from .state import load_into, select, tree_paths, unflatten
 from .tracking import RowTracker
+from .usage import UsageReport, disk_usage
 from .verify import verify
 
 __all__ = ["Store", "open"]
@@ -240,6 +243,24 @@ class Store:
     def reachable(self, roots: Iterable[str] | None = None) -> list[str]:
         """Commits reachable from branch tips and tags (or from ``roots``), newest first."""
         return self.repo.reachable(roots)
+
+    # -- inspection: the library behind ckpt diff / du / export ----------------------------
+    def diff(self, a: str, b: str, paths: Sequence[str] | None = None,
+             progress: bool = False) -> DiffResult:
+        """Tensors and plain values changed, added or removed from ``a`` to ``b``, with the
+        largest absolute difference of each changed tensor; see :func:`ckptstore.diff.diff`."""
+        return diff(self.repo, a, b, paths, progress=progress)
+
+    def usage(self, ref: str | None = None, limit: int | None = None) -> UsageReport:
+        """Stored bytes per commit (own data, data of other commits it reads), newest first:
+        every commit, or ``ref``'s history; see :func:`ckptstore.usage.disk_usage`."""
+        return disk_usage(self.repo, ref, limit)
+
+    def iter_tensors(self, ref: str = "main", paths: Sequence[str] | None = None,
+                     batch_bytes: int = BATCH_BYTES) -> Iterator[tuple[str, TensorLike]]:
+        """``(dotted path, tensor)`` of a commit's tensors, read about ``batch_bytes`` at a time
+        so the whole state is never in memory; see :func:`ckptstore.leaves.iter_tensors`."""
+        return iter_tensors(self.repo, ref, paths, batch_bytes)
 
 
 def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions | None = None,

@@ -17,8 +17,11 @@ import pytest
 import torch
 
 import ckptstore
-from ckptstore.cli import human_size, main, max_abs_diff, parse_storage_options
+from ckptstore.cli import main, parse_storage_options
+from ckptstore.cli._output import human_size
+from ckptstore.diff import max_abs_diff
 from ckptstore.ids import new_commit_id
+from ckptstore.layout import array_dir, data_dir
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
@@ -192,7 +195,7 @@ def test_show_json(capsys, ckpts):
     assert tensors["model.emb"]["layout"] == "array"
     with ckptstore.open(ckpts, create=False) as store:
         e = next(t for t in store.manifest(doc["id"]).tensors if t.path == "model.emb")
-        on_disk = sum(store.storage.walk_sizes(f"data/{e.commit}/{e.array}").values())
+        on_disk = sum(store.storage.walk_sizes(array_dir(e.commit, e.array)).values())
     assert tensors["model.emb"]["stored_bytes"] == on_disk
     assert tensors["model.fc"]["dtype"] == "bfloat16" and tensors["model.fc"]["layout"] == "packed"
     assert tensors["model.head"]["layout"] == "alias"
@@ -276,7 +279,7 @@ def test_verify_names_a_corrupted_chunk(capsys, ckpts):
     with ckptstore.open(ckpts, create=False) as store:
         m = store.manifest(store.resolve("main~1"))
         e = next(t for t in m.tensors if t.path == "model.emb")
-        chunk = next(k for k in store.storage.walk_sizes(f"data/{e.commit}/{e.array}")
+        chunk = next(k for k in store.storage.walk_sizes(array_dir(e.commit, e.array))
                      if "/c/" in k)
     path = Path(ckpts, chunk)
     data = bytearray(path.read_bytes())
@@ -301,7 +304,7 @@ def test_du(capsys, ckpts):
     assert list(rows) == ids(ckpts)
     with ckptstore.open(ckpts, create=False) as store:
         for c, r in rows.items():
-            assert r["own_bytes"] == sum(store.storage.walk_sizes(f"data/{c}").values())
+            assert r["own_bytes"] == sum(store.storage.walk_sizes(data_dir(c)).values())
             assert r["shared_bytes"] == 0 and r["total_bytes"] == r["own_bytes"]
     assert doc["data_bytes"] == sum(r["own_bytes"] for r in rows.values())
     assert doc["total_bytes"] == doc["data_bytes"] + doc["manifest_bytes"]
@@ -309,7 +312,7 @@ def test_du(capsys, ckpts):
     assert doc["leftover_data"] == []
     rc, out, _ = run(capsys, "du", ckpts)
     assert rc == 0 and "OWN" in out and "SHARED" in out and "total:" in out and "store:" in out
-    leftover = Path(ckpts, "data", new_commit_id(), "w", "c", "0")  # as a crashed commit leaves
+    leftover = Path(ckpts, array_dir(new_commit_id(), "w"), "c", "0")  # as a crash leaves
     leftover.parent.mkdir(parents=True)
     leftover.write_bytes(b"x" * 100)
     doc = run_json(capsys, "du", ckpts)

@@ -1,0 +1,85 @@
+"""What every verb gets (:class:`Context`), how verbs are added to the parser, and the argument
+types they share."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, TextIO
+
+from ..store import Store
+from ._output import jsonable
+
+__all__ = ["AddVerb", "CliError", "Context", "positive_int", "seconds"]
+
+
+class CliError(Exception):
+    """A problem with the command line itself (bad option value, conflicting arguments)."""
+
+
+class Context:
+    """Parsed arguments, the open store, and the output streams of one ``ckpt`` run."""
+
+    def __init__(self, args: argparse.Namespace, store: Store, out: TextIO, err: TextIO):
+        self.args, self.store, self.out, self.err = args, store, out, err
+
+    @property
+    def json(self) -> bool:
+        """``--json``: one JSON document on stdout and nothing else."""
+        return bool(self.args.json)
+
+    @property
+    def progress(self) -> bool:
+        """Progress bars on stderr: ``--progress``, else when stderr is a terminal."""
+        p = self.args.progress
+        return bool(p) if p is not None else self.err.isatty()
+
+    def print(self, *parts: object) -> None:
+        print(*parts, file=self.out)
+
+    def note(self, text: str) -> None:
+        """One ``ckpt: ...`` line on stderr."""
+        print(f"ckpt: {text}", file=self.err)
+
+    def emit(self, doc: Any) -> None:
+        """The ``--json`` document."""
+        json.dump(jsonable(doc), self.out, indent=2, allow_nan=False)
+        self.out.write("\n")
+
+
+class AddVerb:
+    """Adds one verb's subparser, with the options every verb takes."""
+
+    def __init__(self, subparsers: argparse._SubParsersAction, common: argparse.ArgumentParser):
+        self.subparsers, self.common = subparsers, common
+        self.parsers: dict[str, argparse.ArgumentParser] = {}
+
+    def __call__(self, name: str, help: str, description: str | None = None
+                 ) -> argparse.ArgumentParser:
+        p = self.subparsers.add_parser(name, parents=[self.common], help=help,
+                                       description=description or help,
+                                       formatter_class=argparse.RawDescriptionHelpFormatter)
+        self.parsers[name] = p
+        return p
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number of at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    return n
+
+
+def seconds(text: str) -> float:
+    """argparse type: a number of seconds, not negative."""
+    try:
+        s = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not s >= 0:
+        raise argparse.ArgumentTypeError("the grace period cannot be negative")
+    return s

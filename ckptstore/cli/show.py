@@ -1,0 +1,91 @@
+"""``ckpt show``: one commit's details, a table of its tensors and one of its plain values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..chains.walk import entry_arrays
+from ..layout import PACKED_ARRAY
+from ..leaves import Leaves, entry_nbytes
+from ..manifest import Layout, Manifest
+from ..usage import StoredSizes, entry_stored_bytes, ref_names
+from ._context import AddVerb, Context
+from ._output import human_size, plural, shape_text, short_value, table, utc_time
+
+__all__ = ["register", "run"]
+
+
+def register(add: AddVerb) -> None:
+    p = add("show", "details of one commit and a table of its tensors")
+    p.add_argument("ref", metavar="REF", nargs="?", default="main",
+                   help="the commit (default: main)")
+    p.add_argument("--paths", action="append", metavar="GLOB",
+                   help="only entries whose dotted path matches (repeatable), e.g. 'model.*'")
+    p.set_defaults(run=run)
+
+
+def _rows(ctx: Context, m: Manifest, sizes: StoredSizes, wanted: set[int]) -> list[dict[str, Any]]:
+    rows = []
+    for i, e in enumerate(m.tensors):
+        if i not in wanted:
+            continue
+        note = ""
+        if e.layout == Layout.ALIAS:
+            note = f"same tensor as {m.tensors[e.base].path}"
+        elif e.layout == Layout.VIEW:
+            note = f"view of {m.storages[e.base].path}"
+        elif e.layout == Layout.CHAIN:  # stored: this commit's own parts; the rest is in the bases
+            older = len(entry_arrays(ctx.store.repo.manifest, m, e)) - len(e.parts or {})
+            note = (f"{e.kind} on {(e.base_commit or '?')[:10]}; "
+                    f"reads {plural(older, 'older array')}")
+        if e.commit and e.commit != m.id:
+            note = (note + "; " if note else "") + f"data of commit {e.commit[:10]}"
+        rows.append({"path": e.path, "dtype": e.dtype, "shape": list(e.shape), "layout": e.layout,
+                     "nbytes": entry_nbytes(e), "stored_bytes": entry_stored_bytes(sizes, e),
+                     "commit": e.commit, "array": e.array, "note": note})
+    return rows
+
+
+def run(ctx: Context) -> int:
+    store, args = ctx.store, ctx.args
+    m = store.manifest(store.resolve(args.ref))
+    info = store.info(m.id)
+    refs = ref_names(store.repo).get(m.id, [])
+    sizes = StoredSizes(store.storage)
+    leaves = Leaves.of(m).select(args.paths)
+    rows = _rows(ctx, m, sizes, set(leaves.tensors.values()))
+    packed_stored = sizes.array_bytes(m.id, PACKED_ARRAY) if m.packed is not None else None
+    if ctx.json:
+        doc = info.to_json()
+        doc.update(generation=m.generation, refs=refs, tensor_count=len(m.tensors),
+                   tensors=rows, values=dict(leaves.values),
+                   packed=None if m.packed is None else {"nbytes": m.packed.nbytes,
+                                                         "stored_bytes": packed_stored})
+        ctx.emit(doc)
+        return 0
+
+    head = [("commit", m.id), ("parent", m.parent or "-")]
+    if refs:
+        head.append(("refs", ", ".join(refs)))
+    head += [("time", f"{utc_time(info.time)} UTC"), ("message", m.message or "-")]
+    head += [(k, short_value(v)) for k, v in m.metadata.items()]
+    head.append(("tensors", (f"{len(m.tensors)} ({human_size(m.logical_bytes)} in memory, "
+                            f"{human_size(m.stored_bytes)} stored)")))
+    if m.packed is not None:
+        n_packed = sum(e.layout == Layout.PACKED for e in (*m.tensors, *m.storages))
+        head.append(("packed", (f"{plural(n_packed, 'small tensor')} in one array, "
+                               f"{human_size(packed_stored)} stored")))
+    width = max(len(k) for k, _ in head)
+    for k, v in head:
+        ctx.print(f"{k.ljust(width)}  {v}")
+    if rows:
+        ctx.print()
+        ctx.print(table(["PATH", "DTYPE", "SHAPE", "LAYOUT", "STORED", "NOTE"],
+                        [[r["path"], r["dtype"], shape_text(r["shape"]), r["layout"],
+                          human_size(r["stored_bytes"]), r["note"]] for r in rows],
+                        right=("STORED",)))
+    if leaves.values:
+        ctx.print()
+        ctx.print(table(["PATH", "VALUE"],
+                        [[p, short_value(v)] for p, v in leaves.values.items()]))
+    return 0

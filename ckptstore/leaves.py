@@ -1,0 +1,131 @@
+"""A commit's leaves by dotted path: which there are, which globs select, and their tensors read
+a batch at a time.
+
+Diff, usage, export and ``Store.iter_tensors`` select entries the way ``checkout(paths=...)``
+does -- a glob selects an entry when it matches its dotted path or the path of a container of it
+(``"model"`` selects everything under ``model``) -- and read tensors by their index in the
+manifest, about :data:`BATCH_BYTES` at a time, so a large state is never in memory at once.
+
+>>> matches("model.emb.weight", ["model"]), matches("model.emb.weight", ["opt*"])
+(True, False)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .arrays import storage_dtype, torch_dtype
+from .manifest import Manifest, TensorEntry
+from .reader import Reader
+from .repository import Repository
+from .state import tree_paths
+
+__all__ = ["BATCH_BYTES", "Leaves", "PlainValue", "TensorLike", "as_tensor", "entry_nbytes",
+           "iter_tensors", "matches", "read_tensors"]
+
+BATCH_BYTES = 256 * 2**20  # tensor bytes read per round trip
+
+PlainValue = None | bool | int | float | str | bytes
+"""A leaf of the state that is not a tensor (step, learning rate, names, ...)."""
+
+TensorLike = torch.Tensor | np.ndarray | np.generic
+"""A tensor leaf as checkout returns it (numpy leaves stay numpy)."""
+
+
+def matches(path: str, patterns: Sequence[str]) -> bool:
+    """True when a glob of ``patterns`` matches the dotted ``path`` or one of its containers."""
+    prefixes = [path[:k] for k, ch in enumerate(path) if ch == "."] + [path]
+    return any(fnmatch.fnmatchcase(x, pat) for x in prefixes for pat in patterns)
+
+
+@dataclass(frozen=True)
+class Leaves:
+    """The leaves of a commit's state: ``{dotted path: tensor index}`` and
+    ``{dotted path: plain value}``, in the order of the state."""
+
+    tensors: Mapping[str, int]
+    values: Mapping[str, PlainValue]
+
+    @classmethod
+    def of(cls, m: Manifest) -> Leaves:
+        """The leaves of commit ``m``."""
+        tensors: dict[str, int] = {}
+        values: dict[str, PlainValue] = {}
+        for path, node in tree_paths(m.tree).items():
+            if "tensor" in node:
+                tensors[path] = node["tensor"]
+            elif "value" in node:
+                values[path] = node["value"]
+            elif "bigint" in node:
+                values[path] = int(node["bigint"])
+        return cls(tensors, values)
+
+    def select(self, patterns: Sequence[str] | None) -> Leaves:
+        """The leaves that :func:`matches` selects (all of them for no patterns)."""
+        if not patterns:
+            return self
+        return Leaves({p: i for p, i in self.tensors.items() if matches(p, patterns)},
+                      {p: v for p, v in self.values.items() if matches(p, patterns)})
+
+
+def entry_nbytes(e: TensorEntry) -> int:
+    """Bytes of an entry's tensor in memory (what it costs to read it)."""
+    return math.prod(e.shape) * storage_dtype(torch_dtype(e.dtype)).itemsize
+
+
+def as_tensor(value: TensorLike) -> torch.Tensor:
+    """A torch tensor of a tensor leaf (numpy arrays and scalars share memory where they can)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    a = np.asarray(value)  # (np.ascontiguousarray would make a 0-d array 1-d)
+    return torch.from_numpy(a if a.flags.c_contiguous else a.copy())
+
+
+def read_tensors(repo: Repository, m: Manifest, indices: Sequence[int],
+                 batch_bytes: int = BATCH_BYTES) -> Iterator[TensorLike]:
+    """The tensors at ``indices`` of commit ``m``, in that order, read about ``batch_bytes`` at a
+    time (a batch holds at least one tensor)."""
+    reader = Reader(repo)
+    batch: list[int] = []
+    size = 0
+    for n, i in enumerate(indices):
+        batch.append(i)
+        size += entry_nbytes(m.tensors[i])
+        if size < batch_bytes and n < len(indices) - 1:
+            continue
+        got = reader.read_tensors(m, batch)
+        yield from (got[j] for j in batch)
+        batch, size = [], 0
+
+
+def iter_tensors(repo: Repository, ref: str, paths: Sequence[str] | None = None,
+                 batch_bytes: int = BATCH_BYTES) -> Iterator[tuple[str, TensorLike]]:
+    """``(dotted path, tensor)`` of a commit's tensors, read a batch at a time.
+
+    Parameters
+    ----------
+    repo
+        The store's history (``store.repo``).
+    ref
+        Branch, tag, commit id or unique prefix, with ``~N`` / ``^``.
+    paths
+        Globs as in ``checkout(paths=...)``: only the entries they select.
+    batch_bytes
+        About how many tensor bytes are read at once; the tensors of one batch are released as
+        the caller moves on.
+
+    Yields
+    ------
+    tuple of (str, tensor)
+        In the order of the state; tied tensors come back once per path. Numpy leaves come back
+        as numpy arrays or scalars, as from ``checkout``.
+    """
+    m = repo.manifest(repo.resolve(ref))
+    tensors = Leaves.of(m).select(paths).tensors
+    yield from zip(tensors, read_tensors(repo, m, list(tensors.values()), batch_bytes))
