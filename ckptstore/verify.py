@@ -12,6 +12,7 @@ from .chunkcodec import ChunkCodec, check_crc, codec_from_config
 from .errors import CkptStoreError, CorruptedChunkError
 from .info import VerifyReport
 from .layout import ZARR_JSON
+from .progress import bar
 from .repository import Repository
 
 __all__ = ["verify"]
@@ -72,17 +73,11 @@ def verify(repo: Repository, ref: str | None = None, progress: bool = False) -> 
             return len(data), f"{where}: {reason}"
         return len(data), None
 
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=len(jobs), unit="chunk", desc="verify")
-    for nbytes, problem in repo.executor.map(check, jobs):
-        report.chunks_checked += 1
-        report.bytes_checked += nbytes
-        if problem:
-            report.problems.append(problem)
-        if bar is not None:
-            bar.update()
-    if bar is not None:
-        bar.close()
+    with bar(len(jobs), "verify", progress, unit="chunk") as shown:
+        for nbytes, problem in repo.executor.map(check, jobs):
+            report.chunks_checked += 1
+            report.bytes_checked += nbytes
+            if problem:
+                report.problems.append(problem)
+            shown.update()
     return report
