@@ -20,7 +20,7 @@ import torch
 
 from .chunkcodec import ChunkCodec, encoded_size
 from .errors import CorruptedChunkError, ManifestError, UnsupportedLeafError
-from .fs import Storage
+from .storage import Storage
 
 __all__ = [
     "CHUNK_BYTES",

@@ -19,11 +19,11 @@ from .arrays import (ChunkGrid, host_to_tensor, read_array, start_read_array, st
                      torch_dtype)
 from .chunkcodec import QuantizedLossy, codec_from_config
 from .errors import CorruptedChunkError, ManifestError
-from .fs import Storage
 from .chains.walk import chain_of, needed_entries
 from .layout import data_dir
 from .manifest import Blob, Manifest, TensorEntry
 from .plan import PACKED_ARRAY
+from .storage import Storage
 
 __all__ = ["Reader"]
 

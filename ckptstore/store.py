@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ManifestError, NotAStoreError, RefExists
-from .fs import Storage
 from .gc import collect
 from .ids import new_commit_id
 from .incremental import ChainMemory
@@ -25,6 +24,7 @@ from .records import build_manifest
 from .repository import Repository
 from .staging import StagingPool
 from .state import flatten, load_into, select, tree_paths, unflatten
+from .storage import Storage, open_storage
 from .verify import verify
 from .writer import persist, snapshot
 
@@ -350,8 +350,7 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
     Raises :class:`NotAStoreError` if the location exists but holds something else, or is absent
     and ``create=False``; :class:`FormatVersionError` if a newer ckptstore wrote it.
     """
-    storage = Storage(url, **storage_options)
-    storage.durable = durable
+    storage = open_storage(url, durable=durable, **storage_options)
     try:
         decode_marker(storage.read(MARKER), storage.path(MARKER))
     except FileNotFoundError:

@@ -18,10 +18,10 @@ import numpy as np
 
 from .arrays import ChunkGrid, tensor_to_host, write_array
 from .chunkcodec import BloscLossless, ChunkCodec, QuantizedLossy, encoded_size
-from .fs import Storage
 from .incremental import changed_rows
 from .layout import data_dir
 from .plan import PACKED_ARRAY, CommitPlan, TensorPlan
+from .storage import Storage
 
 __all__ = ["GROUP_METADATA", "Persisted", "Snapshot", "bounded_submit", "persist", "snapshot"]
 
