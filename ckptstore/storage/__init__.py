@@ -1,8 +1,8 @@
 """Where a store's bytes live: one protocol, one implementation per kind of back-end.
 
 :func:`open_storage` picks the implementation for a URL: a local path (or ``file://`` URL) gets
-:class:`LocalStorage`, every other fsspec URL (``memory://``, ``s3://``, ``gs://``, ...) gets
-:class:`FsspecStorage`. To add a back-end, subclass :class:`Storage` (``base.py`` says what each
+:class:`LocalStorage`, ``memory://`` gets :class:`MemoryStorage`, every other fsspec URL
+(``s3://``, ``gs://``, ``az://``, ...) gets :class:`FsspecStorage`. To add a back-end, subclass :class:`Storage` (``base.py`` says what each
 primitive guarantees), choose it here, and add it to ``BACKENDS`` in ``tests/conftest.py`` so the
 contract suite (``tests/contract/test_storage.py``) and the behaviour suites run against it.
 """
@@ -14,12 +14,14 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
 
 from .base import Buffer, Storage
 from .fsspec import FsspecStorage
 from .local import LocalStorage
+from .memory import MemoryStorage
 
-__all__ = ["Buffer", "FsspecStorage", "LocalStorage", "Storage", "open_storage"]
+__all__ = ["Buffer", "FsspecStorage", "LocalStorage", "MemoryStorage", "Storage", "open_storage"]
 
 
 def open_storage(url: str | os.PathLike, durable: bool = False,
@@ -39,4 +41,6 @@ def open_storage(url: str | os.PathLike, durable: bool = False,
     fs, root = url_to_fs(url, **storage_options)
     if isinstance(fs, LocalFileSystem):
         return LocalStorage(root, url=url, durable=durable)
+    if isinstance(fs, MemoryFileSystem):
+        return MemoryStorage(fs, root, url=url, durable=durable)
     return FsspecStorage(fs, root, url=url, durable=durable)

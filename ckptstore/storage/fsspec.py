@@ -96,7 +96,8 @@ class FsspecStorage(Storage):
 
     def put_chunk(self, key: str, data: Buffer | Sequence[Buffer]) -> None:
         parts = as_parts(data)
-        self.fs.pipe_file(self.path(key), parts[0] if len(parts) == 1 else b"".join(parts))
+        whole = parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)
+        self.fs.pipe_file(self.path(key), whole)  # clients take bytes, not memoryviews
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         try:
