@@ -1,8 +1,10 @@
 """Shared fixtures: the storage contract and the behaviour suites run against every back-end.
 
 Back-ends: a local directory, fsspec ``memory://``, and S3 through s3fs against a real moto S3
-server started on 127.0.0.1 for the session (HTTP, no in-process mocking). A test that asks for
-one of the ``BACKEND_FIXTURES`` runs once per back-end; ``store`` alone is a local store.
+server started on 127.0.0.1 for the session (HTTP, no mocked client; the server's conditional
+PutObject is made atomic, as S3's is). A test that asks for
+one of the ``BACKEND_FIXTURES``, or is marked ``@pytest.mark.every_backend``, runs once per
+back-end; otherwise ``store`` is a local store.
 """
 
 from __future__ import annotations
@@ -88,9 +90,16 @@ def store(store_url):
     s.close()
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "every_backend: run once per back-end (the test's `store` or `store_url`)")
+
+
 def pytest_generate_tests(metafunc):
-    """Tests that ask for a ``backend_*`` fixture run once per back-end."""
-    if any(name in metafunc.fixturenames for name in BACKEND_FIXTURES):
+    """Tests that ask for a ``backend_*`` fixture, or are marked ``every_backend``, run once per
+    back-end."""
+    if any(name in metafunc.fixturenames for name in BACKEND_FIXTURES) or \
+            metafunc.definition.get_closest_marker("every_backend"):
         metafunc.parametrize("store_url", BACKENDS, indirect=True)
 
 
