@@ -19,8 +19,8 @@ import torch
 
 from .chunkcodec import ChunkCodec, Encoded, encoded_size
 from .errors import CorruptedChunkError, ManifestError, UnsupportedLeafError
-from .fs import Storage
 from .layout import ZARR_JSON
+from .storage import Storage
 
 __all__ = [
     "CHUNK_BYTES",

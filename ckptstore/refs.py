@@ -9,7 +9,6 @@ without a lock, on every fsspec backend. A tag is one immutable file ``refs/tags
 from __future__ import annotations
 
 from .errors import ConcurrentUpdateError, ManifestError, RefExists, RefNotFound
-from .fs import Storage
 from .layout import (
     HEADS,
     SEQ_WIDTH,
@@ -20,6 +19,7 @@ from .layout import (
     is_commit_id,
     tag_key,
 )
+from .storage import Storage
 
 __all__ = ["Refs", "Tip"]
 

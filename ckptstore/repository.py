@@ -7,20 +7,19 @@ act of committing (:mod:`ckptstore.committer`) on top of it.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from .errors import AmbiguousRef, ManifestError, RefNotFound
-from .fs import Storage
 from .ids import is_commit_id, new_commit_id
 from .info import CommitInfo
 from .layout import COMMITS, RESTORES, check_ref_name, manifest_id, manifest_key, restore_key
 from .manifest import Manifest, decode_manifest, encode_manifest
 from .refs import Refs
 from .revparse import HEX_PREFIX_RE, parse_revision
+from .storage import Storage
 
 __all__ = ["Repository"]
 
@@ -42,8 +41,7 @@ class Repository:
     def __init__(self, storage: Storage, io_workers: int | None = None):
         self.storage = storage
         self.refs = Refs(storage)
-        cpus = os.cpu_count() or 2
-        self.io_workers = io_workers or (cpus if storage.is_local else max(16, cpus))
+        self.io_workers = io_workers or storage.io_threads
         self.executor = ThreadPoolExecutor(self.io_workers, thread_name_prefix="ckptstore-io")
         self._manifests: OrderedDict[str, Manifest] = OrderedDict()
         self._lock = threading.Lock()

@@ -14,7 +14,6 @@ from typing import Any
 from .committer import Committer, Metadata
 from .diff import DiffResult, diff
 from .errors import ManifestError, NotAStoreError
-from .fs import Storage
 from .gc import collect
 from .info import CommitInfo, GCResult, VerifyReport
 from .layout import MARKER, check_ref_name
@@ -26,6 +25,7 @@ from .policy import Policy
 from .reader import Reader
 from .repository import Repository
 from .state import load_into, select, tree_paths, unflatten
+from .storage import Storage, open_storage
 from .tracking import RowTracker
 from .usage import UsageReport, disk_usage
 from .verify import verify
@@ -274,8 +274,7 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
     Raises :class:`NotAStoreError` if the location exists but holds something else, or is absent
     and ``create=False``; :class:`FormatVersionError` if a newer ckptstore wrote it.
     """
-    storage = Storage(url, **storage_options)
-    storage.durable = durable
+    storage = open_storage(url, durable=durable, **storage_options)
     try:
         decode_marker(storage.read(MARKER), storage.path(MARKER))
     except FileNotFoundError:

@@ -21,12 +21,12 @@ from .arrays import ChunkGrid, tensor_to_host, write_array
 from .chains.decide import CodesBase
 from .chains.replay import changed_rows
 from .chunkcodec import BloscLossless, CodeDelta, Encoded, QuantizedLossy
-from .fs import Storage
 from .layout import PACKED_ARRAY, ZARR_JSON, array_dir, data_dir
 from .manifest import Blob
 from .pending import Progress
 from .plan import ArrayItem, CodesItem, CommitPlan, PackedItem, PlanItem, RowsItem
 from .staging import StagingPool
+from .storage import Storage
 
 __all__ = ["GROUP_METADATA", "Persisted", "Snapshot", "WriteResult", "bounded_submit", "persist",
            "snapshot"]

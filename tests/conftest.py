@@ -1,19 +1,25 @@
-"""Shared fixtures: one behaviour suite runs against every storage back-end.
+"""Shared fixtures: the storage contract and the behaviour suites run against every back-end.
 
 Back-ends: a local directory, fsspec ``memory://``, and S3 through s3fs against a real moto S3
-server started on 127.0.0.1 for the session (HTTP, no in-process mocking).
+server started on 127.0.0.1 for the session (HTTP, no mocked client; the server's conditional
+PutObject is made atomic, as S3's is). A test that asks for
+one of the ``BACKEND_FIXTURES``, or is marked ``@pytest.mark.every_backend``, runs once per
+back-end; otherwise ``store`` is a local store.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 
 import pytest
 
 import ckptstore
+from ckptstore.storage import Storage, open_storage
 
 BACKENDS = ["local", "memory", "s3"]
+BACKEND_FIXTURES = ("backend_store", "backend_storage", "open_backend_store")
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +31,7 @@ def s3_server():
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    _serialise_conditional_puts()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -36,6 +43,29 @@ def s3_server():
     yield {"client_kwargs": {"endpoint_url": endpoint}, "key": "testing", "secret": "testing",
            "use_listings_cache": False}
     server.stop()
+
+
+def _serialise_conditional_puts() -> None:
+    """Make moto's ``PutObject`` with ``If-None-Match: *`` atomic, as S3 documents it.
+
+    moto checks for the key and then stores it in two steps while its server answers requests on
+    many threads, so two racing creates could both succeed; real S3 lets exactly one win.
+    """
+    from moto.s3.responses import S3Response
+
+    put_object = S3Response.put_object
+    if getattr(put_object, "serialised", False):
+        return
+    lock = threading.Lock()
+
+    def serialised(self):
+        if self.headers.get("If-None-Match") != "*":
+            return put_object(self)
+        with lock:
+            return put_object(self)
+
+    serialised.serialised = True
+    S3Response.put_object = serialised
 
 
 @pytest.fixture
@@ -60,12 +90,42 @@ def store(store_url):
     s.close()
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "every_backend: run once per back-end (the test's `store` or `store_url`)")
+
+
 def pytest_generate_tests(metafunc):
-    """Tests that ask for ``backend_store`` run once per back-end."""
-    if "backend_store" in metafunc.fixturenames:
+    """Tests that ask for a ``backend_*`` fixture, or are marked ``every_backend``, run once per
+    back-end."""
+    if any(name in metafunc.fixturenames for name in BACKEND_FIXTURES) or \
+            metafunc.definition.get_closest_marker("every_backend"):
         metafunc.parametrize("store_url", BACKENDS, indirect=True)
 
 
 @pytest.fixture
 def backend_store(store):
+    """A fresh store on each back-end."""
     return store
+
+
+@pytest.fixture
+def open_backend_store(store_url):
+    """``open(**options)``: open (again) the store at one fresh location of each back-end."""
+    url, opts = store_url
+    opened: list[ckptstore.Store] = []
+
+    def open_(**options) -> ckptstore.Store:
+        opened.append(ckptstore.open(url, **opts, **options))
+        return opened[-1]
+
+    yield open_
+    for s in opened:
+        s.close()
+
+
+@pytest.fixture
+def backend_storage(store_url) -> Storage:
+    """The bare storage of a fresh, empty location on each back-end."""
+    url, opts = store_url
+    return open_storage(url, **opts)

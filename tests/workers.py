@@ -89,13 +89,13 @@ def _die() -> None:
 
 def arm_kill_switch(after_writes: int | None, mode: str = "after", trace: bool = False) -> None:
     """Count every store write in this process; SIGKILL at write number ``after_writes``."""
-    from ckptstore.fs import Storage
+    from ckptstore.storage import FsspecStorage, LocalStorage, Storage
 
     lock = threading.Lock()
     count = [0]
 
-    def wrap(name: str) -> None:
-        original = getattr(Storage, name)
+    def wrap(cls: type[Storage], name: str) -> None:
+        original = getattr(cls, name)
 
         def write(self: Storage, key: str, data: bytes, *args: Any, **kwargs: Any) -> Any:
             with lock:
@@ -108,7 +108,7 @@ def arm_kill_switch(after_writes: int | None, mode: str = "after", trace: bool =
             if mode == "torn":
                 if name == "put_chunk":  # half a chunk reaches the disk or the object store
                     original(self, key, data[: len(data) // 2], *args, **kwargs)
-                elif self.is_local:  # temporary file written and synced, never linked/renamed
+                elif self.local_disk:  # temporary file written and synced, never linked/renamed
                     os.link = os.replace = lambda *a, **k: _die()
                     original(self, key, data, *args, **kwargs)
                 _die()  # an object store PUT is all or nothing: die before it
@@ -116,10 +116,11 @@ def arm_kill_switch(after_writes: int | None, mode: str = "after", trace: bool =
             _die()
             return result
 
-        setattr(Storage, name, write)
+        setattr(cls, name, write)
 
-    for name in ("put_chunk", "put", "put_if_absent"):
-        wrap(name)
+    for cls in (LocalStorage, FsspecStorage):
+        for name in ("put_chunk", "put", "put_if_absent"):
+            wrap(cls, name)
 
 
 def barrier_wait(directory: str, parties: int, name: str, timeout: float = 60.0) -> None:

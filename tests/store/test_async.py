@@ -39,6 +39,7 @@ class FlakyMemoryFS(MemoryFileSystem):
 
 @pytest.fixture
 def flaky():
+    """memory:// only: the failures are injected by a MemoryFileSystem subclass."""
     import fsspec
     fsspec.register_implementation("flaky", FlakyMemoryFS, clobber=True)
     FlakyMemoryFS.failing, FlakyMemoryFS.gate = False, None
@@ -47,6 +48,7 @@ def flaky():
     FlakyMemoryFS.failing, FlakyMemoryFS.gate = False, None
 
 
+@pytest.mark.every_backend
 def test_captured_state_is_what_is_stored(store):
     w = torch.randn(300_000, 8)
     opt_state = {"m": torch.zeros(300_000, 8)}
@@ -60,6 +62,7 @@ def test_captured_state_is_what_is_stored(store):
     assert_bit_exact(store.checkout(info.id), expected)
 
 
+@pytest.mark.every_backend
 def test_staging_buffers_are_reused(store):
     w = torch.randn(200_000, 4)
     store.commit_async({"w": w}).wait()
@@ -70,6 +73,7 @@ def test_staging_buffers_are_reused(store):
     assert store.staging_bytes == held == w.numel() * 4
 
 
+@pytest.mark.every_backend
 def test_staged_snapshot_is_taken_as_is(store):
     snap = {"w": torch.randn(100_000)}
     pending = store.commit_async(snap, staged=True)
@@ -115,13 +119,14 @@ def test_unobserved_error_raises_on_next_commit_and_close(flaky):
         flaky.close()
 
 
-def test_close_waits_for_the_commit_in_flight(tmp_path):
-    with ckptstore.open(tmp_path / "s") as store:
+def test_close_waits_for_the_commit_in_flight(open_backend_store):
+    with open_backend_store() as store:
         pending = store.commit_async({"w": torch.randn(500_000)})
     assert pending.done() and not pending.failed
-    assert ckptstore.open(tmp_path / "s").log()[0].id == pending.wait().id
+    assert open_backend_store().log()[0].id == pending.wait().id
 
 
+@pytest.mark.every_backend
 def test_async_incremental_chain(store):
     store.policy = ckptstore.Policy(incremental="one-shot")
     emb = torch.randn(5000, 16)
@@ -212,6 +217,7 @@ def test_loader_with_workers_counts_what_training_received():
     assert sorted(torch.cat(first + rest).tolist()) == list(range(100))
 
 
+@pytest.mark.every_backend
 def test_rng_state_roundtrip(store):
     torch.manual_seed(5)
     np.random.seed(5)

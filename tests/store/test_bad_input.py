@@ -25,9 +25,19 @@ from ckptstore.layout import manifest_key
 
 @pytest.fixture
 def local(tmp_path):
+    """A local store with one commit. Local only: the tests that take it damage or compare the
+    store's files in place with pathlib; the errors they check are raised above
+    ``Storage.read``, whose contract every back-end passes (tests/contract/test_storage.py)."""
     store = ckptstore.open(tmp_path / "s")
     info = store.commit({"w": torch.randn(300_000), "b": torch.ones(4)}, message="ok")
     return store, info, tmp_path / "s"
+
+
+@pytest.fixture
+def committed(backend_store):
+    """A store with one commit, on each back-end."""
+    info = backend_store.commit({"w": torch.randn(300_000), "b": torch.ones(4)}, message="ok")
+    return backend_store, info
 
 
 def _reopen(root: Path):
@@ -113,8 +123,8 @@ def test_bad_ref_names_write_nothing(local, name):
     assert sorted(p for p in root.rglob("*")) == before
 
 
-def test_unknown_refs(local):
-    store, info, _ = local
+def test_unknown_refs(committed):
+    store, _ = committed
     with pytest.raises(RefNotFound, match="no branch, tag or commit"):
         store.resolve("nope")
     with pytest.raises(RefNotFound, match="past the first commit"):
@@ -123,8 +133,8 @@ def test_unknown_refs(local):
         store.checkout("0000")
 
 
-def test_ambiguous_prefix(tmp_path):
-    store = ckptstore.open(tmp_path / "s")
+def test_ambiguous_prefix(open_backend_store):
+    store = open_backend_store()
     ids = [store.commit({"i": i}).id for i in range(40)]
     prefix = next(a[:1] for a in ids if sum(b.startswith(a[:1]) for b in ids) > 1)
     with pytest.raises(RefNotFound):
@@ -136,6 +146,7 @@ def test_ambiguous_prefix(tmp_path):
 
 
 def test_not_a_store(tmp_path):
+    """Local only: the foreign content is put there with pathlib."""
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("hi")
     with pytest.raises(NotAStoreError, match="not empty"):

@@ -23,8 +23,8 @@ def _kinds(store, info):
 @pytest.mark.parametrize("mode,kind", [("one-shot", "incremental"),
                                        ("consecutive", "consecutive"),
                                        ("intermittent", "incremental")])
-def test_row_chains_are_exact(tmp_path, mode, kind):
-    store = ckptstore.open(tmp_path / "s", policy=Policy(incremental=mode))
+def test_row_chains_are_exact(open_backend_store, mode, kind):
+    store = open_backend_store(policy=Policy(incremental=mode))
     g = torch.Generator().manual_seed(0)
     emb, dense = torch.randn(ROWS, DIM, generator=g), torch.randn(300, 300, generator=g)
     history = []
@@ -46,8 +46,8 @@ def test_row_chains_are_exact(tmp_path, mode, kind):
     assert store.verify().ok
 
 
-def test_intermittent_rebases_when_predicted():
-    store = ckptstore.open("memory://intermittent", policy=Policy(incremental="intermittent"))
+def test_intermittent_rebases_when_predicted(open_backend_store):
+    store = open_backend_store(policy=Policy(incremental="intermittent"))
     emb = torch.zeros(ROWS, DIM)
     kinds = []
     for step in range(8):
@@ -57,9 +57,8 @@ def test_intermittent_rebases_when_predicted():
     assert "full" in kinds[2:], (kinds, fr)
 
 
-def test_max_chain_bounds_consecutive():
-    store = ckptstore.open("memory://maxchain", policy=Policy(incremental="consecutive",
-                                                              max_chain=2))
+def test_max_chain_bounds_consecutive(open_backend_store):
+    store = open_backend_store(policy=Policy(incremental="consecutive", max_chain=2))
     emb = torch.zeros(ROWS, DIM)
     kinds = []
     for step in range(6):
@@ -69,14 +68,14 @@ def test_max_chain_bounds_consecutive():
     assert MaxChain(3).should_rebase([0.1, 0.1, 0.1])
 
 
-def test_new_process_starts_with_a_baseline(tmp_path):
+def test_new_process_starts_with_a_baseline(open_backend_store):
     policy = Policy(incremental="one-shot")
     emb = torch.randn(ROWS, DIM)
-    a = ckptstore.open(tmp_path / "s", policy=policy)
+    a = open_backend_store(policy=policy)
     a.commit({"emb": emb})
     emb[0] += 1
     assert _kinds(a, a.commit({"emb": emb}))["emb"] == "incremental"
-    b = ckptstore.open(tmp_path / "s", policy=policy)  # "restarted": no reference in memory
+    b = open_backend_store(policy=policy)  # "restarted": no reference in memory
     emb[1] += 1
     info = b.commit({"emb": emb})
     assert _kinds(b, info)["emb"] == "full"
@@ -95,7 +94,9 @@ ops = st.lists(st.one_of(
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops)
 def test_property_gc_and_rebase_never_break_a_retained_commit(ops):
-    """Random commit/update/tag/gc/rebase sequences: every commit gc keeps checks out exactly."""
+    """Random commit/update/tag/gc/rebase sequences: every commit gc keeps checks out exactly.
+    memory:// only: hypothesis runs many sequences (one store each); the fixed chains in this
+    module run on every back-end."""
     import uuid
     store = ckptstore.open(f"memory://prop-{uuid.uuid4().hex}")
     emb = torch.zeros(ROWS, DIM)
@@ -123,11 +124,11 @@ def test_property_gc_and_rebase_never_break_a_retained_commit(ops):
     assert store.verify().ok
 
 
-def test_quantized_incremental_matches_independent_dequantize():
+def test_quantized_incremental_matches_independent_dequantize(open_backend_store):
     from ckptcodecs import dequantize, quantize
 
     spec = QuantSpec(method="adaptive-asymmetric", bits=4, granularity="row", entropy=True)
-    store = ckptstore.open("memory://qinc", policy=Policy(incremental="one-shot", quantize=spec))
+    store = open_backend_store(policy=Policy(incremental="one-shot", quantize=spec))
     g = torch.Generator().manual_seed(1)
     base = torch.randn(ROWS, DIM, generator=g)
     store.commit({"emb": base})
@@ -147,11 +148,11 @@ def test_quantized_incremental_matches_independent_dequantize():
     assert float((got - cur).abs().max()) < 0.6
 
 
-def test_delta_chain_matches_independent_dequantize():
+def test_delta_chain_matches_independent_dequantize(open_backend_store):
     from ckptcodecs import dequantize, quantize
 
     spec = QuantSpec(method="kmeans", bits=4, granularity="tensor", protect=0.01)
-    store = ckptstore.open("memory://qdelta", policy=Policy(quantize=spec, delta=True))
+    store = open_backend_store(policy=Policy(quantize=spec, delta=True))
     g = torch.Generator().manual_seed(2)
     w = torch.randn(256, 256, generator=g)
     sizes = []
@@ -167,9 +168,9 @@ def test_delta_chain_matches_independent_dequantize():
     assert store.verify().ok
 
 
-def test_bitwidth_follows_restores():
+def test_bitwidth_follows_restores(open_backend_store):
     spec = QuantSpec(method="uniform-asymmetric", bits=8)
-    store = ckptstore.open("memory://bits", policy=Policy(
+    store = open_backend_store(policy=Policy(
         quantize=spec, bitwidth=BitWidth(expected_restores=1)))
     w = torch.randn(200, 128)
 
@@ -184,12 +185,12 @@ def test_bitwidth_follows_restores():
     assert bits() == 8  # more restores than expected: fall back to the safe width
 
 
-def test_tracker_rows_drive_increments():
+def test_tracker_rows_drive_increments(open_backend_store):
     emb = torch.nn.Embedding(ROWS, DIM, sparse=True)
     model = torch.nn.ModuleDict({"emb": emb})
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     tracker = ckptstore.track(model, opt)
-    store = ckptstore.open("memory://tracked", policy=Policy(incremental="one-shot"))
+    store = open_backend_store(policy=Policy(incremental="one-shot"))
     store.commit({"model": model}, tracker=tracker)
     touched = set()
     for _ in range(3):
@@ -227,10 +228,10 @@ def test_quality_search_picks_most_compressive_passing():
     assert strict.choose(state) is None
 
 
-def test_per_path_overrides_and_small_quantized_tensors():
+def test_per_path_overrides_and_small_quantized_tensors(open_backend_store):
     policy = Policy(quantize=QuantSpec(bits=8), min_quant_bytes=1024,
                     overrides=(("model.emb*", QuantSpec(bits=2)), ("optim.*", None)))
-    store = ckptstore.open("memory://overrides", policy=policy)
+    store = open_backend_store(policy=policy)
     state = {"model": {"emb": torch.randn(300, 16), "fc": torch.randn(64, 16)},
              "optim": {"m": torch.randn(300, 16)}}
     info = store.commit(state)  # all three are under pack_below (64 KiB)
@@ -242,10 +243,10 @@ def test_per_path_overrides_and_small_quantized_tensors():
     assert not torch.equal(out["model"]["emb"], state["model"]["emb"])
 
 
-def test_intermittent_rebases_every_table_together():
+def test_intermittent_rebases_every_table_together(open_backend_store):
     """Check-N-Run decides per checkpoint: tables that change at different rates rebase in the
     same commit, so gc frees each old baseline as a whole."""
-    store = ckptstore.open("memory://together", policy=Policy(incremental="intermittent"))
+    store = open_backend_store(policy=Policy(incremental="intermittent"))
     a, b = torch.zeros(ROWS, DIM), torch.zeros(ROWS, DIM)
     kinds = []
     for step in range(10):

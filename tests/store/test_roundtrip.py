@@ -34,6 +34,7 @@ def _random_tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> tor
     return torch.randint(info.min, info.max, shape, generator=g, dtype=dtype)
 
 
+@pytest.mark.every_backend
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(), (0,), (5,), (3, 0, 2), (70_000,), (300, 257)], ids=str)
 def test_every_dtype_and_shape(store, dtype, shape):
@@ -42,6 +43,7 @@ def test_every_dtype_and_shape(store, dtype, shape):
     assert_bit_exact(store.checkout("main")["t"], t)
 
 
+@pytest.mark.every_backend
 def test_non_contiguous_views_and_shared_storage(store):
     base = torch.randn(200_000)
     tied = torch.randn(4000, 32)
@@ -62,6 +64,7 @@ def test_non_contiguous_views_and_shared_storage(store):
     assert info.stored_bytes < (200_000 + 4000 * 32 + 600 * 300 + 34_000) * 4 * 1.05
 
 
+@pytest.mark.every_backend
 def test_module_optimizer_scheduler_and_rng(store):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(100, 8), torch.nn.Flatten(),
@@ -94,6 +97,7 @@ def test_module_optimizer_scheduler_and_rng(store):
     assert_bit_exact(opt2.state_dict(), opt.state_dict())
 
 
+@pytest.mark.every_backend
 def test_module_as_whole_state(store):
     model = torch.nn.Linear(4, 2)
     store.commit(model)
@@ -102,6 +106,7 @@ def test_module_as_whole_state(store):
     assert_bit_exact(other.state_dict(), model.state_dict())
 
 
+@pytest.mark.every_backend
 def test_map_location_and_numpy_leaves(store):
     state = {"a": np.arange(10, dtype=np.int16), "s": np.float32(2.5), "t": torch.ones(2)}
     store.commit(state)
@@ -109,6 +114,7 @@ def test_map_location_and_numpy_leaves(store):
     assert_bit_exact(out, state)
 
 
+@pytest.mark.every_backend
 def test_unsupported_leaf_writes_nothing(store):
     class Opaque:
         pass
@@ -120,6 +126,7 @@ def test_unsupported_leaf_writes_nothing(store):
     assert store.commit_ids() == [] and store.storage.listdir("data") == []
 
 
+@pytest.mark.every_backend
 def test_many_small_tensors_are_packed(store):
     state = {f"layer{i}.bias": torch.randn(64) for i in range(300)}
     info = store.commit(state)
@@ -152,12 +159,15 @@ states = st.recursive(
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(state=st.dictionaries(st.text(min_size=1, max_size=6), states, max_size=5))
 def test_property_roundtrip(state):
+    """memory:// only: hypothesis explores the states (many examples, one store each); the
+    tests above carry every dtype and structure to every back-end."""
     with ckptstore.open("memory://hypothesis-" + str(random.getrandbits(64))) as store:
         store.commit(state)
         assert_bit_exact(store.checkout("main"), state)
 
 
 def test_durable_store_fsyncs_and_roundtrips(tmp_path):
+    """Local only: fsync exists only on local disks."""
     import os
     calls = []
     real = os.fsync

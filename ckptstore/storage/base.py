@@ -1,0 +1,125 @@
+"""The storage protocol: the few primitives a store needs from where its bytes live.
+
+A :class:`Storage` is one store root. Every key is a ``/``-separated path relative to that root
+(``refs/heads/main/3``, ``data/<id>/w/c/0``); the empty key is the root itself. Implementations:
+:class:`~ckptstore.storage.local.LocalStorage` (a directory, direct ``os`` calls) and
+:class:`~ckptstore.storage.fsspec.FsspecStorage` (any other fsspec filesystem). The guarantees
+below are checked for every back-end by ``tests/contract/test_storage.py``; a new back-end
+subclasses :class:`Storage`, implements the abstract methods and joins that suite.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+__all__ = ["Buffer", "Storage", "as_parts"]
+
+Buffer = bytes | bytearray | memoryview
+"""Bytes-like data a write takes (memoryviews of staging buffers are written without a copy)."""
+
+
+def as_parts(data: Buffer | Sequence[Buffer]) -> list[Buffer]:
+    """The parts of a chunk given whole or as a sequence of buffers, as a list."""
+    return [data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data)
+
+
+class Storage(ABC):
+    """A store root: reads, atomic writes, listing and deletes of keys.
+
+    Attributes
+    ----------
+    url
+        The location as the caller gave it (a path or an fsspec URL).
+    root
+        The root as the back-end names it (an absolute path, or ``bucket/prefix``).
+    durable
+        Fsync every chunk written with :meth:`put_chunk` (power-loss safety on local disks, at a
+        cost in write throughput); back-ends without fsync ignore it.
+    """
+
+    url: str
+    root: str
+    durable: bool
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    # -- capabilities ----------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def local_disk(self) -> bool:
+        """True when keys are files of this machine's filesystem: :meth:`path` is an OS path,
+        :meth:`mtime` is known and :meth:`fsync_dir` does something."""
+
+    @property
+    @abstractmethod
+    def io_threads(self) -> int:
+        """How many threads suit chunk I/O here (CPU-bound locally; more where requests wait
+        on the network)."""
+
+    # -- paths -----------------------------------------------------------------------------
+    @abstractmethod
+    def path(self, key: str) -> str:
+        """The back-end's full name of a key (for messages; an OS path when local)."""
+
+    # -- reads -----------------------------------------------------------------------------
+    @abstractmethod
+    def read(self, key: str) -> bytes:
+        """All bytes of a key; ``FileNotFoundError`` if it does not exist."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether a key exists now (never answered from a stale listing cache)."""
+
+    @abstractmethod
+    def size(self, key: str) -> int:
+        """Size of a key in bytes; ``FileNotFoundError`` if it does not exist."""
+
+    @abstractmethod
+    def mtime(self, key: str) -> float | None:
+        """Modification time (seconds since the epoch) on local disks; None when missing or
+        where the back-end does not record one."""
+
+    @abstractmethod
+    def listdir(self, key: str) -> list[str]:
+        """Sorted names (not keys) directly under ``key``, files and folders alike; empty if
+        it does not exist."""
+
+    @abstractmethod
+    def walk_sizes(self, key: str) -> dict[str, int]:
+        """``{key: size}`` of every file under ``key``, recursively (keys relative to the root);
+        empty if it does not exist."""
+
+    # -- writes ----------------------------------------------------------------------------
+    @abstractmethod
+    def put(self, key: str, data: bytes) -> None:
+        """Write or overwrite a key atomically: a reader sees the old bytes or the new ones,
+        never a mix or a torn file. Parent folders are created as needed."""
+
+    @abstractmethod
+    def put_chunk(self, key: str, data: Buffer | Sequence[Buffer]) -> None:
+        """Write a data chunk, given whole or as buffers to concatenate (one ``writev`` on local
+        disks). Not atomic (a chunk is never read before its manifest exists); fsynced when
+        :attr:`durable`."""
+
+    @abstractmethod
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Create ``key`` with ``data`` unless it exists; return whether this call created it.
+
+        Atomic: of any number of writers racing for one key exactly one gets True, and the
+        key then holds that writer's bytes, complete. Durable on local disks (fsynced before
+        it appears)."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove one file; a missing key is fine."""
+
+    @abstractmethod
+    def delete_tree(self, key: str) -> None:
+        """Remove everything under ``key`` (or the file ``key``); missing is fine."""
+
+    @abstractmethod
+    def fsync_dir(self, key: str) -> None:
+        """Make the directory entries under ``key`` durable (a no-op off local disks or when
+        the folder does not exist)."""
