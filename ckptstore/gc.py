@@ -15,7 +15,7 @@ import time
 from .chains.walk import arrays_read
 from .ids import commit_time, is_commit_id
 from .info import GCResult
-from .layout import COMMITS, DATA, HEADS, TAGS, data_dir, manifest_key
+from .layout import COMMITS, DATA, HEADS, TAGS, TEMP_PREFIX, data_dir, manifest_key
 from .repository import Repository
 
 __all__ = ["collect"]
@@ -95,7 +95,7 @@ def _remove_temp_files(repo: Repository, grace_period: float, now: float) -> Non
     dirs = [COMMITS, TAGS, ""] + [f"{HEADS}/{b}" for b in storage.listdir(HEADS)]
     for d in dirs:
         for name in storage.listdir(d):
-            if name.startswith(".tmp-"):
+            if name.startswith(TEMP_PREFIX):
                 key = f"{d}/{name}" if d else name
                 mtime = storage.mtime(key)
                 if mtime is not None and mtime + grace_period <= now:

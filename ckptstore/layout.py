@@ -31,6 +31,7 @@ __all__ = [
     "RESTORES",
     "SEQ_WIDTH",
     "TAGS",
+    "TEMP_PREFIX",
     "ZARR_JSON",
     "array_dir",
     "branch_dir",
@@ -53,6 +54,7 @@ RESTORES = "stats/restores"  # one file per resume of training (restore budget)
 SEQ_WIDTH = 12  # zero-padded so that lexical order is numeric order
 PACKED_ARRAY = "_packed"  # the array of a commit that holds its small tensors
 ZARR_JSON = "zarr.json"  # zarr v3 metadata document of a group or an array
+TEMP_PREFIX = ".tmp-"  # temporary files of local writes; gc removes interrupted ones
 _MANIFEST_SUFFIX = ".msgpack"
 
 # git-like names, one path component: no '/', no '..', no leading '.' or '-', no ref syntax chars.

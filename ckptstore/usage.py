@@ -15,13 +15,13 @@ from typing import Any
 
 from .chains.walk import StoredArray, arrays_read
 from .errors import CkptStoreError
-from .fs import Storage
 from .ids import commit_time, is_commit_id
 from .info import CommitInfo
 from .layout import COMMITS, DATA, data_dir, manifest_id, manifest_key
 from .leaves import PlainValue
 from .manifest import Layout, TensorEntry
 from .repository import Repository
+from .storage import Storage
 
 __all__ = ["CommitUsage", "StoredSizes", "UsageReport", "disk_usage", "entry_stored_bytes",
            "ref_names"]

@@ -15,11 +15,11 @@ import tempfile
 import threading
 from collections.abc import Sequence
 
+from ..layout import TEMP_PREFIX
 from .base import Buffer, Storage, as_parts
 
 __all__ = ["LocalStorage"]
 
-_TEMP_PREFIX = ".tmp-"  # gc removes leftovers of interrupted writes by this prefix
 
 
 class LocalStorage(Storage):
@@ -161,7 +161,7 @@ class LocalStorage(Storage):
 
 def _write_temp(path: str, data: bytes, fsync: bool) -> str:
     """A temporary file next to ``path`` holding ``data``; its name."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=_TEMP_PREFIX)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=TEMP_PREFIX)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
