@@ -160,6 +160,14 @@ class StallResult:
     pool_bytes: int = 0
 
 
+def staging_bytes(store: Any) -> int:
+    """Bytes of the store's staging buffers (``Store.staging_bytes``; older releases kept them
+    in ``Store._staging``, so benchmarks/revisions.py can run this file against them)."""
+    if hasattr(store, "staging_bytes"):
+        return store.staging_bytes
+    return store._staging.nbytes
+
+
 def _timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
     """(wall seconds, CPU seconds of the calling thread, result)."""
     c0, t0 = time.thread_time(), time.perf_counter()
@@ -203,7 +211,7 @@ def stall_case(size_mb: int, policy: str, repeat: int, warmup: int, root: str,
             res.cpu_ratios.append(stall_cpu / max((bare1_cpu + bare2_cpu) / 2, 1e-9))
             res.persist.append(pending.persist_seconds)
             res.stored.append(info.stored_bytes)
-        res.pool_bytes = store.staging_bytes
+        res.pool_bytes = staging_bytes(store)
     finally:
         store.close()
         shutil.rmtree(folder, ignore_errors=True)
@@ -490,7 +498,7 @@ def rss_child(variant: str, size_mb: int, seed: int, root: str) -> dict[str, Any
                 store.commit_async(state).wait()
                 peaks.append(_proc_status()["VmHWM"])
             out["peak_steady"] = max(peaks)
-            out["pool"] = store.staging_bytes
+            out["pool"] = staging_bytes(store)
             store.close()
     finally:
         shutil.rmtree(folder, ignore_errors=True)

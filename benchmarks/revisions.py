@@ -1,0 +1,225 @@
+"""Two revisions of the library side by side in one run: is the new code as fast as the old?
+
+Usage::
+
+    .venv/bin/python benchmarks/revisions.py --base 5eb7ba0              # base vs working tree
+    .venv/bin/python benchmarks/revisions.py --base 5eb7ba0 --rounds 2 --scale 0.1 --quick
+
+How it works
+------------
+* Each revision's library (``ckptstore/`` and ``codecs/``) is materialised with ``git archive``
+  into a temporary folder, next to a folder of two symlinks (``ckptstore`` and ``ckptcodecs``)
+  that goes first on ``PYTHONPATH``; the working tree is used in place for ``--head`` (default).
+  The benchmark code is the working tree's (``store_io.py``, ``async_writer.py``) for both, so
+  only the imported library differs. Each measurement runs in a fresh subprocess that prints which
+  files it imported; a subprocess that imported another revision's code stops the run.
+* Rounds alternate the revisions (A B, then B A, ...) so drift of a shared machine's load hits
+  both alike. Every case reports medians over its repeats; the table gives the median over rounds
+  of each revision, the ratio head/base, and the spread of that ratio across rounds (min-max).
+* Cases: ``store_io`` -- commit and checkout of the ~257 MB store_io model (lz4 and no
+  compression), times as in store_io.py (os.sync before each, checkout touches every tensor);
+  ``stall`` -- ``commit_async`` of a 256 MB state: stall / bare copy and persist time
+  (async_writer.py's stall case, lossless and intermittent+q4); ``train`` -- the training loop of
+  async_writer.py with ``commit_async`` every 100 steps: slowdown against no checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from common import command_line, load_average, machine_description, markdown_table  # noqa: E402
+from common import write_text  # noqa: E402
+
+CASES = ("store_io", "stall", "train")
+
+
+# -- inside a subprocess: one case against whatever ckptstore is importable ---------------------
+def _worker(case: str, args: argparse.Namespace) -> dict[str, float]:
+    import ckptcodecs
+    import ckptstore
+
+    out: dict[str, float] = {}
+    print(json.dumps({"imported": [os.path.realpath(ckptstore.__file__),
+                                   os.path.realpath(ckptcodecs.__file__)]}), flush=True)
+    root = tempfile.mkdtemp(prefix="ckpt-rev-")
+    try:
+        if case == "store_io":
+            import store_io as S
+
+            model = S.build_model(0, args.scale)
+            template = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            for compression, label in (("lz4", "lz4"), ("none", "raw")):
+                tool = S.ckptstore_tool(compression, None)
+                folder = os.path.join(root, label)
+                S.run_once(tool, model, template, folder, check=True, record=False)  # warm-up
+                for _ in range(args.repeat):
+                    S.run_once(tool, model, template, folder, check=False, record=True)
+                out[f"commit {label} (s)"] = statistics.median(tool.save_s)
+                out[f"checkout {label} (s)"] = statistics.median(tool.load_s)
+        elif case == "stall":
+            import async_writer as A
+
+            size = max(1, int(256 * args.scale))
+            for policy in ("lossless", "intermittent+q4"):
+                r = A.stall_case(size, policy, args.repeat, 1, root, 0)
+                out[f"stall/bare {policy}"] = statistics.median(r.ratios)
+                out[f"persist {policy} (s)"] = statistics.median(r.persist)
+        elif case == "train":
+            import async_writer as A
+            import torch
+
+            torch.set_num_threads(1)
+            trainer = A.Trainer(max(1024, int(1_000_000 * args.scale)), 0)
+            steps = 100 if args.quick else 300
+            none = [A.train_run(trainer, "none", None, steps, root).rate]
+            run = A.train_run(trainer, "async", 100, steps, root).rate
+            none.append(A.train_run(trainer, "none", None, steps, root).rate)
+            out["train slowdown, commit_async every 100 steps (%)"] = (
+                100 * (statistics.mean(none) / run - 1))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+# -- the driver ----------------------------------------------------------------------------------
+@dataclass
+class Revision:
+    """A revision's library, importable from ``path`` (a folder put first on PYTHONPATH)."""
+
+    name: str
+    source: str  # folder holding ckptstore/ and codecs/
+    path: str    # folder with the symlinks ckptstore -> source/ckptstore, ckptcodecs -> codecs
+    results: dict[str, list[float]] = field(default_factory=dict)
+
+
+def _git(*argv: str) -> str:
+    return subprocess.run(["git", "-C", ROOT, *argv], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def materialise(rev: str | None, tmp: str) -> Revision:
+    """The library of git revision ``rev`` (None: the working tree) as an import folder."""
+    if rev is None:
+        name, source = "working tree", ROOT
+    else:
+        sha = _git("rev-parse", "--short", f"{rev}^{{commit}}")
+        name, source = f"{rev} ({sha})" if rev != sha else sha, os.path.join(tmp, f"src-{sha}")
+        os.makedirs(source)
+        archive = subprocess.run(["git", "-C", ROOT, "archive", sha, "ckptstore", "codecs"],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", source], input=archive, check=True)
+    path = tempfile.mkdtemp(prefix="imp-", dir=tmp)
+    os.symlink(os.path.join(source, "ckptstore"), os.path.join(path, "ckptstore"))
+    os.symlink(os.path.join(source, "codecs"), os.path.join(path, "ckptcodecs"))
+    return Revision(name, source, path)
+
+
+def run_case(rev: Revision, case: str, args: argparse.Namespace) -> dict[str, float]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([rev.path, HERE]))
+    argv = [sys.executable, os.path.abspath(__file__), "--worker", case, "--repeat",
+            str(args.repeat), "--scale", str(args.scale)] + (["--quick"] if args.quick else [])
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=HERE)
+    if proc.returncode != 0:
+        raise SystemExit(f"{case} on {rev.name} failed:\n{proc.stderr[-3000:]}")
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    imported = lines[0]["imported"]
+    want = [os.path.realpath(os.path.join(rev.source, "ckptstore")),
+            os.path.realpath(os.path.join(rev.source, "codecs"))]
+    if not all(f.startswith(w + os.sep) for f, w in zip(imported, want)):
+        raise SystemExit(f"{rev.name}: the subprocess imported {imported}, not {want}")
+    return lines[-1]
+
+
+def report(base: Revision, head: Revision, args: argparse.Namespace, argv: Sequence[str] | None
+           ) -> str:
+    rows = []
+    for metric in head.results:
+        b, h = base.results.get(metric), head.results[metric]
+        if not b:
+            continue
+        mb, mh = statistics.median(b), statistics.median(h)
+        if metric.endswith("(%)"):  # a percentage near 0: compare by difference, in points
+            diffs = [y - x for x, y in zip(b, h)]
+            change, spread = f"{mh - mb:+.1f} pts", f"{min(diffs):+.1f} to {max(diffs):+.1f} pts"
+        else:
+            ratios = [y / x for x, y in zip(b, h) if x]
+            change = f"{mh / mb:.3f}" if mb else "-"
+            spread = f"{min(ratios):.3f}-{max(ratios):.3f}" if ratios else "-"
+        rows.append([metric, f"{mb:.4g}", f"{mh:.4g}", change, spread])
+    return "\n".join([
+        f"Command: `{command_line('benchmarks/revisions.py', argv)}`  ",
+        f"Machine: {machine_description()}; load before: {args.load_before}, after: "
+        f"{load_average()}  ",
+        f"base = {base.name}, head = {head.name}; {args.rounds} rounds alternating A/B, "
+        f"{args.repeat} repeats per case and round (medians).",
+        "",
+        markdown_table(["metric", "base", "head", "head/base", "spread across rounds"],
+                       rows),
+        "",
+        "Ratios near 1.00 (or 0 points) are no change; the spread shows the machine's noise. "
+        "Lower is better for every metric (times, stall ratios, slowdown).",
+    ])
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base", default="HEAD", help="git revision to compare against (default "
+                   "HEAD: the last commit vs uncommitted changes)")
+    p.add_argument("--head", default=None, help="git revision (default: the working tree)")
+    p.add_argument("--cases", default=",".join(CASES), help=f"of {', '.join(CASES)}")
+    p.add_argument("--rounds", type=int, default=3, help="A/B rounds (default 3)")
+    p.add_argument("--repeat", type=int, default=3, help="repeats per case and round")
+    p.add_argument("--scale", type=float, default=1.0, help="state sizes (0.1: quick smoke run)")
+    p.add_argument("--quick", action="store_true", help="shorter training runs")
+    p.add_argument("--markdown-out", default=None, help="also write the report here")
+    p.add_argument("--json-out", default=None, help="write every measurement as JSON here")
+    p.add_argument("--worker", choices=CASES, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        print(json.dumps(_worker(args.worker, args)), flush=True)
+        return 0
+    args.load_before = load_average()
+    cases = [c for c in args.cases.split(",") if c]
+    with tempfile.TemporaryDirectory(prefix="ckpt-revisions-") as tmp:
+        base, head = materialise(args.base, tmp), materialise(args.head, tmp)
+        for r in range(args.rounds):
+            order = (base, head) if r % 2 == 0 else (head, base)
+            for case in cases:
+                for rev in order:
+                    got = run_case(rev, case, args)
+                    for k, v in got.items():
+                        rev.results.setdefault(k, []).append(v)
+                    print(f"round {r} {case:8s} {rev.name}: "
+                          + ", ".join(f"{k} {v:.4g}" for k, v in got.items()),
+                          file=sys.stderr, flush=True)
+        text = report(base, head, args, argv)
+    print(text)
+    if args.markdown_out:
+        write_text(args.markdown_out, text + "\n")
+    if args.json_out:
+        write_text(args.json_out, json.dumps({"base": base.name, "head": head.name,
+                                              "base_results": base.results,
+                                              "head_results": head.results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
