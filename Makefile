@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # CPU build of torch, pinned for set-up and CI (an unpinned torch pulls a multi-GB CUDA build).
 TORCH  ?= torch==2.13.0
 
-.PHONY: install test demo bench clean
+.PHONY: install test demo bench bench-revisions clean
 
 install: $(STAMP)
 
@@ -31,6 +31,11 @@ bench: $(STAMP)
 	$(PY) benchmarks/dlrm.py
 	$(PY) benchmarks/dense_digits.py
 	$(PY) benchmarks/transfer_minilm.py
+
+# the library of the working tree against an earlier revision, side by side (about 10 minutes)
+BASE ?= HEAD~1
+bench-revisions: $(STAMP)
+	$(PY) benchmarks/revisions.py --base $(BASE)
 
 clean:
 	rm -rf $(VENV) build *.egg-info demo-store
