@@ -344,11 +344,11 @@ class StoreRun:
 def restore_footprint(store: Any) -> int:
     """Bytes that restoring the branch tip reads: the data folders of its arrays (every link of
     a chain) and their manifests -- what a gc that keeps single arrays would have to keep."""
-    from ckptstore.chains.walk import arrays_read
+    from ckptstore.chains.walk import Walk
     from ckptstore.layout import manifest_key
 
     tip = store.manifest(store.resolve("main"))
-    arrays = arrays_read(store.manifest, tip)  # the one walk of what a checkout reads
+    arrays = Walk(store.manifest).arrays_read(tip)  # the one walk of what a checkout reads
     total = sum(sum(store.storage.walk_sizes(a.prefix).values()) for a in arrays)
     for c in {tip.id} | {a.commit for a in arrays}:
         total += sum(store.storage.walk_sizes(manifest_key(c)).values())

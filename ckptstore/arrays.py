@@ -19,7 +19,7 @@ import torch
 
 from .chunkcodec import ChunkCodec, Encoded, encoded_size
 from .errors import CorruptedChunkError, ManifestError, UnsupportedLeafError
-from .layout import ZARR_JSON
+from .layout import ZARR_JSON, chunk_key
 from .storage import Storage
 
 __all__ = [
@@ -211,12 +211,12 @@ def write_array(storage: Storage, prefix: str, a: np.ndarray, grid: ChunkGrid, c
     def put_chunk(i: int, key: str, lo: int, hi: int) -> int:
         chunk = _chunk_view(a, grid, lo, hi)
         data = codec.encode(chunk) if encode is None else encode(i, chunk)
-        storage.put_chunk(f"{prefix}/{key}", data)
+        storage.put_chunk(chunk_key(prefix, key), data)
         return encoded_size(data)
 
     def put_meta() -> int:
         meta = array_metadata(grid, a.dtype, codec, attributes or {})
-        storage.put_chunk(f"{prefix}/{ZARR_JSON}", meta)
+        storage.put_chunk(chunk_key(prefix, ZARR_JSON), meta)
         return len(meta)
 
     futures = [submit(put_meta)] if attributes is not None else []
@@ -247,7 +247,7 @@ def start_read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: n
     out = np.empty(out_shape, dtype=np_dtype)
 
     def get_chunk(key: str, lo: int, hi: int) -> None:
-        where = f"{prefix}/{key}"
+        where = chunk_key(prefix, key)
         try:
             data = storage.read(where)
         except FileNotFoundError:

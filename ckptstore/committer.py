@@ -128,7 +128,12 @@ class Committer:
     def prepare(self, state: object, message: str, branch: str, tags: Sequence[str],
                 metadata: Metadata | None, policy: Policy,
                 tracker: RowTracker | None) -> CommitJob:
-        """Steps 1-2: check names, flatten, plan (the policy and the chain memory decide)."""
+        """Steps 1-2: check names, flatten, plan (the policy and the chain memory decide).
+
+        A policy with a restore-driven bit width is resolved here, after the wait for the
+        previous commit (it lists the store's restore records: part of the stall)."""
+        if policy.bitwidth is not None:
+            policy = policy.with_bits(policy.bitwidth.bits(self.repo.restore_count()))
         check_ref_name(branch, "branch")
         tags = tuple(check_ref_name(t, "tag") for t in ([tags] if isinstance(tags, str) else tags))
         for t in tags:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from .chains.walk import arrays_read
+from .chains.walk import Walk
 from .ids import commit_time, is_commit_id
 from .info import GCResult
 from .layout import COMMITS, DATA, HEADS, TAGS, TEMP_PREFIX, data_dir, manifest_key
@@ -21,7 +21,7 @@ from .repository import Repository
 __all__ = ["collect"]
 
 
-def _retained(repo: Repository, keep_last: int | None, keep_tags: bool,
+def _retained(repo: Repository, walk: Walk, keep_last: int | None, keep_tags: bool,
               keep_every: int | None) -> tuple[set[str], set[str]]:
     """(retained commits, every commit reachable from a ref)."""
     reachable = set(repo.reachable())
@@ -33,12 +33,11 @@ def _retained(repo: Repository, keep_last: int | None, keep_tags: bool,
             keep.update(c for c in line if repo.manifest(c).generation % keep_every == 0)
     if keep_tags:
         keep.update(c for c in repo.refs.tags().values() if c in reachable)
-    stack = list(keep)  # chain entries need their bases' manifests and data
+    stack = list(keep)  # chain entries need their bases, and each kept base stays restorable
     while stack:
-        for base in repo.manifest(stack.pop()).base_commits():
-            if base not in keep:
-                keep.add(base)
-                stack.append(base)
+        for base in walk.commits_read(repo.manifest(stack.pop())) - keep:
+            keep.add(base)
+            stack.append(base)
     return keep, reachable
 
 
@@ -52,8 +51,11 @@ def collect(repo: Repository, keep_last: int | None = None, keep_tags: bool = Tr
         raise ValueError("keep_every must be a positive number of commits")
     storage = repo.storage
     now = time.time()
-    keep, reachable = _retained(repo, keep_last, keep_tags, keep_every)
-    live_data = {a.commit for c in keep for a in arrays_read(repo.manifest, repo.manifest(c))}
+    walk = Walk(repo.manifest)
+    keep, reachable = _retained(repo, walk, keep_last, keep_tags, keep_every)
+    # keep is closed under chain bases: the folders of its commits' own entries are every folder
+    # they read
+    live_data = {d for c in keep for d in repo.manifest(c).data_commits()}
 
     def old(commit_id: str) -> bool:
         return commit_time(commit_id) + grace_period <= now

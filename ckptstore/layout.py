@@ -36,11 +36,13 @@ __all__ = [
     "array_dir",
     "branch_dir",
     "branch_seq",
+    "chunk_key",
     "check_ref_name",
     "data_dir",
     "is_commit_id",
     "manifest_id",
     "manifest_key",
+    "part_array",
     "restore_key",
     "tag_key",
 ]
@@ -105,6 +107,16 @@ def data_dir(commit_id: str) -> str:
 def array_dir(commit_id: str, array: str) -> str:
     """Folder of one zarr array of a commit (its ``zarr.json`` and chunks)."""
     return f"{DATA}/{commit_id}/{array}"
+
+
+def chunk_key(array_prefix: str, grid_key: str) -> str:
+    """Store key of one chunk of the array at ``array_prefix`` (``grid_key`` like ``c/0/0``)."""
+    return f"{array_prefix}/{grid_key}"
+
+
+def part_array(array: str, part: str) -> str:
+    """Name of a chain entry's part array: ``<array>.rows``, ``.values`` or ``.codes``."""
+    return f"{array}.{part}"
 
 
 def restore_key(record_id: str) -> str:

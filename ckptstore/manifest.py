@@ -66,8 +66,9 @@ class Kind(str, Enum):
 
 
 class _Model(BaseModel):
-    # enum fields hold their plain string values: the msgpack payload is unchanged
-    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=True)
+    # enum fields hold Layout / Kind members; being str enums they pack as their plain values,
+    # so the msgpack payload is the same as with strings
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Blob(_Model):
@@ -89,8 +90,8 @@ class Blob(_Model):
         return self
 
 
-_CHAIN_PARTS = {"incremental": {"rows", "values"}, "consecutive": {"rows", "values"},
-                "delta": {"codes"}}
+_CHAIN_PARTS = {Kind.INCREMENTAL: {"rows", "values"}, Kind.CONSECUTIVE: {"rows", "values"},
+                Kind.DELTA: {"codes"}}
 
 
 class TensorEntry(_Model):
@@ -132,13 +133,13 @@ class TensorEntry(_Model):
                 "packed": ("commit", "offset", "nbytes"), "alias": ("base",),
                 "view": ("base", "storage_offset", "stride"),
                 "chain": ("base_commit", "parts", "codec", "chunks")}[self.layout]
-        if (self.layout == "chain") != (self.kind != "full"):
-            raise ValueError(f"kind {self.kind!r} does not go with layout {self.layout!r}")
-        if self.layout == "chain" and set(self.parts or {}) != _CHAIN_PARTS[self.kind]:
-            raise ValueError(f"kind {self.kind!r} needs parts {sorted(_CHAIN_PARTS[self.kind])}")
+        if (self.layout == Layout.CHAIN) != (self.kind != Kind.FULL):
+            raise ValueError(f"kind '{self.kind}' does not go with layout '{self.layout}'")
+        if self.layout == Layout.CHAIN and set(self.parts or {}) != _CHAIN_PARTS[self.kind]:
+            raise ValueError(f"kind '{self.kind}' needs parts {sorted(_CHAIN_PARTS[self.kind])}")
         missing = [n for n in need if getattr(self, n) is None]
         if missing:
-            raise ValueError(f"layout {self.layout!r} needs {missing}")
+            raise ValueError(f"layout '{self.layout}' needs {missing}")
         if any(s < 0 for s in self.shape):
             raise ValueError("negative dimension")
         if self.array is not None and (not self.array or "/" in self.array
@@ -181,7 +182,7 @@ class Manifest(_Model):
                 raise ValueError(f"tensor {i} aliases an invalid entry {t.base}")
             if t.layout == "view" and t.base >= len(self.storages):
                 raise ValueError(f"tensor {i} views a missing storage {t.base}")
-            if t.layout == "packed" and t.nbytes and (
+            if t.layout == Layout.PACKED and t.nbytes and (
                     self.packed is None or t.offset + t.nbytes > self.packed.nbytes):
                 raise ValueError(f"tensor {i} lies outside the packed array")
         for s in self.storages:

@@ -29,6 +29,7 @@ from .chunkcodec import ChunkCodec, lossless_codec
 from .errors import UnsupportedLeafError
 from .layout import PACKED_ARRAY
 from .manifest import Kind, Layout
+from .policy import Want
 from .state import Leaf
 
 __all__ = ["AliasItem", "ArrayItem", "ChainItem", "CodesItem", "CommitPlan", "Decide", "EncodingOptions",
@@ -74,15 +75,11 @@ class PlanItem:
     shape: tuple[int, ...]
     container: str = "torch"  # torch | numpy | numpy-scalar: what checkout hands back
     nbytes: int = 0        # bytes of the tensor in memory
+    want: Want = "full"    # what the policy wanted for it (chains remember rows and codes)
 
     @property
     def kind(self) -> Kind:
         return Kind.FULL
-
-    @property
-    def want(self) -> str:
-        """What the policy wanted for it: ``full``, ``rows`` or ``codes``."""
-        return "full"
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -121,16 +118,11 @@ class ArrayItem(PlanItem):
     array: str
     grid: ChunkGrid
     codec: ChunkCodec
-    wanted: str = "full"
-
-    @property
-    def want(self) -> str:
-        return self.wanted
 
     @property
     def keep_codes(self) -> bool:
         """Quantized: keep the codes as the base of the next commit's code deltas."""
-        return self.wanted == "codes"
+        return self.want == "codes"
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -194,7 +186,7 @@ class TensorDecision:
     codec other than the lossless default (None: lossless), and a chain entry to write instead of
     the full tensor (None: full)."""
 
-    want: str = "full"
+    want: Want = "full"
     codec: ChunkCodec | None = None
     chain: ChainStart | None = None
 
@@ -313,7 +305,7 @@ def plan_commit(leaves: list[Leaf], options: EncodingOptions,
             packed_nbytes += -(-nbytes // PACK_ALIGN) * PACK_ALIGN
             continue
         array = dict(source=t, array=_array_name(path, i, taken), grid=grid,
-                     codec=d.codec or lossless, wanted=d.want)
+                     codec=d.codec or lossless, want=d.want)
         if d.chain is None:
             items.append(ArrayItem(**common, **array))
         elif d.chain.link.kind == Kind.DELTA:

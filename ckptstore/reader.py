@@ -14,13 +14,12 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
-from .arrays import ChunkGrid, host_to_tensor, read_array, start_read_array, torch_dtype
+from .arrays import host_to_tensor, read_array, start_read_array, torch_dtype
 from .chains.replay import apply_rows, replay_code_deltas
-from .chains.walk import StoredArray, blob_dtype, chain_of, entry_dtype, needed_entries, \
+from .chains.walk import StoredArray, Walk, blob_array, entry_array, entry_dtype, needed_entries, \
     packed_array
 from .chunkcodec import codec_from_config
 from .errors import CorruptedChunkError, ManifestError
-from .layout import array_dir
 from .manifest import Blob, Kind, Layout, Manifest, TensorEntry
 from .repository import Repository
 
@@ -44,6 +43,7 @@ class Reader:
 
     def __init__(self, repo: Repository):
         self.repo = repo
+        self.walk = Walk(repo.manifest)
         self._packed: dict[str, np.ndarray] = {}
 
     def _read_stored(self, a: StoredArray) -> np.ndarray:
@@ -54,24 +54,20 @@ class Reader:
     def host(self, e: TensorEntry) -> np.ndarray:
         """The bits of a full or chain entry as a host array of its storage dtype."""
         if e.layout == Layout.ARRAY:
-            return read_array(self.repo.storage, array_dir(e.commit, e.array),
-                              ChunkGrid.checked(e.shape, e.chunks), entry_dtype(e),
-                              codec_from_config(e.codec), self.repo.executor)
+            return self._read_stored(entry_array(e))
         if e.layout == Layout.PACKED:
             return self._from_packed(e)
         if e.layout == Layout.CHAIN:
-            chain = chain_of(self.repo.manifest, e)
+            chain = self.walk.chain_of(e)
             if e.kind == Kind.DELTA:
                 return replay_code_deltas(chain, entry_dtype(chain[0]), self._read,
                                           self.repo.executor)
             return apply_rows(self.host(chain[0]), chain[1:], self.blob)
-        raise ManifestError(f"entry {e.path!r} with layout {e.layout!r} has no bits of its own")
+        raise ManifestError(f"entry {e.path!r} with layout '{e.layout}' has no bits of its own")
 
     def blob(self, b: Blob) -> np.ndarray:
         """A chain part (changed rows, their values)."""
-        return read_array(self.repo.storage, array_dir(b.commit, b.array),
-                          ChunkGrid.checked(b.shape, b.chunks), blob_dtype(b),
-                          codec_from_config(b.codec), self.repo.executor)
+        return self._read_stored(blob_array(b))
 
     def _read(self, where: str) -> bytes:
         try:
@@ -105,10 +101,9 @@ class Reader:
         for i in t_idx:
             e = m.tensors[i]
             if e.layout == Layout.ARRAY:
-                pending[i], fs = start_read_array(
-                    self.repo.storage, array_dir(e.commit, e.array),
-                    ChunkGrid.checked(e.shape, e.chunks), entry_dtype(e),
-                    codec_from_config(e.codec), self.repo.executor)
+                a = entry_array(e)
+                pending[i], fs = start_read_array(self.repo.storage, a.prefix, a.grid, a.dtype,
+                                                  codec_from_config(a.codec), self.repo.executor)
                 futures += fs
         bases = {i: _to_container(self.host(m.storages[i]), m.storages[i], map_location)
                  for i in s_idx}

@@ -6,7 +6,7 @@ import time
 
 from ._version import __version__
 from .layout import PACKED_ARRAY
-from .manifest import FORMAT_VERSION, Manifest, PackedInfo, TensorEntry
+from .manifest import FORMAT_VERSION, Kind, Manifest, PackedInfo, TensorEntry
 from .plan import AliasItem, ArrayItem, ChainItem, CommitPlan, PackedItem, PlanItem
 from .state import Tree
 from .writer import Persisted, WriteResult
@@ -19,7 +19,7 @@ def _entry(p: PlanItem, commit_id: str, done: WriteResult | None) -> TensorEntry
                   container=p.container)
     if isinstance(p, ChainItem):
         link = p.link
-        fractions = [*link.fractions, done.fraction] if link.kind == "incremental" else None
+        fractions = [*link.fractions, done.fraction] if link.kind == Kind.INCREMENTAL else None
         return TensorEntry(**common, kind=link.kind, base_commit=link.base_commit,
                            chain=link.chain, parts=dict(done.parts), codec=p.codec.config(),
                            chunks=list(p.grid.chunks), nbytes=p.nbytes, fractions=fractions)

@@ -1,8 +1,9 @@
 """History and refs of one store: storage, refs, immutable manifests (cached), the I/O pool.
 
 The :class:`Repository` is what everything that reads history takes -- gc, verify, the reader,
-usage, diff and the CLI -- instead of the :class:`~ckptstore.store.Store` facade, which adds the
-act of committing (:mod:`ckptstore.committer`) on top of it.
+usage, diff, export -- instead of the :class:`~ckptstore.store.Store` facade, which adds the act of
+committing (:mod:`ckptstore.committer`) on top of it. (The CLI opens a Store, since some verbs
+commit, and hands ``store.repo`` to the read-only library calls.)
 """
 
 from __future__ import annotations
@@ -119,6 +120,15 @@ class Repository:
                                    f"{', '.join(h[:12] for h in hits[:5])}; give more digits")
         raise RefNotFound(f"no branch, tag or commit {name!r} (branches: "
                           f"{', '.join(sorted(self.refs.branches())) or 'none'})")
+
+    def ref_names(self) -> dict[str, list[str]]:
+        """``{commit id: ["main", "tag: v1"]}``: the branches, then the tags, at each commit."""
+        out: dict[str, list[str]] = {}
+        for name, c in sorted(self.refs.branches().items()):
+            out.setdefault(c, []).append(name)
+        for name, c in sorted(self.refs.tags().items()):
+            out.setdefault(c, []).append(f"tag: {name}")
+        return out
 
     # -- history ---------------------------------------------------------------------------
     def iter_log(self, ref: str = "main", limit: int | None = None) -> Iterator[CommitInfo]:

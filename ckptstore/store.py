@@ -86,7 +86,7 @@ class Store:
         gc.
         """
         return self._committer.commit(state, message, branch, tags, metadata,
-                                      self._effective_policy(policy), tracker)
+                                      policy or self.policy, tracker)
 
     def commit_async(self, state: object, message: str = "", branch: str = "main",
                      tags: Sequence[str] = (), metadata: Metadata | None = None,
@@ -102,13 +102,7 @@ class Store:
         until ``wait()`` returns) and copies nothing.
         """
         return self._committer.commit_async(state, message, branch, tags, metadata,
-                                            self._effective_policy(policy), tracker, staged)
-
-    def _effective_policy(self, policy: Policy | None) -> Policy:
-        policy = policy or self.policy
-        if policy.bitwidth is not None:
-            return policy.with_bits(policy.bitwidth.bits(self.restore_count()))
-        return policy
+                                            policy or self.policy, tracker, staged)
 
     def rebase(self, ref: str = "main", branch: str | None = None,
                message: str = "") -> CommitInfo:

@@ -2,7 +2,7 @@
 library behind ``ckpt du`` and the ``STORED`` column of ``ckpt show``).
 
 Sizes come from listings of the store (one of the whole store, or one per data folder asked
-about); which arrays a commit reads comes from :func:`ckptstore.chains.walk.arrays_read`, so a
+about); which arrays a commit reads comes from :meth:`ckptstore.chains.walk.Walk.arrays_read`, so a
 chain entry counts the base data it replays, once per commit however many entries share it.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .chains.walk import StoredArray, arrays_read
+from .chains.walk import StoredArray, Walk
 from .errors import CkptStoreError
 from .ids import commit_time, is_commit_id
 from .info import CommitInfo
@@ -23,8 +23,7 @@ from .manifest import Layout, TensorEntry
 from .repository import Repository
 from .storage import Storage
 
-__all__ = ["CommitUsage", "StoredSizes", "UsageReport", "disk_usage", "entry_stored_bytes",
-           "ref_names"]
+__all__ = ["CommitUsage", "StoredSizes", "UsageReport", "disk_usage", "entry_stored_bytes"]
 
 
 class StoredSizes:
@@ -91,16 +90,6 @@ def entry_stored_bytes(sizes: StoredSizes, e: TensorEntry) -> int | None:
     return None
 
 
-def ref_names(repo: Repository) -> dict[str, list[str]]:
-    """``{commit id: ["main", "tag: v1"]}``: the branches, then the tags, at each commit."""
-    out: dict[str, list[str]] = {}
-    for name, c in sorted(repo.refs.branches().items()):
-        out.setdefault(c, []).append(name)
-    for name, c in sorted(repo.refs.tags().items()):
-        out.setdefault(c, []).append(f"tag: {name}")
-    return out
-
-
 @dataclass(frozen=True)
 class CommitUsage:
     """Stored bytes of one commit: ``own_bytes`` (its data folder), ``shared_bytes`` (arrays of
@@ -163,13 +152,13 @@ class UsageReport:
                 "total_bytes": self.total_bytes, "store_bytes": self.store_bytes}
 
 
-def _commit_usage(repo: Repository, sizes: StoredSizes, c: str, refs: list[str],
+def _commit_usage(repo: Repository, walk: Walk, sizes: StoredSizes, c: str, refs: list[str],
                   manifest_bytes: int) -> tuple[CommitUsage, list[StoredArray]]:
     """One commit's row, and the arrays of other commits it reads."""
     try:
         m = repo.manifest(c)
         info = CommitInfo.from_manifest(m)
-        shared = [a for a in arrays_read(repo.manifest, m) if a.commit != c]
+        shared = [a for a in walk.arrays_read(m) if a.commit != c]
         known: dict[str, Any] = {"time": info.time, "step": info.step, "message": info.message}
     except CkptStoreError as e:
         shared = []
@@ -215,13 +204,14 @@ def disk_usage(repo: Repository, ref: str | None = None, limit: int | None = Non
         ids = [info.id for info in repo.iter_log(ref, limit=limit)]
         sizes = StoredSizes(storage)
     listed = set(ids)
-    names = ref_names(repo)
+    names = repo.ref_names()
+    walk = Walk(repo.manifest)
     rows: list[CommitUsage] = []
     outside: dict[tuple[str, str], StoredArray] = {}  # arrays of unlisted commits listed ones read
     for c in ids:
         if c not in manifest_bytes:
             manifest_bytes[c] = storage.size(manifest_key(c))
-        row, shared = _commit_usage(repo, sizes, c, names.get(c, []), manifest_bytes[c])
+        row, shared = _commit_usage(repo, walk, sizes, c, names.get(c, []), manifest_bytes[c])
         rows.append(row)
         outside.update((a.ident, a) for a in shared if a.commit not in listed)
     data = sum(sizes.folder_bytes(c) for c in ids) + sizes.arrays_bytes(list(outside.values()))

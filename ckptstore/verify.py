@@ -7,11 +7,12 @@ import json
 
 import numpy as np
 
-from .chains.walk import StoredArray, arrays_read
+from .chains.walk import StoredArray, Walk, packed_array
 from .chunkcodec import ChunkCodec, check_crc, codec_from_config
 from .errors import CkptStoreError, CorruptedChunkError
 from .info import VerifyReport
 from .layout import ZARR_JSON
+from .manifest import Layout
 from .progress import bar
 from .repository import Repository
 
@@ -28,20 +29,41 @@ def _check_metadata(repo: Repository, a: StoredArray) -> str | None:
     return None
 
 
+def _arrays_read(repo: Repository, commits: list[str], report: VerifyReport
+                 ) -> dict[tuple[str, str], StoredArray]:
+    """Every array the commits read, their chains' bases included; a broken manifest or chain is
+    reported and does not hide the other entries."""
+    walk = Walk(repo.manifest)
+    arrays: dict[tuple[str, str], StoredArray] = {}
+    todo, seen = list(commits), set()
+    while todo:
+        c = todo.pop()
+        if c in seen:
+            continue
+        seen.add(c)
+        try:
+            m = repo.manifest(c)
+        except CkptStoreError as e:
+            report.problems.append(f"commit {c}: {e}")
+            continue
+        found = [packed_array(m)] if m.packed is not None else []
+        for e in (*m.tensors, *m.storages):
+            try:
+                found += walk.own_arrays(e)
+                todo += walk.bases_of(m, e) if e.layout == Layout.CHAIN else ()
+            except CkptStoreError as err:
+                report.problems.append(f"commit {c}, {e.path!r}: {err}")
+        arrays.update((a.ident, a) for a in found)
+    return arrays
+
+
 def verify(repo: Repository, ref: str | None = None, progress: bool = False) -> VerifyReport:
     """Read every chunk that ``ref``'s commit (or every commit reachable from refs) reads and
     report missing, unreadable or corrupted ones by path."""
     report = VerifyReport()
     commits = [repo.resolve(ref)] if ref is not None else repo.reachable()
-    arrays: dict[tuple[str, str], StoredArray] = {}
-    for c in commits:
-        try:
-            for a in arrays_read(repo.manifest, repo.manifest(c)):
-                arrays.setdefault(a.ident, a)
-        except CkptStoreError as e:
-            report.problems.append(f"commit {c}: {e}")
-        report.commits_checked += 1
-
+    arrays = _arrays_read(repo, commits, report)
+    report.commits_checked = len(commits)
     jobs: list[tuple[str, StoredArray, ChunkCodec | None]] = []
     for a in arrays.values():
         try:
@@ -50,12 +72,12 @@ def verify(repo: Repository, ref: str | None = None, progress: bool = False) -> 
             report.problems.append(f"{a.prefix}: {e}")
             continue
         if not codec.standalone:  # code deltas: no zarr metadata, decoding needs the base codes
-            jobs += [(f"{a.prefix}/{key}", a, None) for _, key, _, _ in a.grid]
+            jobs += [(a.chunk(key), a, None) for _, key, _, _ in a.grid]
             continue
         problem = _check_metadata(repo, a)
         if problem:
             report.problems.append(problem)
-        jobs += [(f"{a.prefix}/{key}", a, codec) for _, key, _, _ in a.grid]
+        jobs += [(a.chunk(key), a, codec) for _, key, _, _ in a.grid]
 
     def check(job: tuple[str, StoredArray, ChunkCodec | None]) -> tuple[int, str | None]:
         where, a, codec = job

@@ -21,7 +21,7 @@ from .arrays import ChunkGrid, tensor_to_host, write_array
 from .chains.decide import CodesBase
 from .chains.replay import changed_rows
 from .chunkcodec import BloscLossless, CodeDelta, Encoded, QuantizedLossy
-from .layout import PACKED_ARRAY, ZARR_JSON, array_dir, data_dir
+from .layout import PACKED_ARRAY, ZARR_JSON, array_dir, data_dir, part_array
 from .manifest import Blob
 from .pending import Progress
 from .plan import ArrayItem, CodesItem, CommitPlan, PackedItem, PlanItem, RowsItem
@@ -112,13 +112,12 @@ def bounded_submit(executor: Executor, max_inflight: int) -> Submit:
 @dataclass(frozen=True, eq=False)
 class WriteResult:
     """What persist wrote for one plan item (``index``): stored bytes, the parts of a chain entry,
-    the rows an increment stored and their fraction, and kept codes (the next delta's base)."""
+    the fraction of rows an increment stored, and kept codes (the next delta's base)."""
 
     index: int
     stored_bytes: int
     parts: Mapping[str, Blob] = field(default_factory=dict)
     fraction: float | None = None
-    rows: np.ndarray | None = None
     codes: CodesBase | None = None
 
 
@@ -142,12 +141,11 @@ class _Pending:
     futures: list[Future]
     parts: dict[str, Blob] = field(default_factory=dict)
     fraction: float | None = None
-    rows: np.ndarray | None = None
     codes: CodesBase | None = None
 
     def result(self) -> WriteResult:
         return WriteResult(self.index, sum(f.result() for f in self.futures), self.parts,
-                           self.fraction, self.rows, self.codes)
+                           self.fraction, self.codes)
 
 
 def _attrs(p: PlanItem, **extra: str) -> dict[str, dict[str, str]]:
@@ -190,7 +188,7 @@ def _write_code_deltas(storage: Storage, commit_id: str, p: CodesItem, host: np.
         codes[i] = (new_codes, params)
         return data
 
-    name = f"{p.array}.codes"
+    name = part_array(p.array, "codes")
     futures = write_array(storage, array_dir(commit_id, name), host, p.grid, codec, None, submit,
                           encode)
     parts = {"codes": _blob(host, commit_id, name, p.grid, CodeDelta().config())}
@@ -205,12 +203,12 @@ def _write_rows(storage: Storage, commit_id: str, p: RowsItem, host: np.ndarray,
     else:
         rows = changed_rows(host, start.reference)
     values = host[rows]
-    pending = _Pending(p.index, [], rows=rows, fraction=len(rows) / max(host.shape[0], 1))
+    pending = _Pending(p.index, [], fraction=len(rows) / max(host.shape[0], 1))
     rgrid = ChunkGrid.for_array(rows.shape, 8, chunk_bytes)
     vgrid = ChunkGrid.for_array(values.shape, values.dtype.itemsize, chunk_bytes)
     for part, arr, grid, codec in (("rows", rows, rgrid, _ROWS_CODEC),
                                    ("values", values, vgrid, p.codec)):
-        name = f"{p.array}.{part}"
+        name = part_array(p.array, part)
         pending.futures += write_array(storage, array_dir(commit_id, name), arr, grid, codec,
                                        _attrs(p, part=part), submit)
         pending.parts[part] = _blob(arr, commit_id, name, grid, codec.config())

@@ -13,15 +13,19 @@ Kinds of a tensor entry (Check-N-Run section 5.1, DynaQuant section 6):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..manifest import Kind, Layout, Manifest, TensorEntry
-from ..policy import Policy
+from ..policy import Policy, Want
+
+if TYPE_CHECKING:  # ckptcodecs (and numba) load on first use, not with ckptstore
+    from ckptcodecs import QuantParams
 
 __all__ = ["ChainLink", "ChainStart", "CodesBase", "Reference", "commit_rebases", "plan_chain"]
 
-CodesBase = dict[int, tuple[np.ndarray, object]]  # chunk index -> (codes, QuantParams)
+CodesBase = dict[int, tuple[np.ndarray, "QuantParams"]]  # chunk index -> (codes, params)
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,7 @@ class Reference:
     has_codes: bool
 
 
-def plan_chain(policy: Policy, want: str, quantized: bool, tip: Manifest | None,
+def plan_chain(policy: Policy, want: Want, quantized: bool, tip: Manifest | None,
                prev: TensorEntry | None, ref: Reference | None, tracked: bool,
                shape: list[int], dtype: str, rebase: bool = False) -> ChainLink | None:
     """The chain link a tensor gets, or None for a full commit.

@@ -12,7 +12,7 @@ import numpy as np
 from ..arrays import ChunkGrid
 from ..chunkcodec import QuantizedLossy, codec_from_config
 from ..errors import CorruptedChunkError, ManifestError
-from ..layout import array_dir
+from ..layout import array_dir, chunk_key
 from ..manifest import Blob, Kind, Layout, TensorEntry
 
 __all__ = ["apply_rows", "changed_rows", "replay_code_deltas"]
@@ -63,11 +63,11 @@ def replay_code_deltas(chain: list[TensorEntry], dtype: np.dtype, read: Callable
     out = np.empty(base.shape, dtype=dtype)
 
     def one(key: str, lo: int, hi: int) -> None:
-        where = f"{array_dir(base.commit, base.array)}/{key}"
+        where = chunk_key(array_dir(base.commit, base.array), key)
         codes, params = codec.decode_codes(read(where), where)
         for d in chain[1:]:
             blob = d.parts["codes"]
-            where = f"{array_dir(blob.commit, blob.array)}/{key}"
+            where = chunk_key(array_dir(blob.commit, blob.array), key)
             codes, params = codec.decode_delta(read(where), codes, params, where)
         values = dequantize(codes, params)
         full = values.view(dtype) if values.dtype != dtype else values

@@ -2,29 +2,32 @@
 
 A tensor entry of a commit may rebuild from other commits' data: a chain entry (incremental,
 consecutive, delta) applies its own parts to the same path in its base commit, down to a full
-baseline; an array entry may point into another commit's folder. The reader, gc, verify and
-usage all ask the same two questions, answered here once:
+baseline. The reader, gc, verify and usage all ask the same questions, answered here once by a
+:class:`Walk` over a store's (immutable) manifests:
 
-- :func:`chain_of`: the entries from the full baseline to an entry, oldest first;
-- :func:`arrays_read`: every stored array that checking out a commit (or some of its tensors)
-  reads, each once, as :class:`StoredArray`.
+- :meth:`Walk.chain_of`: the entries from the full baseline to an entry, oldest first;
+- :meth:`Walk.entry_arrays` / :meth:`Walk.arrays_read`: every stored array that rebuilding an
+  entry / checking out a commit reads, as :class:`StoredArray`;
+- :meth:`Walk.commits_read`: every commit whose manifest checking out a commit reads.
+
+A walk memoises each (commit, path) it visits, so walking many commits of long chains (gc,
+verify, usage) costs one visit per chain link, not one per commit and link.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..arrays import ChunkGrid, storage_dtype, torch_dtype
 from ..errors import ManifestError
-from ..layout import PACKED_ARRAY, array_dir
-from ..manifest import Blob, Layout, Manifest, TensorEntry
+from ..layout import PACKED_ARRAY, array_dir, chunk_key
+from ..manifest import Blob, Kind, Layout, Manifest, TensorEntry
 
-__all__ = ["MAX_CHAIN", "ManifestOf", "StoredArray", "arrays_read", "base_entry", "blob_dtype",
-           "chain_of", "entry_arrays", "entry_dtype", "needed_entries",
-           "packed_array"]
+__all__ = ["MAX_CHAIN", "ManifestOf", "StoredArray", "Walk", "blob_array", "entry_array",
+           "entry_dtype", "needed_entries", "packed_array"]
 
 ManifestOf = Callable[[str], Manifest]
 MAX_CHAIN = 10_000  # a longer chain is a cycle in a hostile store
@@ -52,12 +55,9 @@ class StoredArray:
     def ident(self) -> tuple[str, str]:
         return self.commit, self.name
 
-
-def blob_dtype(b: Blob) -> np.dtype:
-    """The numpy dtype of a chain part; ManifestError for anything but plain numeric dtypes."""
-    if b.dtype not in _BLOB_DTYPES:
-        raise ManifestError(f"blob {b.array!r} has unsupported dtype {b.dtype!r}")
-    return np.dtype(b.dtype)
+    def chunk(self, key: str) -> str:
+        """The store key of one chunk (``key`` from the grid)."""
+        return chunk_key(self.prefix, key)
 
 
 def entry_dtype(e: TensorEntry) -> np.dtype:
@@ -65,25 +65,18 @@ def entry_dtype(e: TensorEntry) -> np.dtype:
     return storage_dtype(torch_dtype(e.dtype))
 
 
-def base_entry(manifest_of: ManifestOf, entry: TensorEntry) -> TensorEntry:
-    """The entry of the same path in the base commit of a chain entry."""
-    for e in manifest_of(entry.base_commit).tensors:
-        if e.path == entry.path:
-            return e
-    raise ManifestError(f"base commit {entry.base_commit} has no tensor {entry.path!r}")
+def entry_array(e: TensorEntry) -> StoredArray:
+    """The array of an entry with layout ``array``."""
+    return StoredArray(e.commit, e.array, ChunkGrid.checked(e.shape, e.chunks), entry_dtype(e),
+                       e.codec)
 
 
-def chain_of(manifest_of: ManifestOf, entry: TensorEntry) -> list[TensorEntry]:
-    """Entries from the full baseline to ``entry``, oldest first (``[entry]`` for a full one)."""
-    out = [entry]
-    while out[-1].kind != "full":
-        if len(out) > MAX_CHAIN:
-            raise ManifestError(f"chain of {entry.path!r} is longer than {MAX_CHAIN} (a cycle?)")
-        nxt = base_entry(manifest_of, out[-1])
-        if nxt.shape != entry.shape or nxt.dtype != entry.dtype:
-            raise ManifestError(f"chain of {entry.path!r} changes shape or dtype")
-        out.append(nxt)
-    return out[::-1]
+def blob_array(b: Blob) -> StoredArray:
+    """The array of a chain part; ManifestError for anything but plain numeric dtypes."""
+    if b.dtype not in _BLOB_DTYPES:
+        raise ManifestError(f"blob {b.array!r} has unsupported dtype {b.dtype!r}")
+    return StoredArray(b.commit, b.array, ChunkGrid.checked(b.shape, b.chunks),
+                       np.dtype(b.dtype), b.codec)
 
 
 def packed_array(m: Manifest) -> StoredArray:
@@ -92,23 +85,6 @@ def packed_array(m: Manifest) -> StoredArray:
         raise ManifestError(f"commit {m.id} has no packed array")
     return StoredArray(m.id, PACKED_ARRAY, ChunkGrid.checked([m.packed.nbytes], m.packed.chunks),
                        np.dtype(np.uint8), m.packed.codec)
-
-
-def _own_arrays(manifest_of: ManifestOf, m: Manifest, e: TensorEntry) -> Iterator[StoredArray]:
-    """Arrays one entry stores itself (no chain walk); ``m`` is the commit being read."""
-    if e.layout == Layout.ARRAY:
-        yield StoredArray(e.commit, e.array, ChunkGrid.checked(e.shape, e.chunks), entry_dtype(e),
-                          e.codec)
-    elif e.layout == Layout.PACKED and e.nbytes:
-        yield packed_array(m if e.commit == m.id else manifest_of(e.commit))
-    for b in (e.parts or {}).values():
-        yield StoredArray(b.commit, b.array, ChunkGrid.checked(b.shape, b.chunks),
-                          blob_dtype(b), b.codec)
-
-
-def entry_arrays(manifest_of: ManifestOf, m: Manifest, e: TensorEntry) -> list[StoredArray]:
-    """Every array rebuilding entry ``e`` of commit ``m`` reads, its chain's bases included."""
-    return [a for link in chain_of(manifest_of, e) for a in _own_arrays(manifest_of, m, link)]
 
 
 def needed_entries(m: Manifest, tensors: Iterable[int]) -> tuple[list[int], list[int]]:
@@ -126,19 +102,130 @@ def needed_entries(m: Manifest, tensors: Iterable[int]) -> tuple[list[int], list
     return sorted(t_idx), sorted(s_idx)
 
 
-def arrays_read(manifest_of: ManifestOf, m: Manifest,
-                tensors: Iterable[int] | None = None) -> list[StoredArray]:
-    """Every stored array that checking out ``m`` (or only the tensors at indices ``tensors``)
-    reads, each once, in a stable order. A whole checkout reads the packed array even when it
-    holds only empty tensors' slots."""
-    if tensors is None:
-        entries = [*m.tensors, *m.storages]
+@dataclass(frozen=True)
+class _Node:
+    """The chain ending at one (commit, path): its entries, oldest first, and their commits."""
+
+    chain: tuple[TensorEntry, ...]
+    commits: frozenset[str]
+
+
+class Walk:
+    """Walks the chains of a store's commits, memoising each (commit, path) it visits."""
+
+    def __init__(self, manifest_of: ManifestOf):
+        self.manifest_of = manifest_of
+        self._by_path: dict[str, dict[str, TensorEntry]] = {}
+        self._nodes: dict[tuple[str, str], _Node] = {}
+        self._arrays: dict[tuple[str, str], tuple[StoredArray, ...]] = {}
+        self._packed: dict[str, StoredArray] = {}
+
+    def _entry(self, commit: str, path: str) -> TensorEntry:
+        entries = self._by_path.get(commit)
+        if entries is None:
+            entries = self._by_path[commit] = {e.path: e for e in self.manifest_of(commit).tensors}
+        try:
+            return entries[path]
+        except KeyError:
+            raise ManifestError(f"base commit {commit} has no tensor {path!r}") from None
+
+    def own_arrays(self, e: TensorEntry) -> list[StoredArray]:
+        """Arrays one entry stores itself (no chain walk). Over a set of commits closed under
+        :meth:`commits_read` their union is everything those commits read (verify; gc needs
+        only their folders: :meth:`Manifest.data_commits`)."""
+        out = [blob_array(b) for b in (e.parts or {}).values()]
+        if e.layout == Layout.ARRAY:
+            out.insert(0, entry_array(e))
+        elif e.layout == Layout.PACKED and e.nbytes:
+            if e.commit not in self._packed:
+                self._packed[e.commit] = packed_array(self.manifest_of(e.commit))
+            out.insert(0, self._packed[e.commit])
+        return out
+
+    def _node(self, commit: str, path: str) -> _Node:
+        """The chain ending at ``path`` in ``commit`` (a base of some chain entry)."""
+        key = (commit, path)
+        stack: list[tuple[tuple[str, str], TensorEntry]] = []
+        while key not in self._nodes:
+            e = self._entry(*key)
+            stack.append((key, e))
+            if e.kind == Kind.FULL:
+                break
+            if len(stack) > MAX_CHAIN:
+                raise ManifestError(f"chain of {path!r} is longer than {MAX_CHAIN} (a cycle?)")
+            key = (e.base_commit, path)
+        node = self._nodes.get(key)
+        for (c, _), e in reversed(stack):
+            if node is not None:
+                _check_link(node.chain[-1], e)
+            node = self._nodes[(c, path)] = _Node((*node.chain, e) if node else (e,),
+                                                  (node.commits if node else frozenset()) | {c})
+        return node
+
+    def _chain_arrays(self, commit: str, path: str) -> tuple[StoredArray, ...]:
+        """Every array the chain ending at ``path`` in ``commit`` stores, oldest first."""
+        key = (commit, path)
+        stack: list[tuple[tuple[str, str], TensorEntry]] = []
+        while key not in self._arrays:
+            e = self._node(*key).chain[-1]
+            stack.append((key, e))
+            if e.kind == Kind.FULL:
+                break
+            key = (e.base_commit, path)
+        arrays = self._arrays.get(key, ())
+        for k, e in reversed(stack):
+            arrays = self._arrays[k] = (*arrays, *self.own_arrays(e))
+        return arrays
+
+    def _base(self, e: TensorEntry) -> _Node | None:
+        if e.kind == Kind.FULL:
+            return None
+        node = self._node(e.base_commit, e.path)
+        _check_link(node.chain[-1], e)
+        return node
+
+    def _top(self, m: Manifest, e: TensorEntry) -> _Node | None:
+        """The memoised node of a chain entry of ``m`` (None for a full entry, or when ``m`` has
+        another entry of the same path, which only a hostile manifest has)."""
+        if e.kind == Kind.FULL or self._entry(m.id, e.path) is not e:
+            return None
+        return self._node(m.id, e.path)
+
+    # -- the questions -----------------------------------------------------------------------
+    def chain_of(self, e: TensorEntry) -> list[TensorEntry]:
+        """Entries from the full baseline to ``e``, oldest first (``[e]`` for a full one)."""
+        node = self._base(e)
+        return [*node.chain, e] if node else [e]
+
+    def entry_arrays(self, e: TensorEntry) -> list[StoredArray]:
+        """Every array rebuilding entry ``e`` reads, its chain's bases included."""
+        if self._base(e) is None:
+            return self.own_arrays(e)
+        return [*self._chain_arrays(e.base_commit, e.path), *self.own_arrays(e)]
+
+    def arrays_read(self, m: Manifest) -> list[StoredArray]:
+        """Every stored array that checking out all of ``m`` reads, each once, in a stable
+        order (the packed array too, even when it holds only empty tensors' slots)."""
         found = {packed_array(m).ident: packed_array(m)} if m.packed is not None else {}
-    else:
-        t_idx, s_idx = needed_entries(m, tensors)
-        entries = [*(m.tensors[i] for i in t_idx), *(m.storages[i] for i in s_idx)]
-        found = {}
-    for e in entries:
-        for a in entry_arrays(manifest_of, m, e):
-            found.setdefault(a.ident, a)
-    return list(found.values())
+        for e in m.tensors:
+            top = self._top(m, e) is not None
+            for a in (self._chain_arrays(m.id, e.path) if top else self.entry_arrays(e)):
+                found.setdefault(a.ident, a)
+        for e in m.storages:
+            for a in self.own_arrays(e):
+                found.setdefault(a.ident, a)
+        return list(found.values())
+
+    def bases_of(self, m: Manifest, e: TensorEntry) -> frozenset[str]:
+        """Commits whose manifests the chain of ``e`` (an entry of ``m``) builds on."""
+        node = self._top(m, e) or self._base(e)
+        return node.commits - {m.id} if node is not None else frozenset()
+
+    def commits_read(self, m: Manifest) -> set[str]:
+        """``m`` and every commit whose manifest its chain entries build on."""
+        return {m.id}.union(*(self.bases_of(m, e) for e in m.tensors if e.kind != Kind.FULL))
+
+
+def _check_link(below: TensorEntry, above: TensorEntry) -> None:
+    if below.shape != above.shape or below.dtype != above.dtype:
+        raise ManifestError(f"chain of {above.path!r} changes shape or dtype")

@@ -46,11 +46,14 @@ def codec_from_config(config: Mapping[str, Any]) -> ChunkCodec:
     Raises :class:`~ckptstore.errors.ManifestError` for an unknown id (the store was written by
     a newer ckptstore) or a config its codec rejects.
     """
-    cls = _REGISTRY.get(config.get("id")) if isinstance(config, Mapping) else None
+    codec_id = config.get("id") if isinstance(config, Mapping) else None
+    cls = _REGISTRY.get(codec_id) if isinstance(codec_id, str) else None
     if cls is None:
         raise ManifestError(f"unknown chunk codec {config!r}: the store was written by a newer "
                             "ckptstore; upgrade it")
     try:
         return cls.from_config(config)
     except (TypeError, ValueError) as e:
-        raise ManifestError(f"invalid chunk codec {config!r}: {e}") from e
+        # an option this version does not know (TypeError) may come from a newer writer
+        hint = "; if a newer ckptstore wrote it, upgrade" if isinstance(e, TypeError) else ""
+        raise ManifestError(f"invalid chunk codec {config!r}: {e}{hint}") from e

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ..usage import ref_names
 from ._context import AddVerb, Context, positive_int
 from ._output import human_size, one_line, table, utc_time
 
@@ -22,7 +21,7 @@ def run(ctx: Context) -> int:
         commits = []  # a store without commits: empty history, not an error
     else:
         commits = store.log(args.ref, limit=args.limit)
-    names = ref_names(store.repo)
+    names = store.repo.ref_names()
     if ctx.json:
         ctx.emit([{**c.to_json(), "refs": names.get(c.id, [])} for c in commits])
         return 0

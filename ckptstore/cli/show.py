@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..chains.walk import entry_arrays
+from ..chains.walk import Walk
 from ..layout import PACKED_ARRAY
 from ..leaves import Leaves, entry_nbytes
 from ..manifest import Layout, Manifest
-from ..usage import StoredSizes, entry_stored_bytes, ref_names
+from ..usage import StoredSizes, entry_stored_bytes
 from ._context import AddVerb, Context
 from ._output import human_size, plural, shape_text, short_value, table, utc_time
 
@@ -26,6 +26,7 @@ def register(add: AddVerb) -> None:
 
 def _rows(ctx: Context, m: Manifest, sizes: StoredSizes, wanted: set[int]) -> list[dict[str, Any]]:
     rows = []
+    walk = Walk(ctx.store.repo.manifest)
     for i, e in enumerate(m.tensors):
         if i not in wanted:
             continue
@@ -35,7 +36,7 @@ def _rows(ctx: Context, m: Manifest, sizes: StoredSizes, wanted: set[int]) -> li
         elif e.layout == Layout.VIEW:
             note = f"view of {m.storages[e.base].path}"
         elif e.layout == Layout.CHAIN:  # stored: this commit's own parts; the rest is in the bases
-            older = len(entry_arrays(ctx.store.repo.manifest, m, e)) - len(e.parts or {})
+            older = len(walk.entry_arrays(e)) - len(e.parts or {})
             note = (f"{e.kind} on {(e.base_commit or '?')[:10]}; "
                     f"reads {plural(older, 'older array')}")
         if e.commit and e.commit != m.id:
@@ -50,7 +51,7 @@ def run(ctx: Context) -> int:
     store, args = ctx.store, ctx.args
     m = store.manifest(store.resolve(args.ref))
     info = store.info(m.id)
-    refs = ref_names(store.repo).get(m.id, [])
+    refs = store.repo.ref_names().get(m.id, [])
     sizes = StoredSizes(store.storage)
     leaves = Leaves.of(m).select(args.paths)
     rows = _rows(ctx, m, sizes, set(leaves.tensors.values()))

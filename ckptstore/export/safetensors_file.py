@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..arrays import tensor_to_host
-from ..errors import CkptStoreError
+from ..errors import ManifestError
 from ..leaves import Leaves, as_tensor, entry_nbytes, read_tensors
 from ..manifest import Manifest
 from ..progress import bar
@@ -73,12 +73,12 @@ def write_safetensors(file: str, header_entries: Header, metadata: dict[str, str
                 arr = np.ascontiguousarray(arr)
                 arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
                 if key != want_key or arr.nbytes != nbytes:
-                    raise CkptStoreError(f"export: {key!r} has {arr.nbytes} bytes, "
+                    raise ManifestError(f"export: {key!r} has {arr.nbytes} bytes, "
                                          f"the manifest says {nbytes}")
                 f.write(memoryview(arr.reshape(-1)).cast("B"))
                 on_bytes(nbytes)
             if next(expected, None) is not None:
-                raise CkptStoreError("export: fewer tensors were read than the manifest lists")
+                raise ManifestError("export: fewer tensors were read than the manifest lists")
         os.replace(tmp, file)
     except BaseException:
         os.unlink(tmp)

@@ -11,9 +11,10 @@ import torch
 from .bitwidth import BitWidth
 from .rebase import Intermittent, RebasePredictor
 
-__all__ = ["Decision", "Policy", "QuantSpec"]
+__all__ = ["Decision", "Policy", "QuantSpec", "Want"]
 
 IncrementalMode = Literal["off", "one-shot", "consecutive", "intermittent"]
+Want = Literal["full", "rows", "codes"]  # a whole tensor, changed rows, or code deltas
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class Decision:
     """What the policy wants for one tensor: ``rows`` (incremental candidate), ``codes``
     (code-delta candidate) or ``full``; and its quantization (None: lossless)."""
 
-    want: Literal["full", "rows", "codes"]
+    want: Want
     quant: QuantSpec | None = None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 
 import msgpack
 import numpy as np
@@ -138,3 +139,60 @@ def test_deleted_branch_cannot_be_moved_by_a_stale_writer():
     with pytest.raises(ckptstore.ConcurrentUpdateError):
         store.refs.advance("dev", stale, b.id)
     assert store.resolve("dev") == a.id
+
+
+def test_verify_reports_a_broken_chain_and_still_checks_the_other_entries(tmp_path):
+    """A missing chain base hid every array of the commit from verify (review of issue 9)."""
+    root = tmp_path / "s"
+    policy = ckptstore.Policy(incremental="consecutive", min_rows=1024, min_quant_bytes=0)
+    store = ckptstore.open(root, options=ckptstore.EncodingOptions(pack_below=512))
+    state = {"emb": torch.zeros(4096, 4), "w": torch.randn(256, 64)}
+    base = store.commit(state, policy=policy).id
+    state["emb"][3] += 1
+    top = store.commit(state, policy=policy).id
+    w = next(e for e in store.manifest(top).tensors if e.path == "w")
+    chunk = root / "data" / top / w.array / "c" / "0" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[20:24] = b"\xff\xff\xff\xff"
+    chunk.write_bytes(bytes(data))
+    (root / "commits" / f"{base}.msgpack").unlink()
+    report = ckptstore.open(root, create=False).verify(top)
+    assert not report.ok and report.commits_checked == 1
+    assert any("'emb'" in p and base in p for p in report.problems)
+    assert any(f"data/{top}/w/c/0/0" in p and "crc32c" in p for p in report.problems)
+
+
+def test_a_chunk_codec_id_that_is_not_a_string_is_a_manifest_error():
+    from ckptstore.chunkcodec import codec_from_config
+
+    for config in ({"id": ["blosc"]}, {"id": None}, ["blosc"]):
+        with pytest.raises(ManifestError, match="unknown chunk codec"):
+            codec_from_config(config)
+    with pytest.raises(ManifestError, match="upgrade"):
+        codec_from_config({"id": "raw", "level": 3})
+
+
+def test_diff_of_states_with_an_empty_tensor():
+    store = ckptstore.open("memory://diff-empty")
+    a = store.commit({"w": torch.ones(3), "empty": torch.empty(0)}).id
+    b = store.commit({"w": torch.zeros(3), "empty": torch.empty(0)}).id
+    result = store.diff(a, b)
+    assert [c.path for c in result.changed] == ["w"] and result.unchanged == 1
+
+
+def test_commit_async_stall_includes_resolving_a_restore_driven_bit_width():
+    """The restore count (a listing of the store) is taken inside the timed stall."""
+    store = ckptstore.open("memory://stall-bitwidth", policy=ckptstore.Policy(
+        quantize=ckptstore.QuantSpec(bits=8), bitwidth=ckptstore.BitWidth(expected_restores=1)))
+    slow = 0.2
+    listdir = store.storage.listdir
+
+    def slow_listdir(key):
+        if key.startswith("stats"):
+            time.sleep(slow)
+        return listdir(key)
+
+    store.storage.listdir = slow_listdir
+    pending = store.commit_async({"w": torch.randn(64, 64)})
+    pending.wait()
+    assert pending.stall_seconds >= slow
