@@ -32,8 +32,9 @@ from .manifest import Kind, Layout
 from .policy import Want
 from .state import Leaf
 
-__all__ = ["AliasItem", "ArrayItem", "ChainItem", "CodesItem", "CommitPlan", "Decide", "EncodingOptions",
-           "PackedItem", "PlanItem", "RowsItem", "TensorDecision", "ViewItem", "plan_commit"]
+__all__ = ["FULL_LOSSLESS", "AliasItem", "ArrayItem", "ChainItem", "CodesItem", "CommitPlan",
+           "Decide", "EncodingOptions", "PackedItem", "PlanItem", "RowsItem", "TensorDecision",
+           "ViewItem", "plan_commit"]
 
 PACK_ALIGN = 16
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -192,6 +193,7 @@ class TensorDecision:
 
 
 Decide = Callable[[str, torch.Tensor, ChunkGrid], TensorDecision]
+FULL_LOSSLESS = TensorDecision()  # what a tensor gets when nobody decides otherwise
 
 
 def _container(value: object) -> str:
@@ -280,37 +282,36 @@ def plan_commit(leaves: list[Leaf], options: EncodingOptions,
     entries = [(leaf.path, t, _container(leaf.value)) for t, leaf in zip(tensors, leaves)]
     entries += [(path, span, "torch") for path, span in spans]
     for i, (path, t, container) in enumerate(entries):
-        common = dict(index=i, path=path, dtype=dtype_name(t.dtype), shape=tuple(t.shape),
-                      container=container, nbytes=_nbytes(t))
+        dtype, shape, nbytes = dtype_name(t.dtype), tuple(t.shape), _nbytes(t)
         if i in role:
             kind, ref = role[i]
             if kind == "alias":
-                items.append(AliasItem(**common, base=ref))
+                items.append(AliasItem(index=i, path=path, dtype=dtype, shape=shape,
+                                       container=container, nbytes=nbytes, base=ref))
             else:
                 lo = spans[ref][1].storage_offset()
-                items.append(ViewItem(**common, base=ref, storage_offset=t.storage_offset() - lo,
+                items.append(ViewItem(index=i, path=path, dtype=dtype, shape=shape,
+                                      container=container, nbytes=nbytes, base=ref,
+                                      storage_offset=t.storage_offset() - lo,
                                       stride=tuple(t.stride())))
             continue
-        nbytes = common["nbytes"]
-        if nbytes == 0:  # empty: nothing to store
-            items.append(PackedItem(**common, source=t, offset=packed_nbytes))
-            continue
-        grid = ChunkGrid.for_array(tuple(t.shape), storage_dtype(t.dtype).itemsize,
-                                   options.chunk_bytes)
-        d = TensorDecision()
-        if decide is not None and container == "torch" and i < len(leaves):
-            d = decide(path, t, grid)
-        if d.codec is None and d.chain is None and nbytes < options.pack_below:
-            items.append(PackedItem(**common, source=t, offset=packed_nbytes))
+        d = FULL_LOSSLESS
+        if nbytes:
+            grid = ChunkGrid.for_array(shape, storage_dtype(t.dtype).itemsize,
+                                       options.chunk_bytes)
+            if decide is not None and container == "torch" and i < len(leaves):
+                d = decide(path, t, grid)
+        if not nbytes or (d.codec is None and d.chain is None and nbytes < options.pack_below):
+            items.append(PackedItem(index=i, path=path, dtype=dtype, shape=shape,
+                                    container=container, nbytes=nbytes, source=t,
+                                    offset=packed_nbytes))  # empty tensors: nothing to store
             packed_nbytes += -(-nbytes // PACK_ALIGN) * PACK_ALIGN
             continue
-        array = dict(source=t, array=_array_name(path, i, taken), grid=grid,
-                     codec=d.codec or lossless, want=d.want)
-        if d.chain is None:
-            items.append(ArrayItem(**common, **array))
-        elif d.chain.link.kind == Kind.DELTA:
-            items.append(CodesItem(**common, **array, start=d.chain))
-        else:
-            items.append(RowsItem(**common, **array, start=d.chain))
+        cls = ArrayItem if d.chain is None else (
+            CodesItem if d.chain.link.kind == Kind.DELTA else RowsItem)
+        extra = {} if d.chain is None else {"start": d.chain}
+        items.append(cls(index=i, path=path, dtype=dtype, shape=shape, container=container,
+                         nbytes=nbytes, source=t, array=_array_name(path, i, taken), grid=grid,
+                         codec=d.codec or lossless, want=d.want, **extra))
     grid = ChunkGrid.for_array((packed_nbytes,), 1, options.chunk_bytes) if packed_nbytes else None
     return CommitPlan(tuple(items), len(leaves), packed_nbytes, grid, lossless)

@@ -16,7 +16,7 @@ import torch
 from ..arrays import ChunkGrid, dtype_name
 from ..chunkcodec import QuantizedLossy
 from ..manifest import Kind, Manifest
-from ..plan import ArrayItem, CommitPlan, Decide, TensorDecision
+from ..plan import FULL_LOSSLESS, ArrayItem, CommitPlan, Decide, TensorDecision
 from ..policy import Policy
 from ..tracking import RowTracker
 from .decide import ChainStart, CodesBase, Reference, commit_rebases, plan_chain
@@ -78,7 +78,7 @@ class ChainMemory:
             codec = QuantizedLossy(d.quant.codec_kwargs(dtype), d.quant.entropy) \
                 if d.quant is not None else None
             if d.want == "full":
-                return TensorDecision("full", codec)
+                return TensorDecision("full", codec) if codec is not None else FULL_LOSSLESS
             shadow = self._shadows.get((branch, path))
             tracked = (tracker is not None and d.want == "rows"
                        and tracker.lookup(tensor) is not None)
