@@ -23,17 +23,9 @@ from .qparams import (
 )
 from .quantization import dequantize, quantize
 
-__all__ = [
-    "GRANULARITIES",
-    "METHODS",
-    "PARAM_DTYPES",
-    "PROTECT_MODES",
-    "QuantParams",
-    "Quantize",
-    "dequantize",
-    "quantize",
-    "segment_length",
-]
+# the codec; the names imported above stay importable from here for code written against the
+# single-module quantize of earlier releases
+__all__ = ["Quantize"]
 
 
 class Quantize(Codec):
