@@ -63,12 +63,16 @@ class AddVerb:
         return p
 
 
+def _number(text: str, cast: type, what: str) -> float:
+    try:
+        return cast(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+
+
 def positive_int(text: str) -> int:
     """argparse type: a whole number of at least 1."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    n = int(_number(text, int, "a whole number"))
     if n < 1:
         raise argparse.ArgumentTypeError(f"{text} must be at least 1")
     return n
@@ -76,10 +80,7 @@ def positive_int(text: str) -> int:
 
 def seconds(text: str) -> float:
     """argparse type: a number of seconds, not negative."""
-    try:
-        s = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    s = _number(text, float, "a number of seconds")
     if not s >= 0:
         raise argparse.ArgumentTypeError("the grace period cannot be negative")
     return s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 from collections.abc import Callable
 from typing import Any
@@ -14,24 +15,27 @@ from ._output import one_line, table, utc_time
 __all__ = ["register", "run_branch", "run_tag"]
 
 
-def register(add: AddVerb) -> None:
-    p = add("tag", "list, create or delete tags",
-            "ckpt tag URL              list tags\n"
-            "ckpt tag URL NAME [REF]   tag REF (default main) as NAME\n"
-            "ckpt tag URL --delete NAME")
+def _ref_verb(add: AddVerb, kind: str, help: str, usage: str) -> argparse.ArgumentParser:
+    """``ckpt tag`` / ``ckpt branch``: the arguments they share (NAME, REF, --delete NAME)."""
+    p = add(kind, help, usage)
     p.add_argument("name", metavar="NAME", nargs="?")
     p.add_argument("ref", metavar="REF", nargs="?")
-    p.add_argument("--delete", "-d", metavar="NAME", help="delete tag NAME")
+    p.add_argument("--delete", "-d", metavar="NAME", help=f"delete {kind} NAME")
+    return p
+
+
+def register(add: AddVerb) -> None:
+    p = _ref_verb(add, "tag", "list, create or delete tags",
+                  "ckpt tag URL              list tags\n"
+                  "ckpt tag URL NAME [REF]   tag REF (default main) as NAME\n"
+                  "ckpt tag URL --delete NAME")
     p.set_defaults(run=run_tag)
 
-    p = add("branch", "list, create, move or delete branches",
-            "ckpt branch URL                     list branches with their tips\n"
-            "ckpt branch URL NAME [REF]          create branch NAME at REF (default main)\n"
-            "ckpt branch URL NAME REF --force    move an existing branch to REF\n"
-            "ckpt branch URL --delete NAME")
-    p.add_argument("name", metavar="NAME", nargs="?")
-    p.add_argument("ref", metavar="REF", nargs="?")
-    p.add_argument("--delete", "-d", metavar="NAME", help="delete branch NAME")
+    p = _ref_verb(add, "branch", "list, create, move or delete branches",
+                  "ckpt branch URL                     list branches with their tips\n"
+                  "ckpt branch URL NAME [REF]          create branch NAME at REF (default main)\n"
+                  "ckpt branch URL NAME REF --force    move an existing branch to REF\n"
+                  "ckpt branch URL --delete NAME")
     p.add_argument("--force", "-f", action="store_true",
                    help="move NAME to REF if the branch exists")
     p.set_defaults(run=run_branch)
