@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from enum import Enum
 from typing import Any, Literal
 
@@ -27,6 +28,7 @@ __all__ = [
     "Layout",
     "Manifest",
     "PackedInfo",
+    "ShardPiece",
     "TensorEntry",
     "decode_manifest",
     "decode_marker",
@@ -34,7 +36,9 @@ __all__ = [
     "encode_marker",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2   # the newest manifest format this library reads and writes
+BASE_VERSION = 1     # what a manifest without sharded entries is written as (readable by v1)
+MARKER_VERSION = 1   # the store marker: a store holds manifests of any version up to ours
 MAGIC = b"CKPT"
 _HEADER = len(MAGIC) + 1 + 32
 _ID = r"^[0-9a-f]{32}$"
@@ -48,6 +52,7 @@ class Layout(str, Enum):
     ALIAS = "alias"    # the very same tensor as an earlier entry (tied weights)
     VIEW = "view"      # a strided view of a shared storage
     CHAIN = "chain"    # parts applied to the same path in a base commit
+    SHARDED = "sharded"  # pieces of a global tensor, each an entry of the manifest's shards
 
     def __str__(self) -> str:
         return self.value
@@ -71,6 +76,11 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _bad_name(name: str) -> bool:
+    return (not name or "/" in name or "\\" in name or "\0" in name
+            or name.startswith((".", "__")))
+
+
 class Blob(_Model):
     """An array of a chain entry: changed rows and their values, or code deltas."""
 
@@ -85,13 +95,26 @@ class Blob(_Model):
     def _check(self) -> Blob:
         if any(s < 0 for s in self.shape):
             raise ValueError("negative dimension")
-        if not self.array or "/" in self.array or self.array.startswith((".", "__")):
+        if _bad_name(self.array):
             raise ValueError(f"bad array name {self.array!r}")
         return self
 
 
 _CHAIN_PARTS = {Kind.INCREMENTAL: {"rows", "values"}, Kind.CONSECUTIVE: {"rows", "values"},
                 Kind.DELTA: {"codes"}}
+
+
+class ShardPiece(_Model):
+    """One piece of a sharded tensor: ``shards[entry]`` placed at ``offsets`` of the tensor."""
+
+    offsets: list[int]
+    entry: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> ShardPiece:
+        if any(o < 0 for o in self.offsets):
+            raise ValueError("negative shard offset")
+        return self
 
 
 class TensorEntry(_Model):
@@ -104,7 +127,12 @@ class TensorEntry(_Model):
       - ``view``: ``as_strided(storages[base], shape, stride, storage_offset)`` (views that share a
         storage partially);
       - ``chain``: ``kind`` says how ``parts`` apply to the same path in ``base_commit``
-        (see :mod:`ckptstore.chains.decide`).
+        (see :mod:`ckptstore.chains.decide`);
+      - ``sharded``: a tensor of global ``shape`` written by many ranks, one entry of
+        :attr:`Manifest.shards` per ``pieces`` item (format 2).
+
+    A ``packed`` entry with an ``array`` lies in that one of :attr:`Manifest.packs` (each rank of
+    a sharded commit packs its own small tensors); without, in :attr:`Manifest.packed`.
     """
 
     path: str
@@ -126,13 +154,15 @@ class TensorEntry(_Model):
     parts: dict[str, Blob] | None = None
     chain: int = Field(default=0, ge=0)
     fractions: list[float] | None = None
+    pieces: list[ShardPiece] | None = None
 
     @model_validator(mode="after")
     def _check_layout(self) -> TensorEntry:
         need = {"array": ("commit", "array", "codec", "chunks"),
                 "packed": ("commit", "offset", "nbytes"), "alias": ("base",),
                 "view": ("base", "storage_offset", "stride"),
-                "chain": ("base_commit", "parts", "codec", "chunks")}[self.layout]
+                "chain": ("base_commit", "parts", "codec", "chunks"),
+                "sharded": ("pieces", "commit")}[self.layout]
         if (self.layout == Layout.CHAIN) != (self.kind != Kind.FULL):
             raise ValueError(f"kind '{self.kind}' does not go with layout '{self.layout}'")
         if self.layout == Layout.CHAIN and set(self.parts or {}) != _CHAIN_PARTS[self.kind]:
@@ -142,19 +172,27 @@ class TensorEntry(_Model):
             raise ValueError(f"layout '{self.layout}' needs {missing}")
         if any(s < 0 for s in self.shape):
             raise ValueError("negative dimension")
-        if self.array is not None and (not self.array or "/" in self.array
-                                       or self.array.startswith((".", "__"))):
+        if self.array is not None and _bad_name(self.array):
             raise ValueError(f"bad array name {self.array!r}")
+        if self.pieces is not None and any(len(p.offsets) != len(self.shape)
+                                           for p in self.pieces):
+            raise ValueError("a shard's offsets do not match the tensor's dimensions")
         return self
 
 
 class PackedInfo(_Model):
-    """The one array that holds all small tensors of a commit, back to back."""
+    """An array that holds small tensors back to back (a commit's, or one rank's of it)."""
 
     array: str
     nbytes: int = Field(ge=0)
     chunks: list[int]
     codec: dict[str, Any]
+
+    @model_validator(mode="after")
+    def _check(self) -> PackedInfo:
+        if _bad_name(self.array.lstrip("_")) or self.array.startswith("__"):
+            raise ValueError(f"bad packed array name {self.array!r}")
+        return self
 
 
 class Manifest(_Model):
@@ -171,41 +209,92 @@ class Manifest(_Model):
     tensors: list[TensorEntry] = Field(default_factory=list)
     storages: list[TensorEntry] = Field(default_factory=list)
     packed: PackedInfo | None = None
+    shards: list[TensorEntry] = Field(default_factory=list)  # pieces of sharded tensors (v2)
+    packs: list[PackedInfo] = Field(default_factory=list)    # per-rank packed arrays (v2)
     logical_bytes: int = Field(ge=0)
     stored_bytes: int = Field(ge=0)
     library: str = ""
 
     @model_validator(mode="after")
     def _check_refs(self) -> Manifest:
+        packs = {p.array: p for p in self.packs}
+        if len(packs) != len(self.packs) or (self.packed is not None and self.packed.array in packs):
+            raise ValueError("two packed arrays share a name")
         for i, t in enumerate(self.tensors):
             if t.layout == "alias" and (t.base >= i or self.tensors[t.base].layout == "alias"):
                 raise ValueError(f"tensor {i} aliases an invalid entry {t.base}")
             if t.layout == "view" and t.base >= len(self.storages):
                 raise ValueError(f"tensor {i} views a missing storage {t.base}")
-            if t.layout == Layout.PACKED and t.nbytes and (
-                    self.packed is None or t.offset + t.nbytes > self.packed.nbytes):
-                raise ValueError(f"tensor {i} lies outside the packed array")
+            if t.layout == Layout.SHARDED:
+                self._check_pieces(t)
+        for e in (*self.tensors, *self.storages, *self.shards):
+            if e.layout == Layout.PACKED and e.nbytes:
+                info = self.packed if e.array is None else packs.get(e.array)
+                if info is None or e.offset + e.nbytes > info.nbytes:
+                    raise ValueError(f"tensor {e.path!r} lies outside its packed array")
         for s in self.storages:
             if s.layout not in ("array", "packed"):
                 raise ValueError("a storage must be an array or packed")
+        for s in self.shards:
+            if s.layout not in ("array", "packed", "chain"):
+                raise ValueError("a shard must be an array, packed or a chain entry")
+        if len({s.path for s in self.shards}) != len(self.shards):
+            raise ValueError("two shards share a path")
         return self
+
+    def _check_pieces(self, t: TensorEntry) -> None:
+        if t.commit != self.id:
+            raise ValueError(f"sharded tensor {t.path!r} names another commit")
+        volume = 0
+        for p in t.pieces:
+            if p.entry >= len(self.shards):
+                raise ValueError(f"tensor {t.path!r} names a missing shard {p.entry}")
+            s = self.shards[p.entry]
+            if s.dtype != t.dtype or len(s.shape) != len(t.shape) or any(
+                    o + n > g for o, n, g in zip(p.offsets, s.shape, t.shape)):
+                raise ValueError(f"a shard of {t.path!r} does not fit inside the tensor")
+            volume += math.prod(s.shape)
+        if volume != math.prod(t.shape):
+            raise ValueError(f"the shards of {t.path!r} do not cover the tensor exactly once")
+
+    def entries(self) -> tuple[TensorEntry, ...]:
+        """Every entry: tensors, shared storages, shards."""
+        return (*self.tensors, *self.storages, *self.shards)
+
+    def pack_infos(self) -> list[PackedInfo]:
+        """Every packed array of the commit (the single-process one, then per-rank ones)."""
+        return ([self.packed] if self.packed is not None else []) + list(self.packs)
+
+    def pack_info(self, e: TensorEntry) -> PackedInfo | None:
+        """The packed array a ``packed`` entry lies in."""
+        if e.array is None:
+            return self.packed
+        return next((p for p in self.packs if p.array == e.array), None)
 
     def data_commits(self) -> set[str]:
         """Commits whose ``data/`` this commit's own entries point into."""
-        out = {t.commit for t in (*self.tensors, *self.storages) if t.commit}
-        for t in self.tensors:
+        entries = self.entries()
+        out = {t.commit for t in entries if t.commit}
+        for t in entries:
             out.update(b.commit for b in (t.parts or {}).values())
-        if self.packed is not None:
+        if self.pack_infos():
             out.add(self.id)
         return out
 
     def base_commits(self) -> set[str]:
         """Commits whose entries this commit's chain entries build on (their manifests too)."""
-        return {t.base_commit for t in self.tensors if t.base_commit}
+        return {t.base_commit for t in (*self.tensors, *self.shards) if t.base_commit}
 
 
 def encode_manifest(m: Manifest) -> bytes:
-    payload = msgpack.packb(m.model_dump(mode="python"), use_bin_type=True)
+    raw = m.model_dump(mode="python")
+    for key in ("shards", "packs"):  # a manifest without them is exactly format 1
+        if not raw[key]:
+            del raw[key]
+    for e in (*raw["tensors"], *raw["storages"], *raw.get("shards", ())):
+        if e["pieces"] is None:
+            del e["pieces"]
+    payload = msgpack.packb(raw, use_bin_type=True)
     return MAGIC + bytes([m.format_version]) + hashlib.sha256(payload).digest() + payload
 
 
@@ -230,7 +319,7 @@ def decode_manifest(data: bytes, where: str = "manifest") -> Manifest:
 
 
 def encode_marker() -> bytes:
-    return json.dumps({"format": "ckptstore", "version": FORMAT_VERSION}, indent=1).encode()
+    return json.dumps({"format": "ckptstore", "version": MARKER_VERSION}, indent=1).encode()
 
 
 def decode_marker(data: bytes, where: str) -> int:
@@ -242,8 +331,8 @@ def decode_marker(data: bytes, where: str) -> int:
     if not isinstance(doc, dict) or doc.get("format") != "ckptstore" or not isinstance(
             doc.get("version"), int):
         raise NotAStoreError(f"{where} is not a ckptstore marker")
-    if doc["version"] > FORMAT_VERSION:
+    if doc["version"] > MARKER_VERSION:
         raise FormatVersionError(
             f"the store at {where} has format version {doc['version']}; this ckptstore reads up to "
-            f"{FORMAT_VERSION}: upgrade ckptstore (pip install -U ckptstore)")
+            f"{MARKER_VERSION}: upgrade ckptstore (pip install -U ckptstore)")
     return doc["version"]

@@ -215,8 +215,8 @@ def _storage_key(t: torch.Tensor) -> tuple[object, ...] | None:
     return t.device.type, t.device.index, t.untyped_storage().data_ptr()
 
 
-def _array_name(path: str, index: int, taken: set[str]) -> str:
-    name = path if _NAME_OK.match(path) else f"t{index}"
+def _array_name(path: str, index: int, taken: set[str], prefix: str = "") -> str:
+    name = prefix + (path if _NAME_OK.match(path) else f"t{index}")
     if name in taken or name == PACKED_ARRAY:
         name = f"{name[:180]}~{index}"
     taken.add(name)
@@ -261,12 +261,13 @@ def _shared_storages(tensors: list[torch.Tensor], leaves: list[Leaf]
 
 
 def plan_commit(leaves: list[Leaf], options: EncodingOptions,
-                decide: Decide | None = None) -> CommitPlan:
+                decide: Decide | None = None, array_prefix: str = "") -> CommitPlan:
     """Decide the layout of every leaf tensor; shared storages are detected here.
 
     ``decide(path, tensor, grid)`` is asked about every tensor that may get an array of its own
     (small tensors too: a policy may quantize below ``pack_below``) and returns a
-    :class:`TensorDecision`.
+    :class:`TensorDecision`. ``array_prefix`` starts every array name (each rank of a sharded
+    commit plans its own part of one commit).
     """
     tensors = [_as_tensor(leaf.value) for leaf in leaves]
     for t, leaf in zip(tensors, leaves):
@@ -311,7 +312,8 @@ def plan_commit(leaves: list[Leaf], options: EncodingOptions,
             CodesItem if d.chain.link.kind == Kind.DELTA else RowsItem)
         extra = {} if d.chain is None else {"start": d.chain}
         items.append(cls(index=i, path=path, dtype=dtype, shape=shape, container=container,
-                         nbytes=nbytes, source=t, array=_array_name(path, i, taken), grid=grid,
+                         nbytes=nbytes, source=t, array=_array_name(path, i, taken, array_prefix),
+                         grid=grid,
                          codec=d.codec or lossless, want=d.want, **extra))
     grid = ChunkGrid.for_array((packed_nbytes,), 1, options.chunk_bytes) if packed_nbytes else None
     return CommitPlan(tuple(items), len(leaves), packed_nbytes, grid, lossless)

@@ -8,7 +8,7 @@ walk (:mod:`ckptstore.chains.walk`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 
 import numpy as np
@@ -16,11 +16,11 @@ import torch
 
 from .arrays import host_to_tensor, read_array, start_read_array, torch_dtype
 from .chains.replay import apply_rows, replay_code_deltas
-from .chains.walk import StoredArray, Walk, blob_array, entry_array, entry_dtype, needed_entries, \
-    packed_array
+from .chains.walk import StoredArray, Walk, blob_array, entry_array, entry_dtype, \
+    entry_packed_array, needed_entries
 from .chunkcodec import codec_from_config
 from .errors import CorruptedChunkError, ManifestError
-from .manifest import Blob, Kind, Layout, Manifest, TensorEntry
+from .manifest import Blob, Kind, Layout, Manifest, ShardPiece, TensorEntry
 from .repository import Repository
 
 __all__ = ["Reader"]
@@ -44,7 +44,7 @@ class Reader:
     def __init__(self, repo: Repository):
         self.repo = repo
         self.walk = Walk(repo.manifest)
-        self._packed: dict[str, np.ndarray] = {}
+        self._packed: dict[tuple[str, str | None], np.ndarray] = {}
 
     def _read_stored(self, a: StoredArray) -> np.ndarray:
         return read_array(self.repo.storage, a.prefix, a.grid, a.dtype,
@@ -63,7 +63,42 @@ class Reader:
                 return replay_code_deltas(chain, entry_dtype(chain[0]), self._read,
                                           self.repo.executor)
             return apply_rows(self.host(chain[0]), chain[1:], self.blob)
+        if e.layout == Layout.SHARDED:
+            return self._assemble(e)
         raise ManifestError(f"entry {e.path!r} with layout '{e.layout}' has no bits of its own")
+
+    def region(self, e: TensorEntry, offsets: Sequence[int], lengths: Sequence[int]
+               ) -> np.ndarray:
+        """The block ``[offsets, offsets + lengths)`` of a full or chain entry; an ``array``
+        entry reads only the chunks holding those rows (a rank restoring its own shard)."""
+        if any(o < 0 or o + n > s for o, n, s in zip(offsets, lengths, e.shape)) or len(
+                offsets) != len(e.shape) or len(lengths) != len(e.shape):
+            raise ManifestError(f"a read of {e.path!r} reaches outside its shape {e.shape}")
+        if e.layout == Layout.ARRAY and e.shape:
+            a = entry_array(e)
+            rows = read_array(self.repo.storage, a.prefix, a.grid, a.dtype,
+                              codec_from_config(a.codec), self.repo.executor,
+                              rows=(offsets[0], offsets[0] + lengths[0]))
+            return rows[(slice(None), *(slice(o, o + n) for o, n in
+                                        zip(offsets[1:], lengths[1:])))]
+        whole = self.host(e)
+        return whole[tuple(slice(o, o + n) for o, n in zip(offsets, lengths))]
+
+    def _assemble(self, e: TensorEntry) -> np.ndarray:
+        """A sharded tensor put together from its pieces (zeros where none lies: the manifest
+        checked the pieces' volume, so only a hostile one leaves a gap)."""
+        m = self.repo.manifest(e.commit) if e.commit else None
+        shards = self._shards_of(e, m)
+        out = np.zeros(e.shape, dtype=entry_dtype(e))
+        for piece, s in shards:
+            out[tuple(slice(o, o + n) for o, n in zip(piece.offsets, s.shape))] = self.host(s)
+        return out
+
+    def _shards_of(self, e: TensorEntry, m: Manifest | None
+                   ) -> list[tuple[ShardPiece, TensorEntry]]:
+        if m is None:
+            raise ManifestError(f"sharded tensor {e.path!r} does not name its commit")
+        return [(p, m.shards[p.entry]) for p in e.pieces]
 
     def blob(self, b: Blob) -> np.ndarray:
         """A chain part (changed rows, their values)."""
@@ -82,12 +117,13 @@ class Reader:
             raise ManifestError(f"tensor {e.path!r}: {e.nbytes} packed bytes for shape {e.shape}")
         if not e.nbytes:
             return np.empty(e.shape, dtype=dt)
-        buf = self._packed.get(e.commit)
+        buf = self._packed.get((e.commit, e.array))
         if buf is None:
             m = self.repo.manifest(e.commit)
-            if m.packed is None or e.offset + e.nbytes > m.packed.nbytes:
+            info = m.pack_info(e)
+            if info is None or e.offset + e.nbytes > info.nbytes:
                 raise ManifestError(f"tensor {e.path!r} lies outside the packed array")
-            buf = self._packed[e.commit] = self._read_stored(packed_array(m))
+            buf = self._packed[(e.commit, e.array)] = self._read_stored(entry_packed_array(m, e))
         return buf[e.offset: e.offset + e.nbytes].view(dt).reshape(e.shape).copy()
 
     # -- a whole selection -----------------------------------------------------------------
@@ -112,7 +148,7 @@ class Reader:
         out: dict[int, Restored] = {}
         for i in t_idx:
             e = m.tensors[i]
-            if e.layout in (Layout.ARRAY, Layout.PACKED, Layout.CHAIN):
+            if e.layout in (Layout.ARRAY, Layout.PACKED, Layout.CHAIN, Layout.SHARDED):
                 host = pending[i] if i in pending else self.host(e)
                 out[i] = _to_container(host, e, map_location)
         for i in t_idx:

@@ -6,15 +6,16 @@ import time
 
 from ._version import __version__
 from .layout import PACKED_ARRAY
-from .manifest import FORMAT_VERSION, Kind, Manifest, PackedInfo, TensorEntry
+from .manifest import BASE_VERSION, Kind, Manifest, PackedInfo, TensorEntry
 from .plan import AliasItem, ArrayItem, ChainItem, CommitPlan, PackedItem, PlanItem
 from .state import Tree
 from .writer import Persisted, WriteResult
 
-__all__ = ["build_manifest"]
+__all__ = ["build_manifest", "plan_entries", "plan_packed_info"]
 
 
-def _entry(p: PlanItem, commit_id: str, done: WriteResult | None) -> TensorEntry:
+def _entry(p: PlanItem, commit_id: str, done: WriteResult | None,
+           pack: str | None) -> TensorEntry:
     common = dict(path=p.path, dtype=p.dtype, shape=list(p.shape), layout=p.layout,
                   container=p.container)
     if isinstance(p, ChainItem):
@@ -27,21 +28,36 @@ def _entry(p: PlanItem, commit_id: str, done: WriteResult | None) -> TensorEntry
         return TensorEntry(**common, commit=commit_id, array=p.array, codec=p.codec.config(),
                            chunks=list(p.grid.chunks), nbytes=p.nbytes)
     if isinstance(p, PackedItem):
-        return TensorEntry(**common, commit=commit_id, offset=p.offset, nbytes=p.nbytes)
+        return TensorEntry(**common, commit=commit_id, offset=p.offset, nbytes=p.nbytes,
+                           array=pack)
     if isinstance(p, AliasItem):
         return TensorEntry(**common, base=p.base)
     return TensorEntry(**common, base=p.base, storage_offset=p.storage_offset,
                        stride=list(p.stride))
 
 
+def plan_entries(plan: CommitPlan, commit_id: str, done: Persisted,
+                 pack: str | None = None) -> list[TensorEntry]:
+    """The manifest entries of a written plan, in plan order; packed ones lie in ``pack`` (a
+    rank's packed array of a sharded commit; None: the commit's one packed array)."""
+    return [_entry(p, commit_id, done.results.get(p.index), pack) for p in plan.items]
+
+
+def plan_packed_info(plan: CommitPlan, name: str = PACKED_ARRAY) -> PackedInfo | None:
+    """The packed array a written plan filled (None if it packed nothing)."""
+    if not plan.packed_nbytes:
+        return None
+    return PackedInfo(array=name, nbytes=plan.packed_nbytes, codec=plan.codec.config(),
+                      chunks=list(plan.packed_grid.chunks))
+
+
 def build_manifest(commit_id: str, parent: Manifest | None, message: str,
                    metadata: dict[str, object], tree: Tree, plan: CommitPlan,
                    done: Persisted) -> Manifest:
     """The immutable record of a commit whose data ``done`` describes."""
-    packed = (PackedInfo(array=PACKED_ARRAY, nbytes=plan.packed_nbytes, codec=plan.codec.config(),
-                         chunks=list(plan.packed_grid.chunks)) if plan.packed_nbytes else None)
-    entries = [_entry(p, commit_id, done.results.get(p.index)) for p in plan.items]
-    return Manifest(format_version=FORMAT_VERSION, id=commit_id,
+    packed = plan_packed_info(plan)
+    entries = plan_entries(plan, commit_id, done)
+    return Manifest(format_version=BASE_VERSION, id=commit_id,
                     parent=parent.id if parent else None,
                     generation=parent.generation + 1 if parent else 0, time=time.time(),
                     message=message, metadata=metadata, tree=tree,

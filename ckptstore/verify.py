@@ -46,8 +46,8 @@ def _arrays_read(repo: Repository, commits: list[str], report: VerifyReport
         except CkptStoreError as e:
             report.problems.append(f"commit {c}: {e}")
             continue
-        found = [packed_array(m)] if m.packed is not None else []
-        for e in (*m.tensors, *m.storages):
+        found = [packed_array(m, p) for p in m.pack_infos()]
+        for e in m.entries():
             try:
                 found += walk.own_arrays(e)
                 todo += walk.bases_of(m, e) if e.layout == Layout.CHAIN else ()

@@ -217,10 +217,11 @@ def _write_rows(storage: Storage, commit_id: str, p: RowsItem, host: np.ndarray,
 
 def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
             executor: Executor, max_inflight: int, chunk_bytes: int,
-            progress: Progress | None = None) -> Persisted:
+            progress: Progress | None = None, packed_name: str = PACKED_ARRAY) -> Persisted:
     """Write the commit's zarr group; return what was written, per plan item.
 
-    ``progress`` counts bytes written as chunks land.
+    ``progress`` counts bytes written as chunks land; ``packed_name`` names the array of small
+    tensors (each rank of a sharded commit writes its own).
     """
     prefix = data_dir(commit_id)
     snap.ready()
@@ -242,7 +243,7 @@ def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
             pending.append(_write_full(storage, commit_id, p, host, submit))
     packed: list[Future] = []
     if snap.packed is not None:
-        packed = write_array(storage, array_dir(commit_id, PACKED_ARRAY), snap.packed,
+        packed = write_array(storage, array_dir(commit_id, packed_name), snap.packed,
                              plan.packed_grid, plan.codec, {"ckptstore": {"packed": True}}, submit)
     out = Persisted({w.index: w.result() for w in pending}, sum(f.result() for f in packed))
     storage.fsync_dir(prefix)

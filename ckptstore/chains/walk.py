@@ -24,10 +24,10 @@ import numpy as np
 from ..arrays import ChunkGrid, storage_dtype, torch_dtype
 from ..errors import ManifestError
 from ..layout import PACKED_ARRAY, array_dir, chunk_key
-from ..manifest import Blob, Kind, Layout, Manifest, TensorEntry
+from ..manifest import Blob, Kind, Layout, Manifest, PackedInfo, TensorEntry
 
 __all__ = ["MAX_CHAIN", "ManifestOf", "StoredArray", "Walk", "blob_array", "entry_array",
-           "entry_dtype", "needed_entries", "packed_array"]
+           "entry_dtype", "entry_packed_array", "needed_entries", "packed_array"]
 
 ManifestOf = Callable[[str], Manifest]
 MAX_CHAIN = 10_000  # a longer chain is a cycle in a hostile store
@@ -79,12 +79,22 @@ def blob_array(b: Blob) -> StoredArray:
                        np.dtype(b.dtype), b.codec)
 
 
-def packed_array(m: Manifest) -> StoredArray:
-    """The packed array of small tensors of commit ``m``."""
-    if m.packed is None:
+def packed_array(m: Manifest, info: PackedInfo | None = None) -> StoredArray:
+    """A packed array of small tensors of commit ``m`` (default: its single-process one)."""
+    info = info or m.packed
+    if info is None:
         raise ManifestError(f"commit {m.id} has no packed array")
-    return StoredArray(m.id, PACKED_ARRAY, ChunkGrid.checked([m.packed.nbytes], m.packed.chunks),
-                       np.dtype(np.uint8), m.packed.codec)
+    name = PACKED_ARRAY if info is m.packed else info.array
+    return StoredArray(m.id, name, ChunkGrid.checked([info.nbytes], info.chunks),
+                       np.dtype(np.uint8), info.codec)
+
+
+def entry_packed_array(m: Manifest, e: TensorEntry) -> StoredArray:
+    """The packed array a ``packed`` entry of ``m`` lies in."""
+    info = m.pack_info(e)
+    if info is None:
+        raise ManifestError(f"tensor {e.path!r} lies in a packed array commit {m.id} lacks")
+    return packed_array(m, info)
 
 
 def needed_entries(m: Manifest, tensors: Iterable[int]) -> tuple[list[int], list[int]]:
@@ -118,12 +128,13 @@ class Walk:
         self._by_path: dict[str, dict[str, TensorEntry]] = {}
         self._nodes: dict[tuple[str, str], _Node] = {}
         self._arrays: dict[tuple[str, str], tuple[StoredArray, ...]] = {}
-        self._packed: dict[str, StoredArray] = {}
+        self._packed: dict[tuple[str, str | None], StoredArray] = {}
 
     def _entry(self, commit: str, path: str) -> TensorEntry:
         entries = self._by_path.get(commit)
         if entries is None:
-            entries = self._by_path[commit] = {e.path: e for e in self.manifest_of(commit).tensors}
+            m = self.manifest_of(commit)
+            entries = self._by_path[commit] = {e.path: e for e in (*m.tensors, *m.shards)}
         try:
             return entries[path]
         except KeyError:
@@ -137,9 +148,10 @@ class Walk:
         if e.layout == Layout.ARRAY:
             out.insert(0, entry_array(e))
         elif e.layout == Layout.PACKED and e.nbytes:
-            if e.commit not in self._packed:
-                self._packed[e.commit] = packed_array(self.manifest_of(e.commit))
-            out.insert(0, self._packed[e.commit])
+            key = (e.commit, e.array)
+            if key not in self._packed:
+                self._packed[key] = entry_packed_array(self.manifest_of(e.commit), e)
+            out.insert(0, self._packed[key])
         return out
 
     def _node(self, commit: str, path: str) -> _Node:
@@ -206,8 +218,8 @@ class Walk:
     def arrays_read(self, m: Manifest) -> list[StoredArray]:
         """Every stored array that checking out all of ``m`` reads, each once, in a stable
         order (the packed array too, even when it holds only empty tensors' slots)."""
-        found = {packed_array(m).ident: packed_array(m)} if m.packed is not None else {}
-        for e in m.tensors:
+        found = {a.ident: a for a in (packed_array(m, p) for p in m.pack_infos())}
+        for e in (*m.tensors, *m.shards):
             top = self._top(m, e) is not None
             for a in (self._chain_arrays(m.id, e.path) if top else self.entry_arrays(e)):
                 found.setdefault(a.ident, a)
@@ -223,7 +235,8 @@ class Walk:
 
     def commits_read(self, m: Manifest) -> set[str]:
         """``m`` and every commit whose manifest its chain entries build on."""
-        return {m.id}.union(*(self.bases_of(m, e) for e in m.tensors if e.kind != Kind.FULL))
+        return {m.id}.union(*(self.bases_of(m, e) for e in (*m.tensors, *m.shards)
+                              if e.kind != Kind.FULL))
 
 
 def _check_link(below: TensorEntry, above: TensorEntry) -> None:
