@@ -18,7 +18,8 @@ input)::
     │   ├── ManifestError                        truncated / invalid commit manifest or ref file
     │   └── CorruptedChunkError                  a chunk failed its checksum or is missing
     ├── PendingCommitError (RuntimeError)        a background persist failed
-    └── ExportError (ValueError)                 an export file that cannot be written
+    ├── ExportError (ValueError)                 an export file that cannot be written
+    └── DistributedError (RuntimeError)          a sharded commit or load across ranks failed
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "ConcurrentUpdateError",
     "CorruptedChunkError",
     "CorruptionError",
+    "DistributedError",
     "FormatVersionError",
     "InvalidRefName",
     "ManifestError",
@@ -117,3 +119,8 @@ class PendingCommitError(CkptStoreError, RuntimeError):
 class ExportError(CkptStoreError, ValueError):
     """An export that cannot be written: the file exists, its folder is missing, or two tensors
     would get the same key."""
+
+
+class DistributedError(CkptStoreError, RuntimeError):
+    """A sharded commit or load across ranks cannot go on: a rank failed, the ranks disagree,
+    or a stored value would need unpickling."""
