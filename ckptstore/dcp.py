@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -39,6 +40,7 @@ from .arrays import host_to_tensor, torch_dtype
 from .committer import _plain_metadata
 from .errors import DistributedError, ManifestError, RefExists, UnsupportedLeafError
 from .ids import new_commit_id
+from .pending import PendingCommit
 from .info import CommitInfo
 from .layout import check_ref_name, tag_key
 from .manifest import Layout, Manifest, TensorEntry
@@ -135,6 +137,7 @@ class StorageWriter(dcp_storage.StorageWriter):
             tensors.append(LocalTensor(item.index.fqn, tuple(chunk.offsets),
                                        tuple(item.tensor_data.size), data.detach()))
         store = self.store
+        self._commit_id = a.commit_id  # every rank knows the commit it writes
         parent = store.repo.manifest(a.parent) if a.parent else None
         parts = write_part(store._committer, a.commit_id, a.rank, tensors,
                            self.policy or store.policy, self.branch, parent)
@@ -414,3 +417,96 @@ def _safe_bytes(values: dict[str, Tree], fqn: str) -> io.BytesIO:
         raise DistributedError(f"the value at {fqn!r} is not a plain value that loads without "
                                f"unpickling arbitrary objects: {e}") from None
     return io.BytesIO(data)
+
+
+# -- the Store verbs under a process group ---------------------------------------------------
+def _dcp_state(leaves: list[Any]) -> dict[str, Any]:
+    """``{path: tensor}`` for DCP (numpy leaves as tensors over the same memory)."""
+    return {leaf.path: leaf.value if isinstance(leaf.value, torch.Tensor)
+            else torch.from_numpy(np.asarray(leaf.value)) for leaf in leaves}
+
+
+def commit_collective(store: Any, state: object, message: str, branch: str,
+                      tags: Sequence[str], metadata: dict[str, object] | None,
+                      policy: Policy, process_group: Any = None) -> CommitInfo:
+    """``Store.commit`` on every rank of a process group: one commit, DCP's planning."""
+    import torch.distributed.checkpoint as dcp
+
+    store._committer.wait()
+    tree, leaves = flatten(state)
+    writer = StorageWriter(store, message, branch, tags, policy, _plain_metadata(
+        metadata or {}, state))
+    writer._tree, writer._order = tree, [leaf.path for leaf in leaves]
+    dcp.save(_dcp_state(leaves), storage_writer=writer, process_group=process_group)
+    return writer.last_commit or CommitInfo.from_manifest(store.manifest(writer._commit_id))
+
+
+def commit_async_collective(store: Any, state: object, message: str, branch: str,
+                            tags: Sequence[str], metadata: dict[str, object] | None,
+                            policy: Policy) -> PendingCommit:
+    """``Store.commit_async`` on every rank: DCP's ``async_save`` stages the local shards, then
+    a background thread commits them over a gloo group of the store's own, so the commit's
+    collectives never interleave with training's."""
+    import time
+
+    import torch.distributed.checkpoint as dcp
+
+    t0 = time.perf_counter()
+    store._committer.wait()
+    if getattr(store, "_async_group", None) is None:
+        store._async_group = dist.new_group(backend="gloo")
+    tree, leaves = flatten(state)
+    writer = StorageWriter(store, message, branch, tags, policy, _plain_metadata(
+        metadata or {}, state))
+    writer._tree, writer._order = tree, [leaf.path for leaf in leaves]
+    sd = _dcp_state(leaves)
+    fut = dcp.async_save(sd, storage_writer=writer, process_group=store._async_group)
+    nbytes = sum(leaf.value.nbytes if not isinstance(leaf.value, torch.Tensor) else
+                 leaf.value.numel() * leaf.value.element_size() for leaf in leaves)
+    pending = PendingCommit(time.perf_counter() - t0, nbytes)
+    future = getattr(fut, "upload_completion", fut)
+
+    def done(f: Any) -> None:
+        try:
+            f.result()
+            info = writer.last_commit or CommitInfo.from_manifest(
+                store.manifest(writer._commit_id))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller through wait()
+            pending._finish(None, e)
+        else:
+            pending._finish(info, None)
+
+    store._committer._inflight = pending
+    future.add_done_callback(done)
+    return pending
+
+
+def checkout_local(store: Any, m: Manifest, into: Any, paths: Sequence[str] | None) -> Any:
+    """Load commit ``m`` into live state holding DTensors, reading on this rank only the
+    chunks that overlap its shards: no collective, so one restarted rank recovers alone."""
+    import torch.distributed.checkpoint as dcp
+
+    from .state import load_into, select
+    _, leaves = flatten(into)
+    commit_paths = _tensor_paths(m.tree)
+    want = {leaf.path: leaf for leaf in leaves if leaf.path in commit_paths}
+    if paths:
+        selected = _tensor_paths(select(m.tree, list(paths)))
+        want = {p: leaf for p, leaf in want.items() if p in selected}
+    missing = [p for p in commit_paths if p not in want and not paths]
+    if missing:
+        raise DistributedError(f"the live state lacks {len(missing)} tensors of commit "
+                               f"{m.id[:10]} (e.g. {missing[0]!r}): load with paths= to restore "
+                               "part of it")
+    sd = _dcp_state(list(want.values()))
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(sd, storage_reader=StorageReader(store, m.id), no_dist=True)
+    tensors: list[Any] = [None] * len(m.tensors)
+    for path, i in commit_paths.items():
+        if path in sd:
+            tensors[i] = want[path].value if isinstance(want[path].value, torch.Tensor) else sd[path]
+    tree = select(m.tree, list(paths)) if paths else m.tree
+    state = unflatten(tree, tensors)
+    load_into(state, into)
+    return state

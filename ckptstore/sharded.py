@@ -104,7 +104,9 @@ def write_part(committer: Committer, commit_id: str, rank: int, tensors: list[Lo
         policy = policy.with_bits(policy.bitwidth.bits(committer.repo.restore_count()))
     tensors = _unshared(tensors)
     leaves = [Leaf(t.path, t.tensor) for t in tensors]
-    decide = committer.chains.decider(policy, branch, parent)
+    fqn_of = {t.path: t.fqn for t in tensors}
+    decide = committer.chains.decider(policy, branch, parent,
+                                      policy_path=lambda path: fqn_of.get(path, path))
     plan = plan_commit(leaves, committer.options, decide, array_prefix=f"r{rank}.")
     snap = snapshot(plan)
     name = pack_name(rank)

@@ -37,13 +37,16 @@ class Store:
     """A versioned checkpoint store (use :func:`ckptstore.open`)."""
 
     def __init__(self, storage: Storage, options: EncodingOptions | None = None,
-                 io_workers: int | None = None, policy: Policy | None = None):
+                 io_workers: int | None = None, policy: Policy | None = None,
+                 collective: bool = True):
         self.repo = Repository(storage, io_workers)
         self.storage = storage
         self.refs = self.repo.refs
         self.options = options or EncodingOptions()
         self.policy = policy or Policy()
         self._committer = Committer(self.repo, self.options)
+        self.collective = collective
+        self._async_group: object = None  # a gloo group for collective commit_async
 
     def __repr__(self) -> str:
         return f"<ckptstore.Store {self.storage.url!r}>"
@@ -84,7 +87,16 @@ class Store:
         moves nothing is visible; if another writer moved the branch meanwhile,
         :class:`ConcurrentUpdateError` is raised and the commit stays stored (unreferenced) until
         gc.
+
+        Under an initialised ``torch.distributed`` process group of more than one rank (and
+        ``collective=True``, the default of :func:`open`) this is a collective: every rank calls
+        it with its part of the state (DTensor shards, replicated tensors written once) and gets
+        the same commit back (:mod:`ckptstore.dcp`).
         """
+        if self._distributed():
+            from .dcp import commit_collective
+            return commit_collective(self, state, message, branch, tags, metadata,
+                                     policy or self.policy)
         return self._committer.commit(state, message, branch, tags, metadata,
                                       policy or self.policy, tracker)
 
@@ -101,6 +113,10 @@ class Store:
         state as an already-made snapshot (e.g. a dict of pinned CPU tensors nobody modifies
         until ``wait()`` returns) and copies nothing.
         """
+        if self._distributed():
+            from .dcp import commit_async_collective
+            return commit_async_collective(self, state, message, branch, tags, metadata,
+                                           policy or self.policy)
         return self._committer.commit_async(state, message, branch, tags, metadata,
                                             policy or self.policy, tracker, staged)
 
@@ -144,6 +160,14 @@ class Store:
             Training resumes from this state: counted for the restore budget of quantized commits.
         """
         m = self.manifest(self.resolve(ref))
+        if into is not None and _has_dtensor(into):
+            from .dcp import checkout_local  # each rank reads only the chunks of its shards
+            self._committer.wait()
+            self._committer.chains.forget()
+            state = checkout_local(self, m, into, paths)
+            if for_resume:
+                self.record_restore(m.id)
+            return state
         tree = select(m.tree, list(paths)) if paths else m.tree
         wanted = [n["tensor"] for n in tree_paths(tree).values() if "tensor" in n]
         if any(not isinstance(i, int) or not 0 <= i < len(m.tensors) for i in wanted):
@@ -158,6 +182,12 @@ class Store:
         if for_resume:
             self.record_restore(m.id)
         return state
+
+    def _distributed(self) -> bool:
+        if not self.collective:
+            return False
+        import torch.distributed as dist
+        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
     # -- history and refs ------------------------------------------------------------------
     def manifest(self, commit_id: str) -> Manifest:
@@ -257,9 +287,24 @@ class Store:
         return iter_tensors(self.repo, ref, paths, batch_bytes)
 
 
+def _has_dtensor(into: Any) -> bool:
+    """True if the live state holds DTensors (a sharded model: load by shard)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    from .state import flatten
+    if isinstance(into, torch.Tensor):
+        return isinstance(into, DTensor)
+    try:
+        _, leaves = flatten(into)
+    except Exception:  # noqa: BLE001 - not flattenable: the usual path reports it
+        return False
+    return any(isinstance(leaf.value, DTensor) for leaf in leaves)
+
+
 def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions | None = None,
          policy: Policy | None = None, io_workers: int | None = None, durable: bool = False,
-         **storage_options: Any) -> Store:
+         collective: bool = True, **storage_options: Any) -> Store:
     """Open the store at ``url`` (a local path or any fsspec URL), creating it unless
     ``create=False``. ``durable=True`` fsyncs every chunk file of a local store before the
     manifest is written (survives power loss, at a cost in write throughput). ``io_workers`` bounds the threads that encode and write chunks (default:
@@ -267,6 +312,9 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
 
     Raises :class:`NotAStoreError` if the location exists but holds something else, or is absent
     and ``create=False``; :class:`FormatVersionError` if a newer ckptstore wrote it.
+
+    ``collective=False`` keeps ``commit`` a single-process call under ``torch.distributed``
+    (e.g. when only rank 0 commits).
     """
     storage = open_storage(url, durable=durable, **storage_options)
     try:
@@ -275,11 +323,12 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
         if not create:
             raise NotAStoreError(f"no ckptstore at {url!s}: check the location (a store is "
                                  "created by ckptstore.open(url) without create=False)") from None
-        leftovers = [n for n in storage.listdir("") if not n.startswith(".")]
+        # the marker itself may appear meanwhile: ranks of a job open a new store together
+        leftovers = [n for n in storage.listdir("") if not n.startswith(".") and n != MARKER]
         if leftovers:
             raise NotAStoreError(
                 f"{url!s} is not empty ({', '.join(leftovers[:5])}) and holds no ckptstore; "
                 "choose an empty location") from None
         storage.put_if_absent(MARKER, encode_marker())
         decode_marker(storage.read(MARKER), storage.path(MARKER))
-    return Store(storage, options, io_workers=io_workers, policy=policy)
+    return Store(storage, options, io_workers=io_workers, policy=policy, collective=collective)

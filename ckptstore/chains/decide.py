@@ -60,7 +60,7 @@ def commit_rebases(policy: Policy, tip: Manifest | None) -> bool:
     """
     if tip is None or policy.incremental not in ("one-shot", "intermittent"):
         return False
-    inc = [e for e in tip.tensors if e.kind == Kind.INCREMENTAL]
+    inc = [e for e in (*tip.tensors, *tip.shards) if e.kind == Kind.INCREMENTAL]
     if not inc:
         return False
     lengths = {len(e.fractions or []) for e in inc}

@@ -8,6 +8,7 @@ that reference (after a restart) writes a full baseline instead of guessing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,13 +68,18 @@ class ChainMemory:
                 other.unsaved[touched] = True
 
     def decider(self, policy: Policy, branch: str, tip: Manifest | None,
-                tracker: RowTracker | None = None) -> Decide:
-        """The planner's ``decide``: the policy's wish, then a chain entry where a base exists."""
-        prev_by_path = {e.path: e for e in tip.tensors} if tip is not None else {}
+                tracker: RowTracker | None = None,
+                policy_path: Callable[[str], str] | None = None) -> Decide:
+        """The planner's ``decide``: the policy's wish, then a chain entry where a base exists.
+
+        ``policy_path`` maps an entry's path to the one the policy's patterns see (a shard's
+        entry ``emb@1024,0`` is ``emb`` to the policy)."""
+        prev_by_path = ({e.path: e for e in (*tip.tensors, *tip.shards)} if tip is not None
+                        else {})
         rebase = commit_rebases(policy, tip)
 
         def decide(path: str, tensor: torch.Tensor, grid: ChunkGrid) -> TensorDecision:
-            d = policy.decide(path, tensor)
+            d = policy.decide(policy_path(path) if policy_path else path, tensor)
             dtype = dtype_name(tensor.dtype)
             codec = QuantizedLossy(d.quant.codec_kwargs(dtype), d.quant.entropy) \
                 if d.quant is not None else None

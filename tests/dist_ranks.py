@@ -1,0 +1,209 @@
+"""Run a function on N gloo ranks (spawned processes) and the rank functions the tests use.
+
+Each rank writes its outcome to ``<out>/rank<r>.txt`` ("ok" or a traceback) so that a test sees
+every rank's failure, and a rank that dies (on purpose, in the kill tests) is told apart from
+one that raised.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import os
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# -- the launcher --------------------------------------------------------------------------------
+
+
+def _entry(fn: Callable[..., None], rank: int, world: int, out: str, args: tuple) -> None:
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{out}/pg", rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=60))
+        fn(rank, world, *args)
+        Path(out, f"rank{rank}.txt").write_text("ok")
+    except BaseException:  # noqa: BLE001 - reported to the test through the file
+        Path(out, f"rank{rank}.txt").write_text(traceback.format_exc())
+        raise SystemExit(1)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable[..., None], world: int, out: Path, *args: Any,
+              timeout: float = 240) -> list[str]:
+    """Run ``fn(rank, world, *args)`` on ``world`` spawned gloo ranks; return each rank's
+    outcome ("ok", a traceback, or "exit <code>" for a rank that died without a word)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for f in out.glob("rank*.txt"):
+        f.unlink()
+    pg = out / "pg"
+    if pg.exists():
+        pg.unlink()
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_entry, args=(fn, r, world, str(out), args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    results = []
+    for r, p in enumerate(procs):
+        f = out / f"rank{r}.txt"
+        results.append(f.read_text() if f.exists() else f"exit {p.exitcode}")
+    return results
+
+
+def check_ranks(results: list[str]) -> None:
+    bad = [f"rank {r}:\n{t}" for r, t in enumerate(results) if t != "ok"]
+    assert not bad, "\n".join(bad)
+
+
+# -- the state the tests shard -------------------------------------------------------------------
+def tables() -> dict[str, torch.Tensor]:
+    """Full tensors of a small recommendation model (same on every rank)."""
+    g = torch.Generator().manual_seed(0)
+    return {"emb.user": torch.randn(1030, 16, generator=g),   # rows not divisible by 4
+            "emb.item": torch.randn(64, 24, generator=g),     # sharded by columns
+            "mlp.weight": torch.randn(16, 8, generator=g),    # replicated
+            "mlp.bias": torch.randn(8, generator=g)}
+
+
+def sharded_state(world: int, full: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    full = full if full is not None else tables()
+    mesh = init_device_mesh("cpu", (world,))
+    return {"emb": {"user": distribute_tensor(full["emb.user"], mesh, [Shard(0)]),
+                    "item": distribute_tensor(full["emb.item"], mesh, [Shard(1)])},
+            "mlp": {"weight": distribute_tensor(full["mlp.weight"], mesh, [Replicate()]),
+                    "bias": full["mlp.bias"].clone()},
+            "step": 7, "param_groups": [{"lr": 0.1, "params": [0, 1]}]}
+
+
+def zero_state(world: int) -> dict[str, Any]:
+    return sharded_state(world, {k: torch.zeros_like(v) for k, v in tables().items()})
+
+
+def assert_full(sd: dict[str, Any]) -> None:
+    """``sd`` (as loaded) holds exactly :func:`tables`."""
+    from torch.distributed.tensor import DTensor
+    full = tables()
+    got = {"emb.user": sd["emb"]["user"], "emb.item": sd["emb"]["item"],
+           "mlp.weight": sd["mlp"]["weight"], "mlp.bias": sd["mlp"]["bias"]}
+    for k, v in got.items():
+        v = v.full_tensor() if isinstance(v, DTensor) else v
+        assert torch.equal(v, full[k]), k
+    assert sd["step"] == 7 and sd["param_groups"] == [{"lr": 0.1, "params": [0, 1]}]
+
+
+# -- rank functions ------------------------------------------------------------------------------
+def save_tables(rank: int, world: int, url: str, opts: dict, tag: str) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    import ckptstore
+    from ckptstore.dcp import StorageWriter
+    with ckptstore.open(url, **opts) as store:
+        writer = StorageWriter(store, message=f"saved on {world}", tags=[tag])
+        dcp.save(sharded_state(world), storage_writer=writer)
+        if rank == 0:
+            assert writer.last_commit is not None and store.resolve(tag) == writer.last_commit.id
+
+
+def load_tables(rank: int, world: int, url: str, opts: dict, tag: str) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    import ckptstore
+    from ckptstore.dcp import StorageReader
+    with ckptstore.open(url, create=False, **opts) as store:
+        sd = zero_state(world)
+        sd["step"], sd["param_groups"] = 0, None
+        dcp.load(sd, storage_reader=StorageReader(store, tag))
+        assert_full(sd)
+
+
+def die_while_writing(rank: int, world: int, url: str, opts: dict) -> None:
+    """Rank 1 dies in the middle of writing its chunks; rank 0 must see the save fail."""
+    import torch.distributed.checkpoint as dcp
+
+    import ckptstore
+    import ckptstore.sharded as sharded
+    from ckptstore.dcp import StorageWriter
+    real = sharded.persist
+
+    def dying_persist(*a: Any, **k: Any) -> Any:
+        out = real(*a, **k)  # its chunks are written; the rank dies before reporting them
+        os._exit(3)
+        return out
+
+    if rank == 1:
+        sharded.persist = dying_persist
+    with ckptstore.open(url, **opts) as store:
+        before = store.resolve("main")
+        try:
+            dcp.save(sharded_state(world), storage_writer=StorageWriter(store, message="doomed"))
+        except Exception as e:  # noqa: BLE001 - what a surviving rank sees
+            assert store.resolve("main") == before, "the ref moved after a failed commit"
+            Path(url, "..", "survivor.txt").resolve().write_text(type(e).__name__)
+            return
+        raise AssertionError("the save succeeded although a rank died")
+
+
+def fsdp_commit_checkout(rank: int, world: int, url: str, opts: dict) -> None:
+    """FSDP2 model + optimizer: collective Store.commit, local checkout into live DTensors,
+    commit_async, and a single-process full checkout on rank 0."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import ckptstore
+
+    def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(1)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(),
+                                    torch.nn.Linear(32, 5))
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in (model[0], model[2]):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+    model, opt = build()
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
+    model(x).sum().backward()
+    opt.step()
+    with ckptstore.open(url, **opts) as store:
+        info = store.commit({"model": model, "optim": opt, "step": 1}, message="fsdp")
+        ids = [None] * world
+        dist.all_gather_object(ids, info.id)
+        assert len(set(ids)) == 1, ids
+        full = {k: v.full_tensor() for k, v in model.state_dict().items()}
+        if rank == 0:  # one process, no collective: full tensors of the sharded commit
+            got = store.checkout(info.id)
+            for k, v in full.items():
+                assert torch.equal(got["model"][k], v), k
+        local = {k: v.to_local().clone() for k, v in model.state_dict().items()}
+        moments = {k: v["exp_avg"].to_local().clone() for k, v in opt.state_dict()["state"].items()}
+        model2, opt2 = build()
+        model2(x).sum().backward()
+        opt2.step()
+        opt2.step()  # different optimizer state
+        state = store.checkout(info.id, into={"model": model2, "optim": opt2})
+        assert state["step"] == 1
+        for k, v in model2.state_dict().items():
+            assert torch.equal(v.to_local(), local[k]), k
+        for k, v in opt2.state_dict()["state"].items():
+            assert torch.equal(v["exp_avg"].to_local(), moments[k]), k
+        opt2.step()
+        pending = store.commit_async({"model": model2, "optim": opt2, "step": 2})
+        info2 = pending.wait(120)
+        assert info2.parent == info.id and store.resolve("main") == info2.id
