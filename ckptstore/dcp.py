@@ -19,10 +19,11 @@ made itself from those plain values, after ``torch.load(weights_only=True)`` acc
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,7 +39,7 @@ from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPl
 
 from .arrays import host_to_tensor, torch_dtype
 from .committer import _plain_metadata
-from .errors import DistributedError, ManifestError, RefExists, UnsupportedLeafError
+from .errors import CkptStoreError, DistributedError, ManifestError, RefExists, UnsupportedLeafError
 from .ids import new_commit_id
 from .pending import PendingCommit
 from .info import CommitInfo
@@ -191,7 +192,8 @@ def _plain_tree(planner: SavePlanner, index: MetadataIndex) -> Tree:
         raise DistributedError(
             f"the save planner {type(planner).__name__} cannot hand over the value at "
             f"{index.fqn!r} unpickled (it has no lookup_object); use DefaultSavePlanner")
-    tree, leaves = flatten(lookup(index))
+    tree, leaves = flatten({index.fqn: lookup(index)})
+    tree = tree["dict"][0][1]
     if leaves:
         raise UnsupportedLeafError(f"the value at {index.fqn!r} holds tensors inside a "
                                    "non-tensor container; make them entries of the state dict")
@@ -420,6 +422,24 @@ def _safe_bytes(values: dict[str, Tree], fqn: str) -> io.BytesIO:
 
 
 # -- the Store verbs under a process group ---------------------------------------------------
+@contextlib.contextmanager
+def _unwrapped() -> Iterator[None]:
+    """DCP reports failures as a ``CheckpointException`` (a BaseException, not an Exception):
+    the Store verbs raise the first rank's ckptstore error itself, else a
+    :class:`DistributedError` naming the failed ranks."""
+    from torch.distributed.checkpoint.api import CheckpointException
+    try:
+        yield
+    except CheckpointException as e:
+        errors = {r: f[0] if isinstance(f, tuple) else f for r, f in e.failures.items()}
+        ours = next((x for x in errors.values() if isinstance(x, CkptStoreError)), None)
+        if ours is not None:
+            raise ours from e
+        first = next(iter(errors.values()), None)
+        raise DistributedError(f"the commit failed on rank(s) {sorted(errors)}: "
+                               f"{type(first).__name__}: {first}") from e
+
+
 def _dcp_state(leaves: list[Any]) -> dict[str, Any]:
     """``{path: tensor}`` for DCP (numpy leaves as tensors over the same memory)."""
     return {leaf.path: leaf.value if isinstance(leaf.value, torch.Tensor)
@@ -437,7 +457,8 @@ def commit_collective(store: Any, state: object, message: str, branch: str,
     writer = StorageWriter(store, message, branch, tags, policy, _plain_metadata(
         metadata or {}, state))
     writer._tree, writer._order = tree, [leaf.path for leaf in leaves]
-    dcp.save(_dcp_state(leaves), storage_writer=writer, process_group=process_group)
+    with _unwrapped():
+        dcp.save(_dcp_state(leaves), storage_writer=writer, process_group=process_group)
     return writer.last_commit or CommitInfo.from_manifest(store.manifest(writer._commit_id))
 
 
@@ -501,7 +522,8 @@ def checkout_local(store: Any, m: Manifest, into: Any, paths: Sequence[str] | No
     sd = _dcp_state(list(want.values()))
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.load(sd, storage_reader=StorageReader(store, m.id), no_dist=True)
+        with _unwrapped():
+            dcp.load(sd, storage_reader=StorageReader(store, m.id), no_dist=True)
     tensors: list[Any] = [None] * len(m.tensors)
     for path, i in commit_paths.items():
         if path in sd:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from typing import Any
 from dataclasses import dataclass
 
 import torch
@@ -33,8 +34,8 @@ from .records import plan_entries, plan_packed_info
 from .state import Leaf, Tree
 from .writer import persist, snapshot
 
-__all__ = ["LocalTensor", "PartEntry", "assemble_manifest", "pack_name", "shard_path",
-           "write_part"]
+__all__ = ["LocalTensor", "PartEntry", "assemble_manifest", "commit_shards", "pack_name",
+           "shard_path", "write_part"]
 
 
 def shard_path(fqn: str, offsets: Sequence[int]) -> str:
@@ -173,3 +174,30 @@ def assemble_manifest(commit_id: str, parent: Manifest | None, message: str,
                     shards=shards, packs=sorted(packs, key=lambda p: p.array),
                     logical_bytes=logical, stored_bytes=stored, library=__version__)
 
+
+
+def commit_shards(store: Any, ranks: Sequence[Sequence[LocalTensor]], message: str = "",
+                  branch: str = "main", policy: Policy | None = None) -> Manifest:
+    """Write a sharded commit from one process, ``ranks[r]`` being what rank ``r`` holds.
+
+    The steps of a distributed commit without the collectives (import of a sharded checkpoint,
+    simulations of many ranks, tests); the ref moves last, as in :mod:`ckptstore.dcp`.
+    """
+    from .ids import new_commit_id
+
+    repo = store.repo
+    tip = repo.refs.tip(branch)
+    parent = repo.manifest(tip[1]) if tip else None
+    commit_id = new_commit_id()
+    parts = [p for r, local in enumerate(ranks)
+             for p in write_part(store._committer, commit_id, r, list(local),
+                                 policy or store.policy, branch, parent)]
+    shapes: dict[str, list[int]] = {}
+    for local in ranks:
+        for t in local:
+            shapes.setdefault(t.fqn, list(t.global_shape))
+    tree = {"dict": [[fqn, {"tensor": i}] for i, fqn in enumerate(shapes)]}
+    m = assemble_manifest(commit_id, parent, message, {}, tree, shapes, parts)
+    repo.write_manifest(m)
+    repo.refs.advance(branch, tip, commit_id)
+    return m

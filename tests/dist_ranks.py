@@ -207,3 +207,37 @@ def fsdp_commit_checkout(rank: int, world: int, url: str, opts: dict) -> None:
         pending = store.commit_async({"model": model2, "optim": opt2, "step": 2})
         info2 = pending.wait(120)
         assert info2.parent == info.id and store.resolve("main") == info2.id
+
+
+def policy_commits(rank: int, world: int, url: str, opts: dict) -> None:
+    """Per-rank policies through the collective Store.commit: one-shot increments of each
+    rank's shard (exact), then an 8-bit commit."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import ckptstore
+    from ckptstore.policy import Policy, QuantSpec
+    mesh = init_device_mesh("cpu", (world,))
+    full = torch.randn(4096, 16, generator=torch.Generator().manual_seed(5))
+    policy = Policy(incremental="one-shot", min_rows=256)
+    with ckptstore.open(url, **opts) as store:
+        ids = []
+        for step in range(3):
+            full[step * 1500: step * 1500 + 3] += 1.0  # rows on different ranks each time
+            emb = distribute_tensor(full, mesh, [Shard(0)])
+            ids.append(store.commit({"emb": emb, "step": step}, policy=policy).id)
+        m = store.manifest(ids[-1])
+        assert [s.kind for s in m.shards] == ["incremental"] * world, m.shards
+        assert {s.base_commit for s in m.shards} == {ids[0]}
+        if rank == 0:
+            assert torch.equal(store.checkout(ids[-1])["emb"], full)
+        back = distribute_tensor(torch.zeros_like(full), mesh, [Shard(0)])
+        store.checkout(ids[-1], into={"emb": back})
+        assert torch.equal(back.to_local(), emb.to_local())
+        q = store.commit({"emb": emb, "step": 9},
+                         policy=Policy(quantize=QuantSpec(bits=8), min_quant_bytes=1024))
+        m = store.manifest(q.id)
+        assert all(s.codec["id"] != "blosc" for s in m.shards), [s.codec for s in m.shards]
+        if rank == 0:
+            err = (store.checkout(q.id)["emb"] - full).abs().max().item()
+            assert 0 < err < 0.05, err
