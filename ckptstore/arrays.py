@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 
@@ -30,6 +30,7 @@ __all__ = [
     "host_to_tensor",
     "read_array",
     "start_read_array",
+    "start_read_region",
     "storage_dtype",
     "tensor_to_host",
     "torch_dtype",
@@ -268,3 +269,33 @@ def start_read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: n
         futures = [executor.submit(get_chunk, key, lo, hi) for _, key, lo, hi in grid
                    if hi > lo_want and lo < hi_want or not grid.shape]
     return out, futures
+
+
+def start_read_region(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: np.dtype,
+                      codec: ChunkCodec, executor: Executor, offsets: Sequence[int],
+                      lengths: Sequence[int],
+                      put: Callable[[int, np.ndarray], None]) -> list[Future]:
+    """Queue the reads of the block ``[offsets, offsets + lengths)`` of an array, chunk by chunk:
+    each chunk that holds some of its rows is read, checked and decoded, and
+    ``put(row, part)`` receives its share (``row`` counted from ``offsets[0]``; ``part`` sliced
+    in the other dimensions, a view) -- no array of the whole block is ever built."""
+    if not grid.shape:
+        raise ValueError("a 0-d array has no region to read")
+    lo_want, hi_want = offsets[0], offsets[0] + lengths[0]
+    rest = tuple(slice(o, o + n) for o, n in zip(offsets[1:], lengths[1:]))
+
+    def get_chunk(key: str, lo: int, hi: int) -> None:
+        where = chunk_key(prefix, key)
+        try:
+            data = storage.read(where)
+        except FileNotFoundError:
+            raise CorruptedChunkError(f"chunk {where} is missing from the store", where) from None
+        tmp = np.empty(grid.chunks, dtype=np_dtype)
+        codec.decode(data, tmp, where)
+        a, b = max(lo, lo_want), min(hi, hi_want)
+        put(a - lo_want, tmp[(slice(a - lo, b - lo), *rest)])
+
+    if not lengths[0] or any(n == 0 for n in lengths):
+        return []
+    return [executor.submit(get_chunk, key, lo, hi) for _, key, lo, hi in grid
+            if hi > lo_want and lo < hi_want]

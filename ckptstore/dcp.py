@@ -37,7 +37,9 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
 from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPlanner, SavePlan,
                                                   SavePlanner, WriteItemType)
 
-from .arrays import host_to_tensor, torch_dtype
+from .arrays import host_to_tensor, start_read_region, torch_dtype
+from .chains.walk import entry_array
+from .chunkcodec import codec_from_config
 from .committer import _plain_metadata
 from .errors import CkptStoreError, DistributedError, ManifestError, RefExists, UnsupportedLeafError
 from .ids import new_commit_id
@@ -305,9 +307,14 @@ class StorageReader(dcp_storage.StorageReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future:
+        """Copy every requested block into DCP's targets: blocks of ``array`` entries chunk by
+        chunk straight into place, all requests' chunks queued at once; other layouts are
+        rebuilt whole once per load and sliced."""
         m = self.manifest
         reader = Reader(self.store.repo)
         whole: dict[int, torch.Tensor] = {}
+        futures: list[Any] = []
+        direct: list[tuple[Any, torch.Tensor]] = []
         for req in plan.items:
             if req.type == LoadItemType.BYTE_IO:
                 planner.load_bytes(req, _safe_bytes(self._values, req.storage_index.fqn))
@@ -315,13 +322,23 @@ class StorageReader(dcp_storage.StorageReader):
             loc = self._storage.get(req.storage_index)
             if not isinstance(loc, _Located):
                 raise ManifestError(f"commit {m.id} has no chunk {req.storage_index}")
-            e = m.tensors[loc.tensor]
-            block = _read_block(reader, m, e, loc, req.storage_offsets, req.lengths, whole)
+            src = _source(m, m.tensors[loc.tensor], loc)
             target = planner.resolve_tensor(req).detach()
-            if tuple(target.shape) != tuple(block.shape):
+            if tuple(target.shape) != tuple(req.lengths):
                 raise DistributedError(f"{req.storage_index.fqn!r}: a block of shape "
-                                       f"{tuple(block.shape)} for a target of {tuple(target.shape)}")
+                                       f"{tuple(req.lengths)} for a target of "
+                                       f"{tuple(target.shape)}")
+            if src.layout == Layout.ARRAY and src.shape:
+                futures += _queue_block(reader, src, req.storage_offsets, req.lengths, target)
+                direct.append((req, target))
+                continue
+            block = _read_block(reader, m, src, loc.tensor, req.storage_offsets, req.lengths,
+                                whole)
             target.copy_(block)
+            planner.commit_tensor(req, target)
+        for f in futures:
+            f.result()
+        for req, target in direct:
             planner.commit_tensor(req, target)
         fut: torch.futures.Future = torch.futures.Future()
         fut.set_result(None)
@@ -344,26 +361,42 @@ def _blocks(m: Manifest, e: TensorEntry) -> list[tuple[list[int], list[int]]]:
     return [(p.offsets, m.shards[p.entry].shape) for p in e.pieces]
 
 
-def _read_block(reader: Reader, m: Manifest, e: TensorEntry, loc: _Located,
+def _source(m: Manifest, e: TensorEntry, loc: _Located) -> TensorEntry:
+    """The entry that holds a located chunk: the tensor's, or its piece's shard entry."""
+    if loc.piece is None:
+        return e
+    if not e.pieces or not 0 <= loc.piece < len(e.pieces):
+        raise ManifestError(f"commit {m.id}: {e.path!r} has no piece {loc.piece}")
+    return m.shards[e.pieces[loc.piece].entry]
+
+
+def _queue_block(reader: Reader, src: TensorEntry, offsets: Sequence[int],
+                 lengths: Sequence[int], target: torch.Tensor) -> list[Any]:
+    """Queue the chunk reads of a block of an ``array`` entry, each copied into ``target``."""
+    if any(o < 0 or o + n > s for o, n, s in zip(offsets, lengths, src.shape)) or len(
+            offsets) != len(src.shape):
+        raise ManifestError(f"a read of {src.path!r} reaches outside its shape {src.shape}")
+    a = entry_array(src)
+
+    def put(row: int, part: np.ndarray) -> None:
+        target[row: row + part.shape[0]].copy_(host_to_tensor(part, src.dtype))
+
+    return start_read_region(reader.repo.storage, a.prefix, a.grid, a.dtype,
+                             codec_from_config(a.codec), reader.repo.executor, offsets, lengths,
+                             put)
+
+
+def _read_block(reader: Reader, m: Manifest, src: TensorEntry, tensor: int,
                 offsets: Sequence[int], lengths: Sequence[int], whole: dict[int, torch.Tensor]
                 ) -> torch.Tensor:
-    """The requested block of a stored chunk, reading only the chunks it overlaps where the
-    entry's layout allows (arrays); other layouts are rebuilt whole once per load."""
-    if loc.piece is not None:
-        if not 0 <= loc.piece < len(e.pieces):
-            raise ManifestError(f"commit {m.id}: {e.path!r} has no piece {loc.piece}")
-        src = m.shards[e.pieces[loc.piece].entry]
-    else:
-        src = e
-    if src.layout == Layout.ARRAY:
-        host = reader.region(src, list(offsets), list(lengths))
-        return host_to_tensor(np.ascontiguousarray(host), src.dtype)
+    """The requested block of an entry that is not an array of its own: packed, chains,
+    aliases and views, rebuilt whole once per load and sliced (0-d arrays too)."""
     key = id(src)
-    if key not in whole:  # packed, chains, aliases, views: rebuilt whole once per load
-        if src.layout in (Layout.PACKED, Layout.CHAIN):
+    if key not in whole:
+        if src.layout in (Layout.ARRAY, Layout.PACKED, Layout.CHAIN):
             whole[key] = host_to_tensor(reader.host(src), src.dtype)
         else:
-            whole[key] = torch.as_tensor(reader.read_tensors(m, [loc.tensor])[loc.tensor])
+            whole[key] = torch.as_tensor(reader.read_tensors(m, [tensor])[tensor])
     t = whole[key]
     for d, (o, n) in enumerate(zip(offsets, lengths)):
         t = t.narrow(d, o, n)

@@ -1,0 +1,198 @@
+"""Sharded checkpoints on gloo ranks: ckptstore's DCP storage against DCP's FileSystemWriter.
+
+Usage::
+
+    .venv/bin/python benchmarks/sharded.py                      # 2 and 4 ranks, 3 repeats
+    .venv/bin/python benchmarks/sharded.py --ranks 2 --rows 50000 --repeat 1   # smoke run
+
+What is measured
+----------------
+* The state: four embedding tables of ``--rows`` x 64 float32 (DTensor ``Shard(0)`` over the
+  ranks) and a replicated MLP (4 x 512 x 512 + biases): 4 x 200 000 x 64 x 4 B = 205 MB of
+  tables + 4.2 MB of MLP by default. Every rank holds its rows of every table and a copy of the
+  MLP; both tools write the MLP once (DCP's planner dedups replicated tensors).
+* Commit: ``dcp.save(state, storage_writer=...)`` on every rank, timed on rank 0 from a barrier
+  before to a barrier after. DCP's writer is ``FileSystemWriter(path, sync_files=False)``
+  (ckptstore's local store does not fsync either unless ``durable=True``); ckptstore's is
+  ``ckptstore.dcp.StorageWriter(store)`` with the default lossless encoding (blosc lz4 +
+  bit-shuffle + crc32c per chunk), each save a new commit on ``main``.
+* Resharded load: the same ranks load into tables sharded by columns (``Shard(1)``) instead of
+  rows, so every rank reads a slice of every stored shard. Timed the same way.
+* Stored bytes: the size of the checkpoint folder / of the commit's data.
+* Intervals: 4 more saves after touching 5 % of the rows of every table each time; DCP writes
+  every interval in full, ckptstore with ``Policy(incremental="intermittent",
+  quantize=QuantSpec(bits=4))`` writes the changed rows of each shard, 4-bit.
+* ckptstore twice: the default encoding, and ``EncodingOptions(compression="none")`` (raw bits
+  + crc32c per chunk, as DCP's raw bits).
+* Tools alternate round by round; medians of ``--repeat`` rounds are printed, with ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def _du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _state(world: int, rows: int, placement: str, zeros: bool = False,
+           bump: int = 0) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(0)
+    place = [Shard(0)] if placement == "rows" else [Shard(1)]
+    sd: dict = {}
+    for t in range(4):
+        full = torch.zeros(rows, 64) if zeros else torch.randn(rows, 64, generator=g)
+        if bump and not zeros:  # 5 % of the rows touched per interval
+            touched = torch.randperm(rows, generator=torch.Generator().manual_seed(bump * 10 + t))
+            full[touched[: rows // 20]] += 0.01 * bump
+        sd[f"emb{t}"] = distribute_tensor(full, mesh, place)
+    for layer in range(4):
+        w = torch.zeros(512, 512) if zeros else torch.randn(512, 512, generator=g)
+        sd[f"mlp{layer}.weight"] = distribute_tensor(w, mesh, [Replicate()])
+        sd[f"mlp{layer}.bias"] = torch.zeros(512)
+    return sd
+
+
+def _rank(rank: int, world: int, args: argparse.Namespace, root: str) -> None:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    import ckptstore
+    from ckptstore.dcp import StorageReader, StorageWriter
+    from ckptstore.plan import EncodingOptions
+    from ckptstore.policy import Policy, QuantSpec
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{root}/pg", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=600))
+    tools = ("dcp", "ckptstore", "ckptstore-raw")
+    out: dict = {"commit": {t: [] for t in tools}, "load": {t: [] for t in tools}}
+
+    def timed(fn) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        dist.barrier()
+        return time.perf_counter() - t0
+
+    state = _state(world, args.rows, "rows")
+    workers = {"io_workers": args.io_workers} if args.io_workers else {}
+    store = ckptstore.open(f"{root}/store", **workers)
+    raw = ckptstore.open(f"{root}/raw", options=EncodingOptions(compression="none"), **workers)
+    for r in range(args.repeat):
+        path = f"{root}/dcp{r}"
+        out["commit"]["dcp"].append(timed(lambda: dcp.save(
+            state, storage_writer=dcp.FileSystemWriter(path, sync_files=False))))
+        out["commit"]["ckptstore"].append(timed(lambda: dcp.save(
+            state, storage_writer=StorageWriter(store, message=f"round {r}"))))
+        out["commit"]["ckptstore-raw"].append(timed(lambda: dcp.save(
+            state, storage_writer=StorageWriter(raw, message=f"round {r}"))))
+        target = _state(world, args.rows, "cols", zeros=True)
+        out["load"]["dcp"].append(timed(lambda: dcp.load(
+            target, storage_reader=dcp.FileSystemReader(path))))
+        check = _state(world, args.rows, "cols", zeros=True)
+        out["load"]["ckptstore"].append(timed(lambda: dcp.load(
+            check, storage_reader=StorageReader(store, "main"))))
+        check_raw = _state(world, args.rows, "cols", zeros=True)
+        out["load"]["ckptstore-raw"].append(timed(lambda: dcp.load(
+            check_raw, storage_reader=StorageReader(raw, "main"))))
+        if r == 0:
+            for k in state:
+                a = target[k].full_tensor() if hasattr(target[k], "full_tensor") else target[k]
+                b = check[k].full_tensor() if hasattr(check[k], "full_tensor") else check[k]
+                c = check_raw[k]
+                c = c.full_tensor() if hasattr(c, "full_tensor") else c
+                assert torch.equal(a, b) and torch.equal(a, c), k
+    if rank == 0:
+        out["bytes"] = {"dcp": _du(Path(f"{root}/dcp0")),
+                        "ckptstore": store.manifest(store.resolve("main")).stored_bytes,
+                        "ckptstore-raw": raw.manifest(raw.resolve("main")).stored_bytes}
+    # intervals: full DCP saves against incremental 4-bit commits
+    policy = Policy(incremental="intermittent", quantize=QuantSpec(bits=4))
+    inc = ckptstore.open(f"{root}/inc")
+    out["intervals"] = {"dcp": [], "ckptstore": []}
+    for i in range(5):
+        sd = _state(world, args.rows, "rows", bump=i)
+        path = f"{root}/int{i}"
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(path, sync_files=False))
+        w = StorageWriter(inc, message=f"interval {i}", policy=policy)
+        dcp.save(sd, storage_writer=w)
+        dist.barrier()
+        if rank == 0:
+            out["intervals"]["dcp"].append(_du(Path(path)))
+            out["intervals"]["ckptstore"].append(w.last_commit.stored_bytes)
+    store.close()
+    raw.close()
+    inc.close()
+    if rank == 0:
+        Path(root, "result.json").write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
+def run(world: int, args: argparse.Namespace) -> dict:
+    root = tempfile.mkdtemp(prefix="ckpt-sharded-", dir=args.dir)
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        procs = [ctx.Process(target=_rank, args=(r, world, args, root)) for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        if any(p.exitcode for p in procs):
+            raise SystemExit(f"a rank failed: exit codes {[p.exitcode for p in procs]}")
+        return json.loads(Path(root, "result.json").read_text())
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--io-workers", type=int, default=None,
+                    help="ckptstore's I/O threads per rank (default: the store's choice)")
+    ap.add_argument("--dir", default=None, help="where the checkpoints go (default /tmp)")
+    args = ap.parse_args()
+    print(f"command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
+    print(f"tables: 4 x {args.rows} x 64 float32 = {4 * args.rows * 64 * 4 / 1e6:.0f} MB, "
+          f"MLP 4.2 MB replicated; {os.cpu_count()} CPUs\n")
+    print("| ranks | tool | commit s | commit vs DCP | resharded load s | load vs DCP | "
+          "stored MB | stored vs DCP |")
+    print("|---|---|---|---|---|---|---|---|")
+    intervals = {}
+    for world in args.ranks:
+        r = run(world, args)
+        med = {k: {t: statistics.median(v) for t, v in r[k].items()} for k in ("commit", "load")}
+        b = r["bytes"]
+        for tool in ("dcp", "ckptstore", "ckptstore-raw"):
+            c, lo = med["commit"][tool], med["load"][tool]
+            print(f"| {world} | {tool} | {c:.3f} | {med['commit']['dcp'] / c:.2f}x | {lo:.3f} | "
+                  f"{med['load']['dcp'] / lo:.2f}x | {b[tool] / 1e6:.1f} | "
+                  f"{b['dcp'] / b[tool]:.2f}x |")
+        intervals[world] = r["intervals"]
+    print("\nbytes per interval (interval 0 is the baseline; then 5 % of rows touched each)")
+    print("| ranks | interval | DCP MB | ckptstore incremental 4-bit MB | ratio |")
+    print("|---|---|---|---|---|")
+    for world, iv in intervals.items():
+        for i, (d, c) in enumerate(zip(iv["dcp"], iv["ckptstore"])):
+            print(f"| {world} | {i} | {d / 1e6:.1f} | {c / 1e6:.2f} | {d / c:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()
