@@ -25,12 +25,17 @@ demo: $(STAMP)
 
 # every table of docs/benchmarks.md (about 20 minutes on 2 cores)
 bench: $(STAMP)
+	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/store_io.py --repeat 9
 	$(PY) benchmarks/codecs.py
 	$(PY) benchmarks/async_writer.py
 	$(PY) benchmarks/dlrm.py
 	$(PY) benchmarks/dense_digits.py
 	$(PY) benchmarks/transfer_minilm.py
+	$(PY) benchmarks/sharded.py
+	$(PY) benchmarks/scale_sim.py
+	$(PY) benchmarks/hot_rows.py
+	$(PY) benchmarks/cpr.py --plot docs/cpr_overhead.png
 
 # the library of the working tree against an earlier revision, side by side (about 10 minutes)
 BASE ?= HEAD~1

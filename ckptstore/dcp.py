@@ -141,9 +141,8 @@ class StorageWriter(dcp_storage.StorageWriter):
                                        tuple(item.tensor_data.size), data.detach()))
         store = self.store
         self._commit_id = a.commit_id  # every rank knows the commit it writes
-        parent = store.repo.manifest(a.parent) if a.parent else None
         parts = write_part(store._committer, a.commit_id, a.rank, tensors,
-                           self.policy or store.policy, self.branch, parent)
+                           self.policy or store.policy, self.branch, a.parent)
         results += [dcp_storage.WriteResult(
             index=MetadataIndex(p.fqn, torch.Size(p.offsets)), size_in_bytes=p.stored_bytes,
             storage_data=p) for p in parts]

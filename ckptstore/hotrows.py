@@ -4,13 +4,15 @@
   table, then clear their counters; 4 bytes a row, the memory CPR reports for MFU). From the
   same counters, the access probability ``p_e`` of each row gives the expected number of
   distinct rows a window of ``n`` lookups touches, ``sum_e 1 - (1 - p_e)^n`` (stochastic
-  communication avoidance): :meth:`AccessCounts.expected_touched`.
+  communication avoidance): :meth:`AccessCounts.expected_touched`, the size of the next
+  consecutive increment; and the smoothed Good-Toulmin estimate of the rows not yet seen that
+  more lookups add, :meth:`AccessCounts.expected_new`, for the next one-shot increment.
 - :class:`SampledRows` -- CPR-SSU: a bounded list of rows seen in a sub-sample of the accesses,
   random eviction when full (memory: the list, ``capacity`` rows of 8 bytes, independent of the
   table's size).
 - :class:`HotRowRebase` -- a rebase predictor for ``Policy(incremental="intermittent")`` that
-  applies Check-N-Run's rule to increment sizes predicted from the access statistics instead of
-  the lower bound ``S_{i+1} >= S_i``.
+  applies Check-N-Run's rule to one-shot increment sizes predicted from the access statistics
+  instead of the lower bound ``S_{i+1} >= S_i``.
 
 Everything is vectorised torch (``index_add_``, ``topk``, ``isin``); counters live on the tables'
 device.
@@ -52,11 +54,48 @@ class AccessCounts:
         return torch.topk(c, k, sorted=False).indices.sort().values if k else c.new_empty(0)
 
     def clear(self, table: str, rows: torch.Tensor | None = None) -> None:
-        """Zero the counters of ``rows`` (all rows when None): CPR-MFU after saving them."""
+        """Zero the counters of ``rows`` (CPR-MFU after saving them), or of the whole table and
+        its lookup count (at a new baseline, for :class:`HotRowRebase`)."""
         if rows is None:
             self.counts[table].zero_()
+            self.lookups[table] = 0
         else:
             self.counts[table][rows.to(self.counts[table].device)] = 0
+
+    def seen(self, table: str) -> int:
+        """Rows counted at least once."""
+        return int((self.counts[table] > 0).sum())
+
+    def expected_new(self, table: str, lookups: int) -> float:
+        """Rows not seen yet that ``lookups`` more lookups are expected to touch.
+
+        The smoothed Good-Toulmin estimator (Orlitsky, Suresh and Wu, PNAS 2016) from the
+        counts of counts ``f_i`` of the ``n`` lookups recorded: ``sum_i -(-t)^i P(L >= i) f_i``
+        with ``t = lookups / n`` and ``L ~ Binomial(k, 2 / (t + 2))`` for ``t > 1`` (no
+        smoothing, ``P = 1``, for ``t <= 1``). Unlike plugging counted frequencies into
+        :meth:`expected_touched` it accounts for the rows the counters have not met."""
+        n = self.lookups[table]
+        if n <= 0 or lookups <= 0:
+            return 0.0
+        t = lookups / n
+        f = torch.bincount(self.counts[table].clamp(min=0)).double()[1:]
+        i = torch.arange(1, f.numel() + 1, dtype=torch.float64)
+        if t <= 1:
+            weight = torch.ones_like(i)
+        else:
+            k = max(1, int(0.5 * math.log2(n * t * t / (t - 1))))
+            q = 2.0 / (t + 2.0)
+            # P(L >= i) for L ~ Binomial(k, q), i = 1..k (0 beyond k)
+            j = torch.arange(0, k + 1, dtype=torch.float64)
+            logpmf = (torch.lgamma(torch.tensor(k + 1.0)) - torch.lgamma(j + 1)
+                      - torch.lgamma(k - j + 1) + j * math.log(q) + (k - j) * math.log1p(-q))
+            tail = torch.flip(torch.cumsum(torch.flip(logpmf.exp(), [0]), 0), [0])
+            weight = torch.zeros_like(i)
+            m = min(k, i.numel())
+            weight[:m] = tail[1: m + 1]
+            f, i, weight = f[:m], i[:m], weight[:m]
+        terms = -((-t) ** i) * weight * f
+        return max(float(terms.sum()), 0.0)
 
     def probabilities(self, table: str) -> torch.Tensor:
         """``p_e``: the share of the table's recorded lookups that hit row ``e``."""
@@ -66,9 +105,13 @@ class AccessCounts:
 
     def expected_touched(self, table: str, lookups: int) -> float:
         """Expected distinct rows of ``table`` among ``lookups`` independent lookups,
-        ``sum_e 1 - (1 - p_e)^lookups`` (``lookups = k * B * d`` for ``k`` batches of ``B``
-        samples with ``d`` lookups of the table each)."""
+        ``sum_e 1 - (1 - p_e)^lookups`` with the counted ``p_e`` (``lookups = k * B * d`` for
+        ``k`` batches of ``B`` samples with ``d`` lookups of the table each): the size of the
+        next consecutive increment. Rows the counters never met count as ``p_e = 0``; for the
+        rows a one-shot increment adds, :meth:`expected_new` accounts for them."""
         p = self.probabilities(table)
+        if lookups <= 0 or not bool((p > 0).any()):
+            return 0.0
         # (1 - p)^n as exp(n * log1p(-p)): exact for tiny p, 0 for p = 1
         return float((-torch.expm1(lookups * torch.log1p(-p.clamp(max=1.0))))
                      .nan_to_num(1.0).sum())
@@ -121,30 +164,32 @@ class SampledRows:
 
 @dataclass(frozen=True)
 class HotRowRebase:
-    """Check-N-Run's rebase rule on predicted increment sizes.
+    """Check-N-Run's rebase rule with the future increments predicted from access counts.
 
-    Check-N-Run rebases when ``1 + S1 + ... + Si <= (i + 1) * Si``: the right side bounds the next
-    ``i + 1`` increments by the last one. This predictor evaluates the same comparison with
-    sizes predicted from the access counters: ``S(n)`` = expected rows touched in ``n`` intervals
-    of ``lookups_per_interval[table]`` lookups, over all tables' rows. Rebase iff
-    ``1 + S(1) + ... + S(i) <= S(i+1) + ... + S(2i+1)``.
+    Check-N-Run rebases when ``Fc = 1 + S1 + ... + Si <= Ic = (i + 1) * Si``: ``Ic`` bounds the
+    next ``i + 1`` one-shot increments by the last one (they never shrink). This predictor
+    forecasts them instead: ``S(i + j)`` = (rows seen since the baseline + the rows the next
+    ``j`` intervals are expected to add, :meth:`AccessCounts.expected_new`) / all rows, and
+    rebases iff ``Fc <= S(i+1) + ... + S(2i+1)``. The counters must cover the intervals since
+    the baseline (``counts.clear(table)`` for every table at each full commit).
     """
 
     counts: AccessCounts
-    lookups_per_interval: Mapping[str, int] = field(default_factory=dict)
 
-    def predicted(self, intervals: int) -> float:
-        """``S(intervals)``: the predicted one-shot increment after that many intervals, as a
-        fraction of all tables' rows."""
+    def predicted(self, ahead: int, intervals: int) -> float:
+        """``S`` after ``ahead`` more intervals, the counters having seen ``intervals`` of them
+        since the baseline; a fraction of all tables' rows."""
         rows = sum(c.numel() for c in self.counts.counts.values())
-        touched = sum(self.counts.expected_touched(t, intervals * n)
-                      for t, n in self.lookups_per_interval.items())
-        return touched / max(rows, 1)
+        touched = 0.0
+        for t in self.counts.counts:
+            per_interval = self.counts.lookups[t] / max(intervals, 1)
+            touched += self.counts.seen(t) + self.counts.expected_new(
+                t, round(ahead * per_interval))
+        return min(touched / max(rows, 1), 1.0)
 
     def should_rebase(self, fractions: Sequence[float]) -> bool:
         i = len(fractions)
         if i == 0:
             return False
-        keep_going = sum(self.predicted(j) for j in range(i + 1, 2 * i + 2))
-        rebase = 1.0 + sum(self.predicted(j) for j in range(1, i + 1))
-        return rebase <= keep_going and math.isfinite(keep_going)
+        keep_going = sum(self.predicted(j, i) for j in range(1, i + 2))
+        return 1.0 + sum(fractions) <= keep_going

@@ -95,14 +95,18 @@ def _unshared(tensors: list[LocalTensor]) -> list[LocalTensor]:
 
 
 def write_part(committer: Committer, commit_id: str, rank: int, tensors: list[LocalTensor],
-               policy: Policy, branch: str, parent: Manifest | None) -> list[PartEntry]:
+               policy: Policy, branch: str, parent_id: str | None) -> list[PartEntry]:
     """Plan, snapshot and persist one rank's tensors into commit ``commit_id``.
 
     The chain memory is updated at once: a reference names this commit, so if the commit never
     becomes the tip of ``branch`` the next commit finds no matching base and writes a full one.
+    The parent's manifest (every rank's entries: megabytes at a thousand ranks) is read only
+    when the policy builds chains.
     """
     if policy.bitwidth is not None:
         policy = policy.with_bits(policy.bitwidth.bits(committer.repo.restore_count()))
+    wants_chains = policy.incremental != "off" or policy.delta
+    parent = committer.repo.manifest(parent_id) if parent_id and wants_chains else None
     tensors = _unshared(tensors)
     leaves = [Leaf(t.path, t.tensor) for t in tensors]
     fqn_of = {t.path: t.fqn for t in tensors}
@@ -191,7 +195,7 @@ def commit_shards(store: Any, ranks: Sequence[Sequence[LocalTensor]], message: s
     commit_id = new_commit_id()
     parts = [p for r, local in enumerate(ranks)
              for p in write_part(store._committer, commit_id, r, list(local),
-                                 policy or store.policy, branch, parent)]
+                                 policy or store.policy, branch, tip[1] if tip else None)]
     shapes: dict[str, list[int]] = {}
     for local in ranks:
         for t in local:

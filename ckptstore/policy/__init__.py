@@ -4,6 +4,7 @@ from .bitwidth import BitWidth
 from .encoding import Decision, Policy, QuantSpec, Want
 from .frequency import Frequency, cpr_interval
 from .rebase import Intermittent, MaxChain, RebasePredictor
+from .recovery import LostSamples, RecoveryCosts, RecoveryPlan, plan_recovery, pls_interval
 from .search import QualitySearch, simulate
 
 __all__ = [
@@ -11,11 +12,16 @@ __all__ = [
            "Decision",
            "Frequency",
            "Intermittent",
+           "LostSamples",
            "MaxChain",
            "Policy",
            "QualitySearch",
            "QuantSpec",
            "RebasePredictor",
+           "RecoveryCosts",
+           "RecoveryPlan",
            "cpr_interval",
+           "plan_recovery",
+           "pls_interval",
            "simulate",
 ]

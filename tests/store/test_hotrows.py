@@ -56,18 +56,39 @@ def test_sampled_rows_keep_what_fits():
     assert s.take("t").tolist() == [3, 5, 9]
 
 
-def test_hot_row_rebase_follows_checknrun_rule_on_predicted_sizes():
-    rows = 1000
+def _zipf_stream(rows: int, n: int, seed: int) -> torch.Tensor:
+    p = 1.0 / torch.arange(1, rows + 1).double() ** 1.1
+    return torch.multinomial(p / p.sum(), n, replacement=True,
+                             generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("ahead", [1, 3])  # t <= 1 (Good-Toulmin) and t > 1 (smoothed)
+def test_expected_new_predicts_the_rows_more_lookups_add(ahead):
+    rows, per = 50_000, 20_000
+    seen_so_far = _zipf_stream(rows, 2 * per, 0)
     c = AccessCounts({"t": rows})
-    c.record("t", torch.arange(rows))  # uniform access
-    pred = HotRowRebase(c, {"t": 200})
-    s1 = pred.predicted(1)
-    assert s1 == pytest.approx(1 - (1 - 1 / rows) ** 200, rel=1e-9)
-    assert pred.predicted(2) > s1  # one-shot increments grow
+    c.record("t", seen_so_far)
+    future = _zipf_stream(rows, ahead * per, 1)
+    actual = int((~torch.isin(future.unique(), seen_so_far.unique())).sum())
+    assert c.expected_new("t", ahead * per) == pytest.approx(actual, rel=0.1)
+    assert c.expected_new("t", 0) == 0 and c.seen("t") == seen_so_far.unique().numel()
+
+
+def test_hot_row_rebase_predicts_one_shot_sizes_and_applies_checknrun_rule():
+    rows, per = 20_000, 5_000
+    c = AccessCounts({"t": rows})
+    hist = [_zipf_stream(rows, per, s) for s in range(3)]
+    for h in hist:
+        c.record("t", h)
+    pred = HotRowRebase(c)
+    seen = torch.cat(hist).unique()
+    nxt = _zipf_stream(rows, per, 9)
+    actual = torch.cat([seen, nxt]).unique().numel() / rows
+    assert pred.predicted(1, 3) == pytest.approx(actual, rel=0.02)
+    assert pred.predicted(2, 3) > pred.predicted(1, 3) > seen.numel() / rows
     assert not pred.should_rebase([])
-    # with fast growth the predictor rebases when Check-N-Run's rule would on the same sizes
-    fast = HotRowRebase(c, {"t": 2000})
-    sizes = [fast.predicted(j) for j in (1, 2, 3)]
-    assert fast.should_rebase(sizes[:2]) == (1 + sum(sizes[:2]) <= sum(
-        fast.predicted(j) for j in (3, 4, 5)))
-    assert isinstance(Intermittent().should_rebase(sizes), bool)
+    sizes = [0.5, 0.6, 0.7]  # big increments: Fc = 2.8, far below 4 predicted ones of ~0.3+
+    assert pred.should_rebase(sizes) == (2.8 <= sum(pred.predicted(j, 3) for j in range(1, 5)))
+    assert Intermittent().should_rebase(sizes)
+    c.clear("t")
+    assert c.lookups["t"] == 0 and c.seen("t") == 0
