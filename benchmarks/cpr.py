@@ -42,7 +42,6 @@ synthetic DLRM (Zipf categorical features, a hidden teacher):
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import tempfile
@@ -265,7 +264,6 @@ def main() -> None:
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
         print(f"plot: {args.plot}")
-    _ = math
 
 
 if __name__ == "__main__":

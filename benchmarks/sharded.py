@@ -186,7 +186,7 @@ def main() -> None:
                   f"{med['load']['dcp'] / lo:.2f}x | {b[tool] / 1e6:.1f} | "
                   f"{b['dcp'] / b[tool]:.2f}x |")
         intervals[world] = r["intervals"]
-    print("\nbytes per interval (interval 0 is the baseline; then 5 % of rows touched each)")
+    print("\nbytes per interval (interval 0 is the baseline; then 5 % of rows touched each)\n")
     print("| ranks | interval | DCP MB | ckptstore incremental 4-bit MB | ratio |")
     print("|---|---|---|---|---|")
     for world, iv in intervals.items():

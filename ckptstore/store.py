@@ -94,7 +94,7 @@ class Store:
         the same commit back (:mod:`ckptstore.dcp`).
         """
         if self._distributed():
-            from .dcp import commit_collective
+            from .distributed import commit_collective
             return commit_collective(self, state, message, branch, tags, metadata,
                                      policy or self.policy)
         return self._committer.commit(state, message, branch, tags, metadata,
@@ -114,7 +114,7 @@ class Store:
         until ``wait()`` returns) and copies nothing.
         """
         if self._distributed():
-            from .dcp import commit_async_collective
+            from .distributed import commit_async_collective
             return commit_async_collective(self, state, message, branch, tags, metadata,
                                            policy or self.policy)
         return self._committer.commit_async(state, message, branch, tags, metadata,
@@ -161,7 +161,7 @@ class Store:
         """
         m = self.manifest(self.resolve(ref))
         if into is not None and _has_dtensor(into):
-            from .dcp import checkout_local  # each rank reads only the chunks of its shards
+            from .distributed import checkout_local  # each rank reads only the chunks of its shards
             self._committer.wait()
             self._committer.chains.forget()
             state = checkout_local(self, m, into, paths)

@@ -9,7 +9,7 @@ chain entry counts the base data it replays, once per commit however many entrie
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,13 +80,19 @@ class StoredSizes:
         return dict(self._folders)
 
 
-def entry_stored_bytes(sizes: StoredSizes, e: TensorEntry) -> int | None:
-    """What an entry itself stored: its array, or the parts of a chain entry (None for packed,
-    alias and view entries, which store nothing of their own)."""
+def entry_stored_bytes(sizes: StoredSizes, e: TensorEntry,
+                       shards: Sequence[TensorEntry] = ()) -> int | None:
+    """What an entry itself stored: its array, the parts of a chain entry, or the arrays of a
+    sharded tensor's pieces (``shards``: its manifest's); None for packed, alias and view entries,
+    which store nothing of their own."""
     if e.layout == Layout.ARRAY:
         return sizes.array_bytes(e.commit, e.array)
     if e.layout == Layout.CHAIN:
         return sum(sizes.array_bytes(b.commit, b.array) or 0 for b in (e.parts or {}).values())
+    if e.layout == Layout.SHARDED and shards:
+        own = [entry_stored_bytes(sizes, shards[p.entry]) for p in e.pieces or ()
+               if p.entry < len(shards)]
+        return sum(n for n in own if n is not None) if any(n is not None for n in own) else None
     return None
 
 

@@ -39,10 +39,12 @@ def _rows(ctx: Context, m: Manifest, sizes: StoredSizes, wanted: set[int]) -> li
             older = len(walk.entry_arrays(e)) - len(e.parts or {})
             note = (f"{e.kind} on {(e.base_commit or '?')[:10]}; "
                     f"reads {plural(older, 'older array')}")
+        elif e.layout == Layout.SHARDED:
+            note = f"{plural(len(e.pieces or ()), 'shard')}"
         if e.commit and e.commit != m.id:
             note = (note + "; " if note else "") + f"data of commit {e.commit[:10]}"
         rows.append({"path": e.path, "dtype": e.dtype, "shape": list(e.shape), "layout": e.layout,
-                     "nbytes": entry_nbytes(e), "stored_bytes": entry_stored_bytes(sizes, e),
+                     "nbytes": entry_nbytes(e), "stored_bytes": entry_stored_bytes(sizes, e, m.shards),
                      "commit": e.commit, "array": e.array, "note": note})
     return rows
 
@@ -76,6 +78,11 @@ def run(ctx: Context) -> int:
         n_packed = sum(e.layout == Layout.PACKED for e in (*m.tensors, *m.storages))
         head.append(("packed", (f"{plural(n_packed, 'small tensor')} in one array, "
                                f"{human_size(packed_stored)} stored")))
+    if m.shards:
+        n_sharded = sum(e.layout == Layout.SHARDED for e in m.tensors)
+        head.append(("sharded", (f"{plural(len(m.shards), 'shard')} of "
+                                f"{plural(n_sharded, 'tensor')}, "
+                                f"{plural(len(m.packs), 'packed array')} of ranks")))
     width = max(len(k) for k, _ in head)
     for k, v in head:
         ctx.print(f"{k.ljust(width)}  {v}")

@@ -3,7 +3,6 @@ hostile manifests, DCP without a process group, and no pickle on the DCP path.""
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 
@@ -11,7 +10,6 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-import ckptstore
 from ckptstore.dcp import StorageReader, StorageWriter
 from ckptstore.errors import DistributedError, ManifestError, UnsupportedLeafError
 from ckptstore.layout import manifest_key
@@ -158,7 +156,7 @@ def test_dcp_refuses_objects_that_need_pickle(store):
         dcp.save({"w": torch.zeros(3), "evil": _Exploit()}, storage_writer=StorageWriter(store))
     assert "main" not in store.refs.branches()
     with pytest.raises(UnsupportedLeafError, match="'evil'"):  # the Store verbs unwrap it
-        from ckptstore.dcp import _unwrapped
+        from ckptstore.distributed import _unwrapped
         with _unwrapped():
             dcp.save({"evil": _Exploit()}, storage_writer=StorageWriter(store))
 
@@ -176,7 +174,7 @@ def test_a_crafted_pickle_in_a_store_never_executes(store, tmp_path):
 
 
 def test_reader_refuses_a_value_the_safe_loader_refuses(monkeypatch):
-    import ckptstore.dcp as cdcp
+    import ckptstore.dcp.reader as cdcp
     monkeypatch.setattr(cdcp, "unflatten", lambda tree, tensors: _Exploit())
     with pytest.raises(DistributedError, match="without unpickling"):
         cdcp._safe_bytes({"x": {"value": 1}}, "x")

@@ -1,0 +1,218 @@
+"""``StorageWriter``: ``dcp.save`` into a ckptstore, one commit written by every rank.
+
+Every rank persists the tensors DCP's global plan gives it (:func:`ckptstore.sharded.write_part`);
+the coordinator's ``finish`` writes the manifest and only then moves the ref. Non-tensor values
+are stored as plain msgpack, never pickled (see :mod:`ckptstore.dcp`).
+"""
+
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint import storage as dcp_storage
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+
+from ..committer import _plain_metadata
+from ..errors import DistributedError, RefExists, UnsupportedLeafError
+from ..ids import new_commit_id
+from ..info import CommitInfo
+from ..layout import check_ref_name, tag_key
+from ..policy import Policy
+from ..refs import Tip
+from ..sharded import LocalTensor, PartEntry, assemble_manifest, write_part
+from ..state import Tree, flatten
+
+__all__ = ["StorageWriter"]
+
+
+@dataclass(frozen=True)
+class _Assignment:
+    """What the coordinator's global plan tells each rank: the commit and its parent."""
+
+    commit_id: str
+    parent: str | None
+    rank: int
+
+
+@dataclass(frozen=True)
+class _Value:
+    """A non-tensor value (BYTE_IO item) as a plain tree, on its way to the coordinator."""
+
+    tree: Tree
+
+
+class StorageWriter(dcp_storage.StorageWriter):
+    """Commit a ``dcp.save`` into a store: one commit on ``branch`` with ``message``/``tags``.
+
+    ``policy`` (default: the store's) encodes each rank's shards as ``Store.commit`` encodes
+    tensors. After the save, :attr:`last_commit` on the coordinator is the new commit's
+    :class:`~ckptstore.CommitInfo`.
+    """
+
+    def __init__(self, store: Any, message: str = "", branch: str = "main",
+                 tags: Sequence[str] = (), policy: Policy | None = None,
+                 metadata: dict[str, object] | None = None):
+        super().__init__()
+        self.store = store
+        self.message = message
+        self.branch = check_ref_name(branch, "branch")
+        self.tags = tuple(check_ref_name(t, "tag") for t in ([tags] if isinstance(tags, str)
+                                                             else tags))
+        self.policy = policy
+        self.metadata = _plain_metadata(metadata or {}, None)
+        self.last_commit: CommitInfo | None = None
+        self.rank = 0
+        self.is_coordinator = True
+        self._tip: Tip | None = None
+        self._tree: Tree | None = None   # set by Store.commit: its own tree of the state
+        self._order: list[str] | None = None
+        self._commit_id = ""
+
+    # -- DCP's protocol ----------------------------------------------------------------------
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        self.last_commit = None
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.is_coordinator = is_coordinator
+        self.rank = kwargs.get("rank", dist.get_rank() if dist.is_initialized() else 0)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """On the coordinator: the commit id, the parent every rank builds chains on."""
+        repo = self.store.repo
+        for t in self.tags:
+            if repo.storage.exists(tag_key(t)):
+                raise RefExists(f"tag {t!r} already exists; choose another name")
+        self._tip = repo.refs.tip(self.branch)
+        commit_id = self._commit_id = new_commit_id()
+        parent = self._tip[1] if self._tip else None
+        return [replace(p, storage_data=_Assignment(commit_id, parent, i))
+                for i, p in enumerate(plans)]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> torch.futures.Future:
+        a = plan.storage_data
+        if not isinstance(a, _Assignment):
+            raise DistributedError("the save plan carries no ckptstore assignment: "
+                                   "use ckptstore.dcp.StorageWriter on every rank")
+        tensors: list[LocalTensor] = []
+        results: list[dcp_storage.WriteResult] = []
+        for item in plan.items:
+            if item.type == WriteItemType.BYTE_IO:
+                results.append(dcp_storage.WriteResult(
+                    index=item.index, size_in_bytes=0,
+                    storage_data=_Value(_plain_tree(planner, item.index))))
+                continue
+            data = planner.resolve_data(item)
+            chunk = item.tensor_data.chunk
+            tensors.append(LocalTensor(item.index.fqn, tuple(chunk.offsets),
+                                       tuple(item.tensor_data.size), data.detach()))
+        store = self.store
+        self._commit_id = a.commit_id  # every rank knows the commit it writes
+        parts = write_part(store._committer, a.commit_id, a.rank, tensors,
+                           self.policy or store.policy, self.branch, a.parent)
+        results += [dcp_storage.WriteResult(
+            index=MetadataIndex(p.fqn, torch.Size(p.offsets)), size_in_bytes=p.stored_bytes,
+            storage_data=p) for p in parts]
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: Metadata, results: list[list[dcp_storage.WriteResult]]) -> None:
+        """On the coordinator, once every rank wrote: the manifest, then the ref, then tags."""
+        parts: list[PartEntry] = []
+        values: dict[str, Tree] = {}
+        for rank_results in results:
+            for r in rank_results:
+                if isinstance(r.storage_data, _Value):
+                    values[r.index.fqn] = r.storage_data.tree
+                elif isinstance(r.storage_data, PartEntry):
+                    parts.append(r.storage_data)
+                else:
+                    raise DistributedError(f"rank result for {r.index.fqn!r} is not ckptstore's")
+        shapes = {fqn: list(md.size) for fqn, md in metadata.state_dict_metadata.items()
+                  if isinstance(md, TensorStorageMetadata)}
+        if self._tree is not None:
+            tree, shapes = self._tree, {fqn: shapes[fqn] for fqn in self._order or ()}
+        else:
+            tree = _nested_tree(metadata, values)
+        repo = self.store.repo
+        parent = repo.manifest(self._tip[1]) if self._tip else None
+        manifest = assemble_manifest(self._commit_id, parent, self.message, self.metadata, tree, shapes,
+                                     parts)
+        repo.write_manifest(manifest)
+        repo.refs.advance(self.branch, self._tip, manifest.id)
+        for t in self.tags:
+            repo.refs.create_tag(t, manifest.id)
+        self.last_commit = CommitInfo.from_manifest(manifest)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        return False  # a store is named by the writer's store, not by a checkpoint id
+
+    def storage_meta(self) -> None:
+        return None
+
+
+def _plain_tree(planner: SavePlanner, index: MetadataIndex) -> Tree:
+    """A non-tensor value of the state as a plain tree; refuses what would need pickling."""
+    lookup = getattr(planner, "lookup_object", None)
+    if lookup is None:
+        raise DistributedError(
+            f"the save planner {type(planner).__name__} cannot hand over the value at "
+            f"{index.fqn!r} unpickled (it has no lookup_object); use DefaultSavePlanner")
+    tree, leaves = flatten({index.fqn: lookup(index)})
+    tree = tree["dict"][0][1]
+    if leaves:
+        raise UnsupportedLeafError(f"the value at {index.fqn!r} holds tensors inside a "
+                                   "non-tensor container; make them entries of the state dict")
+    return tree
+
+
+class _Node(dict):
+    """A container being rebuilt from DCP's flat keys (see :func:`_nested_tree`)."""
+
+
+def _nested_tree(metadata: Metadata, values: dict[str, Tree]) -> Tree:
+    """The tree of a ``dcp.save``: DCP's flat keys put back into the nesting its planner
+    recorded (``planner_data``: fqn -> key path), tensors numbered in DCP's order."""
+    mappings = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
+    root = _Node()
+    n = 0
+    for fqn, md in metadata.state_dict_metadata.items():
+        if isinstance(md, TensorStorageMetadata):
+            leaf: Tree = {"tensor": n}
+            n += 1
+        elif fqn in values:
+            leaf = values[fqn]
+        else:
+            raise DistributedError(f"no rank wrote the value at {fqn!r}")
+        path = tuple(mappings.get(fqn) or (fqn,))
+        node = root
+        for key in path[:-1]:
+            child = node.setdefault(key, _Node())
+            if not isinstance(child, _Node):
+                path = (fqn,)  # a key path that runs through a leaf: keep the flat key
+                node = root
+                break
+            node = child
+        node[path[-1]] = leaf
+    return _as_tree(root)
+
+
+def _as_tree(node: object) -> Tree:
+    if not isinstance(node, _Node):
+        return node  # type: ignore[return-value]
+    if node and all(isinstance(k, int) for k in node) and sorted(node) == list(range(len(node))):
+        return {"list": [_as_tree(node[i]) for i in range(len(node))]}
+    return {"dict": [[k, _as_tree(v)] for k, v in node.items()]}
+
+

@@ -1,0 +1,141 @@
+"""The Store verbs under a ``torch.distributed`` process group, on :mod:`ckptstore.dcp`.
+
+``Store.commit`` / ``Store.commit_async`` with a process group of more than one rank are
+collectives built on DCP's ``save`` / ``async_save`` with a :class:`~ckptstore.dcp.StorageWriter`;
+``Store.checkout(ref, into=state)`` of a state holding DTensors loads each rank's shards with
+``dcp.load(..., no_dist=True)``: only the chunks that overlap them, no collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .committer import _plain_metadata
+from .dcp import StorageReader, StorageWriter
+from .dcp.reader import _tensor_paths
+from .errors import CkptStoreError, DistributedError
+from .info import CommitInfo
+from .manifest import Manifest
+from .pending import PendingCommit
+from .policy import Policy
+from .state import flatten, unflatten
+
+__all__ = ["checkout_local", "commit_async_collective", "commit_collective"]
+
+
+@contextlib.contextmanager
+def _unwrapped() -> Iterator[None]:
+    """DCP reports failures as a ``CheckpointException`` (a BaseException, not an Exception):
+    the Store verbs raise the first rank's ckptstore error itself, else a
+    :class:`DistributedError` naming the failed ranks."""
+    from torch.distributed.checkpoint.api import CheckpointException
+    try:
+        yield
+    except CheckpointException as e:
+        errors = {r: f[0] if isinstance(f, tuple) else f for r, f in e.failures.items()}
+        ours = next((x for x in errors.values() if isinstance(x, CkptStoreError)), None)
+        if ours is not None:
+            raise ours from e
+        first = next(iter(errors.values()), None)
+        raise DistributedError(f"the commit failed on rank(s) {sorted(errors)}: "
+                               f"{type(first).__name__}: {first}") from e
+
+
+def _dcp_state(leaves: list[Any]) -> dict[str, Any]:
+    """``{path: tensor}`` for DCP (numpy leaves as tensors over the same memory)."""
+    return {leaf.path: leaf.value if isinstance(leaf.value, torch.Tensor)
+            else torch.from_numpy(np.asarray(leaf.value)) for leaf in leaves}
+
+
+def commit_collective(store: Any, state: object, message: str, branch: str,
+                      tags: Sequence[str], metadata: dict[str, object] | None,
+                      policy: Policy, process_group: Any = None) -> CommitInfo:
+    """``Store.commit`` on every rank of a process group: one commit, DCP's planning."""
+    import torch.distributed.checkpoint as dcp
+
+    store._committer.wait()
+    tree, leaves = flatten(state)
+    writer = StorageWriter(store, message, branch, tags, policy, _plain_metadata(
+        metadata or {}, state))
+    writer._tree, writer._order = tree, [leaf.path for leaf in leaves]
+    with _unwrapped():
+        dcp.save(_dcp_state(leaves), storage_writer=writer, process_group=process_group)
+    return writer.last_commit or CommitInfo.from_manifest(store.manifest(writer._commit_id))
+
+
+def commit_async_collective(store: Any, state: object, message: str, branch: str,
+                            tags: Sequence[str], metadata: dict[str, object] | None,
+                            policy: Policy) -> PendingCommit:
+    """``Store.commit_async`` on every rank: DCP's ``async_save`` stages the local shards, then
+    a background thread commits them over a gloo group of the store's own, so the commit's
+    collectives never interleave with training's."""
+    import torch.distributed.checkpoint as dcp
+
+    t0 = time.perf_counter()
+    store._committer.wait()
+    if getattr(store, "_async_group", None) is None:
+        store._async_group = dist.new_group(backend="gloo")
+    tree, leaves = flatten(state)
+    writer = StorageWriter(store, message, branch, tags, policy, _plain_metadata(
+        metadata or {}, state))
+    writer._tree, writer._order = tree, [leaf.path for leaf in leaves]
+    sd = _dcp_state(leaves)
+    fut = dcp.async_save(sd, storage_writer=writer, process_group=store._async_group)
+    nbytes = sum(leaf.value.nbytes if not isinstance(leaf.value, torch.Tensor) else
+                 leaf.value.numel() * leaf.value.element_size() for leaf in leaves)
+    pending = PendingCommit(time.perf_counter() - t0, nbytes)
+    future = getattr(fut, "upload_completion", fut)
+
+    def done(f: Any) -> None:
+        try:
+            f.result()
+            info = writer.last_commit or CommitInfo.from_manifest(
+                store.manifest(writer._commit_id))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller through wait()
+            pending._finish(None, e)
+        else:
+            pending._finish(info, None)
+
+    store._committer._inflight = pending
+    future.add_done_callback(done)
+    return pending
+
+
+def checkout_local(store: Any, m: Manifest, into: Any, paths: Sequence[str] | None) -> Any:
+    """Load commit ``m`` into live state holding DTensors, reading on this rank only the
+    chunks that overlap its shards: no collective, so one restarted rank recovers alone."""
+    import torch.distributed.checkpoint as dcp
+
+    from .state import load_into, select
+    _, leaves = flatten(into)
+    commit_paths = _tensor_paths(m.tree)
+    want = {leaf.path: leaf for leaf in leaves if leaf.path in commit_paths}
+    if paths:
+        selected = _tensor_paths(select(m.tree, list(paths)))
+        want = {p: leaf for p, leaf in want.items() if p in selected}
+    missing = [p for p in commit_paths if p not in want and not paths]
+    if missing:
+        raise DistributedError(f"the live state lacks {len(missing)} tensors of commit "
+                               f"{m.id[:10]} (e.g. {missing[0]!r}): load with paths= to restore "
+                               "part of it")
+    sd = _dcp_state(list(want.values()))
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        with _unwrapped():
+            dcp.load(sd, storage_reader=StorageReader(store, m.id), no_dist=True)
+    tensors: list[Any] = [None] * len(m.tensors)
+    for path, i in commit_paths.items():
+        if path in sd:
+            tensors[i] = want[path].value if isinstance(want[path].value, torch.Tensor) else sd[path]
+    tree = select(m.tree, list(paths)) if paths else m.tree
+    state = unflatten(tree, tensors)
+    load_into(state, into)
+    return state
