@@ -33,6 +33,7 @@ __all__ = [
     "start_read_region",
     "storage_dtype",
     "tensor_to_host",
+    "writable_host_view",
     "torch_dtype",
     "write_array",
 ]
@@ -97,6 +98,20 @@ def tensor_to_host(t: torch.Tensor) -> np.ndarray:
         t = t.contiguous().view(_VIEW[_STORAGE[t.dtype]])
     a = t.numpy()  # np.ascontiguousarray would turn a 0-d array into a 1-d one
     return a if a.flags.c_contiguous else a.copy(order="C")
+
+
+def writable_host_view(t: torch.Tensor) -> np.ndarray | None:
+    """A numpy view sharing a CPU tensor's memory (bit views for dtypes numpy lacks), to copy
+    into without a temporary tensor; None where there is none (device or exotic tensors)."""
+    if t.device.type != "cpu" or t.layout != torch.strided or t.is_conj() or t.is_neg() or (
+            t.dtype not in _STORAGE):
+        return None
+    t = t.detach()
+    if _is_bit_view(t.dtype):
+        if t.dim() == 0 or t.stride(-1) != 1:
+            return None
+        t = t.view(_VIEW[_STORAGE[t.dtype]])
+    return t.numpy()
 
 
 def host_to_tensor(a: np.ndarray, name: str) -> torch.Tensor:
@@ -290,10 +305,9 @@ def start_read_region(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: 
             data = storage.read(where)
         except FileNotFoundError:
             raise CorruptedChunkError(f"chunk {where} is missing from the store", where) from None
-        tmp = np.empty(grid.chunks, dtype=np_dtype)
-        codec.decode(data, tmp, where)
+        chunk = codec.decoded(data, grid.chunks, np_dtype, where)
         a, b = max(lo, lo_want), min(hi, hi_want)
-        put(a - lo_want, tmp[(slice(a - lo, b - lo), *rest)])
+        put(a - lo_want, chunk[(slice(a - lo, b - lo), *rest)])
 
     if not lengths[0] or any(n == 0 for n in lengths):
         return []

@@ -1,7 +1,7 @@
 """Row access statistics of embedding tables: CPR's prioritised saving and hot-row predictions.
 
 - :class:`AccessCounts` -- one counter per row (CPR-MFU: save the ``r * N`` most used rows of a
-  table, then clear their counters; 4 bytes a row, the memory CPR reports for MFU). From the
+  table, then clear their counters; a 4-byte counter a row, as CPR's MFU). From the
   same counters, the access probability ``p_e`` of each row gives the expected number of
   distinct rows a window of ``n`` lookups touches, ``sum_e 1 - (1 - p_e)^n`` (stochastic
   communication avoidance): :meth:`AccessCounts.expected_touched`, the size of the next
@@ -33,7 +33,7 @@ class AccessCounts:
     """Per-row access counters of named tables (``{name: rows}``)."""
 
     def __init__(self, tables: Mapping[str, int], device: torch.device | str = "cpu"):
-        self.counts = {name: torch.zeros(rows, dtype=torch.int64, device=device)
+        self.counts = {name: torch.zeros(rows, dtype=torch.int32, device=device)
                        for name, rows in tables.items()}
         self.lookups = {name: 0 for name in tables}  # accesses recorded since the start
 
@@ -44,7 +44,8 @@ class AccessCounts:
     def record(self, table: str, indices: torch.Tensor) -> None:
         """Count one access of every index (repeats count again)."""
         idx = indices.reshape(-1).to(self.counts[table].device, torch.int64)
-        self.counts[table].index_add_(0, idx, torch.ones_like(idx))
+        self.counts[table].index_add_(0, idx, torch.ones(idx.numel(), dtype=torch.int32,
+                                                         device=idx.device))
         self.lookups[table] += idx.numel()
 
     def most_used(self, table: str, k: int) -> torch.Tensor:

@@ -89,6 +89,14 @@ class ChunkCodec(ABC):
     def decode(self, data: bytes, out: np.ndarray, where: str) -> None:
         """Fill ``out`` from stored bytes; :class:`CorruptedChunkError` naming ``where``."""
 
+    def decoded(self, data: bytes, shape: tuple[int, ...], dtype: np.dtype,
+                where: str) -> np.ndarray:
+        """The chunk as an array: a read-only view of ``data`` where the codec stores the bits
+        as they are (no copy), else a new array :meth:`decode` fills."""
+        out = np.empty(shape, dtype=dtype)
+        self.decode(data, out, where)
+        return out
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.config().items() if k != "id")
         return f"{type(self).__name__}({args})"

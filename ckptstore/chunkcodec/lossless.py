@@ -72,12 +72,17 @@ class RawLossless(ChunkCodec):
         return add_crc(memoryview(np.ascontiguousarray(chunk)).cast("B"))
 
     def decode(self, data: bytes, out: np.ndarray, where: str) -> None:
+        out.reshape(-1).view(np.uint8)[...] = self.decoded(data, (out.nbytes,), np.dtype(
+            np.uint8), where)
+
+    def decoded(self, data: bytes, shape: tuple[int, ...], dtype: np.dtype,
+                where: str) -> np.ndarray:
         body = check_crc(data, where)
-        flat = out.reshape(-1).view(np.uint8)
-        if len(body) != flat.nbytes:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if len(body) != nbytes:
             raise CorruptedChunkError(
-                f"chunk {where} holds {len(body)} bytes, expected {flat.nbytes}", where)
-        flat[...] = np.frombuffer(body, dtype=np.uint8)
+                f"chunk {where} holds {len(body)} bytes, expected {nbytes}", where)
+        return np.frombuffer(body, dtype=dtype).reshape(shape)  # a view: no copy
 
 
 #: ``EncodingOptions.compression`` -> the lossless codec it names.

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
                                                    TensorStorageMetadata)
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 
-from ..arrays import host_to_tensor, start_read_region, torch_dtype
+from ..arrays import host_to_tensor, start_read_region, torch_dtype, writable_host_view
 from ..chains.walk import entry_array
 from ..chunkcodec import codec_from_config
 from ..errors import DistributedError, ManifestError
@@ -165,9 +165,15 @@ def _queue_block(reader: Reader, src: TensorEntry, offsets: Sequence[int],
             offsets) != len(src.shape):
         raise ManifestError(f"a read of {src.path!r} reaches outside its shape {src.shape}")
     a = entry_array(src)
+    view = writable_host_view(target)
+    if view is not None and view.dtype != a.dtype:
+        view = None
 
     def put(row: int, part: np.ndarray) -> None:
-        target[row: row + part.shape[0]].copy_(host_to_tensor(part, src.dtype))
+        if view is not None:  # straight from the chunk (a view of the read bytes, raw) to place
+            np.copyto(view[row: row + part.shape[0]], part)
+        else:
+            target[row: row + part.shape[0]].copy_(host_to_tensor(np.array(part), src.dtype))
 
     return start_read_region(reader.repo.storage, a.prefix, a.grid, a.dtype,
                              codec_from_config(a.codec), reader.repo.executor, offsets, lengths,

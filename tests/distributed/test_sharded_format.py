@@ -102,6 +102,12 @@ def test_policy_per_shard_chains_and_quantization(store):
     commit_shards(store, ranks(emb), policy=q)
     got = store.checkout("main")["emb"]
     assert not torch.equal(got, emb) and (got - emb).abs().max() < 0.05
+    d = Policy(quantize=QuantSpec(bits=8), delta=True, min_quant_bytes=1024)
+    commit_shards(store, ranks(emb), policy=d)
+    emb += 0.01
+    m4 = commit_shards(store, ranks(emb), policy=d)
+    assert [s.kind for s in m4.shards] == ["delta", "delta"]  # code deltas per shard
+    assert (store.checkout("main")["emb"] - emb).abs().max() < 0.05
     store.gc(keep_last=1, grace_period=0)
     assert store.verify().problems == []
 
