@@ -241,3 +241,31 @@ def policy_commits(rank: int, world: int, url: str, opts: dict) -> None:
         if rank == 0:
             err = (store.checkout(q.id)["emb"] - full).abs().max().item()
             assert 0 < err < 0.05, err
+
+
+def one_rank_recovers(rank: int, world: int, url: str, opts: dict) -> None:
+    """A collective commit; then one rank loses its shard and restores it alone (no
+    collective), reading only its own chunks (CPR's partial recovery)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import ckptstore
+    mesh = init_device_mesh("cpu", (world,))
+    full = torch.randn(40_000, 64, generator=torch.Generator().manual_seed(3))  # 10 MB
+    emb = distribute_tensor(full, mesh, [Shard(0)])
+    with ckptstore.open(url, **opts) as store:
+        info = store.commit({"emb": emb, "step": 5})
+        dist.barrier()
+        if rank == world - 1:
+            mine = emb.to_local().clone()
+            emb.to_local().zero_()  # this rank's embedding server failed
+            reads: list[str] = []
+            real = store.storage.read
+            store.storage.read = lambda key: reads.append(key) or real(key)
+            state = store.checkout(info.id, into={"emb": emb})
+            assert torch.equal(emb.to_local(), mine) and state["step"] == 5
+            data = [k for k in reads if "/data/" in f"/{k}"]
+            assert data and all(f"/r{rank}." in k for k in data), data
+        dist.barrier()  # the other ranks never joined a collective for the recovery
+        assert torch.equal(emb.full_tensor(), full)
