@@ -27,6 +27,7 @@ from .manifest import Manifest
 from .pending import PendingCommit
 from .policy import Policy
 from .state import flatten, unflatten
+from .tracking import RowTracker
 
 __all__ = ["checkout_local", "commit_async_collective", "commit_collective"]
 
@@ -57,14 +58,15 @@ def _dcp_state(leaves: list[Any]) -> dict[str, Any]:
 
 def commit_collective(store: Any, state: object, message: str, branch: str,
                       tags: Sequence[str], metadata: dict[str, object] | None,
-                      policy: Policy, process_group: Any = None) -> CommitInfo:
+                      policy: Policy, tracker: RowTracker | None = None,
+                      process_group: Any = None) -> CommitInfo:
     """``Store.commit`` on every rank of a process group: one commit, DCP's planning."""
     import torch.distributed.checkpoint as dcp
 
     store._committer.wait()
     tree, leaves = flatten(state)
     writer = StorageWriter(store, message, branch, tags, policy, _plain_metadata(
-        metadata or {}, state))
+        metadata or {}, state), tracker)
     writer._tree, writer._order = tree, [leaf.path for leaf in leaves]
     with _unwrapped():
         dcp.save(_dcp_state(leaves), storage_writer=writer, process_group=process_group)
@@ -73,12 +75,17 @@ def commit_collective(store: Any, state: object, message: str, branch: str,
 
 def commit_async_collective(store: Any, state: object, message: str, branch: str,
                             tags: Sequence[str], metadata: dict[str, object] | None,
-                            policy: Policy) -> PendingCommit:
+                            policy: Policy, tracker: RowTracker | None = None) -> PendingCommit:
     """``Store.commit_async`` on every rank: DCP's ``async_save`` stages the local shards, then
     a background thread commits them over a gloo group of the store's own, so the commit's
     collectives never interleave with training's."""
     import torch.distributed.checkpoint as dcp
 
+    if tracker is not None:
+        raise DistributedError(
+            "commit_async under a process group takes no tracker: DCP stages copies of the "
+            "shards, so the tracker's rows cannot be matched to them nor cleared at the snapshot; "
+            "use commit(..., tracker=...) or commit_async without one (rows are compared)")
     t0 = time.perf_counter()
     store._committer.wait()
     if getattr(store, "_async_group", None) is None:

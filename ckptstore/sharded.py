@@ -32,6 +32,7 @@ from .plan import plan_commit
 from .policy import Policy
 from .records import plan_entries, plan_packed_info
 from .state import Leaf, Tree
+from .tracking import RowTracker
 from .writer import persist, snapshot
 
 __all__ = ["LocalTensor", "PartEntry", "assemble_manifest", "commit_shards", "pack_name",
@@ -95,13 +96,17 @@ def _unshared(tensors: list[LocalTensor]) -> list[LocalTensor]:
 
 
 def write_part(committer: Committer, commit_id: str, rank: int, tensors: list[LocalTensor],
-               policy: Policy, branch: str, parent_id: str | None) -> list[PartEntry]:
+               policy: Policy, branch: str, parent_id: str | None,
+               tracker: RowTracker | None = None) -> list[PartEntry]:
     """Plan, snapshot and persist one rank's tensors into commit ``commit_id``.
 
     The chain memory is updated at once: a reference names this commit, so if the commit never
     becomes the tip of ``branch`` the next commit finds no matching base and writes a full one.
     The parent's manifest (every rank's entries: megabytes at a thousand ranks) is read only
-    when the policy builds chains.
+    when the policy builds chains. ``tracker`` (:func:`ckptstore.track` on the rank's local
+    embedding modules) supplies the touched rows of the shards it tracks: a shard whose local
+    tensor is a tracked weight (a DTensor made with ``DTensor.from_local`` over it, say) or its
+    row-aligned optimizer state; it is cleared once the snapshot is taken.
     """
     if policy.bitwidth is not None:
         policy = policy.with_bits(policy.bitwidth.bits(committer.repo.restore_count()))
@@ -110,15 +115,17 @@ def write_part(committer: Committer, commit_id: str, rank: int, tensors: list[Lo
     tensors = _unshared(tensors)
     leaves = [Leaf(t.path, t.tensor) for t in tensors]
     fqn_of = {t.path: t.fqn for t in tensors}
-    decide = committer.chains.decider(policy, branch, parent,
+    decide = committer.chains.decider(policy, branch, parent, tracker,
                                       policy_path=lambda path: fqn_of.get(path, path))
     plan = plan_commit(leaves, committer.options, decide, array_prefix=f"r{rank}.")
     snap = snapshot(plan)
+    if tracker is not None:
+        tracker.clear()  # the rows seen so far are in the plan
     name = pack_name(rank)
     done = persist(committer.repo.storage, commit_id, plan, snap, committer.repo.executor,
                    committer.max_inflight, committer.options.chunk_bytes, packed_name=name)
     committer.chains.commit_done(branch, commit_id, plan, snap.arrays,
-                                 {i: r.codes for i, r in done.results.items()}, None)
+                                 {i: r.codes for i, r in done.results.items()}, tracker)
     pack = plan_packed_info(plan, name)
     entries = plan_entries(plan, commit_id, done, name)
     stored = [done.results[p.index].stored_bytes if p.index in done.results else 0

@@ -96,7 +96,7 @@ class Store:
         if self._distributed():
             from .distributed import commit_collective
             return commit_collective(self, state, message, branch, tags, metadata,
-                                     policy or self.policy)
+                                     policy or self.policy, tracker)
         return self._committer.commit(state, message, branch, tags, metadata,
                                       policy or self.policy, tracker)
 
@@ -116,7 +116,7 @@ class Store:
         if self._distributed():
             from .distributed import commit_async_collective
             return commit_async_collective(self, state, message, branch, tags, metadata,
-                                           policy or self.policy)
+                                           policy or self.policy, tracker)
         return self._committer.commit_async(state, message, branch, tags, metadata,
                                             policy or self.policy, tracker, staged)
 

@@ -269,3 +269,39 @@ def one_rank_recovers(rank: int, world: int, url: str, opts: dict) -> None:
             assert data and all(f"/r{rank}." in k for k in data), data
         dist.barrier()  # the other ranks never joined a collective for the recovery
         assert torch.equal(emb.full_tensor(), full)
+
+
+def tracked_shards(rank: int, world: int, url: str, opts: dict) -> None:
+    """Each rank trains its own rows of a table in a local module (model parallel) exposed as
+    a DTensor over the same memory; its tracker gives the increments of its shard."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    import ckptstore
+    from ckptstore.errors import DistributedError
+    from ckptstore.policy import Policy
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(rank)
+    local = torch.nn.Embedding(5000, 16, sparse=True)
+    opt = torch.optim.SGD(local.parameters(), lr=0.1)
+    tracker = ckptstore.track(local, opt)
+    state = {"emb": DTensor.from_local(local.weight.detach(), mesh, [Shard(0)])}
+    policy = Policy(incremental="one-shot", min_rows=1000)
+    with ckptstore.open(url, **opts) as store:
+        store.commit(state, policy=policy, tracker=tracker)
+        local(torch.tensor([rank + 1, 7, 42])).sum().backward()
+        opt.step()
+        tracker.mark(local.weight, torch.tensor([100]))  # unchanged: only the tracker says so
+        info = store.commit(state, policy=policy, tracker=tracker)
+        m = store.manifest(info.id)
+        assert [s.kind for s in m.shards] == ["incremental"] * world, m.shards
+        # 4 rows: the tracker's (comparing values would have found the 3 that changed)
+        assert all(s.fractions == [4 / 5000] for s in m.shards), [s.fractions for s in m.shards]
+        got = store.checkout(info.id)["emb"]  # one process, no collective
+        assert torch.equal(got[rank * 5000:(rank + 1) * 5000], local.weight.detach())
+        try:
+            store.commit_async(state, tracker=tracker)
+        except DistributedError as e:
+            assert "takes no tracker" in str(e)
+        else:
+            raise AssertionError("commit_async accepted a tracker under a process group")

@@ -28,6 +28,7 @@ from ..policy import Policy
 from ..refs import Tip
 from ..sharded import LocalTensor, PartEntry, assemble_manifest, write_part
 from ..state import Tree, flatten
+from ..tracking import RowTracker
 
 __all__ = ["StorageWriter"]
 
@@ -52,13 +53,14 @@ class StorageWriter(dcp_storage.StorageWriter):
     """Commit a ``dcp.save`` into a store: one commit on ``branch`` with ``message``/``tags``.
 
     ``policy`` (default: the store's) encodes each rank's shards as ``Store.commit`` encodes
-    tensors. After the save, :attr:`last_commit` on the coordinator is the new commit's
+    tensors; ``tracker`` (this rank's :func:`ckptstore.track`) supplies the touched rows of the
+    shards it tracks. After the save, :attr:`last_commit` on the coordinator is the new commit's
     :class:`~ckptstore.CommitInfo`.
     """
 
     def __init__(self, store: Any, message: str = "", branch: str = "main",
                  tags: Sequence[str] = (), policy: Policy | None = None,
-                 metadata: dict[str, object] | None = None):
+                 metadata: dict[str, object] | None = None, tracker: RowTracker | None = None):
         super().__init__()
         self.store = store
         self.message = message
@@ -67,6 +69,7 @@ class StorageWriter(dcp_storage.StorageWriter):
                                                              else tags))
         self.policy = policy
         self.metadata = _plain_metadata(metadata or {}, None)
+        self.tracker = tracker
         self.last_commit: CommitInfo | None = None
         self.rank = 0
         self.is_coordinator = True
@@ -118,7 +121,7 @@ class StorageWriter(dcp_storage.StorageWriter):
         store = self.store
         self._commit_id = a.commit_id  # every rank knows the commit it writes
         parts = write_part(store._committer, a.commit_id, a.rank, tensors,
-                           self.policy or store.policy, self.branch, a.parent)
+                           self.policy or store.policy, self.branch, a.parent, self.tracker)
         results += [dcp_storage.WriteResult(
             index=MetadataIndex(p.fqn, torch.Size(p.offsets)), size_in_bytes=p.stored_bytes,
             storage_data=p) for p in parts]

@@ -10,7 +10,8 @@ import torch.distributed.checkpoint as dcp
 import ckptstore
 from ckptstore.dcp import StorageReader
 from dist_ranks import (check_ranks, die_while_writing, fsdp_commit_checkout, load_tables,
-                        one_rank_recovers, policy_commits, run_ranks, save_tables, tables)
+                        one_rank_recovers, policy_commits, run_ranks, save_tables, tables,
+                        tracked_shards)
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -73,3 +74,7 @@ def test_a_rank_killed_mid_commit_leaves_the_ref_unchanged(tmp_path):
 
 def test_one_rank_restores_its_shard_alone(tmp_path):
     check_ranks(run_ranks(one_rank_recovers, 2, tmp_path / "ranks", str(tmp_path / "s"), {}))
+
+
+def test_row_tracking_per_shard(tmp_path):
+    check_ranks(run_ranks(tracked_shards, 2, tmp_path / "ranks", str(tmp_path / "s"), {}))
