@@ -102,8 +102,18 @@ def _restore_shard(trainer: Trainer, saved: dict, shard: int) -> None:
             st["sum"][rows] = saved["opt_emb"]["state"][i]["sum"][rows]
 
 
-def run(cfg: Config, em: Emulation, data: dict, test: dict, strategy: str,
-        pls_target: float | None, root: str) -> Outcome:
+@dataclass(frozen=True)
+class Schedule:
+    """When a strategy checkpoints and when the emulated failures strike (in steps)."""
+
+    fails: tuple[tuple[int, int], ...]   # (step, failed shard)
+    full_every: int
+    prio_every: int | None
+    per_hour: float
+    predicted: float                     # plan_recovery's overhead for this strategy
+
+
+def schedule(cfg: Config, em: Emulation, strategy: str, pls_target: float | None) -> Schedule:
     steps = cfg.intervals * cfg.steps
     per_hour = steps / em.hours
     rng = np.random.default_rng(em.seed)
@@ -115,12 +125,31 @@ def run(cfg: Config, em: Emulation, data: dict, test: dict, strategy: str,
         interval_h = t_full
     else:
         interval_h = pls_interval(pls_target, N_EMB, em.mtbf)
-    full_every = max(1, round(interval_h * per_hour))
     prio = strategy in ("mfu", "ssu")
-    prio_every = max(1, round(interval_h / 8 * per_hour)) if prio else None
     plan = plan_recovery(costs, em.mtbf, N_EMB, pls_target or 0.1)
     predicted = plan.full_overhead if strategy == "full" else (
         costs.save / interval_h + (costs.load + costs.reschedule) / em.mtbf)
+    return Schedule(tuple(zip(fail_steps, fail_shards)), max(1, round(interval_h * per_hour)),
+                    max(1, round(interval_h / 8 * per_hour)) if prio else None, per_hour,
+                    predicted)
+
+
+LABELS = {"full": "full recovery", "partial": "partial (full's interval)",
+          "vanilla": "CPR-vanilla", "mfu": "CPR-MFU", "ssu": "CPR-SSU"}
+
+
+def overhead(em: Emulation, saves: float, lost_hours: float) -> float:
+    """The emulated job's checkpoint-related overhead (a fraction of its length)."""
+    return (saves * em.o_save + em.failures * (em.o_load + em.o_res) + lost_hours) / em.hours
+
+
+def run(cfg: Config, em: Emulation, data: dict, test: dict, strategy: str,
+        pls_target: float | None, root: str) -> Outcome:
+    steps = cfg.intervals * cfg.steps
+    sch = schedule(cfg, em, strategy, pls_target)
+    per_hour, full_every, prio_every, predicted = (sch.per_hour, sch.full_every,
+                                                   sch.prio_every, sch.predicted)
+    prio = prio_every is not None
 
     trainer = Trainer(cfg)
     store = ckptstore.open(os.path.join(root, f"{strategy}-{pls_target}"))
@@ -167,7 +196,7 @@ def run(cfg: Config, em: Emulation, data: dict, test: dict, strategy: str,
             pls.saved(trainer.step * cfg.batch)
 
     commit("full")
-    fails = list(zip(fail_steps, fail_shards))
+    fails = list(sch.fails)
     while trainer.step < steps:
         s = trainer.step
         b = slice(s * cfg.batch, (s + 1) * cfg.batch)
@@ -198,11 +227,8 @@ def run(cfg: Config, em: Emulation, data: dict, test: dict, strategy: str,
     if tracker is not None:
         tracker.close()
     store.close()
-    overhead = (saves * em.o_save + em.failures * (em.o_load + em.o_res) + lost_hours) / em.hours
-    label = {"full": "full recovery", "partial": "partial (full's interval)",
-             "vanilla": "CPR-vanilla", "mfu": "CPR-MFU", "ssu": "CPR-SSU"}[strategy]
-    return Outcome(label, pls_target, overhead, predicted, trainer.evaluate(test)["auc"],
-                   pls.pls, n_commits, seconds)
+    return Outcome(LABELS[strategy], pls_target, overhead(em, saves, lost_hours), predicted,
+                   trainer.evaluate(test)["auc"], pls.pls, n_commits, seconds)
 
 
 def main() -> None:
