@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/scale_sim.py
 	$(PY) benchmarks/hot_rows.py
 	$(PY) benchmarks/cpr.py --plot docs/cpr_overhead.png
+	$(PY) benchmarks/cpr_ranks.py
 
 # the library of the working tree against an earlier revision, side by side (about 10 minutes)
 BASE ?= HEAD~1

@@ -186,3 +186,20 @@ def command_line(script: str, argv: Sequence[str] | None) -> str:
 
     args = argv if argv is not None else sys.argv[1:]
     return " ".join(["python", script, *(shlex.quote(a) for a in args)])
+
+
+def spawn_ranks(target: Callable[..., None], world: int, args: tuple, root: str) -> dict:
+    """Run ``target(rank, world, *args, root)`` on ``world`` spawned processes (gloo ranks
+    initialise from ``root``); rank 0 leaves its result in ``<root>/result.json``."""
+    import json
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=target, args=(r, world, *args, root)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    if any(p.exitcode for p in procs):
+        raise SystemExit(f"a rank failed: exit codes {[p.exitcode for p in procs]}")
+    with open(os.path.join(root, "result.json")) as f:
+        return json.load(f)

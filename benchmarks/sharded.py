@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import multiprocessing
 import os
 import shutil
 import statistics
@@ -42,6 +41,9 @@ import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import spawn_ranks  # noqa: E402
 
 
 def _du(path: Path) -> int:
@@ -147,15 +149,7 @@ def _rank(rank: int, world: int, args: argparse.Namespace, root: str) -> None:
 def run(world: int, args: argparse.Namespace) -> dict:
     root = tempfile.mkdtemp(prefix="ckpt-sharded-", dir=args.dir)
     try:
-        ctx = multiprocessing.get_context("spawn")
-        procs = [ctx.Process(target=_rank, args=(r, world, args, root)) for r in range(world)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join()
-        if any(p.exitcode for p in procs):
-            raise SystemExit(f"a rank failed: exit codes {[p.exitcode for p in procs]}")
-        return json.loads(Path(root, "result.json").read_text())
+        return spawn_ranks(_rank, world, (args,), root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

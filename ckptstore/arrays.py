@@ -29,6 +29,7 @@ __all__ = [
     "dtype_name",
     "host_to_tensor",
     "read_array",
+    "read_chunk",
     "start_read_array",
     "start_read_region",
     "storage_dtype",
@@ -253,6 +254,14 @@ def read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: np.dtyp
     return out
 
 
+def read_chunk(storage: Storage, where: str) -> bytes:
+    """The stored bytes of one chunk; a missing one is a :class:`CorruptedChunkError`."""
+    try:
+        return storage.read(where)
+    except FileNotFoundError:
+        raise CorruptedChunkError(f"chunk {where} is missing from the store", where) from None
+
+
 def start_read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: np.dtype,
                      codec: ChunkCodec, executor: Executor,
                      rows: tuple[int, int] | None = None) -> tuple[np.ndarray, list[Future]]:
@@ -264,10 +273,7 @@ def start_read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: n
 
     def get_chunk(key: str, lo: int, hi: int) -> None:
         where = chunk_key(prefix, key)
-        try:
-            data = storage.read(where)
-        except FileNotFoundError:
-            raise CorruptedChunkError(f"chunk {where} is missing from the store", where) from None
+        data = read_chunk(storage, where)
         if not grid.shape:
             codec.decode(data, out.reshape(()), where)
             return
@@ -301,11 +307,7 @@ def start_read_region(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: 
 
     def get_chunk(key: str, lo: int, hi: int) -> None:
         where = chunk_key(prefix, key)
-        try:
-            data = storage.read(where)
-        except FileNotFoundError:
-            raise CorruptedChunkError(f"chunk {where} is missing from the store", where) from None
-        chunk = codec.decoded(data, grid.chunks, np_dtype, where)
+        chunk = codec.decoded(read_chunk(storage, where), grid.chunks, np_dtype, where)
         a, b = max(lo, lo_want), min(hi, hi_want)
         put(a - lo_want, chunk[(slice(a - lo, b - lo), *rest)])
 

@@ -14,12 +14,12 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
-from .arrays import host_to_tensor, read_array, start_read_array, torch_dtype
+from .arrays import host_to_tensor, read_array, read_chunk, start_read_array, torch_dtype
 from .chains.replay import apply_rows, replay_code_deltas
 from .chains.walk import StoredArray, Walk, blob_array, entry_array, entry_dtype, \
     entry_packed_array, needed_entries
 from .chunkcodec import codec_from_config
-from .errors import CorruptedChunkError, ManifestError
+from .errors import ManifestError
 from .manifest import Blob, Kind, Layout, Manifest, ShardPiece, TensorEntry
 from .repository import Repository
 
@@ -105,10 +105,7 @@ class Reader:
         return self._read_stored(blob_array(b))
 
     def _read(self, where: str) -> bytes:
-        try:
-            return self.repo.storage.read(where)
-        except FileNotFoundError:
-            raise CorruptedChunkError(f"chunk {where} is missing from the store", where) from None
+        return read_chunk(self.repo.storage, where)
 
     def _from_packed(self, e: TensorEntry) -> np.ndarray:
         dt = entry_dtype(e)
