@@ -32,22 +32,32 @@ from .tracking import RowTracker
 __all__ = ["checkout_local", "commit_async_collective", "commit_collective"]
 
 
+def _our_error(e: BaseException) -> BaseException:
+    """DCP reports failures as a ``CheckpointException`` (a BaseException, not an Exception):
+    the first rank's ckptstore error itself, else a :class:`DistributedError` naming the failed
+    ranks; any other exception as it is."""
+    from torch.distributed.checkpoint.api import CheckpointException
+    if not isinstance(e, CheckpointException):
+        return e
+    errors = {r: f[0] if isinstance(f, tuple) else f for r, f in e.failures.items()}
+    ours = next((x for x in errors.values() if isinstance(x, CkptStoreError)), None)
+    if ours is not None:
+        return ours
+    first = next(iter(errors.values()), None)
+    return DistributedError(f"failed on rank(s) {sorted(errors)}: "
+                            f"{type(first).__name__}: {first}")
+
+
 @contextlib.contextmanager
 def _unwrapped() -> Iterator[None]:
-    """DCP reports failures as a ``CheckpointException`` (a BaseException, not an Exception):
-    the Store verbs raise the first rank's ckptstore error itself, else a
-    :class:`DistributedError` naming the failed ranks."""
-    from torch.distributed.checkpoint.api import CheckpointException
+    """Raise DCP's failures as ckptstore errors (:func:`_our_error`)."""
     try:
         yield
-    except CheckpointException as e:
-        errors = {r: f[0] if isinstance(f, tuple) else f for r, f in e.failures.items()}
-        ours = next((x for x in errors.values() if isinstance(x, CkptStoreError)), None)
-        if ours is not None:
-            raise ours from e
-        first = next(iter(errors.values()), None)
-        raise DistributedError(f"the commit failed on rank(s) {sorted(errors)}: "
-                               f"{type(first).__name__}: {first}") from e
+    except BaseException as e:
+        ours = _our_error(e)
+        if ours is e:
+            raise
+        raise ours from e
 
 
 def _dcp_state(leaves: list[Any]) -> dict[str, Any]:
@@ -95,7 +105,8 @@ def commit_async_collective(store: Any, state: object, message: str, branch: str
         metadata or {}, state))
     writer._tree, writer._order = tree, [leaf.path for leaf in leaves]
     sd = _dcp_state(leaves)
-    fut = dcp.async_save(sd, storage_writer=writer, process_group=store._async_group)
+    with _unwrapped():
+        fut = dcp.async_save(sd, storage_writer=writer, process_group=store._async_group)
     nbytes = sum(leaf.value.nbytes if not isinstance(leaf.value, torch.Tensor) else
                  leaf.value.numel() * leaf.value.element_size() for leaf in leaves)
     pending = PendingCommit(time.perf_counter() - t0, nbytes)
@@ -107,7 +118,7 @@ def commit_async_collective(store: Any, state: object, message: str, branch: str
             info = writer.last_commit or CommitInfo.from_manifest(
                 store.manifest(writer._commit_id))
         except BaseException as e:  # noqa: BLE001 - handed to the caller through wait()
-            pending._finish(None, e)
+            pending._finish(None, _our_error(e))
         else:
             pending._finish(info, None)
 

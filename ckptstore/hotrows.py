@@ -1,7 +1,8 @@
 """Row access statistics of embedding tables: CPR's prioritised saving and hot-row predictions.
 
 - :class:`AccessCounts` -- one counter per row (CPR-MFU: save the ``r * N`` most used rows of a
-  table, then clear their counters; a 4-byte counter a row, as CPR's MFU). From the
+  table, then clear their counters; an 8-byte counter a row -- CPR uses 4 bytes, but a hot row
+  of a long run passes 2^31 lookups). From the
   same counters, the access probability ``p_e`` of each row gives the expected number of
   distinct rows a window of ``n`` lookups touches, ``sum_e 1 - (1 - p_e)^n`` (stochastic
   communication avoidance): :meth:`AccessCounts.expected_touched`, the size of the next
@@ -33,7 +34,7 @@ class AccessCounts:
     """Per-row access counters of named tables (``{name: rows}``)."""
 
     def __init__(self, tables: Mapping[str, int], device: torch.device | str = "cpu"):
-        self.counts = {name: torch.zeros(rows, dtype=torch.int32, device=device)
+        self.counts = {name: torch.zeros(rows, dtype=torch.int64, device=device)
                        for name, rows in tables.items()}
         self.lookups = {name: 0 for name in tables}  # accesses recorded since the start
 
@@ -44,8 +45,7 @@ class AccessCounts:
     def record(self, table: str, indices: torch.Tensor) -> None:
         """Count one access of every index (repeats count again)."""
         idx = indices.reshape(-1).to(self.counts[table].device, torch.int64)
-        self.counts[table].index_add_(0, idx, torch.ones(idx.numel(), dtype=torch.int32,
-                                                         device=idx.device))
+        self.counts[table].index_add_(0, idx, torch.ones_like(idx))
         self.lookups[table] += idx.numel()
 
     def most_used(self, table: str, k: int) -> torch.Tensor:
@@ -73,30 +73,22 @@ class AccessCounts:
         The smoothed Good-Toulmin estimator (Orlitsky, Suresh and Wu, PNAS 2016) from the
         counts of counts ``f_i`` of the ``n`` lookups recorded: ``sum_i -(-t)^i P(L >= i) f_i``
         with ``t = lookups / n`` and ``L ~ Binomial(k, 2 / (t + 2))`` for ``t > 1`` (no
-        smoothing, ``P = 1``, for ``t <= 1``). Unlike plugging counted frequencies into
-        :meth:`expected_touched` it accounts for the rows the counters have not met."""
+        smoothing, ``P = 1``, for ``t <= 1``); reliable up to ``t`` of about ``log n``. Unlike
+        plugging counted frequencies into :meth:`expected_touched` it accounts for the rows the
+        counters have not met. The answer never decreases with ``lookups`` (the largest estimate
+        over a fixed grid of smaller ``t``) and never exceeds the rows not seen yet."""
         n = self.lookups[table]
-        if n <= 0 or lookups <= 0:
+        c = self.counts[table]
+        unseen = int((c == 0).sum())
+        if n <= 0 or lookups <= 0 or unseen == 0:
             return 0.0
+        values, freq = torch.unique(c[c > 0], return_counts=True)  # counts of counts
+        i, f = values.double(), freq.double()
         t = lookups / n
-        f = torch.bincount(self.counts[table].clamp(min=0)).double()[1:]
-        i = torch.arange(1, f.numel() + 1, dtype=torch.float64)
-        if t <= 1:
-            weight = torch.ones_like(i)
-        else:
-            k = max(1, int(0.5 * math.log2(n * t * t / (t - 1))))
-            q = 2.0 / (t + 2.0)
-            # P(L >= i) for L ~ Binomial(k, q), i = 1..k (0 beyond k)
-            j = torch.arange(0, k + 1, dtype=torch.float64)
-            logpmf = (torch.lgamma(torch.tensor(k + 1.0)) - torch.lgamma(j + 1)
-                      - torch.lgamma(k - j + 1) + j * math.log(q) + (k - j) * math.log1p(-q))
-            tail = torch.flip(torch.cumsum(torch.flip(logpmf.exp(), [0]), 0), [0])
-            weight = torch.zeros_like(i)
-            m = min(k, i.numel())
-            weight[:m] = tail[1: m + 1]
-            f, i, weight = f[:m], i[:m], weight[:m]
-        terms = -((-t) ** i) * weight * f
-        return max(float(terms.sum()), 0.0)
+        grid = [2.0 ** (j / 4) for j in range(-24, 4 * math.ceil(math.log2(t)) + 1)
+                if 2.0 ** (j / 4) < t]
+        best = max((_good_toulmin(i, f, x, n) for x in (*grid, t)), default=0.0)
+        return min(max(best, 0.0), float(unseen))
 
     def probabilities(self, table: str) -> torch.Tensor:
         """``p_e``: the share of the table's recorded lookups that hit row ``e``."""
@@ -161,6 +153,23 @@ class SampledRows:
         rows = self.rows[table].sort().values
         self.rows[table] = rows.new_empty(0)
         return rows
+
+
+def _good_toulmin(i: torch.Tensor, f: torch.Tensor, t: float, n: int) -> float:
+    """One smoothed Good-Toulmin estimate: ``f[j]`` rows were seen ``i[j]`` times in ``n``."""
+    if t <= 1:
+        weight = torch.ones_like(i)
+    else:
+        k = max(1, int(0.5 * math.log2(n * t * t / (t - 1))))
+        q = 2.0 / (t + 2.0)
+        j = torch.arange(0, k + 1, dtype=torch.float64)  # P(L >= i) for L ~ Binomial(k, q)
+        logpmf = (math.lgamma(k + 1.0) - torch.lgamma(j + 1) - torch.lgamma(k - j + 1)
+                  + j * math.log(q) + (k - j) * math.log1p(-q))
+        tail = torch.flip(torch.cumsum(torch.flip(logpmf.exp(), [0]), 0), [0])
+        keep = i <= k
+        i, f = i[keep], f[keep]
+        weight = tail[i.long()]
+    return float((-((-t) ** i) * weight * f).sum())
 
 
 @dataclass(frozen=True)

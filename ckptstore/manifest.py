@@ -17,6 +17,7 @@ from enum import Enum
 from typing import Any, Literal
 
 import msgpack
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import FormatVersionError, ManifestError, NotAStoreError
@@ -254,7 +255,8 @@ class Manifest(_Model):
                     o + n > g for o, n, g in zip(p.offsets, s.shape, t.shape)):
                 raise ValueError(f"a shard of {t.path!r} does not fit inside the tensor")
             volume += math.prod(s.shape)
-        if volume != math.prod(t.shape):
+        if volume != math.prod(t.shape) or _overlap(
+                [(p.offsets, self.shards[p.entry].shape) for p in t.pieces]):
             raise ValueError(f"the shards of {t.path!r} do not cover the tensor exactly once")
 
     def entries(self) -> tuple[TensorEntry, ...]:
@@ -284,6 +286,25 @@ class Manifest(_Model):
     def base_commits(self) -> set[str]:
         """Commits whose entries this commit's chain entries build on (their manifests too)."""
         return {t.base_commit for t in (*self.tensors, *self.shards) if t.base_commit}
+
+
+def _overlap(boxes: list[tuple[list[int], list[int]]], block: int = 1024) -> bool:
+    """Whether two non-empty boxes ``(offsets, shape)`` intersect (pairwise, vectorised in
+    blocks: with equal total volume, no overlap means an exact cover)."""
+    kept = [(o, s) for o, s in boxes if math.prod(s)]
+    if len(kept) < 2:
+        return False
+    lo = np.array([o for o, _ in kept], dtype=np.int64)
+    hi = lo + np.array([s for _, s in kept], dtype=np.int64)
+    n = len(kept)
+    for a in range(0, n, block):
+        meets = np.all((lo[a:a + block, None, :] < hi[None, :, :])
+                       & (lo[None, :, :] < hi[a:a + block, None, :]), axis=2)
+        rows = np.arange(a, min(a + block, n))
+        meets[rows - a, rows] = False  # a box meets itself
+        if meets.any():
+            return True
+    return False
 
 
 def encode_manifest(m: Manifest) -> bytes:

@@ -85,8 +85,8 @@ class Reader:
         return whole[tuple(slice(o, o + n) for o, n in zip(offsets, lengths))]
 
     def _assemble(self, e: TensorEntry) -> np.ndarray:
-        """A sharded tensor put together from its pieces (zeros where none lies: the manifest
-        checked the pieces' volume, so only a hostile one leaves a gap)."""
+        """A sharded tensor put together from its pieces (the manifest checked that they cover
+        it exactly once)."""
         m = self.repo.manifest(e.commit) if e.commit else None
         shards = self._shards_of(e, m)
         out = np.zeros(e.shape, dtype=entry_dtype(e))

@@ -21,6 +21,7 @@ from typing import Any
 from dataclasses import dataclass
 
 import torch
+from pydantic import ValidationError
 
 from ._version import __version__
 from .arrays import storage_dtype, torch_dtype
@@ -167,6 +168,10 @@ def assemble_manifest(commit_id: str, parent: Manifest | None, message: str,
         got = by_fqn.pop(fqn, [])
         if not got:
             raise DistributedError(f"no rank wrote tensor {fqn!r}")
+        # ranks with nothing of a tensor (DTensor gives an empty shard the offset of the
+        # dimension's end) take no part in it, unless the tensor itself is empty
+        held = [g for g in got if math.prod(g.entry.shape)] or got[:1]
+        got = held
         if len(got) == 1 and got[0].whole:
             tensors.append(got[0].entry)
         elif any(g.whole for g in got):
@@ -178,12 +183,15 @@ def assemble_manifest(commit_id: str, parent: Manifest | None, message: str,
         raise DistributedError(f"ranks wrote tensors the plan does not have: {sorted(by_fqn)[:5]}")
     packs = list({p.pack.array: p.pack for p in parts if p.pack is not None}.values())
     stored = sum(p.stored_bytes for p in parts)
-    return Manifest(format_version=FORMAT_VERSION if shards or packs else BASE_VERSION,
-                    id=commit_id, parent=parent.id if parent else None,
-                    generation=parent.generation + 1 if parent else 0, time=time.time(),
-                    message=message, metadata=metadata, tree=tree, tensors=tensors,
-                    shards=shards, packs=sorted(packs, key=lambda p: p.array),
-                    logical_bytes=logical, stored_bytes=stored, library=__version__)
+    try:
+        return Manifest(format_version=FORMAT_VERSION if shards or packs else BASE_VERSION,
+                        id=commit_id, parent=parent.id if parent else None,
+                        generation=parent.generation + 1 if parent else 0, time=time.time(),
+                        message=message, metadata=metadata, tree=tree, tensors=tensors,
+                        shards=shards, packs=sorted(packs, key=lambda p: p.array),
+                        logical_bytes=logical, stored_bytes=stored, library=__version__)
+    except ValidationError as e:  # shards that overlap or leave gaps, two at one offset, ...
+        raise DistributedError(f"the ranks' parts do not make a valid commit: {e}") from None
 
 
 

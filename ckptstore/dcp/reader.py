@@ -165,9 +165,9 @@ def _queue_block(reader: Reader, src: TensorEntry, offsets: Sequence[int],
             offsets) != len(src.shape):
         raise ManifestError(f"a read of {src.path!r} reaches outside its shape {src.shape}")
     a = entry_array(src)
-    view = writable_host_view(target)
-    if view is not None and view.dtype != a.dtype:
-        view = None
+    # straight copies of the bits only into a target of the stored dtype (bfloat16 and uint16
+    # share numpy's uint16: other dtypes convert through torch's copy_)
+    view = writable_host_view(target) if target.dtype == torch_dtype(src.dtype) else None
 
     def put(row: int, part: np.ndarray) -> None:
         if view is not None:  # straight from the chunk (a view of the read bytes, raw) to place

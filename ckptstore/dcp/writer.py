@@ -154,7 +154,12 @@ class StorageWriter(dcp_storage.StorageWriter):
         repo.write_manifest(manifest)
         repo.refs.advance(self.branch, self._tip, manifest.id)
         for t in self.tags:
-            repo.refs.create_tag(t, manifest.id)
+            try:
+                repo.refs.create_tag(t, manifest.id)
+            except RefExists:
+                raise RefExists(f"commit {manifest.id} was made on {self.branch!r}, but another "
+                                f"writer created tag {t!r} meanwhile; do not commit again -- tag "
+                                "this commit with another name") from None
         self.last_commit = CommitInfo.from_manifest(manifest)
 
     @classmethod

@@ -3,6 +3,7 @@ hostile manifests, DCP without a process group, and no pickle on the DCP path.""
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 
@@ -116,6 +117,7 @@ def test_policy_per_shard_chains_and_quantization(store):
     (lambda raw: raw["tensors"][0]["pieces"][0].update(entry=99), "missing shard"),
     (lambda raw: raw["tensors"][0]["pieces"][0].update(offsets=[5000, 0]), "does not fit"),
     (lambda raw: raw["tensors"][0]["pieces"].pop(), "cover the tensor"),
+    (lambda raw: raw["tensors"][0]["pieces"][1].update(offsets=[0, 0]), "cover the tensor"),
     (lambda raw: raw["tensors"][0].update(pieces=[{"offsets": [0], "entry": 0}]), "dimensions"),
     (lambda raw: raw["shards"][0].update(array="..\\x"), "bad array name"),
     (lambda raw: raw["shards"][0].update(array="a\0b"), "bad array name"),
@@ -191,3 +193,37 @@ def test_a_part_missing_from_the_plan_fails_the_commit(store, tables):
     with pytest.raises(DistributedError, match="no rank wrote"):
         assemble_manifest("0" * 32, None, "", {}, {"dict": []}, {"x": [3]}, [])
     assert "main" not in store.refs.branches()
+
+
+@pytest.mark.parametrize("rows, ranks", [(1, 2), (2, 4), (3, 4)])
+def test_ranks_holding_nothing_of_a_tensor_take_no_part(store, rows, ranks):
+    """DTensor gives a rank with no rows an empty shard at the dimension's end (regression)."""
+    full = torch.arange(rows * 4, dtype=torch.float32).reshape(rows, 4)
+    parts, lo = [], 0
+    for r in range(ranks):
+        n = max(0, min(rows - lo, -(-rows // ranks)))  # torch.chunk's sizes
+        parts.append([LocalTensor("t", (lo, 0), (rows, 4), full[lo:lo + n])])
+        lo += n
+    m = commit_shards(store, parts)
+    assert torch.equal(store.checkout("main")["t"], full)
+    assert all(math.prod(s.shape) for s in m.shards)
+
+
+def test_overlapping_shards_are_refused(store):
+    t = torch.arange(4.0)
+    with pytest.raises(DistributedError, match="exactly once"):
+        commit_shards(store, [[LocalTensor("e", (0,), (4,), t[:2])],
+                              [LocalTensor("e", (1,), (4,), t[1:3])]])
+    assert "main" not in store.refs.branches()
+
+
+def test_dcp_load_converts_into_a_target_of_another_dtype(store):
+    w = torch.full((300, 200), 2.0, dtype=torch.bfloat16)  # an array of its own (uint16 bits)
+    dcp.save({"w": w}, storage_writer=StorageWriter(store))
+    got = {"w": torch.zeros(300, 200, dtype=torch.float32)}
+    dcp.load(got, storage_reader=StorageReader(store))
+    assert torch.equal(got["w"], w.float())
+    if hasattr(torch, "uint16"):
+        bits = {"w": torch.zeros(300, 200, dtype=torch.uint16)}
+        dcp.load(bits, storage_reader=StorageReader(store))
+        assert int(bits["w"][0, 0]) == 2  # the value, not the bit pattern 16384

@@ -18,7 +18,7 @@ def test_counts_most_used_and_clear():
     assert c.most_used("t", 5).tolist() == [1, 4, 7]  # never more than the rows seen
     c.clear("t", torch.tensor([1]))
     assert c.most_used("t", 1).tolist() == [4]
-    assert c.nbytes == 40  # 4 bytes a row, as CPR-MFU
+    assert c.nbytes == 80  # 8 bytes a row
 
 
 def test_expected_touched_matches_a_monte_carlo_estimate():
@@ -92,3 +92,15 @@ def test_hot_row_rebase_predicts_one_shot_sizes_and_applies_checknrun_rule():
     assert Intermittent().should_rebase(sizes)
     c.clear("t")
     assert c.lookups["t"] == 0 and c.seen("t") == 0
+
+
+def test_expected_new_is_bounded_monotone_and_cheap_with_hot_rows():
+    c = AccessCounts({"t": 1000})
+    c.record("t", torch.arange(1000))  # every row seen once: nothing new can come
+    assert c.expected_new("t", 5000) == 0
+    c = AccessCounts({"t": 1000})
+    c.record("t", torch.arange(940))
+    c.counts["t"][0] = 3 * 10**8  # a very hot row: no array as long as its count is built
+    c.lookups["t"] += 3 * 10**8
+    got = [c.expected_new("t", n) for n in (10**6, 10**8, 10**9, 10**12)]
+    assert all(0 <= g <= 60 for g in got) and got == sorted(got)
