@@ -134,6 +134,23 @@ def schedule(cfg: Config, em: Emulation, strategy: str, pls_target: float | None
                     predicted)
 
 
+def rows_to_save(kind: str, table: str, rows: int, counts: AccessCounts | None,
+                 sampled: SampledRows | None) -> torch.Tensor:
+    """The rows of a table a save stores: all of them (a full save resets the statistics), or
+    CPR-MFU's ``r * N`` most used (their counters cleared), or CPR-SSU's sampled list."""
+    if kind == "full":
+        if counts is not None:
+            counts.clear(table)
+        elif sampled is not None:
+            sampled.take(table)
+        return torch.arange(rows)
+    if counts is not None:
+        chosen = counts.most_used(table, int(R * rows))
+        counts.clear(table, chosen)
+        return chosen
+    return sampled.take(table)
+
+
 LABELS = {"full": "full recovery", "partial": "partial (full's interval)",
           "vanilla": "CPR-vanilla", "mfu": "CPR-MFU", "ssu": "CPR-SSU"}
 
@@ -177,19 +194,8 @@ def run(cfg: Config, em: Emulation, data: dict, test: dict, strategy: str,
         else:
             tracker.clear()
             for i, e in enumerate(trainer.model.emb):
-                name = str(i)
-                if kind == "full":
-                    rows = torch.arange(e.weight.shape[0])
-                    if counts is not None:
-                        counts.clear(name)
-                    else:
-                        sampled.take(name)
-                elif counts is not None:
-                    rows = counts.most_used(name, int(R * e.weight.shape[0]))
-                    counts.clear(name, rows)
-                else:
-                    rows = sampled.take(name)
-                tracker.mark(e.weight, rows)
+                tracker.mark(e.weight, rows_to_save(kind, str(i), e.weight.shape[0], counts,
+                                                    sampled))
             store.commit(trainer.state(), policy=consecutive, tracker=tracker)
             saves += 1 if kind == "full" else R
         if kind == "full":  # PLS counts from the last full save (conservative for MFU/SSU)

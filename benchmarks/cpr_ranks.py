@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import multiprocessing
 import os
 import shutil
 import sys
@@ -41,7 +40,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cpr import LABELS, N_EMB, R, Emulation, overhead, schedule  # noqa: E402
+from common import spawn_ranks  # noqa: E402
+from cpr import LABELS, N_EMB, R, Emulation, overhead, rows_to_save, schedule  # noqa: E402
 from dlrm import ClickData, Config, Trainer, metrics  # noqa: E402
 
 STRATEGIES = ("full", "vanilla", "mfu", "ssu")
@@ -133,15 +133,7 @@ def _rank(rank: int, world: int, cfg: Config, em: Emulation, strategy: str,
         else:
             tracker.clear()
             for t, m in zip(names, local):
-                if kind == "full":
-                    rows = torch.arange(m.weight.shape[0])
-                    counts.clear(t) if counts is not None else sampled.take(t)
-                elif counts is not None:
-                    rows = counts.most_used(t, int(R * m.weight.shape[0]))
-                    counts.clear(t, rows)
-                else:
-                    rows = sampled.take(t)
-                tracker.mark(m.weight, rows)
+                tracker.mark(m.weight, rows_to_save(kind, t, m.weight.shape[0], counts, sampled))
             store.commit(state(), policy=consecutive, tracker=tracker)
             saves += 1 if kind == "full" else R
         if kind == "full":
@@ -216,16 +208,7 @@ def _rank(rank: int, world: int, cfg: Config, em: Emulation, strategy: str,
 def run(world: int, cfg: Config, em: Emulation, strategy: str, pls: float | None) -> dict:
     root = tempfile.mkdtemp(prefix="ckpt-cpr-")
     try:
-        ctx = multiprocessing.get_context("spawn")
-        procs = [ctx.Process(target=_rank, args=(r, world, cfg, em, strategy, pls, root))
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join()
-        if any(p.exitcode for p in procs):
-            raise SystemExit(f"a rank failed: exit codes {[p.exitcode for p in procs]}")
-        return json.loads(Path(root, "result.json").read_text())
+        return spawn_ranks(_rank, world, (cfg, em, strategy, pls), root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

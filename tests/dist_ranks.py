@@ -305,3 +305,24 @@ def tracked_shards(rank: int, world: int, url: str, opts: dict) -> None:
             assert "takes no tracker" in str(e)
         else:
             raise AssertionError("commit_async accepted a tracker under a process group")
+
+
+def async_errors(rank: int, world: int, url: str, opts: dict) -> None:
+    """Failures of a collective commit_async come out as ckptstore errors, not DCP's
+    CheckpointException (a BaseException)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import ckptstore
+    from ckptstore.errors import RefExists
+    mesh = init_device_mesh("cpu", (world,))
+    state = {"emb": distribute_tensor(torch.randn(64, 4), mesh, [Shard(0)])}
+    with ckptstore.open(url, **opts) as store:
+        first = store.commit_async(state, tags=["t"]).wait(120)
+        try:
+            store.commit_async(state, tags=["t"]).wait(120)
+        except RefExists:
+            pass
+        else:
+            raise AssertionError("a second commit with tag 't' went through")
+        assert store.resolve("main") == first.id

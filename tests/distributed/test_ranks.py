@@ -9,7 +9,7 @@ import torch.distributed.checkpoint as dcp
 
 import ckptstore
 from ckptstore.dcp import StorageReader
-from dist_ranks import (check_ranks, die_while_writing, fsdp_commit_checkout, load_tables,
+from dist_ranks import (async_errors, check_ranks, die_while_writing, fsdp_commit_checkout, load_tables,
                         one_rank_recovers, policy_commits, run_ranks, save_tables, tables,
                         tracked_shards)
 
@@ -78,3 +78,7 @@ def test_one_rank_restores_its_shard_alone(tmp_path):
 
 def test_row_tracking_per_shard(tmp_path):
     check_ranks(run_ranks(tracked_shards, 2, tmp_path / "ranks", str(tmp_path / "s"), {}))
+
+
+def test_collective_commit_async_raises_ckptstore_errors(tmp_path):
+    check_ranks(run_ranks(async_errors, 2, tmp_path / "ranks", str(tmp_path / "s"), {}))
