@@ -326,3 +326,33 @@ def async_errors(rank: int, world: int, url: str, opts: dict) -> None:
         else:
             raise AssertionError("a second commit with tag 't' went through")
         assert store.resolve("main") == first.id
+
+
+def sharded_tensor_round_trip(rank: int, world: int, url: str, opts: dict) -> None:
+    """The older ShardedTensor (ChunkShardingSpec) saves through DCP into a store and loads
+    back into a DTensor."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed._shard import shard_parameter
+    from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import ckptstore
+    from ckptstore.dcp import StorageReader, StorageWriter
+    warnings.filterwarnings("ignore", category=FutureWarning)  # "Please use DTensor instead"
+    full = torch.randn(10, 6, generator=torch.Generator().manual_seed(0))
+    lin = torch.nn.Linear(6, 10, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(full)
+    shard_parameter(lin, "weight", ChunkShardingSpec(
+        dim=0, placements=[f"rank:{r}/cpu" for r in range(world)]))
+    with ckptstore.open(url, **opts) as store:
+        dcp.save({"w": lin.weight}, storage_writer=StorageWriter(store))
+        if rank == 0:
+            assert torch.equal(store.checkout("main")["w"], full)
+        mesh = init_device_mesh("cpu", (world,))
+        back = {"w": distribute_tensor(torch.zeros(10, 6), mesh, [Shard(1)])}
+        dcp.load(back, storage_reader=StorageReader(store))
+        assert torch.equal(back["w"].full_tensor(), full)

@@ -1,5 +1,6 @@
 """Sharded commits across real gloo ranks (spawned processes): DTensor row- and column-sharded
-tables, a replicated MLP, FSDP2; resharding 2->1, 2->4, 4->2; S3; a rank killed mid-commit."""
+tables, a replicated MLP, FSDP2, ShardedTensor; resharding 2->1, 2->4, 4->2; S3; a rank killed
+mid-commit; one rank restoring alone; per-rank policies and row trackers."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import torch.distributed.checkpoint as dcp
 
 import ckptstore
 from ckptstore.dcp import StorageReader
-from dist_ranks import (async_errors, check_ranks, die_while_writing, fsdp_commit_checkout, load_tables,
-                        one_rank_recovers, policy_commits, run_ranks, save_tables, tables,
-                        tracked_shards)
+from dist_ranks import (async_errors, check_ranks, die_while_writing, fsdp_commit_checkout,
+                        load_tables, one_rank_recovers, policy_commits, run_ranks, save_tables,
+                        sharded_tensor_round_trip, tables, tracked_shards)
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -82,3 +83,8 @@ def test_row_tracking_per_shard(tmp_path):
 
 def test_collective_commit_async_raises_ckptstore_errors(tmp_path):
     check_ranks(run_ranks(async_errors, 2, tmp_path / "ranks", str(tmp_path / "s"), {}))
+
+
+def test_sharded_tensor_saves_and_loads_as_dtensor(tmp_path):
+    check_ranks(run_ranks(sharded_tensor_round_trip, 2, tmp_path / "ranks",
+                          str(tmp_path / "s"), {}))
