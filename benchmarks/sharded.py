@@ -18,6 +18,8 @@ What is measured
   bit-shuffle + crc32c per chunk), each save a new commit on ``main``.
 * Resharded load: the same ranks load into tables sharded by columns (``Shard(1)``) instead of
   rows, so every rank reads a slice of every stored shard. Timed the same way.
+* Same-placement load: the same ranks load into tables sharded by rows as they were saved (a
+  restart on the same topology), timed the same way.
 * Stored bytes: the size of the checkpoint folder / of the commit's data.
 * Intervals: 4 more saves after touching 5 % of the rows of every table each time; DCP writes
   every interval in full, ckptstore with ``Policy(incremental="intermittent",
@@ -83,7 +85,7 @@ def _rank(rank: int, world: int, args: argparse.Namespace, root: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{root}/pg", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=600))
     tools = ("dcp", "ckptstore", "ckptstore-raw")
-    out: dict = {"commit": {t: [] for t in tools}, "load": {t: [] for t in tools}}
+    out: dict = {k: {t: [] for t in tools} for k in ("commit", "load", "same")}
 
     def timed(fn) -> float:
         dist.barrier()
@@ -104,22 +106,20 @@ def _rank(rank: int, world: int, args: argparse.Namespace, root: str) -> None:
             state, storage_writer=StorageWriter(store, message=f"round {r}"))))
         out["commit"]["ckptstore-raw"].append(timed(lambda: dcp.save(
             state, storage_writer=StorageWriter(raw, message=f"round {r}"))))
-        target = _state(world, args.rows, "cols", zeros=True)
-        out["load"]["dcp"].append(timed(lambda: dcp.load(
-            target, storage_reader=dcp.FileSystemReader(path))))
-        check = _state(world, args.rows, "cols", zeros=True)
-        out["load"]["ckptstore"].append(timed(lambda: dcp.load(
-            check, storage_reader=StorageReader(store, "main"))))
-        check_raw = _state(world, args.rows, "cols", zeros=True)
-        out["load"]["ckptstore-raw"].append(timed(lambda: dcp.load(
-            check_raw, storage_reader=StorageReader(raw, "main"))))
-        if r == 0:
-            for k in state:
-                a = target[k].full_tensor() if hasattr(target[k], "full_tensor") else target[k]
-                b = check[k].full_tensor() if hasattr(check[k], "full_tensor") else check[k]
-                c = check_raw[k]
-                c = c.full_tensor() if hasattr(c, "full_tensor") else c
-                assert torch.equal(a, b) and torch.equal(a, c), k
+        readers = {"dcp": lambda: dcp.FileSystemReader(path),
+                   "ckptstore": lambda: StorageReader(store, "main"),
+                   "ckptstore-raw": lambda: StorageReader(raw, "main")}
+        for kind, placement in (("load", "cols"), ("same", "rows")):
+            loaded = {}
+            for tool, reader in readers.items():
+                loaded[tool] = _state(world, args.rows, placement, zeros=True)
+                out[kind][tool].append(timed(lambda: dcp.load(
+                    loaded[tool], storage_reader=reader())))
+            if r == 0:  # every tool loaded the same values
+                for k in state:
+                    got = [v[k].full_tensor() if hasattr(v[k], "full_tensor") else v[k]
+                           for v in loaded.values()]
+                    assert all(torch.equal(got[0], g) for g in got[1:]), (kind, k)
     if rank == 0:
         out["bytes"] = {"dcp": _du(Path(f"{root}/dcp0")),
                         "ckptstore": store.manifest(store.resolve("main")).stored_bytes,
@@ -167,18 +167,19 @@ def main() -> None:
     print(f"tables: 4 x {args.rows} x 64 float32 = {4 * args.rows * 64 * 4 / 1e6:.0f} MB, "
           f"MLP 4.2 MB replicated; {os.cpu_count()} CPUs\n")
     print("| ranks | tool | commit s | commit vs DCP | resharded load s | load vs DCP | "
-          "stored MB | stored vs DCP |")
-    print("|---|---|---|---|---|---|---|---|")
+          "same-placement load s | vs DCP | stored MB | stored vs DCP |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     intervals = {}
     for world in args.ranks:
         r = run(world, args)
-        med = {k: {t: statistics.median(v) for t, v in r[k].items()} for k in ("commit", "load")}
+        med = {k: {t: statistics.median(v) for t, v in r[k].items()}
+               for k in ("commit", "load", "same")}
         b = r["bytes"]
         for tool in ("dcp", "ckptstore", "ckptstore-raw"):
-            c, lo = med["commit"][tool], med["load"][tool]
+            c, lo, sm = med["commit"][tool], med["load"][tool], med["same"][tool]
             print(f"| {world} | {tool} | {c:.3f} | {med['commit']['dcp'] / c:.2f}x | {lo:.3f} | "
-                  f"{med['load']['dcp'] / lo:.2f}x | {b[tool] / 1e6:.1f} | "
-                  f"{b['dcp'] / b[tool]:.2f}x |")
+                  f"{med['load']['dcp'] / lo:.2f}x | {sm:.3f} | {med['same']['dcp'] / sm:.2f}x | "
+                  f"{b[tool] / 1e6:.1f} | {b['dcp'] / b[tool]:.2f}x |")
         intervals[world] = r["intervals"]
     print("\nbytes per interval (interval 0 is the baseline; then 5 % of rows touched each)\n")
     print("| ranks | interval | DCP MB | ckptstore incremental 4-bit MB | ratio |")

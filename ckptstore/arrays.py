@@ -294,21 +294,34 @@ def start_read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: n
 
 def start_read_region(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: np.dtype,
                       codec: ChunkCodec, executor: Executor, offsets: Sequence[int],
-                      lengths: Sequence[int],
-                      put: Callable[[int, np.ndarray], None]) -> list[Future]:
+                      lengths: Sequence[int], put: Callable[[int, np.ndarray], None],
+                      into: np.ndarray | None = None) -> list[Future]:
     """Queue the reads of the block ``[offsets, offsets + lengths)`` of an array, chunk by chunk:
     each chunk that holds some of its rows is read, checked and decoded, and
     ``put(row, part)`` receives its share (``row`` counted from ``offsets[0]``; ``part`` sliced
-    in the other dimensions, a view) -- no array of the whole block is ever built."""
+    in the other dimensions, a view) -- no array of the whole block is ever built.
+
+    ``into`` (a writable array of the block's shape, the destination ``put`` copies to) lets a
+    chunk whose rows the block takes whole decode straight into place: whole rows of a
+    C-contiguous destination, the chunk not the padded edge one."""
     if not grid.shape:
         raise ValueError("a 0-d array has no region to read")
     lo_want, hi_want = offsets[0], offsets[0] + lengths[0]
     rest = tuple(slice(o, o + n) for o, n in zip(offsets[1:], lengths[1:]))
 
+    whole_rows = into is not None and into.dtype == np_dtype and all(
+        o == 0 and n == s for o, n, s in zip(offsets[1:], lengths[1:], grid.shape[1:]))
+
     def get_chunk(key: str, lo: int, hi: int) -> None:
         where = chunk_key(prefix, key)
-        chunk = codec.decoded(read_chunk(storage, where), grid.chunks, np_dtype, where)
+        data = read_chunk(storage, where)
         a, b = max(lo, lo_want), min(hi, hi_want)
+        if whole_rows and (a, b) == (lo, hi) and hi - lo == grid.chunks[0]:
+            dest = into[a - lo_want: b - lo_want]
+            if dest.flags.c_contiguous:
+                codec.decode(data, dest, where)  # straight into place
+                return
+        chunk = codec.decoded(data, grid.chunks, np_dtype, where)
         put(a - lo_want, chunk[(slice(a - lo, b - lo), *rest)])
 
     if not lengths[0] or any(n == 0 for n in lengths):

@@ -177,7 +177,7 @@ def _queue_block(reader: Reader, src: TensorEntry, offsets: Sequence[int],
 
     return start_read_region(reader.repo.storage, a.prefix, a.grid, a.dtype,
                              codec_from_config(a.codec), reader.repo.executor, offsets, lengths,
-                             put)
+                             put, into=view)
 
 
 def _read_block(reader: Reader, m: Manifest, src: TensorEntry, tensor: int,
