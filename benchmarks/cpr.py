@@ -46,7 +46,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -151,6 +151,14 @@ def rows_to_save(kind: str, table: str, rows: int, counts: AccessCounts | None,
     return sampled.take(table)
 
 
+def config(quick: bool, rows: tuple[int, ...] = (100_000, 75_000, 50_000, 25_000)) -> Config:
+    """The DLRM of the emulations: 28 intervals of 20 batches of 1024 (``quick``: small)."""
+    if quick:
+        return Config(rows=(8000, 6000, 4000, 2000), intervals=14, steps=8, batch=512,
+                      test=20_000, accuracy=False)
+    return Config(rows=rows, intervals=28, steps=20, batch=1024, test=100_000, accuracy=False)
+
+
 LABELS = {"full": "full recovery", "partial": "partial (full's interval)",
           "vanilla": "CPR-vanilla", "mfu": "CPR-MFU", "ssu": "CPR-SSU"}
 
@@ -243,11 +251,7 @@ def main() -> None:
     ap.add_argument("--pls", type=float, nargs="+", default=[0.02, 0.1, 0.2])
     ap.add_argument("--plot", default=None, help="write a PNG of overhead against PLS")
     args = ap.parse_args()
-    cfg = Config(rows=(100_000, 75_000, 50_000, 25_000), intervals=28, steps=20, batch=1024,
-                 test=100_000, accuracy=False)
-    if args.quick:
-        cfg = replace(cfg, rows=(8000, 6000, 4000, 2000), intervals=14, steps=8, batch=512,
-                      test=20_000)
+    cfg = config(args.quick)
     torch.set_num_threads(1)
     em = Emulation()
     print(f"command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")

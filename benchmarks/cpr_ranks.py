@@ -33,7 +33,6 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -41,7 +40,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import spawn_ranks  # noqa: E402
-from cpr import LABELS, N_EMB, R, Emulation, overhead, rows_to_save, schedule  # noqa: E402
+from cpr import (LABELS, N_EMB, R, Emulation, config, overhead, rows_to_save,  # noqa: E402
+                 schedule)
 from dlrm import ClickData, Config, Trainer, metrics  # noqa: E402
 
 STRATEGIES = ("full", "vanilla", "mfu", "ssu")
@@ -218,11 +218,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--pls", type=float, nargs="+", default=[0.02, 0.1, 0.2])
     args = ap.parse_args()
-    cfg = Config(rows=(100_000, 76_000, 52_000, 24_000), intervals=28, steps=20, batch=1024,
-                 test=100_000, accuracy=False)
-    if args.quick:
-        cfg = replace(cfg, rows=(8000, 6000, 4000, 2000), intervals=14, steps=8, batch=512,
-                      test=20_000)
+    cfg = config(args.quick, rows=(100_000, 76_000, 52_000, 24_000))
     em = Emulation()
     print(f"command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
     print(f"DLRM {cfg.rows} x {cfg.dim} sharded by rows over {N_EMB} gloo ranks, "

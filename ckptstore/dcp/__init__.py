@@ -12,7 +12,7 @@ load); ckptstore does the storage:
 - a load reads, on each rank, only the chunks that overlap what the rank asks for.
 
 No pickle: DCP's planners ``torch.save`` non-tensor values (step counters, param_groups) and read
-them with ``torch.load(weights_only=False)``. The writer stores such values as plain msgpack in
+them back with the unrestricted unpickler (``weights_only`` off). The writer stores such values as plain msgpack in
 the manifest's tree (as ``Store.commit`` stores plain leaves); the reader hands DCP only bytes it
 made itself from those plain values, after ``torch.load(weights_only=True)`` accepted them.
 """
