@@ -124,6 +124,12 @@ class Committer:
         self._persister.submit(run)
         return pending
 
+    def resolve_bits(self, policy: Policy) -> Policy:
+        """The policy with a restore-driven bit width fixed from the store's restore records."""
+        if policy.bitwidth is None:
+            return policy
+        return policy.with_bits(policy.bitwidth.bits(self.repo.restore_count()))
+
     # -- the steps -------------------------------------------------------------------------
     def prepare(self, state: object, message: str, branch: str, tags: Sequence[str],
                 metadata: Metadata | None, policy: Policy,
@@ -132,8 +138,7 @@ class Committer:
 
         A policy with a restore-driven bit width is resolved here, after the wait for the
         previous commit (it lists the store's restore records: part of the stall)."""
-        if policy.bitwidth is not None:
-            policy = policy.with_bits(policy.bitwidth.bits(self.repo.restore_count()))
+        policy = self.resolve_bits(policy)
         check_ref_name(branch, "branch")
         tags = tuple(check_ref_name(t, "tag") for t in ([tags] if isinstance(tags, str) else tags))
         for t in tags:

@@ -109,8 +109,7 @@ def write_part(committer: Committer, commit_id: str, rank: int, tensors: list[Lo
     tensor is a tracked weight (a DTensor made with ``DTensor.from_local`` over it, say) or its
     row-aligned optimizer state; it is cleared once the snapshot is taken.
     """
-    if policy.bitwidth is not None:
-        policy = policy.with_bits(policy.bitwidth.bits(committer.repo.restore_count()))
+    policy = committer.resolve_bits(policy)
     wants_chains = policy.incremental != "off" or policy.delta
     parent = committer.repo.manifest(parent_id) if parent_id and wants_chains else None
     tensors = _unshared(tensors)
