@@ -52,7 +52,9 @@ class EncodingOptions:
     chunk_bytes
         Target size of a chunk before compression.
     compression
-        ``"lz4"`` (blosc lz4 + bit-shuffle: fast, ~9% smaller on float32) or ``"none"``.
+        ``"lz4"`` (blosc lz4 + bit-shuffle: fast, ~9% smaller on float32), ``"entropy"`` (byte
+        planes, each Huffman, zstd or raw: fp32 ~18%, bf16 ~33%, Adam moments with zero rows
+        ~75% smaller; 3-5x slower to encode than lz4) or ``"none"``.
     """
 
     pack_below: int = 64 * 1024

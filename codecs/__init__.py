@@ -7,6 +7,8 @@ Depends on numpy, numcodecs, numba and zarr only -- never on ``ckptstore``.
 - :func:`delta_encode` / :func:`delta_decode` (:class:`BucketDelta`): cyclic code deltas against
   a base version, rearranged by base bucket.
 - :class:`RLEHuffman` (``ckpt.rle_huffman``): lossless run lengths + canonical Huffman.
+- :class:`BytePlanes` (``ckpt.byte_planes``): lossless byte planes of numbers, each plane
+  block-adaptive Huffman, zstd or raw (:func:`planes_encode` / :func:`planes_decode`).
 - :func:`encode_chunk` / :func:`decode_chunk`: the self-contained Quantize chunk layout for codes
   and parameters computed elsewhere (e.g. codes rebuilt from a BucketDelta).
 - :func:`qdelta_encode` / :func:`qdelta_decode`: DynaQuant code-delta chunks (new parameters +
@@ -21,6 +23,7 @@ from numcodecs.registry import register_codec
 
 from ._qformat import HEADER_SIZE, decode_chunk, encode_chunk
 from .bitpack import pack_bits, packed_size, unpack_bits
+from .planes import BytePlanes, planes_decode, planes_encode
 from .delta import BucketDelta, delta_decode, delta_encode
 from .errors import CodecError
 from .qdelta import qdelta_decode, qdelta_encode
@@ -43,6 +46,7 @@ __all__ = [
     "PARAM_DTYPES",
     "PROTECT_MODES",
     "BucketDelta",
+    "BytePlanes",
     "CodecError",
     "QuantParams",
     "Quantize",
@@ -54,6 +58,8 @@ __all__ = [
     "encode_chunk",
     "pack_bits",
     "packed_size",
+    "planes_decode",
+    "planes_encode",
     "qdelta_decode",
     "qdelta_encode",
     "quantize",
@@ -64,3 +70,4 @@ __all__ = [
 
 register_codec(Quantize)
 register_codec(RLEHuffman)
+register_codec(BytePlanes)

@@ -1,14 +1,14 @@
 """Thin zarr v3 adapters over the numcodecs codecs.
 
 ``QuantizeCodec`` is an array-to-bytes codec (it replaces zarr's ``bytes`` serializer: floats in,
-packed codes out) and ``RLEHuffmanCodec`` a bytes-to-bytes codec::
+packed codes out); ``RLEHuffmanCodec`` and ``BytePlanesCodec`` are bytes-to-bytes codecs::
 
     zarr.create_array(store, shape=..., dtype="float32", chunks=...,
                       serializer=QuantizeCodec(method="adaptive-asymmetric", bits=4),
                       compressors=[RLEHuffmanCodec()])
 
-Both are registered under the ``zarr.codecs`` entry point group (names ``ckpt.quantize`` and
-``ckpt.rle_huffman``), so a process that imports only zarr reads such arrays after
+They are registered under the ``zarr.codecs`` entry point group (names ``ckpt.quantize``,
+``ckpt.rle_huffman`` and ``ckpt.byte_planes``), so a process that imports only zarr reads such arrays after
 ``pip install``. The work runs in a thread (``asyncio.to_thread``), off the event loop.
 """
 
@@ -23,6 +23,7 @@ from zarr.abc.codec import ArrayBytesCodec, BytesBytesCodec
 from zarr.core.common import JSON, parse_named_configuration
 
 from .errors import CodecError
+from .planes import BytePlanes
 from .quantize import Quantize
 from .rle_huffman import rle_huffman_decode, rle_huffman_encode
 
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import Buffer, NDBuffer
 
-__all__ = ["QuantizeCodec", "RLEHuffmanCodec"]
+__all__ = ["BytePlanesCodec", "QuantizeCodec", "RLEHuffmanCodec"]
 
 
 @dataclass(frozen=True)
@@ -118,3 +119,41 @@ class RLEHuffmanCodec(BytesBytesCodec):
 
     def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
         raise NotImplementedError("the size of an RLEHuffman chunk depends on its data")
+
+
+@dataclass(frozen=True)
+class BytePlanesCodec(BytesBytesCodec):
+    """zarr v3 compressor over :class:`ckptcodecs.BytePlanes` (same keyword arguments)."""
+
+    is_fixed_size = False
+    configuration: dict[str, Any]
+
+    def __init__(self, **configuration: Any) -> None:
+        cfg = BytePlanes(**configuration).get_config()  # validates
+        cfg.pop("id")
+        object.__setattr__(self, "configuration", cfg)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, JSON]) -> Self:
+        _, cfg = parse_named_configuration(data, "ckpt.byte_planes", require_configuration=False)
+        return cls(**(cfg or {}))
+
+    def to_dict(self) -> dict[str, JSON]:
+        return {"name": "ckpt.byte_planes", "configuration": dict(self.configuration)}
+
+    def _decode_sync(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer:
+        dec = BytePlanes(**self.configuration).decode(chunk_bytes.as_numpy_array())
+        return chunk_spec.prototype.buffer.from_array_like(dec)
+
+    def _encode_sync(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer | None:
+        enc = BytePlanes(**self.configuration).encode(chunk_bytes.as_numpy_array())
+        return chunk_spec.prototype.buffer.from_bytes(enc)
+
+    async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer:
+        return await asyncio.to_thread(self._decode_sync, chunk_bytes, chunk_spec)
+
+    async def _encode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer | None:
+        return await asyncio.to_thread(self._encode_sync, chunk_bytes, chunk_spec)
+
+    def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
+        raise NotImplementedError("the size of a BytePlanes chunk depends on its data")

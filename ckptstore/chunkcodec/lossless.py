@@ -1,18 +1,21 @@
-"""Lossless chunk codecs: blosc (``"blosc"``) and none (``"raw"``), each + crc32c; plain zarr
-reads both."""
+"""Lossless chunk codecs: blosc (``"blosc"``), byte planes (``"planes"``) and none (``"raw"``),
+each + crc32c; plain zarr reads all three (``"planes"`` through the ``ckpt.byte_planes`` codec that
+``pip install ckptstore`` registers)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
+from ckptcodecs import CodecError
+from ckptcodecs.planes import planes_decode, planes_encode
 from numcodecs import Blosc
 
 from ..errors import CorruptedChunkError
 from .base import ChunkCodec, Encoded, add_crc, check_crc
 from .registry import register_chunk_codec
 
-__all__ = ["BloscLossless", "RawLossless", "lossless_codec"]
+__all__ = ["BloscLossless", "PlanesLossless", "RawLossless", "lossless_codec"]
 
 _SHUFFLES = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE,
              "bitshuffle": Blosc.BITSHUFFLE}
@@ -85,17 +88,53 @@ class RawLossless(ChunkCodec):
         return np.frombuffer(body, dtype=dtype).reshape(shape)  # a view: no copy
 
 
+@register_chunk_codec
+class PlanesLossless(ChunkCodec):
+    """Byte planes, each Huffman, zstd or raw (:class:`ckptcodecs.BytePlanes`) + crc32c:
+    entropy-coded floats (fp32 ~1.22x, bf16 ~1.50x on trained weights), slower than blosc."""
+
+    codec_id = "planes"
+
+    def __init__(self, block: int = 1 << 17):
+        self.block = int(block)
+
+    @staticmethod
+    def _itemsize(itemsize: int) -> int:
+        return min(itemsize, 8)  # complex128: two float64 halves
+
+    def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
+        return [
+            {"name": "bytes", "configuration": {"endian": "little"}},
+            {"name": "ckpt.byte_planes", "configuration": {
+                "itemsize": self._itemsize(itemsize), "rotate": True, "block": self.block}},
+            {"name": "crc32c"},
+        ]
+
+    def encode(self, chunk: np.ndarray) -> Encoded:
+        return add_crc(planes_encode(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8),
+                                     self._itemsize(chunk.dtype.itemsize), True, self.block))
+
+    def decode(self, data: bytes, out: np.ndarray, where: str) -> None:
+        body = check_crc(data, where)
+        try:
+            planes_decode(body, out.reshape(-1).view(np.uint8))
+        except CodecError as e:
+            raise CorruptedChunkError(f"chunk {where} does not decode: {e}", where) from e
+
+
 #: ``EncodingOptions.compression`` -> the lossless codec it names.
-_LOSSLESS: dict[str, type[ChunkCodec]] = {"lz4": BloscLossless, "none": RawLossless}
+_LOSSLESS: dict[str, type[ChunkCodec]] = {"lz4": BloscLossless, "entropy": PlanesLossless,
+                                          "none": RawLossless}
 
 
 def lossless_codec(compression: str) -> ChunkCodec:
-    """The lossless codec of a ``compression`` option: ``"lz4"`` (blosc) or ``"none"`` (raw).
+    """The lossless codec of a ``compression`` option: ``"lz4"`` (blosc), ``"entropy"`` (byte
+    planes) or ``"none"`` (raw).
 
     >>> lossless_codec("lz4").config()
     {'id': 'blosc', 'cname': 'lz4', 'clevel': 1, 'shuffle': 'bitshuffle'}
     """
     cls = _LOSSLESS.get(compression)
     if cls is None:
-        raise ValueError(f"compression must be 'lz4' or 'none', not {compression!r}")
+        raise ValueError(f"compression must be one of {sorted(_LOSSLESS)}, not {compression!r}")
     return cls()

@@ -118,6 +118,21 @@ def fixture_cases():
         ("quantize-f16-float64", Quantize("uniform-symmetric", 3, param_dtype="float16"), f64),
         ("quantize-f16-fallback", Quantize(bits=4, param_dtype="float16"), wide),
     ]
+    # BytePlanes (format version 1); arrays from a generator of their own
+    from ckptcodecs import BytePlanes
+    rngp = np.random.default_rng(20261124)
+    weights = (rngp.standard_normal((300, 64)) * 0.05).astype(np.float32)
+    moments = weights.copy()
+    moments[rngp.random(300) < 0.6] = 0  # zero rows: zstd planes
+    cases += [
+        ("byte-planes-f32", BytePlanes(itemsize=4, block=4096), weights),
+        ("byte-planes-bf16", BytePlanes(itemsize=2, block=4096),
+         ckptcodecs._floats.to_bf16_bits(weights)),
+        ("byte-planes-f64", BytePlanes(itemsize=8, block=4096), f64),
+        ("byte-planes-zero-rows", BytePlanes(itemsize=4, block=4096), moments),
+        ("byte-planes-int8", BytePlanes(itemsize=1, block=4096), codes.astype(np.int8)),
+        ("byte-planes-empty", BytePlanes(), np.zeros(0, np.float32)),
+    ]
     return cases
 
 

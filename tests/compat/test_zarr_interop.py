@@ -11,7 +11,7 @@ import ckptstore
 from ckptstore import EncodingOptions
 
 
-@pytest.mark.parametrize("compression", ["lz4", "none"])
+@pytest.mark.parametrize("compression", ["lz4", "entropy", "none"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
                                    torch.int64, torch.int8, torch.uint8, torch.bool,
                                    torch.complex64])
@@ -50,3 +50,21 @@ def test_packed_bytes_match_manifest_offsets(tmp_path):
         raw = packed[entry.offset: entry.offset + entry.nbytes]
         expect = state[entry.path].numpy()
         assert np.array_equal(raw.view(expect.dtype).reshape(entry.shape), expect)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64,
+                                   torch.int32, torch.complex128, torch.bool])
+def test_entropy_encoding_checks_out_bit_exact(tmp_path, dtype):
+    store = ckptstore.open(tmp_path / "s", options=EncodingOptions(
+        compression="entropy", chunk_bytes=64 * 1024))
+    t = (torch.randn(5003, 17) * 10).to(dtype) if dtype != torch.bool else \
+        torch.rand(5003, 17) > 0.5
+    state = {"t": t, "small": torch.arange(7, dtype=torch.int16)}
+    info = store.commit(state)
+    entry = next(e for e in store.manifest(info.id).tensors if e.path == "t")
+    assert entry.codec["id"] == "planes"
+    got = store.checkout(info.id)
+    assert got["t"].dtype == dtype and torch.equal(got["t"].view(torch.uint8),
+                                                   t.view(torch.uint8))
+    assert torch.equal(got["small"], state["small"])
+    assert store.verify(info.id).ok

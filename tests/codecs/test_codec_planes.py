@@ -1,0 +1,155 @@
+"""BytePlanes: exact roundtrips for every item size, the method each plane gets, bad payloads,
+config, repr and plain zarr."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+import zarr
+from ckptcodecs import BytePlanes, CodecError, planes_decode, planes_encode
+from ckptcodecs import _pkernels as PK
+from ckptcodecs._floats import to_bf16_bits
+from ckptcodecs.planes import _HEAD, _PLANE, HUFFMAN, RAW, ZSTD
+from ckptcodecs.zarr3 import BytePlanesCodec
+from common import check_config, check_encode_decode, check_repr
+
+RNG = np.random.default_rng(11)
+W = (RNG.standard_normal(40_000) * 0.05).astype(np.float32)
+
+
+def _exact(arr, dec):
+    np.testing.assert_array_equal(dec.view(arr.dtype) if dec.dtype != arr.dtype else dec, arr)
+
+
+def _zero_rows(x: np.ndarray) -> np.ndarray:
+    y = x.reshape(-1, 100).copy()
+    y[RNG.random(y.shape[0]) < 0.6] = 0
+    return y.reshape(-1)
+
+
+CASES = {
+    "f32": (W, 4),
+    "f32-special": (np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-45, 3e38] * 50,
+                             np.float32), 4),
+    "bf16": (to_bf16_bits(W), 2),
+    "f16": (W.astype(np.float16), 2),
+    "f64": (W.astype(np.float64), 8),
+    "int64-small": (RNG.integers(-5, 5, 30_000).astype(np.int64), 8),
+    "uint8": (RNG.integers(0, 4, 30_000).astype(np.uint8), 1),
+    "zero-rows": (_zero_rows(W), 4),
+    "constant": (np.full(50_000, 0.25, np.float32), 4),
+    "empty": (np.zeros(0, np.float32), 4),
+    "one": (np.array([1.5], np.float32), 4),
+    "odd-blocks": (W[:12_345], 4),  # last Huffman block partial
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_roundtrip_exact(name):
+    arr, itemsize = CASES[name]
+    check_encode_decode(arr, BytePlanes(itemsize=itemsize, block=4096), _exact)
+
+
+def _methods(enc: bytes) -> list[int]:
+    itemsize = _HEAD.unpack_from(enc)[1]
+    pos, out = _HEAD.size, []
+    for _ in range(itemsize):
+        method, size = _PLANE.unpack_from(enc, pos)
+        out.append(method)
+        pos += _PLANE.size + size
+    return out
+
+
+def test_each_plane_gets_what_pays():
+    # floats: the exponent plane (highest, after rotation) is Huffman coded, the top mantissa
+    # byte is stored raw; zero rows make runs that zstd takes
+    assert _methods(planes_encode(W, 4))[3] == HUFFMAN
+    assert _methods(planes_encode(W, 4))[2] == RAW
+    assert ZSTD in _methods(planes_encode(_zero_rows(W), 4))
+    assert len(planes_encode(W, 4)) < W.nbytes / 1.15
+    bf = to_bf16_bits(W)
+    assert len(planes_encode(bf, 2)) < bf.nbytes / 1.3
+
+
+def test_beats_plain_huffman_limit_on_constant_blocks():
+    # a block of one symbol costs two bytes, not a bit per byte
+    enc = planes_encode(np.zeros(1 << 18, np.float32), 4, block=1 << 16)
+    assert len(enc) < 200
+
+
+def test_huffman_kernel_limits_code_lengths():
+    # Fibonacci-like frequencies force an unbounded Huffman tree past MAX_LEN bits
+    fib = [1, 1]
+    while len(fib) < 30:
+        fib.append(fib[-1] + fib[-2])
+    data = np.repeat(np.arange(30, dtype=np.uint8), fib)
+    RNG.shuffle(data)
+    freq = np.zeros((1, 256), np.int64)
+    PK.plane_stats(data, data.size, freq)
+    out = np.empty(PK.huffman_bound(data.size, data.size), np.uint8)
+    size = PK.huffman_encode(data, data.size, freq, out)
+    back = np.empty_like(data)
+    assert PK.huffman_decode(out[:size], data.size, back) == size
+    np.testing.assert_array_equal(back, data)
+
+
+@pytest.mark.parametrize("bad", [
+    b"",
+    b"\x02" + bytes(_HEAD.size - 1),                                    # newer version
+    _HEAD.pack(1, 3, 1, 0, 12, 4096),                                   # itemsize 3
+    _HEAD.pack(1, 4, 1, 0, 10, 4096),                                   # not whole items
+    _HEAD.pack(1, 4, 1, 0, 4, 4096) + _PLANE.pack(0, 1) + b"x",         # planes missing
+    _HEAD.pack(1, 1, 0, 0, 4, 4096) + _PLANE.pack(7, 4) + b"abcd",      # unknown method
+    _HEAD.pack(1, 1, 0, 0, 4, 4096) + _PLANE.pack(0, 99) + b"abcd",     # size past the end
+    _HEAD.pack(1, 1, 0, 0, 4, 4096) + _PLANE.pack(0, 4) + b"abcdEXTRA",  # trailing bytes
+    _HEAD.pack(1, 1, 0, 0, 4, 4096) + _PLANE.pack(2, 4) + b"abcd",      # not a zstd frame
+])
+def test_bad_payloads_raise_codec_error(bad):
+    with pytest.raises(CodecError):
+        planes_decode(bad)
+
+
+def test_corrupted_huffman_streams_never_crash():
+    enc = bytearray(planes_encode(W, 4, block=4096))
+    for _ in range(300):
+        bad = bytearray(enc)
+        for i in RNG.integers(_HEAD.size, len(bad), 3):
+            bad[i] ^= 1 << int(RNG.integers(0, 8))
+        try:
+            out = planes_decode(bytes(bad))
+        except CodecError:
+            continue
+        assert out.size == W.nbytes  # a flip that still decodes gives the announced size
+
+
+def test_out_of_the_wrong_size_is_refused():
+    with pytest.raises(CodecError, match="out holds"):
+        planes_decode(planes_encode(W, 4), out=np.empty(10, np.float32))
+
+
+def test_config_and_repr():
+    check_config(BytePlanes(itemsize=2, rotate=False, block=1 << 16))
+    check_repr("BytePlanes(itemsize=8, rotate=True, block=65536)")
+    with pytest.raises(CodecError):
+        BytePlanes(itemsize=3)
+    with pytest.raises(CodecError):
+        BytePlanes(block=10)
+
+
+def test_plain_zarr_roundtrip(tmp_path):
+    x = W.reshape(400, 100)
+    a = zarr.create_array(str(tmp_path / "p.zarr"), shape=x.shape, chunks=(128, 100),
+                          dtype="float32", compressors=[BytePlanesCodec(itemsize=4)])
+    a[:] = x
+    b = zarr.open_array(str(tmp_path / "p.zarr"), mode="r")
+    np.testing.assert_array_equal(b[:], x)
+    assert b.metadata.codecs[-1].to_dict() == {
+        "name": "ckpt.byte_planes", "configuration": {"itemsize": 4, "rotate": True,
+                                                      "block": 1 << 17}}
+
+
+def test_header_layout_is_documented():
+    enc = planes_encode(np.arange(4, dtype=np.float32), 4)
+    assert struct.unpack_from("<BBBBQI", enc) == (1, 4, 1, 0, 16, 1 << 17)
