@@ -27,7 +27,8 @@ What is measured
   allocated (inside the timed region) with ``torch.empty_like``. ckptstore:
   ``open(dir).commit(model)`` and ``open(dir, create=False).checkout("main")``, store opening
   included, with the default encoding (blosc lz4 + bit-shuffle + crc32c) and with
-  ``EncodingOptions(compression="none")`` (crc32c only).
+  ``EncodingOptions(compression="none")`` (crc32c only) and ``compression="entropy"`` (byte
+  planes, each Huffman, zstd or raw + crc32c).
 * Every tool's first round is checked: the loaded tensors must equal the saved ones bit for bit.
 """
 
@@ -179,7 +180,7 @@ def ckptstore_tool(compression: str, chunk_bytes: int | None) -> Tool:
         with ckptstore.open(d, create=False) as store:
             return store.checkout("main")
 
-    label = "lz4" if compression == "lz4" else "no compression"
+    label = {"none": "no compression"}.get(compression, compression)
     return Tool(f"ckptstore ({label})", save, load)
 
 
@@ -189,6 +190,7 @@ TOOLS: dict[str, Callable[[argparse.Namespace], Tool]] = {
     "dcp": lambda a: dcp_tool(),
     "ckptstore": lambda a: ckptstore_tool("lz4", a.chunk_bytes),
     "ckptstore-raw": lambda a: ckptstore_tool("none", a.chunk_bytes),
+    "ckptstore-entropy": lambda a: ckptstore_tool("entropy", a.chunk_bytes),
 }
 
 

@@ -35,10 +35,13 @@ __all__ = [
     "decode_marker",
     "encode_manifest",
     "encode_marker",
+    "version_needed",
 ]
 
-FORMAT_VERSION = 2   # the newest manifest format this library reads and writes
-BASE_VERSION = 1     # what a manifest without sharded entries is written as (readable by v1)
+FORMAT_VERSION = 3   # the newest manifest format this library reads and writes
+BASE_VERSION = 1     # what a manifest without sharded or xor entries is written as (v1 reads it)
+SHARDED_VERSION = 2  # sharded entries and per-rank packed arrays
+XOR_VERSION = 3      # lossless xor chain entries
 MARKER_VERSION = 1   # the store marker: a store holds manifests of any version up to ours
 MAGIC = b"CKPT"
 _HEADER = len(MAGIC) + 1 + 32
@@ -66,6 +69,7 @@ class Kind(str, Enum):
     INCREMENTAL = "incremental"  # rows changed since the baseline (one-shot, intermittent)
     CONSECUTIVE = "consecutive"  # rows changed since the previous commit
     DELTA = "delta"              # quantization codes as deltas against the previous commit's
+    XOR = "xor"                  # the bits XOR the previous commit's bits (lossless, format 3)
 
     def __str__(self) -> str:
         return self.value
@@ -102,7 +106,7 @@ class Blob(_Model):
 
 
 _CHAIN_PARTS = {Kind.INCREMENTAL: {"rows", "values"}, Kind.CONSECUTIVE: {"rows", "values"},
-                Kind.DELTA: {"codes"}}
+                Kind.DELTA: {"codes"}, Kind.XOR: {"xor"}}
 
 
 class ShardPiece(_Model):
@@ -305,6 +309,14 @@ def _overlap(boxes: list[tuple[list[int], list[int]]], block: int = 1024) -> boo
         if meets.any():
             return True
     return False
+
+
+def version_needed(entries: list[TensorEntry], sharded: bool) -> int:
+    """The oldest manifest format that holds these entries: older readers refuse what they
+    cannot rebuild instead of misreading it."""
+    if any(e.kind == Kind.XOR for e in entries):
+        return XOR_VERSION
+    return SHARDED_VERSION if sharded else BASE_VERSION
 
 
 def encode_manifest(m: Manifest) -> bytes:

@@ -34,7 +34,7 @@ from .state import Leaf
 
 __all__ = ["FULL_LOSSLESS", "AliasItem", "ArrayItem", "ChainItem", "CodesItem", "CommitPlan",
            "Decide", "EncodingOptions", "PackedItem", "PlanItem", "RowsItem", "TensorDecision",
-           "ViewItem", "plan_commit"]
+           "ViewItem", "XorItem", "plan_commit"]
 
 PACK_ALIGN = 16
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -153,6 +153,14 @@ class RowsItem(ChainItem):
 @dataclass(frozen=True, eq=False, kw_only=True)
 class CodesItem(ChainItem):
     """Stored as code deltas against the previous commit's codes (``<array>.codes``)."""
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class XorItem(ChainItem):
+    """Stored as the XOR of its bits with the previous commit's (``<array>.xor``)."""
+
+
+_CHAIN_ITEMS: dict[Kind, type[ChainItem]] = {Kind.DELTA: CodesItem, Kind.XOR: XorItem}
 
 
 # -- the plan ----------------------------------------------------------------------------------
@@ -304,14 +312,14 @@ def plan_commit(leaves: list[Leaf], options: EncodingOptions,
                                        options.chunk_bytes)
             if decide is not None and container == "torch" and i < len(leaves):
                 d = decide(path, t, grid)
-        if not nbytes or (d.codec is None and d.chain is None and nbytes < options.pack_below):
+        if not nbytes or (d.codec is None and d.chain is None and d.want != "xor"
+                          and nbytes < options.pack_below):  # an xor baseline needs its own array
             items.append(PackedItem(index=i, path=path, dtype=dtype, shape=shape,
                                     container=container, nbytes=nbytes, source=t,
                                     offset=packed_nbytes))  # empty tensors: nothing to store
             packed_nbytes += -(-nbytes // PACK_ALIGN) * PACK_ALIGN
             continue
-        cls = ArrayItem if d.chain is None else (
-            CodesItem if d.chain.link.kind == Kind.DELTA else RowsItem)
+        cls = ArrayItem if d.chain is None else _CHAIN_ITEMS.get(d.chain.link.kind, RowsItem)
         extra = {} if d.chain is None else {"start": d.chain}
         items.append(cls(index=i, path=path, dtype=dtype, shape=shape, container=container,
                          nbytes=nbytes, source=t, array=_array_name(path, i, taken, array_prefix),

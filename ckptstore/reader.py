@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .arrays import host_to_tensor, read_array, read_chunk, start_read_array, torch_dtype
-from .chains.replay import apply_rows, replay_code_deltas
+from .chains.replay import apply_rows, apply_xors, replay_code_deltas
 from .chains.walk import StoredArray, Walk, blob_array, entry_array, entry_dtype, \
     entry_packed_array, needed_entries
 from .chunkcodec import codec_from_config
@@ -62,6 +62,10 @@ class Reader:
             if e.kind == Kind.DELTA:
                 return replay_code_deltas(chain, entry_dtype(chain[0]), self._read,
                                           self.repo.executor)
+            if e.kind == Kind.XOR:
+                if any(link.kind != Kind.XOR for link in chain[1:]):
+                    raise ManifestError(f"xor chain of {e.path!r} mixes kinds")
+                return apply_xors(self.host(chain[0]), chain[1:], self.blob)
             return apply_rows(self.host(chain[0]), chain[1:], self.blob)
         if e.layout == Layout.SHARDED:
             return self._assemble(e)

@@ -6,7 +6,7 @@ import time
 
 from ._version import __version__
 from .layout import PACKED_ARRAY
-from .manifest import BASE_VERSION, Kind, Manifest, PackedInfo, TensorEntry
+from .manifest import Kind, Manifest, PackedInfo, TensorEntry, version_needed
 from .plan import AliasItem, ArrayItem, ChainItem, CommitPlan, PackedItem, PlanItem
 from .state import Tree
 from .writer import Persisted, WriteResult
@@ -57,7 +57,7 @@ def build_manifest(commit_id: str, parent: Manifest | None, message: str,
     """The immutable record of a commit whose data ``done`` describes."""
     packed = plan_packed_info(plan)
     entries = plan_entries(plan, commit_id, done)
-    return Manifest(format_version=BASE_VERSION, id=commit_id,
+    return Manifest(format_version=version_needed(entries, False), id=commit_id,
                     parent=parent.id if parent else None,
                     generation=parent.generation + 1 if parent else 0, time=time.time(),
                     message=message, metadata=metadata, tree=tree,

@@ -27,8 +27,7 @@ from ._version import __version__
 from .arrays import storage_dtype, torch_dtype
 from .committer import Committer
 from .errors import DistributedError
-from .manifest import BASE_VERSION, FORMAT_VERSION, Layout, Manifest, PackedInfo, ShardPiece, \
-    TensorEntry
+from .manifest import Layout, Manifest, PackedInfo, ShardPiece, TensorEntry, version_needed
 from .plan import plan_commit
 from .policy import Policy
 from .records import plan_entries, plan_packed_info
@@ -183,7 +182,7 @@ def assemble_manifest(commit_id: str, parent: Manifest | None, message: str,
     packs = list({p.pack.array: p.pack for p in parts if p.pack is not None}.values())
     stored = sum(p.stored_bytes for p in parts)
     try:
-        return Manifest(format_version=FORMAT_VERSION if shards or packs else BASE_VERSION,
+        return Manifest(format_version=version_needed([*tensors, *shards], bool(shards or packs)),
                         id=commit_id, parent=parent.id if parent else None,
                         generation=parent.generation + 1 if parent else 0, time=time.time(),
                         message=message, metadata=metadata, tree=tree, tensors=tensors,

@@ -19,12 +19,12 @@ import torch
 
 from .arrays import ChunkGrid, tensor_to_host, write_array
 from .chains.decide import CodesBase
-from .chains.replay import changed_rows
-from .chunkcodec import BloscLossless, CodeDelta, Encoded, QuantizedLossy
+from .chains.replay import changed_rows, xor_bits
+from .chunkcodec import BloscLossless, CodeDelta, Encoded, PlanesLossless, QuantizedLossy
 from .layout import PACKED_ARRAY, ZARR_JSON, array_dir, data_dir, part_array
 from .manifest import Blob
 from .pending import Progress
-from .plan import ArrayItem, CodesItem, CommitPlan, PackedItem, PlanItem, RowsItem
+from .plan import ArrayItem, CodesItem, CommitPlan, PackedItem, PlanItem, RowsItem, XorItem
 from .staging import StagingPool
 from .storage import Storage
 
@@ -195,6 +195,19 @@ def _write_code_deltas(storage: Storage, commit_id: str, p: CodesItem, host: np.
     return _Pending(p.index, futures, parts, fraction=1.0, codes=codes)
 
 
+def _write_xor(storage: Storage, commit_id: str, p: XorItem, host: np.ndarray,
+               submit: Submit) -> _Pending:
+    reference = p.start.reference
+    assert reference is not None and reference.shape == host.shape
+    bits = xor_bits(host, reference)
+    name = part_array(p.array, "xor")
+    codec = PlanesLossless()
+    futures = write_array(storage, array_dir(commit_id, name), bits, p.grid, codec,
+                          _attrs(p, part="xor"), submit)
+    return _Pending(p.index, futures, {"xor": _blob(bits, commit_id, name, p.grid,
+                                                    codec.config())}, fraction=1.0)
+
+
 def _write_rows(storage: Storage, commit_id: str, p: RowsItem, host: np.ndarray,
                 submit: Submit, chunk_bytes: int) -> _Pending:
     start = p.start
@@ -236,6 +249,8 @@ def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
         host = snap.arrays[p.index]
         if isinstance(p, CodesItem):
             pending.append(_write_code_deltas(storage, commit_id, p, host, submit))
+        elif isinstance(p, XorItem):
+            pending.append(_write_xor(storage, commit_id, p, host, submit))
         elif isinstance(p, RowsItem):
             pending.append(_write_rows(storage, commit_id, p, host, submit, chunk_bytes))
         else:

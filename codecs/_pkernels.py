@@ -95,10 +95,8 @@ def merge_planes(planes, itemsize, rotate, dst):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True)
 def plane_stats(plane, block, freq):  # pragma: no cover - compiled
-    """Byte histograms of each block into ``freq[nblocks, 256]``; returns the count of bytes
-    equal to their predecessor (runs beyond what the histogram predicts point to zstd)."""
+    """Byte histograms of each block of ``plane`` into ``freq[nblocks, 256]``."""
     n = plane.size
-    repeats = 0
     h = np.zeros((4, 256), np.int64)  # four interleaved histograms: no store-to-load stalls
     for b in range((n + block - 1) // block):
         start = b * block
@@ -106,23 +104,16 @@ def plane_stats(plane, block, freq):  # pragma: no cover - compiled
         h[:] = 0
         i = start
         while i + 4 <= stop:
-            a0, a1, a2, a3 = plane[i], plane[i + 1], plane[i + 2], plane[i + 3]
-            h[0, a0] += 1
-            h[1, a1] += 1
-            h[2, a2] += 1
-            h[3, a3] += 1
-            repeats += (a0 == a1) + (a1 == a2) + (a2 == a3)
-            if i + 4 < stop:
-                repeats += a3 == plane[i + 4]
+            h[0, plane[i]] += 1
+            h[1, plane[i + 1]] += 1
+            h[2, plane[i + 2]] += 1
+            h[3, plane[i + 3]] += 1
             i += 4
         while i < stop:
             h[0, plane[i]] += 1
-            if i + 1 < stop:
-                repeats += plane[i] == plane[i + 1]
             i += 1
         for v in range(256):
             freq[b, v] = h[0, v] + h[1, v] + h[2, v] + h[3, v]
-    return repeats
 
 
 @njit(cache=True, nogil=True)
@@ -208,6 +199,8 @@ def huffman_encode(plane, block, freq, out):  # pragma: no cover - compiled
     lens64 = np.zeros(256, np.int64)
     codes = np.zeros(256, np.uint64)
     words = np.empty((block * MAX_LEN) // 32 + 2, np.uint32)
+    table = np.zeros(256, np.uint64)
+    low = np.uint64(0xFFFFFFFF)
     for b in range((n + block - 1) // block):
         start = b * block
         stop = min(n, start + block)
@@ -230,19 +223,21 @@ def huffman_encode(plane, block, freq, out):  # pragma: no cover - compiled
             out[pos] = v
             pos += 1
         _canonical(lens64, codes)
+        for v in range(256):  # one load per symbol: code | length << 32
+            table[v] = codes[v] | (lens[v] << np.uint64(32))
         # the bits go to an aligned word buffer first: one 32-bit store per word
         nwords = 0
         acc = np.uint64(0)
         nbits = np.uint64(0)
         i = start
         while i < stop:  # two symbols (<= 24 bits) per flush: at most 55 bits in acc
-            s = plane[i]
-            acc |= codes[s] << nbits
-            nbits += lens[s]
+            e = table[plane[i]]
+            acc |= (e & low) << nbits
+            nbits += e >> np.uint64(32)
             if i + 1 < stop:
-                s = plane[i + 1]
-                acc |= codes[s] << nbits
-                nbits += lens[s]
+                e = table[plane[i + 1]]
+                acc |= (e & low) << nbits
+                nbits += e >> np.uint64(32)
             i += 2
             words[nwords] = np.uint32(acc & np.uint64(0xFFFFFFFF))  # kept when 32 bits are full
             full = nbits >> np.uint64(5)

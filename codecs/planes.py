@@ -47,10 +47,12 @@ _ITEMSIZES = (1, 2, 4, 8)
 _ZSTD = Zstd(level=1)
 #: zstd expands at most ~32768x (an RLE block of 128 KiB in 4 bytes)
 _ZSTD_MAX_RATIO = 1 << 15
-#: a plane is Huffman coded when its estimated size is below this share of its bytes
+#: a plane is Huffman coded when its sampled entropy is below this share of its bytes
 HUFFMAN_BELOW = 0.985
-#: zstd is tried when this share of bytes more than the histogram predicts equal their neighbour
-EXTRA_REPEATS = 0.02
+#: zstd replaces Huffman when, on a contiguous sample, it beats the sample's entropy by this share
+ZSTD_GAIN = 0.01
+#: bytes of each sample the choice is made on
+SAMPLE = 1 << 16
 
 
 def _check_config(itemsize: int, block: int) -> None:
@@ -60,35 +62,55 @@ def _check_config(itemsize: int, block: int) -> None:
         raise CodecError(f"block must be between 1024 and 2**24 bytes, not {block!r}")
 
 
-def _entropy_bytes(freq: np.ndarray) -> float:
-    """Order-0 entropy of each block's histogram, summed, in bytes."""
+def _huffman_share(freq: np.ndarray) -> float:
+    """Bytes a Huffman code of this histogram spends, as a share of the bytes counted (at least
+    one bit a byte: a plane of long zero runs costs Huffman far more than its entropy)."""
+    lens = np.zeros(256, np.int64)
+    if freq.sum() == 0:
+        return 0.0
+    PK._code_lengths(freq, lens)
+    return float((freq * lens).sum() / 8 / freq.sum())
+
+
+def _entropy_share(freq: np.ndarray) -> float:
+    """Order-0 entropy of each histogram row, summed, as a share of the bytes counted."""
+    freq = np.atleast_2d(freq)
     total = freq.sum(axis=1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
         p = np.where(freq > 0, freq / np.maximum(total, 1), 1.0)
-        return float(-(freq * np.log2(p)).sum() / 8)
+        return float(-(freq * np.log2(p)).sum() / 8 / max(int(total.sum()), 1))
 
 
-def _encode_plane(plane: np.ndarray, block: int) -> tuple[int, bytes | np.ndarray]:
-    """The cheapest of raw, Huffman and zstd for one plane: (method, payload)."""
+def _encode_plane(plane: np.ndarray, block: int, out: np.ndarray) -> tuple[int, int]:
+    """Write the cheapest of raw, Huffman and zstd for one plane into ``out``; returns
+    (method, bytes written). The choice is made on samples, so that a plane that stays raw
+    costs almost nothing: the entropy of a strided sample says whether Huffman pays, zstd on a
+    contiguous sample whether runs and repeats beat Huffman's size by more than ``ZSTD_GAIN``."""
     n = plane.size
-    freq = np.zeros(((n + block - 1) // block, 256), np.int64)
-    repeats = PK.plane_stats(plane, block, freq)
-    best: tuple[int, bytes | np.ndarray] = (RAW, plane)
-    if _entropy_bytes(freq) < HUFFMAN_BELOW * n:
-        out = np.empty(PK.huffman_bound(n, block), np.uint8)
+    step = max(1, n // SAMPLE)
+    strided = _entropy_share(np.bincount(plane[::step], minlength=256))
+    piece = plane[(n - min(n, SAMPLE)) // 2:][:SAMPLE]
+    if piece.size >= 64:
+        z = _ZSTD.encode(piece)
+        huff = _huffman_share(np.bincount(piece, minlength=256))
+        if len(z) < (min(huff, 1.0) - ZSTD_GAIN) * piece.size:
+            z = _ZSTD.encode(plane) if piece.size < n else z
+            if len(z) < n:
+                out[:len(z)] = np.frombuffer(z, np.uint8)
+                return ZSTD, len(z)
+    if strided < HUFFMAN_BELOW:
+        freq = np.zeros(((n + block - 1) // block, 256), np.int64)
+        PK.plane_stats(plane, block, freq)
         size = PK.huffman_encode(plane, block, freq, out)
         if size < n:
-            best = (HUFFMAN, out[:size])
-    p = freq.sum(axis=0) / max(n, 1)
-    if n > 1 and repeats / (n - 1) > float((p * p).sum()) + EXTRA_REPEATS:
-        z = _ZSTD.encode(plane)
-        if len(z) < len(best[1]):
-            best = (ZSTD, z)
-    return best
+            return HUFFMAN, size
+    out[:n] = plane
+    return RAW, n
 
 
-def planes_encode(data, itemsize: int = 4, rotate: bool = True, block: int = 1 << 17) -> bytes:
-    """Encode a buffer of ``itemsize``-byte numbers to the BytePlanes layout."""
+def planes_encode(data, itemsize: int = 4, rotate: bool = True,
+                  block: int = 1 << 17) -> np.ndarray:
+    """Encode a buffer of ``itemsize``-byte numbers to the BytePlanes layout (a uint8 array)."""
     _check_config(itemsize, block)
     src = ensure_contiguous_ndarray(data).reshape(-1).view(np.uint8)
     if src.size % itemsize:
@@ -101,12 +123,14 @@ def planes_encode(data, itemsize: int = 4, rotate: bool = True, block: int = 1 <
     else:
         planes = np.empty((itemsize, n), np.uint8)
         PK.split_planes(src, itemsize, rotate, planes)
-    parts: list[bytes | np.ndarray] = [_HEAD.pack(VERSION, itemsize, int(rotate), 0, src.size,
-                                                  block)]
+    out = np.empty(_HEAD.size + itemsize * (_PLANE.size + PK.huffman_bound(n, block)), np.uint8)
+    _HEAD.pack_into(out, 0, VERSION, itemsize, int(rotate), 0, src.size, block)
+    pos = _HEAD.size
     for p in range(itemsize):
-        method, payload = _encode_plane(planes[p], block)
-        parts += [_PLANE.pack(method, len(payload)), payload]
-    return b"".join(bytes(x) if isinstance(x, np.ndarray) else x for x in parts)
+        method, size = _encode_plane(planes[p], block, out[pos + _PLANE.size:])
+        _PLANE.pack_into(out, pos, method, size)
+        pos += _PLANE.size + size
+    return out[:pos]
 
 
 def planes_decode(buf, out: np.ndarray | None = None) -> np.ndarray:
@@ -235,7 +259,7 @@ class BytePlanes(Codec):
         _check_config(itemsize, block)
         self.itemsize, self.rotate, self.block = int(itemsize), bool(rotate), int(block)
 
-    def encode(self, buf) -> bytes:
+    def encode(self, buf) -> np.ndarray:
         return planes_encode(buf, self.itemsize, self.rotate, self.block)
 
     def decode(self, buf, out=None):

@@ -147,7 +147,7 @@ class BytePlanesCodec(BytesBytesCodec):
 
     def _encode_sync(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer | None:
         enc = BytePlanes(**self.configuration).encode(chunk_bytes.as_numpy_array())
-        return chunk_spec.prototype.buffer.from_bytes(enc)
+        return chunk_spec.prototype.buffer.from_array_like(enc)
 
     async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer:
         return await asyncio.to_thread(self._decode_sync, chunk_bytes, chunk_spec)

@@ -8,6 +8,9 @@ Kinds of a tensor entry (Check-N-Run section 5.1, DynaQuant section 6):
 - ``consecutive``: the rows changed since the previous commit; restore replays the chain.
 - ``delta``: quantization codes of a dense tensor as cyclic deltas against the previous commit's
   codes, rearranged by base bucket (restore replays code deltas, then dequantizes once).
+- ``xor``: the bits of a lossless dense tensor XOR the previous commit's bits, byte-plane coded
+  (sign, exponent and high mantissa bytes of a slowly moving tensor XOR to mostly zeros; restore
+  XORs the chain onto the baseline).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..chunkcodec import LOSSLESS_IDS
 from ..manifest import Kind, Layout, Manifest, TensorEntry
 from ..policy import Policy, Want
 
@@ -118,6 +122,14 @@ def plan_chain(policy: Policy, want: Want, quantized: bool, tip: Manifest | None
                 return None
             return ChainLink(Kind.CONSECUTIVE, tip.id, prev.chain + 1)
         return None
+    if want == "xor" and not quantized:
+        if prev.kind not in (Kind.FULL, Kind.XOR) or prev.chain + 1 > policy.max_chain:
+            return None
+        if (prev.codec or {}).get("id") not in LOSSLESS_IDS:
+            return None
+        if ref is None or ref.commit != tip.id or not ref.has_values:
+            return None
+        return ChainLink(Kind.XOR, tip.id, prev.chain + 1)
     if want == "codes" and quantized:
         if prev.kind not in (Kind.FULL, Kind.DELTA) or prev.chain + 1 > policy.max_chain:
             return None

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..arrays import ChunkGrid, dtype_name
-from ..chunkcodec import QuantizedLossy
+from ..chunkcodec import LOSSLESS_IDS, QuantizedLossy
 from ..manifest import Kind, Manifest
 from ..plan import FULL_LOSSLESS, ArrayItem, CommitPlan, Decide, TensorDecision
 from ..policy import Policy
@@ -30,7 +30,7 @@ class Shadow:
     """What the store remembers of a tensor after committing it on a branch.
 
     ``commit`` is the commit the reference belongs to: the baseline (one-shot, intermittent) or
-    the last commit (consecutive, delta). Tracker rows are updated in place as commits land.
+    the last commit (consecutive, delta, xor). Tracker rows are updated in place as commits land.
     """
 
     commit: str
@@ -99,6 +99,8 @@ class ChainMemory:
                 if shadow.grid_chunks != tuple(grid.chunks):
                     return TensorDecision(d.want, codec)
                 return TensorDecision(d.want, codec, ChainStart(link, base_codes=shadow.codes))
+            if link.kind == Kind.XOR:
+                return TensorDecision(d.want, codec, ChainStart(link, reference=shadow.values))
             mask = None
             if tracked and shadow.unsaved is not None:
                 mask = shadow.unsaved.copy()
@@ -115,9 +117,16 @@ class ChainMemory:
         """Update the references after ``commit_id`` became the tip of ``branch``; ``host`` and
         ``codes`` are the snapshot's arrays and the kept codes, by plan item index."""
         for p in plan.tensors:
-            if not isinstance(p, ArrayItem) or p.want not in ("rows", "codes"):
+            if not isinstance(p, ArrayItem) or p.want not in ("rows", "codes", "xor"):
                 continue
             key = (branch, p.path)
+            if p.want == "xor":  # every commit is the reference of the next XOR
+                if p.codec.codec_id in LOSSLESS_IDS:
+                    self._shadows[key] = Shadow(commit_id, values=np.array(host[p.index],
+                                                                           copy=True))
+                else:
+                    self._shadows.pop(key, None)
+                continue
             if p.want == "codes":
                 kept = codes.get(p.index)
                 if kept:

@@ -1,6 +1,6 @@
-"""Replaying chains: which rows changed (write side), and rebuilding a tensor from its chain
-(read side: rows applied in order onto the baseline, or code deltas applied per chunk and
-dequantized once)."""
+"""Replaying chains: which rows changed and the XOR of two versions (write side), and rebuilding a
+tensor from its chain (read side: rows applied in order onto the baseline, XORs applied onto it,
+or code deltas applied per chunk and dequantized once)."""
 
 from __future__ import annotations
 
@@ -15,19 +15,46 @@ from ..errors import CorruptedChunkError, ManifestError
 from ..layout import array_dir, chunk_key
 from ..manifest import Blob, Kind, Layout, TensorEntry
 
-__all__ = ["apply_rows", "changed_rows", "replay_code_deltas"]
+__all__ = ["apply_rows", "apply_xors", "changed_rows", "replay_code_deltas", "xor_bits"]
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """``a``'s bits as unsigned integers of its item size (bytes for other sizes)."""
+    width = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(a.dtype.itemsize)
+    return a.view(width) if width else a.view(np.uint8)
 
 
 def changed_rows(current: np.ndarray, reference: np.ndarray) -> np.ndarray:
     """Indices (int64) of rows whose bits differ; NaNs compare by bits, so nothing is missed."""
     if current.shape != reference.shape:
         raise ValueError("shape changed: a chain needs a full commit")
-    width = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(current.dtype.itemsize)
-    a = current.view(width) if width else current.view(np.uint8)
-    b = reference.view(width) if width else reference.view(np.uint8)
+    a, b = _bits(current), _bits(reference)
     rows = a.shape[0]
     diff = np.not_equal(a.reshape(rows, -1), b.reshape(rows, -1)).any(axis=1)
     return np.flatnonzero(diff).astype(np.int64)
+
+
+def xor_bits(current: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """The bits of ``current`` XOR ``reference``, as an array of ``current``'s dtype (bits that
+    did not change are zeros: a float's sign and exponent bytes, mostly, for a small update)."""
+    if current.shape != reference.shape or current.dtype != reference.dtype:
+        raise ValueError("shape or dtype changed: a chain needs a full commit")
+    return np.bitwise_xor(_bits(current), _bits(reference)).view(current.dtype)
+
+
+def apply_xors(out: np.ndarray, links: list[TensorEntry],
+               read_blob: Callable[[Blob], np.ndarray]) -> np.ndarray:
+    """XOR the bits of each link, oldest first, onto the baseline ``out``."""
+    if not out.flags.writeable:
+        out = out.copy()
+    acc = _bits(out)
+    for link in links:
+        x = read_blob(link.parts["xor"])
+        if x.shape != out.shape or x.dtype.itemsize != out.dtype.itemsize:
+            raise ManifestError(f"xor of {link.path!r} in {link.parts['xor'].commit} does not "
+                                "fit the tensor")
+        np.bitwise_xor(acc, _bits(x), out=acc)
+    return out
 
 
 def apply_rows(out: np.ndarray, increments: list[TensorEntry],

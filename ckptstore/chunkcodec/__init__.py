@@ -11,6 +11,7 @@ id        class               module
 ========  ==================  ==================================================
 blosc     BloscLossless       :mod:`.lossless`
 raw       RawLossless         :mod:`.lossless`
+planes    PlanesLossless      :mod:`.lossless`
 quantize  QuantizedLossy      :mod:`.quantized`
 qdelta    CodeDelta           :mod:`.quantized` (decodes only against base codes)
 ========  ==================  ==================================================
@@ -48,15 +49,17 @@ A store that records an id this ckptstore does not know fails to read with a
 """
 
 from .base import ChunkCodec, Encoded, add_crc, check_crc, encoded_size
-from .lossless import BloscLossless, RawLossless, lossless_codec
+from .lossless import LOSSLESS_IDS, BloscLossless, PlanesLossless, RawLossless, lossless_codec
 from .quantized import CodeDelta, QuantizedLossy
 from .registry import chunk_codec_ids, codec_from_config, register_chunk_codec
 
 __all__ = [
+    "LOSSLESS_IDS",
     "BloscLossless",
     "ChunkCodec",
     "CodeDelta",
     "Encoded",
+    "PlanesLossless",
     "QuantizedLossy",
     "RawLossless",
     "add_crc",

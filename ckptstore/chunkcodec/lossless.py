@@ -7,15 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from ckptcodecs import CodecError
-from ckptcodecs.planes import planes_decode, planes_encode
 from numcodecs import Blosc
 
 from ..errors import CorruptedChunkError
 from .base import ChunkCodec, Encoded, add_crc, check_crc
 from .registry import register_chunk_codec
 
-__all__ = ["BloscLossless", "PlanesLossless", "RawLossless", "lossless_codec"]
+__all__ = ["LOSSLESS_IDS", "BloscLossless", "PlanesLossless", "RawLossless", "lossless_codec"]
 
 _SHUFFLES = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE,
              "bitshuffle": Blosc.BITSHUFFLE}
@@ -111,10 +109,16 @@ class PlanesLossless(ChunkCodec):
         ]
 
     def encode(self, chunk: np.ndarray) -> Encoded:
-        return add_crc(planes_encode(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8),
-                                     self._itemsize(chunk.dtype.itemsize), True, self.block))
+        from ckptcodecs.planes import planes_encode  # numba: loaded on first use
+
+        return add_crc(memoryview(planes_encode(
+            np.ascontiguousarray(chunk).reshape(-1).view(np.uint8),
+            self._itemsize(chunk.dtype.itemsize), True, self.block)))
 
     def decode(self, data: bytes, out: np.ndarray, where: str) -> None:
+        from ckptcodecs import CodecError
+        from ckptcodecs.planes import planes_decode
+
         body = check_crc(data, where)
         try:
             planes_decode(body, out.reshape(-1).view(np.uint8))
@@ -125,6 +129,10 @@ class PlanesLossless(ChunkCodec):
 #: ``EncodingOptions.compression`` -> the lossless codec it names.
 _LOSSLESS: dict[str, type[ChunkCodec]] = {"lz4": BloscLossless, "entropy": PlanesLossless,
                                           "none": RawLossless}
+
+
+#: ids of the lossless chunk codecs (an entry stored with one of them holds the exact bits)
+LOSSLESS_IDS = frozenset(c.codec_id for c in _LOSSLESS.values())
 
 
 def lossless_codec(compression: str) -> ChunkCodec:

@@ -14,7 +14,8 @@ from .rebase import Intermittent, RebasePredictor
 __all__ = ["Decision", "Policy", "QuantSpec", "Want"]
 
 IncrementalMode = Literal["off", "one-shot", "consecutive", "intermittent"]
-Want = Literal["full", "rows", "codes"]  # a whole tensor, changed rows, or code deltas
+# a whole tensor, changed rows, code deltas, or the lossless XOR with the previous commit
+Want = Literal["full", "rows", "codes", "xor"]
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ class QuantSpec:
 @dataclass(frozen=True)
 class Decision:
     """What the policy wants for one tensor: ``rows`` (incremental candidate), ``codes``
-    (code-delta candidate) or ``full``; and its quantization (None: lossless)."""
+    (code-delta candidate), ``xor`` (lossless delta candidate) or ``full``; and its
+    quantization (None: lossless)."""
 
     want: Want
     quant: QuantSpec | None = None
@@ -86,8 +88,10 @@ class Policy:
     quantize
         Lossy encoding of float tensors of at least ``min_quant_bytes`` (None: lossless).
     delta
-        Dense float tensors are stored as DynaQuant code deltas against the previous commit
-        (needs ``quantize``).
+        Dense tensors are stored as deltas against the previous commit: DynaQuant code deltas
+        where they are quantized, else (lossless) the XOR of their bits with the previous
+        commit's, byte-plane entropy coded (a host copy of each such tensor is kept between
+        commits to XOR against).
     max_chain
         Longest chain of increments or deltas before a full commit is forced.
     rebase
@@ -117,8 +121,6 @@ class Policy:
         if self.incremental not in ("off", "one-shot", "consecutive", "intermittent"):
             raise ValueError("incremental must be 'off', 'one-shot', 'consecutive' or "
                              f"'intermittent', not {self.incremental!r}")
-        if self.delta and self.quantize is None and not any(s for _, s in self.overrides):
-            raise ValueError("delta=True needs quantize=QuantSpec(...): deltas are of codes")
         if self.max_chain < 1:
             raise ValueError("max_chain must be >= 1")
 
@@ -147,4 +149,6 @@ class Policy:
             return Decision("rows", quant)
         if self.delta and quant is not None:
             return Decision("codes", quant)
+        if self.delta and tensor.dim() and nbytes >= self.min_quant_bytes:
+            return Decision("xor")
         return Decision("full", quant)

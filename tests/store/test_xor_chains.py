@@ -1,0 +1,122 @@
+"""Lossless XOR deltas (``Policy(delta=True)`` without quantize): exact on every dtype, smaller
+than full commits, bounded by ``max_chain``, safe under gc, refused by older readers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers import assert_bit_exact
+
+from ckptstore import EncodingOptions, Policy, QuantSpec
+from ckptstore.errors import FormatVersionError
+import ckptstore.manifest as manifest_module
+from ckptstore.manifest import BASE_VERSION, XOR_VERSION, decode_manifest, encode_manifest
+
+
+def _kinds(store, info):
+    return {e.path: (str(e.kind), e.chain) for e in store.manifest(info.id).tensors}
+
+
+def _walk(g, w, step=1e-3):
+    return w - step * torch.randn(w.shape, generator=g)
+
+
+def test_xor_chain_is_exact_and_smaller(open_backend_store):
+    store = open_backend_store(policy=Policy(delta=True, max_chain=4))
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(256, 128, generator=g)
+    ids, states, sizes, kinds = [], [], [], []
+    for _ in range(6):
+        w = _walk(g, w)
+        state = {"w": w.clone(), "count": torch.arange(20_000),
+                 "half": w.to(torch.bfloat16), "bias": torch.randn(16, generator=g)}
+        info = store.commit(state)
+        ids.append(info.id)
+        states.append(state)
+        sizes.append(info.stored_bytes)
+        kinds.append(_kinds(store, info))
+    assert [k["w"] for k in kinds] == [("full", 0), ("xor", 1), ("xor", 2), ("xor", 3),
+                                       ("xor", 4), ("full", 0)]
+    assert kinds[1]["half"] == ("xor", 1) and kinds[1]["count"] == ("xor", 1)
+    assert kinds[1]["bias"] == ("full", 0)  # small: packed, never a chain
+    for cid, state in zip(ids, states):
+        assert_bit_exact(store.checkout(cid), state)
+    assert max(sizes[1:5]) < sizes[0] / 1.3
+    assert store.verify().ok
+
+
+def test_xor_entries_need_format_3(open_backend_store, monkeypatch):
+    store = open_backend_store(policy=Policy(delta=True))
+    w = torch.randn(200, 100)
+    first = store.commit({"w": w})
+    second = store.commit({"w": w + 1})
+    assert store.manifest(first.id).format_version == BASE_VERSION
+    assert store.manifest(second.id).format_version == XOR_VERSION
+    raw = encode_manifest(store.manifest(second.id))
+    assert raw[4] == XOR_VERSION
+    monkeypatch.setattr(manifest_module, "FORMAT_VERSION", 2)  # a reader of format 2
+    with pytest.raises(FormatVersionError, match="upgrade"):
+        decode_manifest(raw)
+
+
+def test_every_dtype_xors_exactly(tmp_path):
+    import ckptstore
+
+    store = ckptstore.open(tmp_path / "s", policy=Policy(delta=True, min_quant_bytes=1024),
+                           options=EncodingOptions(chunk_bytes=16 * 1024))
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(300, 40, generator=g)
+    dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
+              torch.int8, torch.complex64, torch.complex128]
+    states = []
+    for step in range(3):
+        x = base + step * 0.01
+        state = {str(d): (x * 50).to(d) if not d.is_complex else torch.complex(x, -x).to(d)
+                 for d in dtypes}
+        state["nan"] = torch.where(x > 1, torch.nan, x)
+        states.append((store.commit(state).id, state))
+    last = _kinds(store, store.log()[0])
+    assert set(last) == set(states[0][1]) and all(kind == "xor" for kind, _ in last.values())
+    for cid, state in states:
+        assert_bit_exact(store.checkout(cid), state)
+
+
+def test_gc_keeps_what_a_retained_xor_commit_needs(open_backend_store):
+    store = open_backend_store(policy=Policy(delta=True, max_chain=8))
+    w = torch.randn(128, 128)
+    states = []
+    for i in range(5):
+        states.append({"w": w + i})
+        store.commit(states[-1])
+    store.gc(keep_last=1, grace_period=0)
+    assert len(store.log()) >= 1
+    assert_bit_exact(store.checkout("main"), states[-1])
+    assert store.verify().ok
+
+
+def test_quantized_tensors_keep_code_deltas_and_lossless_ones_xor(tmp_path):
+    import ckptstore
+
+    policy = Policy(quantize=QuantSpec(bits=8), delta=True, overrides=(("ids", None),),
+                    min_quant_bytes=1024)
+    store = ckptstore.open(tmp_path / "s", policy=policy)
+    state = {"w": torch.randn(64, 64), "ids": torch.randn(64, 64)}
+    store.commit(state)
+    info = store.commit({k: v + 0.5 for k, v in state.items()})
+    kinds = _kinds(store, info)
+    assert kinds["w"][0] == "delta" and kinds["ids"][0] == "xor"
+    assert torch.equal(store.checkout(info.id)["ids"], state["ids"] + 0.5)
+
+
+def test_a_new_process_starts_with_a_full_baseline(tmp_path):
+    import ckptstore
+
+    w = torch.randn(200, 100)
+    ckptstore.open(tmp_path / "s", policy=Policy(delta=True)).commit({"w": w})
+    again = ckptstore.open(tmp_path / "s", policy=Policy(delta=True))
+    info = again.commit({"w": w + 1})  # no host reference in this process: no guessing
+    assert _kinds(again, info)["w"] == ("full", 0)
+    info = again.commit({"w": w + 2})
+    assert _kinds(again, info)["w"] == ("xor", 1)
+    np.testing.assert_array_equal(again.checkout(info.id)["w"].numpy(), (w + 2).numpy())
