@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from .chains.memory import ChainMemory
+from .dedup import Dedup
 from .errors import RefExists
 from .ids import new_commit_id
 from .info import CommitInfo
@@ -156,8 +157,10 @@ class Committer:
                ) -> CommitInfo:
         """Steps 4-7: persist, manifest, ref, then remember the chains and tag."""
         commit_id = new_commit_id()
+        dedup = Dedup.against(job.parent) if self.options.dedup else None
         done = persist(self.repo.storage, commit_id, job.plan, snap,          # 4. persist
-                       self.repo.executor, self.max_inflight, self.options.chunk_bytes, progress)
+                       self.repo.executor, self.max_inflight, self.options.chunk_bytes, progress,
+                       dedup=dedup)
         manifest = build_manifest(commit_id, job.parent, job.message, job.metadata, job.tree,
                                   job.plan, done)
         self.repo.write_manifest(manifest)                                    # 5. manifest

@@ -41,7 +41,7 @@ __all__ = [
 FORMAT_VERSION = 3   # the newest manifest format this library reads and writes
 BASE_VERSION = 1     # what a manifest without sharded or xor entries is written as (v1 reads it)
 SHARDED_VERSION = 2  # sharded entries and per-rank packed arrays
-XOR_VERSION = 3      # lossless xor chain entries
+XOR_VERSION = 3      # xor chain entries, changed rows as xor (xvalues), content digests
 MARKER_VERSION = 1   # the store marker: a store holds manifests of any version up to ours
 MAGIC = b"CKPT"
 _HEADER = len(MAGIC) + 1 + 32
@@ -105,8 +105,10 @@ class Blob(_Model):
         return self
 
 
-_CHAIN_PARTS = {Kind.INCREMENTAL: {"rows", "values"}, Kind.CONSECUTIVE: {"rows", "values"},
-                Kind.DELTA: {"codes"}, Kind.XOR: {"xor"}}
+# the parts each chain kind may have; ``xvalues``: changed rows XOR their old values (format 3)
+_ROWS_PARTS = ({"rows", "values"}, {"rows", "xvalues"})
+_CHAIN_PARTS = {Kind.INCREMENTAL: _ROWS_PARTS, Kind.CONSECUTIVE: _ROWS_PARTS,
+                Kind.DELTA: ({"codes"},), Kind.XOR: ({"xor"},)}
 
 
 class ShardPiece(_Model):
@@ -160,6 +162,7 @@ class TensorEntry(_Model):
     chain: int = Field(default=0, ge=0)
     fractions: list[float] | None = None
     pieces: list[ShardPiece] | None = None
+    digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")  # format 3
 
     @model_validator(mode="after")
     def _check_layout(self) -> TensorEntry:
@@ -170,8 +173,9 @@ class TensorEntry(_Model):
                 "sharded": ("pieces", "commit")}[self.layout]
         if (self.layout == Layout.CHAIN) != (self.kind != Kind.FULL):
             raise ValueError(f"kind '{self.kind}' does not go with layout '{self.layout}'")
-        if self.layout == Layout.CHAIN and set(self.parts or {}) != _CHAIN_PARTS[self.kind]:
-            raise ValueError(f"kind '{self.kind}' needs parts {sorted(_CHAIN_PARTS[self.kind])}")
+        if self.layout == Layout.CHAIN and set(self.parts or {}) not in _CHAIN_PARTS[self.kind]:
+            raise ValueError(f"kind '{self.kind}' needs parts " + " or ".join(
+                str(sorted(p)) for p in _CHAIN_PARTS[self.kind]))
         missing = [n for n in need if getattr(self, n) is None]
         if missing:
             raise ValueError(f"layout '{self.layout}' needs {missing}")
@@ -314,7 +318,7 @@ def _overlap(boxes: list[tuple[list[int], list[int]]], block: int = 1024) -> boo
 def version_needed(entries: list[TensorEntry], sharded: bool) -> int:
     """The oldest manifest format that holds these entries: older readers refuse what they
     cannot rebuild instead of misreading it."""
-    if any(e.kind == Kind.XOR for e in entries):
+    if any(e.kind == Kind.XOR or "xvalues" in (e.parts or {}) or e.digest for e in entries):
         return XOR_VERSION
     return SHARDED_VERSION if sharded else BASE_VERSION
 
@@ -325,8 +329,9 @@ def encode_manifest(m: Manifest) -> bytes:
         if not raw[key]:
             del raw[key]
     for e in (*raw["tensors"], *raw["storages"], *raw.get("shards", ())):
-        if e["pieces"] is None:
-            del e["pieces"]
+        for key in ("pieces", "digest"):  # absent, not None: earlier formats' exact layout
+            if e[key] is None:
+                del e[key]
     payload = msgpack.packb(raw, use_bin_type=True)
     return MAGIC + bytes([m.format_version]) + hashlib.sha256(payload).digest() + payload
 

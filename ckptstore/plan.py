@@ -51,6 +51,9 @@ class EncodingOptions:
         instead of one per bias vector).
     chunk_bytes
         Target size of a chunk before compression.
+    dedup
+        Record the sha256 of every full array and write none whose bits, encoding and chunk
+        grid equal the parent commit's on the same path (see :mod:`ckptstore.dedup`).
     compression
         ``"lz4"`` (blosc lz4 + bit-shuffle: fast, ~9% smaller on float32), ``"entropy"`` (byte
         planes, each Huffman, zstd or raw: fp32 ~18%, bf16 ~33%, Adam moments with zero rows
@@ -60,6 +63,7 @@ class EncodingOptions:
     pack_below: int = 64 * 1024
     chunk_bytes: int = CHUNK_BYTES
     compression: str = "lz4"
+    dedup: bool = False
 
     def codec(self) -> ChunkCodec:
         """The lossless chunk codec named by ``compression``."""

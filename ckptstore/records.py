@@ -25,8 +25,11 @@ def _entry(p: PlanItem, commit_id: str, done: WriteResult | None,
                            chain=link.chain, parts=dict(done.parts), codec=p.codec.config(),
                            chunks=list(p.grid.chunks), nbytes=p.nbytes, fractions=fractions)
     if isinstance(p, ArrayItem):
-        return TensorEntry(**common, commit=commit_id, array=p.array, codec=p.codec.config(),
-                           chunks=list(p.grid.chunks), nbytes=p.nbytes)
+        reused = done.reused if done is not None else None
+        return TensorEntry(**common, commit=reused.commit if reused else commit_id,
+                           array=reused.array if reused else p.array, codec=p.codec.config(),
+                           chunks=list(p.grid.chunks), nbytes=p.nbytes,
+                           digest=done.digest if done is not None else None)
     if isinstance(p, PackedItem):
         return TensorEntry(**common, commit=commit_id, offset=p.offset, nbytes=p.nbytes,
                            array=pack)

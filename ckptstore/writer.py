@@ -20,7 +20,9 @@ import torch
 from .arrays import ChunkGrid, tensor_to_host, write_array
 from .chains.decide import CodesBase
 from .chains.replay import changed_rows, xor_bits
-from .chunkcodec import BloscLossless, CodeDelta, Encoded, PlanesLossless, QuantizedLossy
+from .chunkcodec import LOSSLESS_IDS, BloscLossless, CodeDelta, Encoded, PlanesLossless, \
+    QuantizedLossy
+from .dedup import Dedup, Reused, content_digest
 from .layout import PACKED_ARRAY, ZARR_JSON, array_dir, data_dir, part_array
 from .manifest import Blob
 from .pending import Progress
@@ -119,6 +121,8 @@ class WriteResult:
     parts: Mapping[str, Blob] = field(default_factory=dict)
     fraction: float | None = None
     codes: CodesBase | None = None
+    digest: str | None = None     # sha256 of the bits (dedup)
+    reused: Reused | None = None  # the bits were already stored there: nothing written
 
 
 @dataclass(frozen=True, eq=False)
@@ -142,10 +146,12 @@ class _Pending:
     parts: dict[str, Blob] = field(default_factory=dict)
     fraction: float | None = None
     codes: CodesBase | None = None
+    digest: str | None = None
+    reused: Reused | None = None
 
     def result(self) -> WriteResult:
         return WriteResult(self.index, sum(f.result() for f in self.futures), self.parts,
-                           self.fraction, self.codes)
+                           self.fraction, self.codes, self.digest, self.reused)
 
 
 def _attrs(p: PlanItem, **extra: str) -> dict[str, dict[str, str]]:
@@ -159,11 +165,17 @@ def _blob(a: np.ndarray, commit: str, name: str, grid: ChunkGrid, codec: dict[st
 
 
 def _write_full(storage: Storage, commit_id: str, p: ArrayItem, host: np.ndarray,
-                submit: Submit) -> _Pending:
+                submit: Submit, dedup: Dedup | None) -> _Pending:
     prefix = array_dir(commit_id, p.array)
     if not (p.keep_codes and isinstance(p.codec, QuantizedLossy)):
-        return _Pending(p.index, write_array(storage, prefix, host, p.grid, p.codec, _attrs(p),
-                                             submit))
+        if dedup is None:
+            return _Pending(p.index, write_array(storage, prefix, host, p.grid, p.codec,
+                                                 _attrs(p), submit))
+        digest = content_digest(host)
+        reused = dedup.find(p, digest)
+        futures = [] if reused else write_array(storage, prefix, host, p.grid, p.codec,
+                                                _attrs(p), submit)
+        return _Pending(p.index, futures, digest=digest, reused=reused)
     codes: CodesBase = {}
     codec = p.codec
 
@@ -215,12 +227,15 @@ def _write_rows(storage: Storage, commit_id: str, p: RowsItem, host: np.ndarray,
         rows = np.flatnonzero(start.tracked_rows).astype(np.int64)
     else:
         rows = changed_rows(host, start.reference)
-    values = host[rows]
+    values, part, codec = host[rows], "values", p.codec
+    if start.reference is not None and codec.codec_id in LOSSLESS_IDS:
+        # lossless rows whose old values are at hand: store what changed in their bits
+        values, part, codec = xor_bits(values, start.reference[rows]), "xvalues", PlanesLossless()
     pending = _Pending(p.index, [], fraction=len(rows) / max(host.shape[0], 1))
     rgrid = ChunkGrid.for_array(rows.shape, 8, chunk_bytes)
     vgrid = ChunkGrid.for_array(values.shape, values.dtype.itemsize, chunk_bytes)
     for part, arr, grid, codec in (("rows", rows, rgrid, _ROWS_CODEC),
-                                   ("values", values, vgrid, p.codec)):
+                                   (part, values, vgrid, codec)):
         name = part_array(p.array, part)
         pending.futures += write_array(storage, array_dir(commit_id, name), arr, grid, codec,
                                        _attrs(p, part=part), submit)
@@ -230,11 +245,13 @@ def _write_rows(storage: Storage, commit_id: str, p: RowsItem, host: np.ndarray,
 
 def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
             executor: Executor, max_inflight: int, chunk_bytes: int,
-            progress: Progress | None = None, packed_name: str = PACKED_ARRAY) -> Persisted:
+            progress: Progress | None = None, packed_name: str = PACKED_ARRAY,
+            dedup: Dedup | None = None) -> Persisted:
     """Write the commit's zarr group; return what was written, per plan item.
 
     ``progress`` counts bytes written as chunks land; ``packed_name`` names the array of small
-    tensors (each rank of a sharded commit writes its own).
+    tensors (each rank of a sharded commit writes its own); ``dedup`` (with the parent's
+    entries) digests every full array and skips those the parent already stores.
     """
     prefix = data_dir(commit_id)
     snap.ready()
@@ -255,7 +272,7 @@ def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
             pending.append(_write_rows(storage, commit_id, p, host, submit, chunk_bytes))
         else:
             assert isinstance(p, ArrayItem)
-            pending.append(_write_full(storage, commit_id, p, host, submit))
+            pending.append(_write_full(storage, commit_id, p, host, submit, dedup))
     packed: list[Future] = []
     if snap.packed is not None:
         packed = write_array(storage, array_dir(commit_id, packed_name), snap.packed,

@@ -59,17 +59,23 @@ def apply_xors(out: np.ndarray, links: list[TensorEntry],
 
 def apply_rows(out: np.ndarray, increments: list[TensorEntry],
                read_blob: Callable[[Blob], np.ndarray]) -> np.ndarray:
-    """Apply the changed rows of each increment, oldest first, onto the baseline ``out``."""
+    """Apply the changed rows of each increment, oldest first, onto the baseline ``out``
+    (``xvalues``: the new bits are the old ones XOR the stored ones)."""
     if not out.flags.writeable:
         out = out.copy()
     for inc in increments:
         rows = read_blob(inc.parts["rows"])
-        values = read_blob(inc.parts["values"])
+        xor = "xvalues" in inc.parts
+        values = read_blob(inc.parts["xvalues" if xor else "values"])
         if rows.ndim != 1 or values.shape != (len(rows), *out.shape[1:]) or (
-                rows.size and (rows.min() < 0 or rows.max() >= out.shape[0])):
+                rows.size and (rows.min() < 0 or rows.max() >= out.shape[0])) or (
+                xor and values.dtype.itemsize != out.dtype.itemsize):
             raise ManifestError(f"increment of {inc.path!r} in {inc.parts['rows'].commit} "
                                 "does not fit the tensor")
-        out[rows] = values
+        if xor:
+            _bits(out)[rows] = np.bitwise_xor(_bits(out)[rows], _bits(values))
+        else:
+            out[rows] = values
     return out
 
 

@@ -120,3 +120,47 @@ def test_a_new_process_starts_with_a_full_baseline(tmp_path):
     info = again.commit({"w": w + 2})
     assert _kinds(again, info)["w"] == ("xor", 1)
     np.testing.assert_array_equal(again.checkout(info.id)["w"].numpy(), (w + 2).numpy())
+
+
+@pytest.mark.parametrize("mode", ["one-shot", "consecutive", "intermittent"])
+def test_changed_rows_are_stored_as_xor_of_their_old_values(open_backend_store, mode):
+    store = open_backend_store(policy=Policy(incremental=mode, max_chain=8))
+    g = torch.Generator().manual_seed(3)
+    emb = torch.randn(4096, 16, generator=g)
+    states = []
+    for step in range(4):
+        rows = torch.randperm(4096, generator=g)[:200]
+        emb[rows] += 1e-3 * torch.randn(200, 16, generator=g)
+        states.append((store.commit({"emb": emb}), emb.clone()))
+    parts = [set(store.manifest(info.id).tensors[0].parts or {}) for info, _ in states]
+    assert parts[0] == set() and all(p == {"rows", "xvalues"} for p in parts[1:])
+    for info, expect in states:
+        assert torch.equal(store.checkout(info.id)["emb"], expect)
+        assert store.manifest(info.id).format_version == (
+            BASE_VERSION if info is states[0][0] else XOR_VERSION)
+    # a small step keeps sign and exponent: XORed rows shrink well below raw float bytes
+    last = store.manifest(states[-1][0].id).tensors[0]
+    assert last.parts["xvalues"].codec["id"] == "planes"
+    assert store.verify().ok
+
+
+def test_tracked_and_quantized_rows_keep_plain_values(tmp_path):
+    import ckptstore
+
+    emb = torch.nn.Embedding(4096, 16, sparse=True)
+    model = torch.nn.ModuleDict({"emb": emb})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    tracker = ckptstore.track(model, opt)
+    store = ckptstore.open(tmp_path / "s", policy=Policy(incremental="one-shot"))
+    store.commit({"model": model}, tracker=tracker)
+    emb(torch.arange(10)).sum().backward()
+    opt.step()
+    info = store.commit({"model": model}, tracker=tracker)
+    assert set(store.manifest(info.id).tensors[0].parts) == {"rows", "values"}  # no old values
+    quant = ckptstore.open(tmp_path / "q", policy=Policy(incremental="consecutive",
+                                                         quantize=QuantSpec(bits=8)))
+    w = torch.randn(4096, 16)
+    quant.commit({"w": w})
+    w[:5] += 1
+    info = quant.commit({"w": w})
+    assert set(quant.manifest(info.id).tensors[0].parts) == {"rows", "values"}

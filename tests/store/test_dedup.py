@@ -1,0 +1,89 @@
+"""Whole-array dedup (``EncodingOptions(dedup=True)``): unchanged tensors are referenced, not
+written again; gc keeps what a retained commit points into; digests are checked like any field."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_bit_exact
+
+import ckptstore
+from ckptstore import EncodingOptions
+from ckptstore.manifest import BASE_VERSION, XOR_VERSION, TensorEntry
+
+
+def _frozen(n: int = 8) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {f"layer{i}": torch.randn(128, 256, generator=g) for i in range(n)}
+
+
+def test_a_fine_tune_of_one_percent_stores_about_one_copy(open_backend_store):
+    store = open_backend_store(options=EncodingOptions(dedup=True))
+    frozen = _frozen()
+    adapter = torch.zeros(128, 3)  # ~1 % of the parameters train
+    total = 0
+    states = []
+    for step in range(10):
+        adapter += 0.01 * (step + 1)
+        states.append({"frozen": frozen, "adapter": adapter.clone(), "step": step})
+        info = store.commit(states[-1])
+        total += info.stored_bytes
+        if step == 0:
+            one_copy = info.stored_bytes
+    assert total <= 1.1 * one_copy
+    first = store.log()[-1].id
+    for e in store.manifest(store.log()[0].id).tensors:
+        if e.path.startswith("frozen."):
+            assert e.commit == first and e.digest.startswith("sha256:")
+    assert_bit_exact(store.checkout("main"), states[-1])
+    assert store.verify().ok
+
+
+def test_gc_keeps_arrays_that_later_commits_reuse(open_backend_store):
+    store = open_backend_store(options=EncodingOptions(dedup=True))
+    frozen = _frozen(3)
+    for step in range(4):
+        store.commit({"frozen": frozen, "step": step})
+    store.gc(keep_last=1, grace_period=0)
+    assert len(store.log()) == 1
+    assert_bit_exact(store.checkout("main"), {"frozen": frozen, "step": 3})
+    assert store.verify().ok
+
+
+def test_changed_bits_or_encoding_are_written(tmp_path):
+    store = ckptstore.open(tmp_path / "s", options=EncodingOptions(dedup=True))
+    w = torch.randn(256, 256)
+    a = store.commit({"w": w})
+    w[3, 4] = float(w[3, 4]) + 1e-6  # one element: another digest
+    b = store.commit({"w": w})
+    assert store.manifest(b.id).tensors[0].commit == b.id and b.stored_bytes > 100_000
+    other = ckptstore.open(tmp_path / "s", options=EncodingOptions(dedup=True,
+                                                                   compression="none"))
+    c = other.commit({"w": w})  # same bits, another codec: not the parent's array
+    assert other.manifest(c.id).tensors[0].commit == c.id
+    d = other.commit({"w": w})
+    assert other.manifest(d.id).tensors[0].commit == c.id and d.stored_bytes < 1000
+    assert store.manifest(a.id).format_version == XOR_VERSION
+
+
+def test_without_dedup_manifests_stay_format_1(tmp_path):
+    store = ckptstore.open(tmp_path / "s")
+    info = store.commit({"w": torch.randn(256, 256)})
+    m = store.manifest(info.id)
+    assert m.format_version == BASE_VERSION and m.tensors[0].digest is None
+
+
+@pytest.mark.parametrize("digest", ["sha256:xyz", "md5:" + "0" * 32, "sha256:" + "0" * 63])
+def test_malformed_digests_are_refused(digest):
+    with pytest.raises(ValueError):
+        TensorEntry(path="w", dtype="float32", shape=[1], layout="array",
+                    commit="0" * 32, array="w", codec={"id": "raw"}, chunks=[1], digest=digest)
+
+
+def test_a_digest_never_reuses_data_of_another_path(tmp_path):
+    store = ckptstore.open(tmp_path / "s", options=EncodingOptions(dedup=True))
+    w = torch.randn(256, 256)
+    store.commit({"a": w})
+    info = store.commit({"b": w})  # same bits under a new name: written (dedup is by path)
+    assert store.manifest(info.id).tensors[0].commit == info.id
+    assert info.stored_bytes > 200_000
