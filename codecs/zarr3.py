@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from zarr.abc.codec import ArrayBytesCodec, BytesBytesCodec
@@ -36,30 +36,50 @@ if TYPE_CHECKING:
 __all__ = ["BytePlanesCodec", "QuantizeCodec", "RLEHuffmanCodec"]
 
 
-@dataclass(frozen=True)
-class QuantizeCodec(ArrayBytesCodec):
-    """zarr v3 serializer over :class:`ckptcodecs.Quantize` (same keyword arguments)."""
+class _InThread:
+    """The codec's work runs in a thread (``asyncio.to_thread``), off zarr's event loop."""
 
-    is_fixed_size = False
+    async def _decode_single(self, chunk, chunk_spec: ArraySpec):
+        return await asyncio.to_thread(self._decode_sync, chunk, chunk_spec)
+
+    async def _encode_single(self, chunk, chunk_spec: ArraySpec):
+        return await asyncio.to_thread(self._encode_sync, chunk, chunk_spec)
+
+
+class _Configured:
+    """A codec named ``codec_name`` whose configuration is the keyword arguments of the
+    numcodecs codec ``numcodec`` (validated by constructing it)."""
+
+    codec_name: ClassVar[str]
+    numcodec: ClassVar[type]
     configuration: dict[str, Any]
 
     def __init__(self, **configuration: Any) -> None:
-        codec = Quantize(**configuration)  # validates
-        cfg = codec.get_config()
+        cfg = self.numcodec(**configuration).get_config()  # validates
         cfg.pop("id")
         object.__setattr__(self, "configuration", cfg)
 
     @classmethod
     def from_dict(cls, data: dict[str, JSON]) -> Self:
-        _, cfg = parse_named_configuration(data, "ckpt.quantize", require_configuration=False)
+        _, cfg = parse_named_configuration(data, cls.codec_name, require_configuration=False)
         return cls(**(cfg or {}))
 
     def to_dict(self) -> dict[str, JSON]:
-        return {"name": "ckpt.quantize", "configuration": dict(self.configuration)}
+        return {"name": self.codec_name, "configuration": dict(self.configuration)}
 
     @property
-    def _codec(self) -> Quantize:
-        return Quantize(**self.configuration)
+    def _codec(self):
+        return self.numcodec(**self.configuration)
+
+
+@dataclass(frozen=True, init=False)  # __init__ of _Configured
+class QuantizeCodec(_InThread, _Configured, ArrayBytesCodec):
+    """zarr v3 serializer over :class:`ckptcodecs.Quantize` (same keyword arguments)."""
+
+    is_fixed_size = False
+    codec_name = "ckpt.quantize"
+    numcodec = Quantize
+    configuration: dict[str, Any]
 
     def validate(self, *, shape, dtype, chunk_grid) -> None:
         native = np.dtype(dtype.to_native_dtype())
@@ -79,18 +99,12 @@ class QuantizeCodec(ArrayBytesCodec):
         arr = np.ascontiguousarray(chunk_array.as_numpy_array())
         return chunk_spec.prototype.buffer.from_bytes(self._codec.encode(arr))
 
-    async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
-        return await asyncio.to_thread(self._decode_sync, chunk_bytes, chunk_spec)
-
-    async def _encode_single(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
-        return await asyncio.to_thread(self._encode_sync, chunk_array, chunk_spec)
-
     def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
         raise NotImplementedError("the size of a Quantize chunk depends on its data")
 
 
 @dataclass(frozen=True)
-class RLEHuffmanCodec(BytesBytesCodec):
+class RLEHuffmanCodec(_InThread, BytesBytesCodec):
     """zarr v3 compressor over :class:`ckptcodecs.RLEHuffman`."""
 
     is_fixed_size = False
@@ -111,49 +125,26 @@ class RLEHuffmanCodec(BytesBytesCodec):
         enc = rle_huffman_encode(chunk_bytes.as_numpy_array())
         return chunk_spec.prototype.buffer.from_bytes(enc)
 
-    async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer:
-        return await asyncio.to_thread(self._decode_sync, chunk_bytes, chunk_spec)
-
-    async def _encode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer | None:
-        return await asyncio.to_thread(self._encode_sync, chunk_bytes, chunk_spec)
-
     def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
         raise NotImplementedError("the size of an RLEHuffman chunk depends on its data")
 
 
-@dataclass(frozen=True)
-class BytePlanesCodec(BytesBytesCodec):
+@dataclass(frozen=True, init=False)  # __init__ of _Configured
+class BytePlanesCodec(_InThread, _Configured, BytesBytesCodec):
     """zarr v3 compressor over :class:`ckptcodecs.BytePlanes` (same keyword arguments)."""
 
     is_fixed_size = False
+    codec_name = "ckpt.byte_planes"
+    numcodec = BytePlanes
     configuration: dict[str, Any]
 
-    def __init__(self, **configuration: Any) -> None:
-        cfg = BytePlanes(**configuration).get_config()  # validates
-        cfg.pop("id")
-        object.__setattr__(self, "configuration", cfg)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, JSON]) -> Self:
-        _, cfg = parse_named_configuration(data, "ckpt.byte_planes", require_configuration=False)
-        return cls(**(cfg or {}))
-
-    def to_dict(self) -> dict[str, JSON]:
-        return {"name": "ckpt.byte_planes", "configuration": dict(self.configuration)}
-
     def _decode_sync(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer:
-        dec = BytePlanes(**self.configuration).decode(chunk_bytes.as_numpy_array())
-        return chunk_spec.prototype.buffer.from_array_like(dec)
+        return chunk_spec.prototype.buffer.from_array_like(
+            self._codec.decode(chunk_bytes.as_numpy_array()))
 
     def _encode_sync(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer | None:
-        enc = BytePlanes(**self.configuration).encode(chunk_bytes.as_numpy_array())
-        return chunk_spec.prototype.buffer.from_array_like(enc)
-
-    async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer:
-        return await asyncio.to_thread(self._decode_sync, chunk_bytes, chunk_spec)
-
-    async def _encode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer | None:
-        return await asyncio.to_thread(self._encode_sync, chunk_bytes, chunk_spec)
+        return chunk_spec.prototype.buffer.from_array_like(
+            self._codec.encode(chunk_bytes.as_numpy_array()))
 
     def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
         raise NotImplementedError("the size of a BytePlanes chunk depends on its data")
