@@ -55,14 +55,16 @@ class EncodingOptions:
         Record the sha256 of every full array and write none whose bits, encoding and chunk
         grid equal the parent commit's on the same path (see :mod:`ckptstore.dedup`).
     compression
-        ``"lz4"`` (blosc lz4 + bit-shuffle: fast, ~9% smaller on float32), ``"entropy"`` (byte
-        planes, each Huffman, zstd or raw: fp32 ~18%, bf16 ~33%, Adam moments with zero rows
-        ~75% smaller; 3-5x slower to encode than lz4) or ``"none"``.
+        ``"entropy"`` (the default: byte planes, each Huffman, zstd or raw; trained fp32 weights
+        ~1.22x smaller, bf16 ~1.5x, Adam moments ~2.5x; commits as fast as ``"lz4"``, checks
+        out 2x faster), ``"lz4"`` (blosc lz4 + bit-shuffle, the default before format 3:
+        ~1.16x on fp32) or ``"none"`` (raw bits: the fastest synchronous commit on a local
+        disk, no smaller).
     """
 
     pack_below: int = 64 * 1024
     chunk_bytes: int = CHUNK_BYTES
-    compression: str = "lz4"
+    compression: str = "entropy"
     dedup: bool = False
 
     def codec(self) -> ChunkCodec:
