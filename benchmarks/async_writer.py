@@ -118,6 +118,10 @@ def state_bytes(state: dict[str, Any]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors_of(state))
 
 
+#: the encoding of the stall and train stores (``--compression``)
+OPTIONS: list = [None]
+
+
 def train_a_bit(state: dict[str, Any], round_: int, frac: float = 0.01) -> None:
     """What happens between two commits: 1 % of the embedding rows and every dense weight
     change (deterministic for a round)."""
@@ -189,7 +193,7 @@ def stall_case(size_mb: int, policy: str, repeat: int, warmup: int, root: str,
     bare_copy()  # warm: buffers allocated and touched
     res = StallResult(state_bytes(state), policy, len(tensors))
     folder = tempfile.mkdtemp(prefix=f"stall-{size_mb}-", dir=root)
-    store = ckptstore.open(folder, policy=POLICIES[policy]())
+    store = ckptstore.open(folder, policy=POLICIES[policy](), options=OPTIONS[0])
     try:
         for r in range(warmup + repeat):
             train_a_bit(state, r + 1)
@@ -312,7 +316,7 @@ class TrainRun:
 def train_run(trainer: Trainer, mode: str, k: int | None, steps: int, root: str) -> TrainRun:
     """One timed run of ``steps`` steps; ``mode`` in none|async|sync|torch.save|frequency."""
     folder = tempfile.mkdtemp(prefix=f"train-{mode}-", dir=root)
-    store = ckptstore.open(os.path.join(folder, "store")) if mode in (
+    store = ckptstore.open(os.path.join(folder, "store"), options=OPTIONS[0]) if mode in (
         "async", "sync", "frequency") else None
     saves = 0
 
@@ -632,6 +636,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rss-q-sizes", default=None,
                    help="RSS sizes for the quantized incremental policy (default 256)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compression", default=None,
+                   help="EncodingOptions.compression of the stall and train stores "
+                        "(default: the store's default)")
     p.add_argument("--dir", default=None, help="folder for temporary stores (default: /tmp)")
     p.add_argument("--markdown-out", default=None, help="also write the markdown report here")
     # internal: one RSS measurement in this (fresh) process
@@ -662,6 +669,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.compression:
+        OPTIONS[0] = ckptstore.EncodingOptions(compression=args.compression)
     if args.parts == ["_rss-child"]:
         print(json.dumps(rss_child(args.variant, args.size, args.seed, args.dir or "/tmp")))
         return 0
