@@ -8,7 +8,8 @@ its lowest mantissa byte. Each plane is then coded on its own with what pays for
   skewed -- a float's exponent byte (~2.6 of 8 bits on trained weights), the high bytes of small
   integers, the planes of an XOR delta between versions;
 * **zstd** (level 1): planes with more repeated neighbours than their histogram predicts (runs of
-  zero rows, repeated values);
+  zero rows, repeated values) or dominated by one byte (an XOR of two close versions), where it
+  beats Huffman on a sample;
 * **raw**: planes that neither shrinks (a float's low mantissa bytes).
 
 Encoded layout (little-endian), version 1::
@@ -50,10 +51,15 @@ _ZSTD = Zstd(level=1)
 _ZSTD_MAX_RATIO = 1 << 15
 #: a plane is Huffman coded when its sampled entropy is below this share of its bytes
 HUFFMAN_BELOW = 0.985
-#: zstd replaces Huffman when, on a contiguous sample, it beats the sample's entropy by this share
+#: zstd replaces Huffman when, on a contiguous sample, it beats Huffman's size by this share
 ZSTD_GAIN = 0.01
+#: zstd is tried when this share of a sample's bytes more than its histogram predicts equal their
+#: neighbour
+EXTRA_REPEATS = 0.01
 #: bytes of each sample the choice is made on
 SAMPLE = 1 << 16
+#: planes of at most this many bytes skip the sampling (Huffman, else raw)
+SMALL = 4096
 
 
 def _check_config(itemsize: int, block: int) -> None:
@@ -94,26 +100,40 @@ def _entropy_share(freq: np.ndarray) -> float:
 def _encode_plane(plane: np.ndarray, block: int, out: np.ndarray) -> tuple[int, int]:
     """Write the cheapest of raw, Huffman and zstd for one plane into ``out``; returns
     (method, bytes written). The choice is made on samples, so that a plane that stays raw
-    costs almost nothing: the entropy of a strided sample says whether Huffman pays, zstd on a
-    contiguous sample whether runs and repeats beat Huffman's size by more than ``ZSTD_GAIN``."""
+    costs almost nothing: the entropy of a strided sample says whether Huffman pays; where a
+    contiguous sample shows what order-0 Huffman misses (more equal neighbours than the histogram
+    predicts, or one byte so common that Huffman's one bit a byte is most of the cost), zstd on
+    the sample says whether it beats Huffman's size by more than ``ZSTD_GAIN``."""
     n = plane.size
+    if n <= SMALL:  # too small for sampling to pay: Huffman it, or keep it raw
+        return _huffman_or_raw(plane, block, out)
     step = max(1, n // SAMPLE)
     strided = _entropy_share(_hist(np.ascontiguousarray(plane[::step])))
     piece = plane[(n - min(n, SAMPLE)) // 2:][:SAMPLE]
-    if piece.size >= 64:
+    freq = _hist(piece)
+    p = freq / max(piece.size, 1)
+    repeats = np.count_nonzero(piece[1:] == piece[:-1]) / max(piece.size - 1, 1)
+    if piece.size >= 64 and (repeats > float(p @ p) + EXTRA_REPEATS or p.max() > 0.5):
         z = _ZSTD.encode(piece)
-        huff = _huffman_share(_hist(piece))
+        huff = _huffman_share(freq)
         if len(z) < (min(huff, 1.0) - ZSTD_GAIN) * piece.size:
             z = _ZSTD.encode(plane) if piece.size < n else z
             if len(z) < n:
                 out[:len(z)] = np.frombuffer(z, np.uint8)
                 return ZSTD, len(z)
     if strided < HUFFMAN_BELOW:
-        freq = np.zeros(((n + block - 1) // block, 256), np.int64)
-        PK.plane_stats(plane, block, freq)
-        size = PK.huffman_encode(plane, block, freq, out)
-        if size < n:
-            return HUFFMAN, size
+        return _huffman_or_raw(plane, block, out)
+    out[:n] = plane
+    return RAW, n
+
+
+def _huffman_or_raw(plane: np.ndarray, block: int, out: np.ndarray) -> tuple[int, int]:
+    n = plane.size
+    freq = np.zeros(((n + block - 1) // block, 256), np.int64)
+    PK.plane_stats(plane, block, freq)
+    size = PK.huffman_encode(plane, block, freq, out)
+    if size < n:
+        return HUFFMAN, size
     out[:n] = plane
     return RAW, n
 
