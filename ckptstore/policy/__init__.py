@@ -1,5 +1,6 @@
 """Policies: how tensors are encoded, when chains rebase, how many bits a restore budget allows."""
 
+from .autotune import TableChoice, Tuning, autotune
 from .bitwidth import BitWidth
 from .encoding import Decision, Policy, QuantSpec, Want
 from .frequency import Frequency, cpr_interval
@@ -20,6 +21,9 @@ __all__ = [
            "RebasePredictor",
            "RecoveryCosts",
            "RecoveryPlan",
+           "TableChoice",
+           "Tuning",
+           "autotune",
            "cpr_interval",
            "plan_recovery",
            "pls_interval",

@@ -25,7 +25,9 @@ class QuantSpec:
     ``entropy`` adds RLE + Huffman coding of the packed codes. ``protect_mode="sparse"`` keeps the
     protected values in a side list instead of spending a code level on them (better at 2-3 bits).
     ``param_dtype="float16"`` halves the per-row scales and zero points (8x instead of 5.3x for
-    2-bit rows of 16 values).
+    2-bit rows of 16 values). ``num_bins`` and ``ratio`` tune the adaptive range search
+    (Check-N-Run section 5.2: None picks 25 bins up to 3 bits, 45 above; ``ratio`` the share of
+    the range searched); :func:`ckptstore.policy.autotune` chooses them from a sample of rows.
     """
 
     method: str = "adaptive-asymmetric"
@@ -39,6 +41,8 @@ class QuantSpec:
     protect_mode: str = "level"
     param_dtype: str = "float32"
     entropy: bool = True
+    num_bins: int | None = None
+    ratio: float = 1.0
 
     def with_bits(self, bits: int) -> QuantSpec:
         return replace(self, bits=bits)
@@ -56,6 +60,10 @@ class QuantSpec:
             kw["protect_mode"] = self.protect_mode
         if self.param_dtype != "float32":
             kw["param_dtype"] = self.param_dtype
+        if self.num_bins is not None:
+            kw["num_bins"] = self.num_bins
+        if self.ratio != 1.0:
+            kw["ratio"] = self.ratio
         if dtype == "bfloat16":
             kw["dtype"] = "bfloat16"
         return kw
