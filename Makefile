@@ -29,6 +29,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/store_io.py --repeat 9
 	$(PY) benchmarks/codecs.py
 	$(PY) benchmarks/lossless.py
+	$(PY) benchmarks/autotune.py
 	$(PY) benchmarks/async_writer.py
 	$(PY) benchmarks/dlrm.py
 	$(PY) benchmarks/dense_digits.py
