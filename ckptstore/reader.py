@@ -66,6 +66,8 @@ class Reader:
                 if any(link.kind != Kind.XOR for link in chain[1:]):
                     raise ManifestError(f"xor chain of {e.path!r} mixes kinds")
                 return apply_xors(self.host(chain[0]), chain[1:], self.blob)
+            if any(link.kind not in (Kind.INCREMENTAL, Kind.CONSECUTIVE) for link in chain[1:]):
+                raise ManifestError(f"row chain of {e.path!r} mixes kinds")
             return apply_rows(self.host(chain[0]), chain[1:], self.blob)
         if e.layout == Layout.SHARDED:
             return self._assemble(e)

@@ -228,7 +228,7 @@ def _write_rows(storage: Storage, commit_id: str, p: RowsItem, host: np.ndarray,
     else:
         rows = changed_rows(host, start.reference)
     values, part, codec = host[rows], "values", p.codec
-    if start.reference is not None and codec.codec_id in LOSSLESS_IDS:
+    if start.reference is not None and start.exact and codec.codec_id in LOSSLESS_IDS:
         # lossless rows whose old values are at hand: store what changed in their bits
         values, part, codec = xor_bits(values, start.reference[rows]), "xvalues", PlanesLossless()
     pending = _Pending(p.index, [], fraction=len(rows) / max(host.shape[0], 1))

@@ -293,6 +293,9 @@ class BytePlanes(Codec):
         return planes_encode(buf, self.itemsize, self.rotate, self.block)
 
     def decode(self, buf, out=None):
+        """Decode ``buf``; pass ``out`` (of the size expected) when the payload is untrusted:
+        without it the decoder allocates what the header claims, up to ``block / 2`` times the
+        payload (a Huffman block of one byte value is two bytes)."""
         if out is None:
             return planes_decode(buf)
         planes_decode(buf, out)  # straight into out's bytes

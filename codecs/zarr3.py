@@ -15,6 +15,7 @@ They are registered under the ``zarr.codecs`` entry point group (names ``ckpt.qu
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -139,8 +140,12 @@ class BytePlanesCodec(_InThread, _Configured, BytesBytesCodec):
     configuration: dict[str, Any]
 
     def _decode_sync(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer:
+        # into a buffer of the chunk's size: a crafted payload cannot claim more (a block of one
+        # byte value costs two bytes and expands to a whole block)
+        size = math.prod(chunk_spec.shape) * np.dtype(chunk_spec.dtype.to_native_dtype()).itemsize
+        out = np.empty(size, np.uint8)
         return chunk_spec.prototype.buffer.from_array_like(
-            self._codec.decode(chunk_bytes.as_numpy_array()))
+            self._codec.decode(chunk_bytes.as_numpy_array(), out=out))
 
     def _encode_sync(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer | None:
         return chunk_spec.prototype.buffer.from_array_like(

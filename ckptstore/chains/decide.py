@@ -52,6 +52,9 @@ class ChainStart:
     tracked_rows: np.ndarray | None = None   # bool mask of rows to store (tracker mode)
     reference: np.ndarray | None = None      # host bits of the reference (compare mode)
     base_codes: CodesBase | None = None      # code deltas: the previous version's codes
+    # a checkout of the reference rebuilds exactly ``reference`` (no lossy link in its chain):
+    # only then may changed rows be stored as the XOR of their old bits
+    exact: bool = False
 
 
 def commit_rebases(policy: Policy, tip: Manifest | None) -> bool:

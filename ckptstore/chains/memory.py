@@ -39,6 +39,7 @@ class Shadow:
     unsaved: np.ndarray | None = None         # bool rows consumed from the tracker, not yet saved
     codes: CodesBase | None = None            # per chunk (codes, params): deltas
     grid_chunks: tuple[int, ...] | None = None
+    exact: bool = False                       # the store rebuilds ``values`` bit for bit
 
     def reference(self) -> Reference:
         return Reference(self.commit, self.values is not None, self.codes is not None)
@@ -107,7 +108,8 @@ class ChainMemory:
                 if link.kind == Kind.INCREMENTAL and shadow.since_base is not None:
                     mask |= shadow.since_base
             return TensorDecision(d.want, codec, ChainStart(link, tracked_rows=mask,
-                                                            reference=shadow.values))
+                                                            reference=shadow.values,
+                                                            exact=shadow.exact))
 
         return decide
 
@@ -123,7 +125,7 @@ class ChainMemory:
             if p.want == "xor":  # every commit is the reference of the next XOR
                 if p.codec.codec_id in LOSSLESS_IDS:
                     self._shadows[key] = Shadow(commit_id, values=np.array(host[p.index],
-                                                                           copy=True))
+                                                                           copy=True), exact=True)
                 else:
                     self._shadows.pop(key, None)
                 continue
@@ -141,11 +143,14 @@ class ChainMemory:
                     old.since_base |= old.unsaved
                     old.unsaved[:] = False
                 continue
-            # full baseline or consecutive: this commit is the new reference
+            # full baseline or consecutive: this commit is the new reference, rebuilt exactly
+            # when it is lossless and so is everything it builds on
             is_tracked = tracker is not None and tracker.lookup(p.source) is not None
             rows = p.shape[0]
+            exact = p.codec.codec_id in LOSSLESS_IDS and (
+                p.kind == Kind.FULL or (old is not None and old.exact))
             self._shadows[key] = Shadow(
                 commit_id,
                 values=None if is_tracked else np.array(host[p.index], copy=True),
                 since_base=np.zeros(rows, bool) if is_tracked else None,
-                unsaved=np.zeros(rows, bool) if is_tracked else None)
+                unsaved=np.zeros(rows, bool) if is_tracked else None, exact=exact)

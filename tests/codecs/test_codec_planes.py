@@ -153,3 +153,21 @@ def test_plain_zarr_roundtrip(tmp_path):
 def test_header_layout_is_documented():
     enc = planes_encode(np.arange(4, dtype=np.float32), 4)
     assert struct.unpack_from("<BBBBQI", enc) == (1, 4, 1, 0, 16, 1 << 17)
+
+
+def test_zarr_reads_a_bomb_into_the_chunk_size_only(tmp_path):
+    # a 2-byte Huffman block of one value expands to a whole block: the zarr adapter decodes into
+    # a buffer of the chunk's size, so a payload claiming more is refused, not allocated
+    block = 1 << 16
+    n = 64 * block
+    bomb = (_HEAD.pack(1, 1, 0, 0, n, block) + _PLANE.pack(HUFFMAN, 2 * 64)
+            + bytes([7, 7]) * 64)
+    assert planes_decode(bomb).size == n  # the numcodecs path without out= allocates
+    codec = BytePlanesCodec(itemsize=1, block=block)
+    a = zarr.create_array(str(tmp_path / "b.zarr"), shape=(1000,), chunks=(1000,), dtype="uint8",
+                          compressors=[codec], fill_value=0)
+    a[:] = np.arange(1000) % 251
+    chunk = tmp_path / "b.zarr" / "c" / "0"
+    chunk.write_bytes(bomb)
+    with pytest.raises(CodecError, match="out holds"):
+        zarr.open_array(str(tmp_path / "b.zarr"), mode="r")[:]

@@ -164,3 +164,45 @@ def test_tracked_and_quantized_rows_keep_plain_values(tmp_path):
     w[:5] += 1
     info = quant.commit({"w": w})
     assert set(quant.manifest(info.id).tensors[0].parts) == {"rows", "values"}
+
+
+@pytest.mark.parametrize("mode", ["one-shot", "consecutive"])
+def test_rows_on_a_lossy_base_are_never_xored(tmp_path, mode):
+    """Review finding: xvalues XOR the store's exact host copy, so a chain whose rebuilt base is
+    dequantized must store plain values."""
+    import ckptstore
+
+    store = ckptstore.open(tmp_path / "s")
+    emb = torch.randn(4096, 32)
+    store.commit({"emb": emb}, policy=Policy(incremental=mode, quantize=QuantSpec(bits=8)))
+    for offset in (0, 1):
+        emb = emb.clone()
+        rows = torch.arange(offset, 4096, 64)
+        emb[rows] += 0.5
+        info = store.commit({"emb": emb}, policy=Policy(incremental=mode))
+        assert set(store.manifest(info.id).tensors[0].parts) == {"rows", "values"}
+        got = store.checkout(info.id)["emb"]
+        assert torch.equal(got[rows], emb[rows])
+
+
+def test_a_row_chain_on_an_xor_entry_is_refused(tmp_path):
+    import hashlib
+
+    import msgpack
+
+    import ckptstore
+    from ckptstore.errors import ManifestError
+    from ckptstore.layout import manifest_key
+
+    store = ckptstore.open(tmp_path / "s", policy=Policy(delta=True))
+    w = torch.randn(4096, 16)
+    ids = [store.commit({"w": w + i}).id for i in range(3)]
+    key = manifest_key(ids[2])
+    raw = msgpack.unpackb(store.storage.read(key)[37:], strict_map_key=False)
+    entry = raw["tensors"][0]
+    entry["kind"] = "consecutive"
+    entry["parts"] = {"rows": entry["parts"]["xor"], "values": entry["parts"]["xor"]}
+    payload = msgpack.packb(raw, use_bin_type=True)
+    store.storage.put(key, b"CKPT\x03" + hashlib.sha256(payload).digest() + payload)
+    with pytest.raises(ManifestError, match="mixes kinds"):
+        ckptstore.open(tmp_path / "s", create=False).checkout(ids[2])
