@@ -27,6 +27,9 @@ What is measured
   (biases, LayerNorms, the last layer's attention output projection), one step between 10
   commits; the bytes of all 10 commits over the first (one full copy), with and without
   ``EncodingOptions(dedup=True)`` and ``Policy(delta=True)``.
+* ``--plot FILE``: bytes of every commit of a ``--commits``-commit run (the fine-tune, one step
+  between commits; the sparse table, one interval between commits) under each policy, drawn
+  on a log scale, with the ratio over all commits.
 * Sparse updates (DLRM-like): an embedding table of ``--rows`` x 64 fp32; each of 4 intervals
   updates the rows of 20,000 lookups drawn from a Zipf(1.05) distribution (a gradient step on
   each looked-up row). Commits with ``incremental="intermittent"``, ``"consecutive"`` and
@@ -271,18 +274,10 @@ def partial_rows(versions: list[dict[str, np.ndarray]]) -> list[list[str]]:
 def sparse_rows(rows: int, intervals: int = 4) -> list[list[str]]:
     from ckptstore import Policy
 
-    rng = np.random.default_rng(0)
-    table = (rng.standard_normal((rows, 64)) * 0.01).astype(np.float32)
-    states = [{"emb": table.copy()}]
-    touched = []
-    for _ in range(intervals):
-        ids = np.unique(np.minimum(rng.zipf(1.05, 20_000) - 1, rows - 1))
-        perm = rng.permutation(rows)  # hot rows spread over the table
-        ids = perm[ids]
-        table[ids] -= 0.01 * rng.standard_normal((ids.size, 64)).astype(np.float32)
-        touched.append(ids.size / rows)
-        states.append({"emb": table.copy()})
-    raw = table.nbytes
+    states = _sparse_states(rows, intervals)
+    touched = [float(np.any(b["emb"] != a["emb"], axis=1).mean())
+               for a, b in zip(states, states[1:])]
+    raw = states[0]["emb"].nbytes
     out = []
     for label, policy in (
             ("ckptstore incremental='intermittent'", Policy(incremental="intermittent")),
@@ -297,10 +292,70 @@ def sparse_rows(rows: int, intervals: int = 4) -> list[list[str]]:
     return out
 
 
+def _sparse_states(rows: int, intervals: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    table = (rng.standard_normal((rows, 64)) * 0.01).astype(np.float32)
+    states = [{"emb": table.copy()}]
+    for _ in range(intervals):
+        ids = rng.permutation(rows)[np.unique(np.minimum(rng.zipf(1.05, 20_000) - 1, rows - 1))]
+        table[ids] -= 0.01 * rng.standard_normal((ids.size, 64)).astype(np.float32)
+        states.append({"emb": table.copy()})
+    return states
+
+
+def plot_commits(path: str, commits: int, rows: int) -> list[list[str]]:
+    """Bytes of each of ``commits`` commits under each policy (dense fine-tune, sparse table),
+    drawn to ``path``; returns the totals as table rows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ckptstore import Policy, QuantSpec
+
+    dense, _ = finetune(commits, 1)
+    sparse = _sparse_states(rows, commits - 1)
+    q8 = QuantSpec(bits=8)
+    runs = {
+        "dense fine-tune (MiniLM, 91 MB)": (dense, [
+            ("full, lz4", Policy(), "lz4"), ("full, entropy (default)", Policy(), "entropy"),
+            ("delta=True (XOR)", Policy(delta=True, max_chain=8), "entropy"),
+            ("8-bit, full", Policy(quantize=q8), "entropy"),
+            ("8-bit + code deltas", Policy(quantize=q8, delta=True, max_chain=8), "entropy")]),
+        (f"sparse table ({rows:,} x 64, Zipf updates)"): (sparse, [
+            ("full, entropy (default)", Policy(), "entropy"),
+            ("intermittent", Policy(incremental="intermittent"), "entropy"),
+            ("consecutive (XOR rows)", Policy(incremental="consecutive", max_chain=8),
+             "entropy"),
+            ("delta=True (XOR)", Policy(delta=True, max_chain=8), "entropy"),
+            ("intermittent + 4-bit (Check-N-Run)",
+             Policy(incremental="intermittent", quantize=QuantSpec(bits=4)), "entropy")]),
+    }
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    out = []
+    for ax, (title, (states, policies)) in zip(axes, runs.items()):
+        raw = sum(a.nbytes for a in states[0].values())
+        for label, policy, compression in policies:
+            sizes = _store_bytes(states, policy, compression)
+            ax.plot(range(len(sizes)), [s / 1e6 for s in sizes], marker=".", label=label)
+            out.append([title.split(" (")[0], label, f"{raw * len(sizes) / sum(sizes):.1f}×"])
+        ax.set_yscale("log")
+        ax.set_title(title)
+        ax.set_xlabel("commit")
+        ax.set_ylabel("MB stored")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=3, help="fine-tune steps between versions")
     ap.add_argument("--rows", type=int, default=200_000, help="rows of the sparse table")
+    ap.add_argument("--plot", default=None,
+                    help="draw bytes per commit over --commits commits for each policy here")
+    ap.add_argument("--commits", type=int, default=20)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     print(f"# {command_line(__file__, argv)}\n# {machine_description()}\n")
@@ -319,6 +374,11 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_table(["encoding", "stored / one copy"], partial_rows(partial), "lr"))
     print(f"\n## Sparse embedding updates ({args.rows:,} x 64 fp32, 4 intervals)\n")
     print(markdown_table(["encoding", "ratio per interval"], sparse_rows(args.rows), "lr"))
+    if args.plot:
+        rows = plot_commits(args.plot, args.commits, args.rows)
+        print(f"\n## Bytes per commit over {args.commits} commits (plot: {args.plot})\n")
+        print(markdown_table(["workload", "policy", "raw bytes / stored, all commits"], rows,
+                             "llr"))
     return 0
 
 
