@@ -1,0 +1,115 @@
+"""CPU proxy of GPU training under asynchronous checkpoints (issue 11): how much a background
+persist slows a Python-bound loop.
+
+Usage::
+
+    .venv/bin/python benchmarks/cpu_proxy.py                   # ~2 minutes
+    .venv/bin/python benchmarks/cpu_proxy.py --seconds 4 --repeat 2
+
+What is measured
+----------------
+* The loop stands for a GPU training loop as the CPU sees it: a Python thread launching many
+  small kernels. Here: one torch thread, each step 24 small torch ops on 32 x 32 tensors (a few
+  microseconds each, so the loop is bound by Python and the GIL, like kernel launches).
+* The state: ``--size`` MB of float32 (async_writer.py's synthetic state: two embedding-like
+  tables, a dense matrix, 300 small tensors). Every ``--interval`` seconds of loop time the loop
+  calls ``store.commit_async(state)``; the persist runs in the background while the loop goes
+  on. Configurations: no checkpoint; the lossless default (byte planes); raw bits
+  (``compression="none"``); ``Policy(quantize=QuantSpec(bits=8))``.
+* Steps per second over ``--seconds`` of loop time (after one untimed warm-up commit), each
+  configuration ``--repeat`` times, interleaved; the slowdown is relative to the median rate
+  without checkpoints. Goals (issue 11): lossless <= 15 %, 8-bit <= 20 % on the 2-core VM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from async_writer import build_state  # noqa: E402
+from common import command_line, machine_description, markdown_table  # noqa: E402
+
+import ckptstore  # noqa: E402
+from ckptstore import EncodingOptions, Policy, QuantSpec  # noqa: E402
+
+CONFIGS = {
+    "no checkpoint": None,
+    "commit_async, lossless (default)": (EncodingOptions(), Policy()),
+    "commit_async, raw bits": (EncodingOptions(compression="none"), Policy()),
+    "commit_async, 8-bit": (EncodingOptions(), Policy(quantize=QuantSpec(bits=8))),
+}
+
+
+def run(config: tuple | None, state: dict, seconds: float, interval: float, root: str
+        ) -> tuple[float, int]:
+    """Steps per second of the loop, and the commits it made."""
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(32, 32, generator=g), torch.randn(32, 32, generator=g) * 0.1
+    store = None
+    if config is not None:
+        options, policy = config
+        store = ckptstore.open(tempfile.mkdtemp(dir=root), options=options, policy=policy)
+        store.commit_async(state).wait()  # warm: staging buffers, compiled kernels
+    steps, commits = 0, 0
+    t0 = last = time.perf_counter()
+    while True:
+        for _ in range(6):  # 24 small ops
+            x = torch.tanh(x @ w)
+            x = x * 0.5 + 0.1
+            x = x.clamp(-1, 1)
+        steps += 1
+        now = time.perf_counter()
+        if store is not None and now - last >= interval:
+            store.commit_async(state)
+            commits += 1
+            last = now
+        if now - t0 >= seconds:
+            break
+    rate = steps / (time.perf_counter() - t0)
+    if store is not None:
+        store.close()  # waits for the last persist (not timed)
+    return rate, commits
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size", type=int, default=256, help="state size in MB")
+    ap.add_argument("--seconds", type=float, default=8.0, help="timed loop per run")
+    ap.add_argument("--interval", type=float, default=1.3, help="seconds between commits")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args(argv)
+    print(f"# {command_line(__file__, argv)}\n# {machine_description()}\n")
+    state = build_state(args.size << 20)
+    root = tempfile.mkdtemp(prefix="cpu-proxy-")
+    rates: dict[str, list[float]] = {k: [] for k in CONFIGS}
+    commits: dict[str, list[int]] = {k: [] for k in CONFIGS}
+    try:
+        for r in range(args.repeat):
+            for name, config in (CONFIGS.items() if r % 2 == 0
+                                 else reversed(list(CONFIGS.items()))):
+                rate, n = run(config, state, args.seconds, args.interval, root)
+                rates[name].append(rate)
+                commits[name].append(n)
+                print(f"round {r + 1}: {name}: {rate:.0f} steps/s, {n} commits",
+                      file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    base = statistics.median(rates["no checkpoint"])
+    rows = [[name, f"{statistics.median(v):.0f}",
+             "–" if name == "no checkpoint" else f"{100 * (1 - statistics.median(v) / base):+.1f} %",
+             f"{statistics.median(commits[name]):.0f}"] for name, v in rates.items()]
+    print(markdown_table(["configuration", "steps/s", "slowdown", "commits"], rows, "lrrr"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
