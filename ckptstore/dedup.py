@@ -45,8 +45,10 @@ class Dedup:
 
     @classmethod
     def against(cls, parent: Manifest | None) -> Dedup:
-        return cls({e.path: e for e in parent.tensors if e.layout == Layout.ARRAY}
-                   if parent is not None else {})
+        """The full arrays of ``parent``: whole tensors, and the shards of sharded ones (by
+        their ``<fqn>@<offsets>`` paths: a shard is compared with the same block)."""
+        return cls({e.path: e for e in (*parent.tensors, *parent.shards)
+                    if e.layout == Layout.ARRAY} if parent is not None else {})
 
     def find(self, p: ArrayItem, digest: str) -> Reused | None:
         """The parent's array holding exactly these bits, encoded the same way, if any."""

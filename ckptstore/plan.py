@@ -53,8 +53,8 @@ class EncodingOptions:
         Target size of a chunk before compression.
     dedup
         Record the sha256 of every full array and write none whose bits, encoding and chunk
-        grid equal the parent commit's on the same path (see :mod:`ckptstore.dedup`;
-        single-process commits only, not yet sharded ones).
+        grid equal the parent commit's on the same path (see :mod:`ckptstore.dedup`; in a
+        sharded commit, the same block of the parent).
     compression
         ``"entropy"`` (the default: byte planes, each Huffman, zstd or raw; trained fp32 weights
         ~1.22x smaller, bf16 ~1.5x, Adam moments ~2.5x; commits as fast as ``"lz4"``, checks

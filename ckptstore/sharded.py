@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from ._version import __version__
 from .arrays import storage_dtype, torch_dtype
 from .committer import Committer
+from .dedup import Dedup
 from .errors import DistributedError
 from .manifest import Layout, Manifest, PackedInfo, ShardPiece, TensorEntry, version_needed
 from .plan import plan_commit
@@ -103,14 +104,17 @@ def write_part(committer: Committer, commit_id: str, rank: int, tensors: list[Lo
     The chain memory is updated at once: a reference names this commit, so if the commit never
     becomes the tip of ``branch`` the next commit finds no matching base and writes a full one.
     The parent's manifest (every rank's entries: megabytes at a thousand ranks) is read only
-    when the policy builds chains. ``tracker`` (:func:`ckptstore.track` on the rank's local
+    when the policy builds chains or the store deduplicates (a shard whose bits equal the
+    parent's same shard is referenced, not written). ``tracker`` (:func:`ckptstore.track` on the rank's local
     embedding modules) supplies the touched rows of the shards it tracks: a shard whose local
     tensor is a tracked weight (a DTensor made with ``DTensor.from_local`` over it, say) or its
     row-aligned optimizer state; it is cleared once the snapshot is taken.
     """
     policy = committer.resolve_bits(policy)
     wants_chains = policy.incremental != "off" or policy.delta
-    parent = committer.repo.manifest(parent_id) if parent_id and wants_chains else None
+    dedup = committer.options.dedup
+    parent = (committer.repo.manifest(parent_id) if parent_id and (wants_chains or dedup)
+              else None)
     tensors = _unshared(tensors)
     leaves = [Leaf(t.path, t.tensor) for t in tensors]
     fqn_of = {t.path: t.fqn for t in tensors}
@@ -122,7 +126,8 @@ def write_part(committer: Committer, commit_id: str, rank: int, tensors: list[Lo
         tracker.clear()  # the rows seen so far are in the plan
     name = pack_name(rank)
     done = persist(committer.repo.storage, commit_id, plan, snap, committer.repo.executor,
-                   committer.max_inflight, committer.options.chunk_bytes, packed_name=name)
+                   committer.max_inflight, committer.options.chunk_bytes, packed_name=name,
+                   dedup=Dedup.against(parent) if dedup else None)
     committer.chains.commit_done(branch, commit_id, plan, snap.arrays,
                                  {i: r.codes for i, r in done.results.items()}, tracker)
     pack = plan_packed_info(plan, name)

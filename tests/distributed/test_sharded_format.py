@@ -227,3 +227,23 @@ def test_dcp_load_converts_into_a_target_of_another_dtype(store):
         bits = {"w": torch.zeros(300, 200, dtype=torch.uint16)}
         dcp.load(bits, storage_reader=StorageReader(store))
         assert int(bits["w"][0, 0]) == 2  # the value, not the bit pattern 16384
+
+
+def test_sharded_commits_dedup_unchanged_blocks(tmp_path, tables):
+    import ckptstore
+    from ckptstore import EncodingOptions
+
+    store = ckptstore.open(tmp_path / "s", options=EncodingOptions(dedup=True))
+    emb, mlp = tables
+    first = commit_shards(store, _ranks(2, emb, mlp))
+    changed = {"emb.a": emb["emb.a"].clone(), "emb.b": emb["emb.b"]}
+    changed["emb.a"][-5:] += 1  # only the last rank's block of emb.a changes
+    second = commit_shards(store, _ranks(2, changed, mlp))
+    assert second.format_version == 3
+    owner = {s.path: s.commit for s in second.shards if s.layout == Layout.ARRAY}
+    assert owner["emb.a@0,0"] == first.id and owner["emb.a@1001,0"] == second.id
+    assert next(e for e in second.tensors if e.path == "mlp.w").commit == first.id
+    got = store.checkout(second.id)
+    assert torch.equal(got["emb.a"], changed["emb.a"]) and torch.equal(got["mlp.w"], mlp["mlp.w"])
+    store.gc(keep_last=1, grace_period=0)
+    assert store.verify().ok and torch.equal(store.checkout("main")["emb.a"], changed["emb.a"])
