@@ -1,13 +1,16 @@
-"""Compiled byte grouping of BytePlanes: element ``i`` of an ``itemsize``-byte integer view,
-rotated left by one bit when ``rotate`` (so the sign bit of a float leaves the exponent byte),
-puts its byte ``p`` at ``planes[p, i]``; :func:`merge_planes` is the inverse."""
+"""Compiled byte grouping and plane sampling of BytePlanes.
+
+Element ``i`` of an ``itemsize``-byte integer view, rotated left by one bit when ``rotate`` (so
+the sign bit of a float leaves the exponent byte), puts its byte ``p`` at ``planes[p, i]``;
+:func:`merge_planes` is the inverse; :func:`sample_plane` gathers what the choice of a plane's
+coding looks at."""
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-__all__ = ["merge_planes", "split_planes"]
+__all__ = ["merge_planes", "sample_plane", "split_planes"]
 
 
 @njit(cache=True, nogil=True)
@@ -72,3 +75,29 @@ def merge_planes(planes, itemsize, rotate, dst):  # pragma: no cover - compiled
             if rotate:
                 x = (x >> np.uint64(1)) | (x << np.uint64(63))
             u8[i] = x
+
+
+@njit(cache=True, nogil=True)
+def sample_plane(plane, step, start, length, piece):  # pragma: no cover - compiled
+    """What the choice of a plane's coding looks at, in one pass: the order-0 entropy (a share
+    of a byte) of the strided sample ``plane[::step]``; the histogram of the contiguous sample
+    ``plane[start:start + length]`` (into ``piece``) and how many of its bytes equal their
+    predecessor. Returns (entropy share, repeats)."""
+    strided = np.zeros(256, np.int64)
+    count = 0
+    for i in range(0, plane.size, step):
+        strided[plane[i]] += 1
+        count += 1
+    entropy = 0.0
+    for v in range(256):
+        if strided[v]:
+            p = strided[v] / count
+            entropy -= p * np.log2(p)
+    repeats = 0
+    prev = -1
+    for i in range(start, start + length):
+        v = plane[i]
+        piece[v] += 1
+        repeats += v == prev
+        prev = v
+    return entropy / 8.0, repeats

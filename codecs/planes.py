@@ -37,7 +37,7 @@ from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray
 
 from . import _pkernels as PK
-from ._bytegroup import merge_planes, split_planes
+from ._bytegroup import merge_planes, sample_plane, split_planes
 from .errors import CodecError
 
 __all__ = ["BytePlanes", "planes_decode", "planes_encode"]
@@ -82,15 +82,6 @@ def _check_config(itemsize: int, block: int) -> None:
         raise CodecError(f"block must be between 1024 and 2**24 bytes, not {block!r}")
 
 
-def _hist(x: np.ndarray) -> np.ndarray:
-    """Byte histogram of a contiguous uint8 array (compiled; ``np.bincount`` is several times
-    slower, it first widens every byte to an int64)."""
-    freq = np.zeros((1, 256), np.int64)
-    if x.size:
-        PK.plane_stats(x, x.size, freq)
-    return freq[0]
-
-
 def _huffman_share(freq: np.ndarray) -> float:
     """Bytes a Huffman code of this histogram spends, as a share of the bytes counted (at least
     one bit a byte: a plane of long zero runs costs Huffman far more than its entropy)."""
@@ -99,15 +90,6 @@ def _huffman_share(freq: np.ndarray) -> float:
         return 0.0
     PK._code_lengths(freq, lens)
     return float((freq * lens).sum() / 8 / freq.sum())
-
-
-def _entropy_share(freq: np.ndarray) -> float:
-    """Order-0 entropy of each histogram row, summed, as a share of the bytes counted."""
-    freq = np.atleast_2d(freq)
-    total = freq.sum(axis=1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        p = np.where(freq > 0, freq / np.maximum(total, 1), 1.0)
-        return float(-(freq * np.log2(p)).sum() / 8 / max(int(total.sum()), 1))
 
 
 def _encode_plane(plane: np.ndarray, block: int, out: np.ndarray) -> tuple[int, int]:
@@ -120,13 +102,12 @@ def _encode_plane(plane: np.ndarray, block: int, out: np.ndarray) -> tuple[int, 
     n = plane.size
     if n <= SMALL:  # too small for sampling to pay: Huffman it, or keep it raw
         return _huffman_or_raw(plane, block, out)
-    step = max(1, n // SAMPLE)
-    strided = _entropy_share(_hist(np.ascontiguousarray(plane[::step])))
-    piece = plane[(n - min(n, SAMPLE)) // 2:][:SAMPLE]
-    freq = _hist(piece)
-    p = freq / max(piece.size, 1)
-    repeats = np.count_nonzero(piece[1:] == piece[:-1]) / max(piece.size - 1, 1)
-    if piece.size >= 64 and (repeats > float(p @ p) + EXTRA_REPEATS or p.max() > 0.5):
+    start, length = (n - min(n, SAMPLE)) // 2, min(n, SAMPLE)
+    freq = np.zeros(256, np.int64)
+    strided, repeats = sample_plane(plane, max(1, n // SAMPLE), start, length, freq)
+    piece = plane[start:start + length]
+    p = freq / length
+    if length >= 64 and (repeats / (length - 1) > float(p @ p) + EXTRA_REPEATS or p.max() > 0.5):
         z = _ZSTD.encode(piece)
         huff = _huffman_share(freq)
         if len(z) < (min(huff, 1.0) - ZSTD_GAIN) * piece.size:
