@@ -29,7 +29,6 @@ Encoded layout (little-endian), version 1::
 from __future__ import annotations
 
 import struct
-import threading
 
 import numpy as np
 from numcodecs import Zstd
@@ -61,18 +60,6 @@ EXTRA_REPEATS = 0.01
 SAMPLE = 1 << 16
 #: planes of at most this many bytes skip the sampling (Huffman, else raw)
 SMALL = 4096
-
-
-_LOCAL = threading.local()
-
-
-def _scratch(nbytes: int) -> np.ndarray:
-    """A byte buffer of this thread's, reused from call to call: the planes of a chunk live only
-    while it is encoded, and a fresh buffer would cost a page fault per 4 KiB on first touch."""
-    buf = getattr(_LOCAL, "buf", None)
-    if buf is None or buf.size < nbytes:
-        buf = _LOCAL.buf = np.empty(max(nbytes, 1 << 20), np.uint8)
-    return buf[:nbytes]
 
 
 def _check_config(itemsize: int, block: int) -> None:
@@ -145,7 +132,7 @@ def planes_encode(data, itemsize: int = 4, rotate: bool = True,
     if itemsize == 1:
         planes = src.reshape(1, -1)
     else:
-        planes = _scratch(itemsize * n).reshape(itemsize, n)
+        planes = np.empty((itemsize, n), np.uint8)
         split_planes(src, itemsize, rotate, planes)
     out = np.empty(_HEAD.size + itemsize * (_PLANE.size + PK.huffman_bound(n, block)), np.uint8)
     _HEAD.pack_into(out, 0, VERSION, itemsize, int(rotate), 0, src.size, block)
@@ -181,7 +168,7 @@ def planes_decode(buf, out: np.ndarray | None = None) -> np.ndarray:
         if dst.size != nbytes:
             raise CodecError(f"BytePlanes payload decodes to {nbytes} bytes, out holds "
                              f"{dst.size}")
-    planes = dst.reshape(1, -1) if itemsize == 1 else _scratch(nbytes).reshape(itemsize, n)
+    planes = dst.reshape(1, -1) if itemsize == 1 else np.empty((itemsize, n), np.uint8)
     for p, (method, start, stop) in enumerate(spans):
         _decode_plane(method, b[start:stop], block, planes[p], p)
     pos = spans[-1][2] if spans else _HEAD.size
