@@ -102,10 +102,7 @@ def _encode_plane(plane: np.ndarray, block: int, out: np.ndarray) -> tuple[int, 
             if len(z) < n:
                 out[:len(z)] = np.frombuffer(z, np.uint8)
                 return ZSTD, len(z)
-    if strided < HUFFMAN_BELOW:
-        return _huffman_or_raw(plane, block, out)
-    out[:n] = plane
-    return RAW, n
+    return _huffman_or_raw(plane, block, out) if strided < HUFFMAN_BELOW else _raw(plane, out)
 
 
 def _huffman_or_raw(plane: np.ndarray, block: int, out: np.ndarray) -> tuple[int, int]:
@@ -113,10 +110,12 @@ def _huffman_or_raw(plane: np.ndarray, block: int, out: np.ndarray) -> tuple[int
     freq = np.zeros(((n + block - 1) // block, 256), np.int64)
     PK.plane_stats(plane, block, freq)
     size = PK.huffman_encode(plane, block, freq, out)
-    if size < n:
-        return HUFFMAN, size
-    out[:n] = plane
-    return RAW, n
+    return (HUFFMAN, size) if size < n else _raw(plane, out)
+
+
+def _raw(plane: np.ndarray, out: np.ndarray) -> tuple[int, int]:
+    out[:plane.size] = plane
+    return RAW, plane.size
 
 
 def planes_encode(data, itemsize: int = 4, rotate: bool = True,
