@@ -8,7 +8,8 @@ persist thread and the at-most-one commit in flight. The call order of one commi
     2. plan_commit(leaves, options, decide)   -> CommitPlan                 (plan.py, chains/)
     3. snapshot(plan, staging)                -> Snapshot by item index     (writer.py)
        -- commit_async returns here; training may modify the state --
-    4. persist(storage, id, plan, snapshot)   -> Persisted by item index    (writer.py)
+    4. shrink_snapshot(plan, snapshot)        -> pruned residuals, moments  (shrinking.py)
+       persist(storage, id, plan, snapshot)   -> Persisted by item index    (writer.py)
     5. build_manifest(...); write_manifest    -> commits/<id>.msgpack       (records.py)
     6. refs.advance(branch, tip, id)          -> the commit becomes visible (refs.py)
     7. chains.commit_done(...); tags           (after the ref moved)
@@ -32,8 +33,10 @@ from .pending import PendingCommit, Progress
 from .plan import CommitPlan, EncodingOptions, plan_commit
 from .policy import Policy
 from .records import build_manifest
+from .policy.shrink import Shrink
 from .refs import Tip
 from .repository import Repository
+from .shrinking import shrink_snapshot
 from .staging import StagingPool
 from .state import Tree, flatten
 from .tracking import RowTracker
@@ -58,6 +61,7 @@ class CommitJob:
     tip: Tip | None
     parent: Manifest | None
     tracker: RowTracker | None
+    shrink: Shrink | None = None
 
 
 class Committer:
@@ -151,13 +155,16 @@ class Committer:
         parent = self.repo.manifest(tip[1]) if tip else None
         decide = self.chains.decider(policy, branch, parent, tracker)
         plan = plan_commit(leaves, self.options, decide)                     # 2. plan
-        return CommitJob(branch, tags, message, metadata, tree, plan, tip, parent, tracker)
+        return CommitJob(branch, tags, message, metadata, tree, plan, tip, parent, tracker,
+                         policy.shrink)
 
     def finish(self, job: CommitJob, snap: Snapshot, progress: Progress | None = None
                ) -> CommitInfo:
         """Steps 4-7: persist, manifest, ref, then remember the chains and tag."""
         commit_id = new_commit_id()
         dedup = Dedup.against(job.parent) if self.options.dedup else None
+        if job.shrink is not None:
+            shrink_snapshot(job.plan, snap, job.shrink)
         done = persist(self.repo.storage, commit_id, job.plan, snap,          # 4. persist
                        self.repo.executor, self.max_inflight, self.options.chunk_bytes, progress,
                        dedup=dedup)
@@ -166,7 +173,8 @@ class Committer:
         self.repo.write_manifest(manifest)                                    # 5. manifest
         self.repo.refs.advance(job.branch, job.tip, commit_id)                # 6. ref
         self.chains.commit_done(job.branch, commit_id, job.plan, snap.arrays,  # 7.
-                                {i: r.codes for i, r in done.results.items()}, job.tracker)
+                                {i: r.codes for i, r in done.results.items()}, job.tracker,
+                                {i: r.rebuilt for i, r in done.results.items()})
         for t in job.tags:
             try:
                 self.repo.refs.create_tag(t, commit_id)

@@ -38,10 +38,11 @@ __all__ = [
     "version_needed",
 ]
 
-FORMAT_VERSION = 3   # the newest manifest format this library reads and writes
+FORMAT_VERSION = 4   # the newest manifest format this library reads and writes
 BASE_VERSION = 1     # what a manifest without sharded or xor entries is written as (v1 reads it)
 SHARDED_VERSION = 2  # sharded entries and per-rank packed arrays
 XOR_VERSION = 3      # xor chain entries, changed rows as xor (xvalues), content digests
+RESIDUAL_VERSION = 4  # residual chain entries (pruned, quantized weight residuals: ExCP)
 MARKER_VERSION = 1   # the store marker: a store holds manifests of any version up to ours
 MAGIC = b"CKPT"
 _HEADER = len(MAGIC) + 1 + 32
@@ -70,6 +71,7 @@ class Kind(str, Enum):
     CONSECUTIVE = "consecutive"  # rows changed since the previous commit
     DELTA = "delta"              # quantization codes as deltas against the previous commit's
     XOR = "xor"                  # the bits XOR the previous commit's bits (lossless, format 3)
+    RESIDUAL = "residual"        # a quantized residual added to the previous version (format 4)
 
     def __str__(self) -> str:
         return self.value
@@ -108,7 +110,7 @@ class Blob(_Model):
 # the parts each chain kind may have; ``xvalues``: changed rows XOR their old values (format 3)
 _ROWS_PARTS = ({"rows", "values"}, {"rows", "xvalues"})
 _CHAIN_PARTS = {Kind.INCREMENTAL: _ROWS_PARTS, Kind.CONSECUTIVE: _ROWS_PARTS,
-                Kind.DELTA: ({"codes"},), Kind.XOR: ({"xor"},)}
+                Kind.DELTA: ({"codes"},), Kind.XOR: ({"xor"},), Kind.RESIDUAL: ({"residual"},)}
 
 
 class ShardPiece(_Model):
@@ -318,6 +320,8 @@ def _overlap(boxes: list[tuple[list[int], list[int]]], block: int = 1024) -> boo
 def version_needed(entries: list[TensorEntry], sharded: bool) -> int:
     """The oldest manifest format that holds these entries: older readers refuse what they
     cannot rebuild instead of misreading it."""
+    if any(e.kind == Kind.RESIDUAL for e in entries):
+        return RESIDUAL_VERSION
     if any(e.kind == Kind.XOR or "xvalues" in (e.parts or {}) or e.digest for e in entries):
         return XOR_VERSION
     return SHARDED_VERSION if sharded else BASE_VERSION

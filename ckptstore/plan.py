@@ -8,6 +8,8 @@ One item class per layout:
 - :class:`ArrayItem` -- its own zarr array (lossless or quantized);
 - :class:`RowsItem` (a :class:`ChainItem`) -- an array item stored as the rows changed since its base (Check-N-Run);
 - :class:`CodesItem` (a :class:`ChainItem`) -- an array item stored as code deltas against the previous commit;
+- :class:`XorItem`, :class:`ResidualItem` (:class:`ChainItem` s) -- the XOR with, or a quantized residual
+  against, the previous commit;
 - :class:`PackedItem` -- a slice of the commit's one packed array of small tensors;
 - :class:`AliasItem` -- the very same tensor as an earlier entry (tied weights);
 - :class:`ViewItem` -- a strided view of a shared storage.
@@ -33,8 +35,8 @@ from .policy import Want
 from .state import Leaf
 
 __all__ = ["FULL_LOSSLESS", "AliasItem", "ArrayItem", "ChainItem", "CodesItem", "CommitPlan",
-           "Decide", "EncodingOptions", "PackedItem", "PlanItem", "RowsItem", "TensorDecision",
-           "ViewItem", "XorItem", "plan_commit"]
+           "Decide", "EncodingOptions", "PackedItem", "PlanItem", "ResidualItem", "RowsItem",
+           "TensorDecision", "ViewItem", "XorItem", "plan_commit"]
 
 PACK_ALIGN = 16
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -167,7 +169,15 @@ class XorItem(ChainItem):
     """Stored as the XOR of its bits with the previous commit's (``<array>.xor``)."""
 
 
-_CHAIN_ITEMS: dict[Kind, type[ChainItem]] = {Kind.DELTA: CodesItem, Kind.XOR: XorItem}
+@dataclass(frozen=True, eq=False, kw_only=True)
+class ResidualItem(ChainItem):
+    """Stored as a pruned, quantized residual against the previous commit's rebuilt values
+    (``<array>.residual``); the snapshot holds the pruned residual, not the tensor
+    (:func:`ckptstore.shrinking.shrink_snapshot`)."""
+
+
+_CHAIN_ITEMS: dict[Kind, type[ChainItem]] = {Kind.DELTA: CodesItem, Kind.XOR: XorItem,
+                                             Kind.RESIDUAL: ResidualItem}
 
 
 # -- the plan ----------------------------------------------------------------------------------
@@ -319,8 +329,8 @@ def plan_commit(leaves: list[Leaf], options: EncodingOptions,
                                        options.chunk_bytes)
             if decide is not None and container == "torch" and i < len(leaves):
                 d = decide(path, t, grid)
-        if not nbytes or (d.codec is None and d.chain is None and d.want != "xor"
-                          and nbytes < options.pack_below):  # an xor baseline needs its own array
+        if not nbytes or (d.codec is None and d.chain is None and d.want not in ("xor", "residual")
+                          and nbytes < options.pack_below):  # a chain baseline needs its own array
             items.append(PackedItem(index=i, path=path, dtype=dtype, shape=shape,
                                     container=container, nbytes=nbytes, source=t,
                                     offset=packed_nbytes))  # empty tensors: nothing to store

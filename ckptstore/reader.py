@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .arrays import host_to_tensor, read_array, read_chunk, start_read_array, torch_dtype
-from .chains.replay import apply_rows, apply_xors, replay_code_deltas
+from .chains.replay import apply_residuals, apply_rows, apply_xors, replay_code_deltas
 from .chains.walk import StoredArray, Walk, blob_array, entry_array, entry_dtype, \
     entry_packed_array, needed_entries
 from .chunkcodec import codec_from_config
@@ -66,6 +66,8 @@ class Reader:
                 if any(link.kind != Kind.XOR for link in chain[1:]):
                     raise ManifestError(f"xor chain of {e.path!r} mixes kinds")
                 return apply_xors(self.host(chain[0]), chain[1:], self.blob)
+            if e.kind == Kind.RESIDUAL:
+                return apply_residuals(self.host(chain[0]), chain[1:], self.blob)
             if any(link.kind not in (Kind.INCREMENTAL, Kind.CONSECUTIVE) for link in chain[1:]):
                 raise ManifestError(f"row chain of {e.path!r} mixes kinds")
             return apply_rows(self.host(chain[0]), chain[1:], self.blob)

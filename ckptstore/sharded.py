@@ -111,6 +111,9 @@ def write_part(committer: Committer, commit_id: str, rank: int, tensors: list[Lo
     row-aligned optimizer state; it is cleared once the snapshot is taken.
     """
     policy = committer.resolve_bits(policy)
+    if policy.shrink is not None:
+        raise DistributedError("Policy(shrink=...) is not supported in sharded commits yet: "
+                               "commit each rank's state with a policy without shrink")
     wants_chains = policy.incremental != "off" or policy.delta
     dedup = committer.options.dedup
     parent = (committer.repo.manifest(parent_id) if parent_id and (wants_chains or dedup)

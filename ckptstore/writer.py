@@ -26,7 +26,8 @@ from .dedup import Dedup, Reused, content_digest
 from .layout import PACKED_ARRAY, ZARR_JSON, array_dir, data_dir, part_array
 from .manifest import Blob
 from .pending import Progress
-from .plan import ArrayItem, CodesItem, CommitPlan, PackedItem, PlanItem, RowsItem, XorItem
+from .plan import ArrayItem, CodesItem, CommitPlan, PackedItem, PlanItem, ResidualItem, RowsItem, \
+    XorItem
 from .staging import StagingPool
 from .storage import Storage
 
@@ -123,6 +124,7 @@ class WriteResult:
     codes: CodesBase | None = None
     digest: str | None = None     # sha256 of the bits (dedup)
     reused: Reused | None = None  # the bits were already stored there: nothing written
+    rebuilt: np.ndarray | None = None  # residual: the values a checkout rebuilds
 
 
 @dataclass(frozen=True, eq=False)
@@ -148,10 +150,11 @@ class _Pending:
     codes: CodesBase | None = None
     digest: str | None = None
     reused: Reused | None = None
+    rebuilt: np.ndarray | None = None
 
     def result(self) -> WriteResult:
         return WriteResult(self.index, sum(f.result() for f in self.futures), self.parts,
-                           self.fraction, self.codes, self.digest, self.reused)
+                           self.fraction, self.codes, self.digest, self.reused, self.rebuilt)
 
 
 def _attrs(p: PlanItem, **extra: str) -> dict[str, dict[str, str]]:
@@ -220,6 +223,33 @@ def _write_xor(storage: Storage, commit_id: str, p: XorItem, host: np.ndarray,
                                                     codec.config())}, fraction=1.0)
 
 
+def _write_residual(storage: Storage, commit_id: str, p: ResidualItem, residual: np.ndarray,
+                    submit: Submit) -> _Pending:
+    """Quantize the pruned residual chunk by chunk; rebuild ``reference + dequantized`` as a
+    checkout will (the next residual's reference)."""
+    from ckptcodecs import dequantize
+
+    reference = p.start.reference
+    codec = p.codec
+    assert reference is not None and reference.shape == residual.shape
+    assert isinstance(codec, QuantizedLossy) and residual.dtype == reference.dtype
+    rebuilt = np.empty_like(reference)
+
+    def encode(i: int, chunk: np.ndarray) -> Encoded:
+        data, codes, params = codec.encode_codes(chunk)
+        lo, hi = p.grid.rows(i)
+        n = reference[lo:hi].size
+        values = dequantize(codes, params).reshape(-1)[:n].reshape(reference[lo:hi].shape)
+        np.add(reference[lo:hi], values, out=rebuilt[lo:hi])
+        return data
+
+    name = part_array(p.array, "residual")
+    futures = write_array(storage, array_dir(commit_id, name), residual, p.grid, codec,
+                          _attrs(p, part="residual"), submit, encode)
+    parts = {"residual": _blob(residual, commit_id, name, p.grid, codec.config())}
+    return _Pending(p.index, futures, parts, fraction=1.0, rebuilt=rebuilt)
+
+
 def _write_rows(storage: Storage, commit_id: str, p: RowsItem, host: np.ndarray,
                 submit: Submit, chunk_bytes: int) -> _Pending:
     start = p.start
@@ -268,6 +298,8 @@ def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
             pending.append(_write_code_deltas(storage, commit_id, p, host, submit))
         elif isinstance(p, XorItem):
             pending.append(_write_xor(storage, commit_id, p, host, submit))
+        elif isinstance(p, ResidualItem):
+            pending.append(_write_residual(storage, commit_id, p, host, submit))
         elif isinstance(p, RowsItem):
             pending.append(_write_rows(storage, commit_id, p, host, submit, chunk_bytes))
         else:

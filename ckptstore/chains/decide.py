@@ -11,6 +11,8 @@ Kinds of a tensor entry (Check-N-Run section 5.1, DynaQuant section 6):
 - ``xor``: the bits of a lossless dense tensor XOR the previous commit's bits, byte-plane coded
   (sign, exponent and high mantissa bytes of a slowly moving tensor XOR to mostly zeros; restore
   XORs the chain onto the baseline).
+- ``residual``: a pruned, k-means quantized residual against the previous commit's rebuilt values
+  (ExCP, :class:`~ckptstore.policy.Shrink`; restore adds the chain onto a lossless baseline).
 """
 
 from __future__ import annotations
@@ -133,6 +135,14 @@ def plan_chain(policy: Policy, want: Want, quantized: bool, tip: Manifest | None
         if ref is None or ref.commit != tip.id or not ref.has_values:
             return None
         return ChainLink(Kind.XOR, tip.id, prev.chain + 1)
+    if want == "residual":
+        if prev.kind not in (Kind.FULL, Kind.RESIDUAL) or prev.chain + 1 > policy.max_chain:
+            return None
+        if prev.kind == Kind.FULL and (prev.codec or {}).get("id") not in LOSSLESS_IDS:
+            return None
+        if ref is None or ref.commit != tip.id or not ref.has_values:
+            return None
+        return ChainLink(Kind.RESIDUAL, tip.id, prev.chain + 1)
     if want == "codes" and quantized:
         if prev.kind not in (Kind.FULL, Kind.DELTA) or prev.chain + 1 > policy.max_chain:
             return None

@@ -82,8 +82,8 @@ class ChainMemory:
         def decide(path: str, tensor: torch.Tensor, grid: ChunkGrid) -> TensorDecision:
             d = policy.decide(policy_path(path) if policy_path else path, tensor)
             dtype = dtype_name(tensor.dtype)
-            codec = QuantizedLossy(d.quant.codec_kwargs(dtype), d.quant.entropy) \
-                if d.quant is not None else None
+            codec = QuantizedLossy(d.quant.codec_kwargs(dtype), d.quant.entropy,
+                                   d.quant.prune_zeros) if d.quant is not None else None
             if d.want == "full":
                 return TensorDecision("full", codec) if codec is not None else FULL_LOSSLESS
             shadow = self._shadows.get((branch, path))
@@ -94,13 +94,13 @@ class ChainMemory:
             link = plan_chain(policy, d.want, d.quant is not None, tip, prev_by_path.get(path),
                               shadow.reference() if shadow is not None else None, tracked,
                               list(tensor.shape), dtype, rebase)
-            if link is None:
-                return TensorDecision(d.want, codec)
+            if link is None:  # a full entry; a residual chain's baseline is lossless
+                return TensorDecision(d.want, None if d.want == "residual" else codec)
             if link.kind == Kind.DELTA:
                 if shadow.grid_chunks != tuple(grid.chunks):
                     return TensorDecision(d.want, codec)
                 return TensorDecision(d.want, codec, ChainStart(link, base_codes=shadow.codes))
-            if link.kind == Kind.XOR:
+            if link.kind in (Kind.XOR, Kind.RESIDUAL):
                 return TensorDecision(d.want, codec, ChainStart(link, reference=shadow.values))
             mask = None
             if tracked and shadow.unsaved is not None:
@@ -115,13 +115,25 @@ class ChainMemory:
 
     def commit_done(self, branch: str, commit_id: str, plan: CommitPlan,
                     host: dict[int, np.ndarray], codes: dict[int, CodesBase | None],
-                    tracker: RowTracker | None) -> None:
-        """Update the references after ``commit_id`` became the tip of ``branch``; ``host`` and
-        ``codes`` are the snapshot's arrays and the kept codes, by plan item index."""
+                    tracker: RowTracker | None,
+                    rebuilt: dict[int, np.ndarray | None] | None = None) -> None:
+        """Update the references after ``commit_id`` became the tip of ``branch``; ``host``,
+        ``codes`` and ``rebuilt`` are the snapshot's arrays, the kept codes and the values a
+        checkout rebuilds of residual entries, by plan item index."""
         for p in plan.tensors:
-            if not isinstance(p, ArrayItem) or p.want not in ("rows", "codes", "xor"):
+            if not isinstance(p, ArrayItem) or p.want not in ("rows", "codes", "xor", "residual"):
                 continue
             key = (branch, p.path)
+            if p.want == "residual":  # the next residual is taken against what checkout rebuilds
+                values = (rebuilt or {}).get(p.index) if p.kind == Kind.RESIDUAL else (
+                    np.array(host[p.index], copy=True) if p.codec.codec_id in LOSSLESS_IDS
+                    else None)
+                if values is None:
+                    self._shadows.pop(key, None)
+                else:
+                    self._shadows[key] = Shadow(commit_id, values=values,
+                                                exact=p.kind == Kind.FULL)
+                continue
             if p.want == "xor":  # every commit is the reference of the next XOR
                 if p.codec.codec_id in LOSSLESS_IDS:
                     self._shadows[key] = Shadow(commit_id, values=np.array(host[p.index],

@@ -1,6 +1,6 @@
 """Replaying chains: which rows changed and the XOR of two versions (write side), and rebuilding a
-tensor from its chain (read side: rows applied in order onto the baseline, XORs applied onto it,
-or code deltas applied per chunk and dequantized once)."""
+tensor from its chain (read side: rows applied in order onto the baseline, XORs or residuals
+applied onto it, or code deltas applied per chunk and dequantized once)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ..errors import CorruptedChunkError, ManifestError
 from ..layout import array_dir, chunk_key
 from ..manifest import Blob, Kind, Layout, TensorEntry
 
-__all__ = ["apply_rows", "apply_xors", "changed_rows", "replay_code_deltas", "xor_bits"]
+__all__ = ["apply_residuals", "apply_rows", "apply_xors", "changed_rows", "replay_code_deltas", "xor_bits"]
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -54,6 +54,22 @@ def apply_xors(out: np.ndarray, links: list[TensorEntry],
             raise ManifestError(f"xor of {link.path!r} in {link.parts['xor'].commit} does not "
                                 "fit the tensor")
         np.bitwise_xor(acc, _bits(x), out=acc)
+    return out
+
+
+def apply_residuals(out: np.ndarray, links: list[TensorEntry],
+                    read_blob: Callable[[Blob], np.ndarray]) -> np.ndarray:
+    """Add the dequantized residual of each link, oldest first, onto the baseline ``out`` (in
+    its dtype, in the order the writer added them: the same values, bit for bit)."""
+    out = np.array(out, copy=True)
+    for link in links:
+        if link.kind != Kind.RESIDUAL:
+            raise ManifestError(f"residual chain of {link.path!r} mixes kinds")
+        r = read_blob(link.parts["residual"])
+        if r.shape != out.shape or r.dtype != out.dtype:
+            raise ManifestError(f"residual of {link.path!r} in {link.parts['residual'].commit} "
+                                "does not fit the tensor")
+        np.add(out, r, out=out)
     return out
 
 

@@ -35,17 +35,25 @@ class QuantizedLossy(ChunkCodec):
         Keyword arguments of :class:`ckptcodecs.Quantize` (validated here).
     entropy : bool
         RLE + Huffman code the quantized chunk.
+    prune_zeros : bool
+        Exact zeros get the prune code (and decode to exact zeros); ``quantize["prune"]`` is then
+        set per chunk to the chunk's share of zeros. For sparse tensors: pruned residuals and
+        moments (:class:`ckptstore.policy.Shrink`).
     """
 
     codec_id = "quantize"
+    prune_zeros: bool = False  # recorded in the config only when set (older configs unchanged)
 
-    def __init__(self, quantize: Mapping[str, Any], entropy: bool = True):
+    def __init__(self, quantize: Mapping[str, Any], entropy: bool = True,
+                 prune_zeros: bool = False):
         from ckptcodecs import Quantize
 
         if not isinstance(quantize, Mapping):
             raise TypeError(f"quantize must be a dict of Quantize parameters, not {quantize!r}")
         self.quantize = dict(quantize)
         self.entropy = bool(entropy)
+        if prune_zeros:
+            self.prune_zeros = True
         self._codec = Quantize(**self.quantize)  # validates early
 
     def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
@@ -60,7 +68,12 @@ class QuantizedLossy(ChunkCodec):
         from ckptcodecs import quantize
 
         kw = dict(self.quantize)
-        return quantize(np.ascontiguousarray(chunk), kw.pop("method"), kw.pop("bits"), **kw)
+        x = np.ascontiguousarray(chunk)
+        if self.prune_zeros:
+            zeros = x.size - np.count_nonzero(x)
+            # ``prune`` is a fraction of the values: the ``zeros`` smallest magnitudes are the zeros
+            kw["prune"] = (zeros - 0.5) / x.size if zeros else 0.0
+        return quantize(x, kw.pop("method"), kw.pop("bits"), **kw)
 
     def encode_codes(self, chunk: np.ndarray) -> tuple[Encoded, np.ndarray, QuantParams]:
         """``(stored bytes, codes, params)`` of one chunk."""

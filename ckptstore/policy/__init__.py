@@ -7,6 +7,7 @@ from .frequency import Frequency, cpr_interval
 from .rebase import Intermittent, MaxChain, RebasePredictor
 from .recovery import LostSamples, RecoveryCosts, RecoveryPlan, plan_recovery, pls_interval
 from .search import QualitySearch, simulate
+from .shrink import Shrink
 
 __all__ = [
            "BitWidth",
@@ -21,6 +22,7 @@ __all__ = [
            "RebasePredictor",
            "RecoveryCosts",
            "RecoveryPlan",
+           "Shrink",
            "TableChoice",
            "Tuning",
            "autotune",

@@ -10,12 +10,14 @@ import torch
 
 from .bitwidth import BitWidth
 from .rebase import Intermittent, RebasePredictor
+from .shrink import Shrink
 
 __all__ = ["Decision", "Policy", "QuantSpec", "Want"]
 
 IncrementalMode = Literal["off", "one-shot", "consecutive", "intermittent"]
-# a whole tensor, changed rows, code deltas, or the lossless XOR with the previous commit
-Want = Literal["full", "rows", "codes", "xor"]
+# a whole tensor, changed rows, code deltas, the lossless XOR with the previous commit, or a
+# pruned quantized residual against the previous commit (Shrink)
+Want = Literal["full", "rows", "codes", "xor", "residual"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class QuantSpec:
     2-bit rows of 16 values). ``num_bins`` and ``ratio`` tune the adaptive range search
     (Check-N-Run section 5.2: None picks 25 bins up to 3 bits, 45 above; ``ratio`` the share of
     the range searched); :func:`ckptstore.policy.autotune` chooses them from a sample of rows.
+    ``prune_zeros`` gives exact zeros a code of their own (sparse tensors, see :class:`Shrink`).
     """
 
     method: str = "adaptive-asymmetric"
@@ -43,6 +46,7 @@ class QuantSpec:
     entropy: bool = True
     num_bins: int | None = None
     ratio: float = 1.0
+    prune_zeros: bool = False
 
     def with_bits(self, bits: int) -> QuantSpec:
         return replace(self, bits=bits)
@@ -112,6 +116,11 @@ class Policy:
         ``(glob, QuantSpec or None)`` pairs: the first pattern matching a path replaces
         ``quantize`` for it (None: lossless), e.g. ``(("model.emb.*", QuantSpec(bits=4)),
         ("optim.*", None))``.
+    shrink
+        ExCP's weight-momentum joint shrinking (:class:`Shrink`): its weights are stored as
+        pruned, quantized residuals against the previous commit (a chain, like ``delta``; a host
+        copy of each is kept between commits), its moments pruned jointly and quantized.
+        ``lossless`` patterns still win.
     """
 
     incremental: IncrementalMode = "off"
@@ -124,6 +133,7 @@ class Policy:
     overrides: tuple[tuple[str, QuantSpec | None], ...] = ()
     min_rows: int = 1024
     min_quant_bytes: int = 64 * 1024
+    shrink: Shrink | None = None
 
     def __post_init__(self) -> None:
         if self.incremental not in ("off", "one-shot", "consecutive", "intermittent"):
@@ -148,6 +158,12 @@ class Policy:
         if any(fnmatch.fnmatchcase(path, p) for p in self.lossless):
             return Decision("full")
         nbytes = tensor.numel() * tensor.element_size()
+        if (self.shrink is not None and tensor.dtype == torch.float32 and tensor.dim()
+                and nbytes >= self.shrink.min_bytes and path in self.shrink.roles):
+            # 2**bits - 1 k-means levels and a code for the pruned zeros; a residual's baseline
+            # is lossless
+            spec = QuantSpec("kmeans", self.shrink.bits, "tensor", prune_zeros=True)
+            return Decision("residual" if self.shrink.roles[path] == "weight" else "full", spec)
         is_float = tensor.dtype in _FLOATS
         spec = next((s for pattern, s in self.overrides if fnmatch.fnmatchcase(path, pattern)),
                     self.quantize)

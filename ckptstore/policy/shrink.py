@@ -1,0 +1,110 @@
+"""ExCP's weight-momentum joint shrinking (Li et al., ICML 2024): the full training state, lossy.
+
+A weight paired with its Adam moments is stored as its *residual* against the previous commit's
+rebuilt values, pruned and k-means quantized; its moments are pruned jointly and quantized:
+
+- weight residual ``r = w - w_prev``: keep ``|r| > median(|r|) * min(cap, alpha / sqrt(mean(v)))``
+  (ExCP's threshold, per tensor as in its code; what is pruned stays in the next residual, since
+  residuals are taken against what a checkout rebuilds);
+- first moment ``m``: keep ``|m| > beta * mean(|m|)`` where the residual is kept, else 0;
+- second moment ``v``: kept where ``m`` is; elsewhere ``fill``: ``"mean"`` (the mean of the pruned
+  values: Adam's step there stays bounded after a resume) or ``"zero"`` (ExCP's choice: a resumed
+  Adam divides the first gradients there by ``sqrt((1 - beta2) * g**2)``, steps up to ~6x lr);
+- kept values: ``2**bits - 1`` k-means levels per chunk, pruned ones one code of their own that
+  decodes to exact zeros, then RLE + Huffman.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Literal
+
+import numpy as np
+
+__all__ = ["Shrink", "residual_mask", "shrink_moments"]
+
+
+@dataclass(frozen=True)
+class Shrink:
+    """Which tensors shrink jointly and how hard (see the module docstring).
+
+    ``pairs``: ``(weight path, first moment path, second moment path)`` as the flattened state
+    names them; :meth:`of` builds them from a model and its optimizer. Only float32 tensors of at
+    least ``min_bytes`` shrink; the rest follow the rest of the :class:`Policy`.
+    """
+
+    pairs: tuple[tuple[str, str, str], ...]
+    alpha: float = 5e-5
+    beta: float = 2.0
+    cap: float = 2.5
+    bits: int = 4
+    fill: Literal["mean", "zero"] = "mean"
+    min_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.bits <= 8:
+            raise ValueError(f"Shrink.bits must be 2..8, not {self.bits}")
+        if self.alpha < 0 or self.beta < 0 or self.cap < 0:
+            raise ValueError("Shrink.alpha, beta and cap must be >= 0")
+        if self.fill not in ("mean", "zero"):
+            raise ValueError(f"Shrink.fill must be 'mean' or 'zero', not {self.fill!r}")
+
+    @classmethod
+    def of(cls, model: Any, optimizer: Any, model_key: str = "model", optim_key: str = "optim",
+           moments: tuple[str, str] = ("exp_avg", "exp_avg_sq"), **kw: Any) -> Shrink:
+        """Pair every parameter of ``model`` with its moments in ``optimizer`` (by identity, in
+        the order ``optimizer.state_dict()`` numbers them), for a state committed as
+        ``{model_key: model, optim_key: optimizer, ...}``. Rebuild it after a resume: the
+        pairs are paths, but they are found from these very objects."""
+        names = {id(p): n for n, p in model.named_parameters()}
+        pairs: list[tuple[str, str, str]] = []
+        index = 0
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                name = names.get(id(p))
+                if name is not None:
+                    state = f"{optim_key}.state.{index}"
+                    pairs.append((f"{model_key}.{name}", f"{state}.{moments[0]}",
+                                  f"{state}.{moments[1]}"))
+                index += 1
+        if not pairs:
+            raise ValueError("no parameter of the model is in the optimizer: nothing to pair")
+        return cls(tuple(pairs), **kw)
+
+    @cached_property
+    def roles(self) -> Mapping[str, str]:
+        """``path -> "weight" | "moment"``."""
+        out: dict[str, str] = {}
+        for w, m, v in self.pairs:
+            out[w] = "weight"
+            out[m] = out[v] = "moment"
+        return out
+
+
+def residual_mask(residual: np.ndarray, second: np.ndarray, alpha: float, cap: float
+                  ) -> np.ndarray:
+    """ExCP's weight pruning: keep ``|r| > median(|r|) * min(cap, alpha / sqrt(mean(v)))``."""
+    mag = np.abs(residual)
+    mean_v = float(np.mean(second, dtype=np.float64)) if second.size else 0.0
+    scale = cap if mean_v <= 0 else min(cap, alpha / math.sqrt(mean_v))
+    return mag > np.median(mag) * scale if mag.size else np.zeros(mag.shape, bool)
+
+
+def shrink_moments(first: np.ndarray, second: np.ndarray, keep_weight: np.ndarray | None,
+                   beta: float, fill: str) -> tuple[np.ndarray, np.ndarray]:
+    """ExCP's momentum pruning: ``(m, v)`` kept where ``|m| > beta * mean(|m|)`` and the weight's
+    residual is kept; pruned ``m`` is 0, pruned ``v`` is ``fill`` (see the module docstring)."""
+    mag = np.abs(first)
+    keep = mag > beta * float(np.mean(mag, dtype=np.float64)) if mag.size else mag > 0
+    if keep_weight is not None:
+        keep &= keep_weight
+    pruned = ~keep
+    value = 0.0
+    if fill == "mean" and pruned.any():
+        value = float(np.mean(second[pruned], dtype=np.float64))
+    zero = np.zeros((), first.dtype)
+    return (np.where(keep, first, zero),
+            np.where(keep, second, np.asarray(value, dtype=second.dtype)))

@@ -1,0 +1,217 @@
+"""ExCP's joint shrinking (``Policy(shrink=Shrink.of(model, optimizer))``): weights as pruned,
+quantized residuals against what checkout rebuilds (no drift), moments pruned jointly, chains
+bounded and safe under gc, a lossless baseline, refused by older readers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import ckptstore
+import ckptstore.manifest as manifest_module
+from ckptstore import Policy
+from ckptstore.errors import CorruptionError, FormatVersionError
+from ckptstore.manifest import RESIDUAL_VERSION, decode_manifest, encode_manifest
+from ckptstore.policy import Shrink
+from ckptstore.policy.shrink import residual_mask, shrink_moments
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+
+
+def _train(model, opt, steps, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(256, 32, generator=g)
+    y = torch.randint(0, 10, (256,), generator=g)
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+def _kinds(store, info):
+    return {e.path: (str(e.kind), e.chain) for e in store.manifest(info.id).tensors}
+
+
+def _policy(model, opt, **kw):
+    return Policy(shrink=Shrink.of(model, opt, **kw), max_chain=kw.pop("max_chain", 16))
+
+
+def test_masks_follow_excp():
+    rng = np.random.default_rng(0)
+    r = rng.standard_normal(10_000).astype(np.float32)
+    v = np.full(10_000, 1e-6, np.float32)
+    keep = residual_mask(r, v, alpha=5e-5, cap=2.5)  # alpha / sqrt(1e-6) = 0.05 < cap
+    np.testing.assert_array_equal(keep, np.abs(r) > 0.05 * np.median(np.abs(r)))
+    capped = residual_mask(r, v, alpha=1.0, cap=2.5)
+    np.testing.assert_array_equal(capped, np.abs(r) > 2.5 * np.median(np.abs(r)))
+    assert 0.05 < capped.mean() < 0.15  # a normal residual above 2.5x its median: ~9 %
+    m = rng.standard_normal(10_000).astype(np.float32)
+    m2, v2 = shrink_moments(m, v * rng.random(10_000, dtype=np.float32), capped, 2.0, "mean")
+    kept = (np.abs(m) > 2.0 * np.abs(m).mean()) & capped
+    np.testing.assert_array_equal(m2 != 0, kept)
+    assert np.all(v2[~kept] == v2[~kept][0]) and v2[~kept][0] > 0  # one positive fill value
+    _, vz = shrink_moments(m, v, capped, 2.0, "zero")
+    assert np.all(vz[~kept] == 0) and np.all(vz[kept] == v[kept])
+
+
+def test_shrink_pairs_parameters_with_their_moments():
+    model = _model()
+    opt = torch.optim.AdamW([{"params": [model[0].weight]},
+                             {"params": [model[0].bias, model[2].weight, model[2].bias]}])
+    s = Shrink.of(model, opt, model_key="m", optim_key="o")
+    assert s.pairs[0] == ("m.0.weight", "o.state.0.exp_avg", "o.state.0.exp_avg_sq")
+    assert s.pairs[3] == ("m.2.bias", "o.state.3.exp_avg", "o.state.3.exp_avg_sq")
+    with pytest.raises(ValueError, match="nothing to pair"):
+        Shrink.of(model, torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=1))
+    with pytest.raises(ValueError, match="bits"):
+        Shrink((), bits=1)
+
+
+def test_residual_chain_rebuilds_what_the_writer_remembers(open_backend_store):
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    store = open_backend_store()
+    first = store.commit({"model": model}, policy=_policy(model, opt))  # before any step
+    assert _kinds(store, first)["model.0.weight"] == ("full", 0)
+    infos = []
+    for i in range(4):
+        _train(model, opt, 10, i)
+        infos.append(store.commit({"model": model, "optim": opt}, policy=_policy(model, opt)))
+    kinds = _kinds(store, infos[-1])
+    assert kinds["model.0.weight"] == ("residual", 4) and kinds["model.2.bias"] == ("residual", 4)
+    assert store.manifest(infos[-1].id).format_version == RESIDUAL_VERSION
+    # what the next residual is taken against is exactly what checkout rebuilds
+    shadows = store._committer.chains._shadows
+    got = store.checkout(infos[-1].id)
+    for name in ("0.weight", "2.weight", "0.bias"):
+        np.testing.assert_array_equal(shadows[("main", f"model.{name}")].values,
+                                      got["model"][name].numpy())
+    # pruning lags, never drifts: the error stays below one interval's change
+    live = model.state_dict()
+    for name in ("0.weight", "2.weight"):
+        err = (got["model"][name] - live[name]).abs().max()
+        assert 0 < err < 0.05 * live[name].abs().max()
+    logical = sum(t.numel() * 4 for t in live.values()) * 3
+    assert infos[-1].stored_bytes < logical / 4
+    assert store.verify().ok
+
+
+def test_moments_are_pruned_jointly_and_fill_keeps_adam_bounded(tmp_path):
+    model = _model(1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    store = ckptstore.open(tmp_path / "s")
+    store.commit({"model": model}, policy=_policy(model, opt))
+    _train(model, opt, 10, 0)
+    info = store.commit({"model": model, "optim": opt}, policy=_policy(model, opt, beta=1.0))
+    got = store.checkout(info.id)["optim"]["state"][0]
+    live = opt.state_dict()["state"][0]
+    m, v = got["exp_avg"], got["exp_avg_sq"]
+    kept = m != 0
+    assert 0 < kept.float().mean() < 0.5
+    assert torch.all(kept <= (live["exp_avg"].abs() > live["exp_avg"].abs().mean()))
+    assert torch.all(v > 0)  # the pruned second moments hold the fill, never 0
+    np.testing.assert_allclose(m[kept], live["exp_avg"][kept], rtol=0.3, atol=1e-6)
+    # ExCP's zero fill, for comparison
+    info = store.commit({"model": model, "optim": opt},
+                        policy=_policy(model, opt, beta=1.0, fill="zero"))
+    got = store.checkout(info.id)["optim"]["state"][0]
+    assert torch.all((got["exp_avg_sq"] == 0) == (got["exp_avg"] == 0))
+
+
+def test_lossless_patterns_win_and_max_chain_rebases(tmp_path):
+    model = _model(2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    store = ckptstore.open(tmp_path / "s")
+    policy = lambda: Policy(shrink=Shrink.of(model, opt), lossless=("optim.*",), max_chain=2)  # noqa
+    kinds = []
+    for i in range(4):
+        _train(model, opt, 5, i)
+        info = store.commit({"model": model, "optim": opt}, policy=policy())
+        kinds.append(_kinds(store, info)["model.0.weight"])
+    assert kinds == [("full", 0), ("residual", 1), ("residual", 2), ("full", 0)]
+    assert torch.equal(store.checkout(info.id)["model"]["0.weight"], model[0].weight)
+    got = store.checkout(info.id)["optim"]["state"][0]["exp_avg"]
+    assert torch.equal(got, opt.state_dict()["state"][0]["exp_avg"])
+
+
+def test_resume_continues_the_chain_and_gc_keeps_it(tmp_path):
+    model = _model(3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    store = ckptstore.open(tmp_path / "s")
+    store.commit({"model": model}, policy=_policy(model, opt))
+    for i in range(3):
+        _train(model, opt, 5, i)
+        store.commit({"model": model, "optim": opt}, policy=_policy(model, opt))
+    state = store.checkout("main", for_resume=True)
+    model, opt = _model(9), torch.optim.AdamW(_model(9).parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optim"])
+    _train(model, opt, 5, 7)
+    info = store.commit({"model": model, "optim": opt}, policy=_policy(model, opt))
+    assert _kinds(store, info)["model.0.weight"] == ("residual", 4)
+    before = store.checkout(info.id)
+    store.gc(keep_last=1, grace_period=0)
+    after = store.checkout(info.id)
+    for name, t in before["model"].items():
+        assert torch.equal(after["model"][name], t)
+    assert store.verify().ok
+    again = ckptstore.open(tmp_path / "s")  # a new process has no reference: a full baseline
+    info = again.commit({"model": model, "optim": opt}, policy=_policy(model, opt))
+    assert _kinds(again, info)["model.0.weight"] == ("full", 0)
+
+
+def test_async_commits_equal_sync_ones(tmp_path):
+    results = []
+    for mode in ("sync", "async"):
+        model = _model(4)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        store = ckptstore.open(tmp_path / mode)
+        store.commit({"model": model}, policy=_policy(model, opt))
+        for i in range(3):
+            _train(model, opt, 5, i)
+            state = {"model": model, "optim": opt}
+            if mode == "sync":
+                store.commit(state, policy=_policy(model, opt))
+            else:
+                store.commit_async(state, policy=_policy(model, opt)).wait()
+        results.append(store.checkout("main"))
+        store.close()
+    for name, t in results[0]["model"].items():
+        assert torch.equal(results[1]["model"][name], t)
+
+
+def test_residual_arrays_refused_by_older_readers_and_checked(tmp_path, monkeypatch):
+    model = _model(5)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    store = ckptstore.open(tmp_path / "s")
+    store.commit({"model": model}, policy=_policy(model, opt))
+    _train(model, opt, 5, 0)
+    info = store.commit({"model": model, "optim": opt}, policy=_policy(model, opt))
+    entry = next(e for e in store.manifest(info.id).tensors if e.path == "model.0.weight")
+    blob = entry.parts["residual"]
+    # plain zarr reads the residual array: the pruned, dequantized residual
+    import zarr
+
+    arr = zarr.open_array(str(tmp_path / "s" / "data" / blob.commit / blob.array), mode="r")
+    base = store.checkout(store.log()[1].id)["model"]["0.weight"]
+    np.testing.assert_array_equal(arr[...] + base.numpy(),
+                                  store.checkout(info.id)["model"]["0.weight"].numpy())
+    raw = encode_manifest(store.manifest(info.id))
+    monkeypatch.setattr(manifest_module, "FORMAT_VERSION", 3)  # a reader of format 3
+    with pytest.raises(FormatVersionError, match="upgrade"):
+        decode_manifest(raw)
+    monkeypatch.undo()
+    chunk = next((tmp_path / "s" / "data" / blob.commit / blob.array / "c").rglob("*"))
+    if chunk.is_dir():
+        chunk = next(p for p in chunk.rglob("*") if p.is_file())
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(CorruptionError):
+        ckptstore.open(tmp_path / "s").checkout(info.id)
+    assert not ckptstore.open(tmp_path / "s").verify().ok
