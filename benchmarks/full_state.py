@@ -282,7 +282,7 @@ BASE_SPECS = [
 ]
 
 _EXCP_TYPES = {"alpha": float, "beta": float, "cap": float, "bits": int, "fill": str,
-               "min_bytes": int}
+               "min_bytes": int, "criterion": str, "keep": float}
 
 
 def parse_excp(text: str | None, defaults: dict[str, Any]) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ import numpy as np
 
 from .chunkcodec import QuantizedLossy
 from .plan import ArrayItem, CommitPlan, ResidualItem
-from .policy.shrink import Shrink, residual_mask, shrink_moments
+from .policy.shrink import Shrink, fisher_threshold, residual_mask, shrink_moments
 from .writer import Snapshot
 
 __all__ = ["ShrinkStats", "shrink_snapshot"]
@@ -40,19 +40,28 @@ def shrink_snapshot(plan: CommitPlan, snap: Snapshot, shrink: Shrink) -> ShrinkS
     snap.ready()
     items = {p.path: p for p in plan.tensors if isinstance(p, ArrayItem)}
     stats = ShrinkStats()
+    found = []
     for w, m, v in shrink.pairs:
         pw, pm, pv = items.get(w), items.get(m), items.get(v)
         first = snap.arrays[pm.index] if pm is not None else None
         second = snap.arrays[pv.index] if pv is not None else None
-        keep = None
+        residual = None
         if isinstance(pw, ResidualItem):
             residual = snap.arrays[pw.index] - pw.start.reference
-            if second is not None and second.shape == residual.shape:
-                keep = residual_mask(residual, second, shrink.alpha, shrink.cap)
-                residual[~keep] = 0
-                stats.weights += keep.size
-                stats.weights_kept += int(np.count_nonzero(keep))
             snap.arrays[pw.index] = residual
+            if second is None or second.shape != residual.shape:
+                residual = None  # no second moment (before the first step): kept whole
+        found.append((pm, pv, first, second, residual))
+    if shrink.criterion == "fisher":
+        cut = fisher_threshold([(r, v) for *_, v, r in found if r is not None], shrink.keep)
+    for pm, pv, first, second, residual in found:
+        keep = None
+        if residual is not None:
+            keep = (second * np.square(residual) > cut if shrink.criterion == "fisher" else
+                    residual_mask(residual, second, shrink.alpha, shrink.cap))
+            residual[~keep] = 0
+            stats.weights += keep.size
+            stats.weights_kept += int(np.count_nonzero(keep))
         if _shrinks(pm) and _shrinks(pv) and first.shape == second.shape:
             first, second = shrink_moments(first, second, keep if keep is not None and
                                            keep.shape == first.shape else None,

@@ -3,9 +3,14 @@
 A weight paired with its Adam moments is stored as its *residual* against the previous commit's
 rebuilt values, pruned and k-means quantized; its moments are pruned jointly and quantized:
 
-- weight residual ``r = w - w_prev``: keep ``|r| > median(|r|) * min(cap, alpha / sqrt(mean(v)))``
-  (ExCP's threshold, per tensor as in its code; what is pruned stays in the next residual, since
-  residuals are taken against what a checkout rebuilds);
+- weight residual ``r = w - w_prev``, ``criterion="excp"``: keep
+  ``|r| > median(|r|) * min(cap, alpha / sqrt(mean(v)))`` (ExCP's threshold, per tensor as in its
+  code; ``alpha`` has the scale of ``sqrt(v)``, so it must be tuned per model: too small and
+  nothing is pruned). ``criterion="fisher"``: keep the share ``keep`` of all paired values with the
+  largest ``v * r**2`` (the loss a pruned value costs, with Adam's ``v`` as the Fisher diagonal),
+  one threshold over the whole model -- values that had no gradient (``v == 0``: unused embedding
+  rows, moved only by weight decay) are never stored. Either way what is pruned stays in the next
+  residual, since residuals are taken against what a checkout rebuilds;
 - first moment ``m``: keep ``|m| > beta * mean(|m|)`` where the residual is kept, else 0;
 - second moment ``v``: kept where ``m`` is; elsewhere ``fill``: ``"mean"`` (the mean of the pruned
   values: Adam's step there stays bounded after a resume) or ``"zero"`` (ExCP's choice: a resumed
@@ -24,7 +29,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["Shrink", "residual_mask", "shrink_moments"]
+__all__ = ["Shrink", "fisher_threshold", "residual_mask", "shrink_moments"]
+
+_SAMPLE = 1 << 20  # saliencies sampled for the model-wide threshold
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,8 @@ class Shrink:
     """
 
     pairs: tuple[tuple[str, str, str], ...]
+    criterion: Literal["excp", "fisher"] = "excp"
+    keep: float = 0.02
     alpha: float = 5e-5
     beta: float = 2.0
     cap: float = 2.5
@@ -49,6 +58,10 @@ class Shrink:
             raise ValueError(f"Shrink.bits must be 2..8, not {self.bits}")
         if self.alpha < 0 or self.beta < 0 or self.cap < 0:
             raise ValueError("Shrink.alpha, beta and cap must be >= 0")
+        if self.criterion not in ("excp", "fisher"):
+            raise ValueError(f"Shrink.criterion must be 'excp' or 'fisher', not {self.criterion!r}")
+        if not 0 < self.keep <= 1:
+            raise ValueError(f"Shrink.keep must be in (0, 1], not {self.keep}")
         if self.fill not in ("mean", "zero"):
             raise ValueError(f"Shrink.fill must be 'mean' or 'zero', not {self.fill!r}")
 
@@ -91,6 +104,19 @@ def residual_mask(residual: np.ndarray, second: np.ndarray, alpha: float, cap: f
     mean_v = float(np.mean(second, dtype=np.float64)) if second.size else 0.0
     scale = cap if mean_v <= 0 else min(cap, alpha / math.sqrt(mean_v))
     return mag > np.median(mag) * scale if mag.size else np.zeros(mag.shape, bool)
+
+
+def fisher_threshold(pairs: list[tuple[np.ndarray, np.ndarray]], keep: float) -> float:
+    """The saliency ``v * r**2`` above which the share ``keep`` of all ``(residual, second
+    moment)`` values lies, from an evenly strided sample of about a million values (each tensor
+    in proportion to its size; no saliency array is built whole)."""
+    total = sum(r.size for r, _ in pairs)
+    if not total or keep >= 1:
+        return -1.0
+    stride = max(1, total // _SAMPLE)
+    sample = np.concatenate([v.reshape(-1)[::stride] * np.square(r.reshape(-1)[::stride])
+                             for r, v in pairs])
+    return float(np.quantile(sample, 1.0 - keep))
 
 
 def shrink_moments(first: np.ndarray, second: np.ndarray, keep_weight: np.ndarray | None,

@@ -14,7 +14,7 @@ from ckptstore import Policy
 from ckptstore.errors import CorruptionError, FormatVersionError
 from ckptstore.manifest import RESIDUAL_VERSION, decode_manifest, encode_manifest
 from ckptstore.policy import Shrink
-from ckptstore.policy.shrink import residual_mask, shrink_moments
+from ckptstore.policy.shrink import fisher_threshold, residual_mask, shrink_moments
 
 
 def _model(seed=0):
@@ -58,6 +58,42 @@ def test_masks_follow_excp():
     assert np.all(vz[~kept] == 0) and np.all(vz[kept] == v[kept])
 
 
+def test_fisher_threshold_keeps_the_share_with_the_largest_saliency():
+    rng = np.random.default_rng(1)
+    pairs = [(rng.standard_normal(n).astype(np.float32), rng.random(n, dtype=np.float32))
+             for n in (300_000, 2_000_000, 7)]
+    cut = fisher_threshold(pairs, 0.05)
+    kept = sum(int(np.count_nonzero(v * r * r > cut)) for r, v in pairs)
+    assert abs(kept / sum(r.size for r, _ in pairs) - 0.05) < 0.003
+    assert fisher_threshold(pairs, 1.0) < 0 and fisher_threshold([], 0.1) < 0
+    dead = (np.ones(1000, np.float32), np.zeros(1000, np.float32))  # no gradient, ever
+    assert fisher_threshold([dead], 0.5) == 0.0  # 0 > 0 is False: never kept
+
+
+def test_fisher_never_stores_rows_only_weight_decay_moved(tmp_path):
+    """An embedding whose unused rows move by AdamW's weight decay alone: ExCP's median threshold
+    stores their largest values every commit, the Fisher criterion (v = 0 there) never does."""
+    stored = {}
+    for criterion in ("excp", "fisher"):
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(5000, 32)
+        opt = torch.optim.AdamW(emb.parameters(), lr=1e-2, weight_decay=0.1)
+        store = ckptstore.open(tmp_path / criterion)
+        policy = lambda: Policy(shrink=Shrink.of(emb, opt, criterion=criterion, keep=0.05,  # noqa
+                                                 alpha=1.0))
+        store.commit({"model": emb}, policy=policy())
+        for step in range(3):
+            for _ in range(5):
+                opt.zero_grad()
+                emb(torch.arange(100)).pow(2).sum().backward()  # rows 0..99 only
+                opt.step()
+            info = store.commit({"model": emb, "optim": opt}, policy=policy())
+        got = store.checkout(info.id)["model"]["weight"]
+        prev = store.checkout(store.log()[1].id)["model"]["weight"]
+        stored[criterion] = (got - prev)[100:].abs().max().item()
+    assert stored["excp"] > 0 and stored["fisher"] == 0
+
+
 def test_shrink_pairs_parameters_with_their_moments():
     model = _model()
     opt = torch.optim.AdamW([{"params": [model[0].weight]},
@@ -69,6 +105,10 @@ def test_shrink_pairs_parameters_with_their_moments():
         Shrink.of(model, torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=1))
     with pytest.raises(ValueError, match="bits"):
         Shrink((), bits=1)
+    with pytest.raises(ValueError, match="criterion"):
+        Shrink((), criterion="magnitude")
+    with pytest.raises(ValueError, match="keep"):
+        Shrink((), keep=0)
 
 
 def test_residual_chain_rebuilds_what_the_writer_remembers(open_backend_store):
