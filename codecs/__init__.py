@@ -25,7 +25,7 @@ from ._qformat import HEADER_SIZE, decode_chunk, encode_chunk
 from .bitpack import pack_bits, packed_size, unpack_bits
 from .planes import BytePlanes, planes_decode, planes_encode
 from .delta import BucketDelta, delta_decode, delta_encode
-from .errors import CodecError
+from .errors import CodecError, CodecTypeError
 from .qdelta import qdelta_decode, qdelta_encode
 from .quantize import (  # the function quantize, bound after the submodule it shadows
     GRANULARITIES,
@@ -48,6 +48,7 @@ __all__ = [
     "BucketDelta",
     "BytePlanes",
     "CodecError",
+    "CodecTypeError",
     "QuantParams",
     "Quantize",
     "RLEHuffman",

@@ -22,8 +22,9 @@ import struct
 import numpy as np
 from numba import njit
 from numcodecs.abc import Codec
-from numcodecs.compat import ensure_contiguous_ndarray, ndarray_copy
+from numcodecs.compat import ensure_contiguous_ndarray
 
+from ._buffers import as_input, copy_out, payload
 from .errors import CodecError
 
 __all__ = ["BucketDelta", "delta_decode", "delta_encode"]
@@ -146,12 +147,12 @@ class BucketDelta(Codec):
         return self._base
 
     def encode(self, buf) -> bytes:
-        codes = ensure_contiguous_ndarray(buf).reshape(-1).view(np.uint8)
+        codes = ensure_contiguous_ndarray(as_input(buf)).reshape(-1).view(np.uint8)
         res = delta_encode(codes, self._need_base(), self.levels)
         return self._HEAD.pack(1, self.levels, res.size) + res.tobytes()
 
     def decode(self, buf, out=None):
-        b = ensure_contiguous_ndarray(buf).reshape(-1).view(np.uint8)
+        b = payload(buf)
         if b.size < self._HEAD.size:
             raise CodecError("BucketDelta payload truncated")
         version, k, count = self._HEAD.unpack_from(b)
@@ -160,7 +161,7 @@ class BucketDelta(Codec):
         if b.size - self._HEAD.size != count or k > self.levels:
             raise CodecError("BucketDelta payload truncated or corrupted")
         dec = delta_decode(b[self._HEAD.size:], self._need_base(), max(k, 1))
-        return ndarray_copy(dec, out)
+        return copy_out(dec, out, "BucketDelta")
 
     def __repr__(self) -> str:
         return f"BucketDelta(levels={self.levels})"

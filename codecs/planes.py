@@ -36,6 +36,7 @@ from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray
 
 from . import _pkernels as PK
+from ._buffers import as_input, check_bool, check_int, out_array, payload
 from ._bytegroup import merge_planes, sample_plane, split_planes
 from .errors import CodecError
 
@@ -63,6 +64,8 @@ SMALL = 4096
 
 
 def _check_config(itemsize: int, block: int) -> None:
+    """Refuse an itemsize or block no payload can have (wrong types: CodecTypeError)."""
+    itemsize, block = check_int("itemsize", itemsize), check_int("block", block)
     if itemsize not in _ITEMSIZES:
         raise CodecError(f"itemsize must be one of {_ITEMSIZES}, not {itemsize!r}")
     if not 1024 <= block <= 1 << 24:
@@ -122,7 +125,7 @@ def planes_encode(data, itemsize: int = 4, rotate: bool = True,
                   block: int = 1 << 17) -> np.ndarray:
     """Encode a buffer of ``itemsize``-byte numbers to the BytePlanes layout (a uint8 array)."""
     _check_config(itemsize, block)
-    src = ensure_contiguous_ndarray(data).reshape(-1).view(np.uint8)
+    src = ensure_contiguous_ndarray(as_input(data)).reshape(-1).view(np.uint8)
     if src.size % itemsize:
         raise CodecError(f"BytePlanes: {src.size} bytes are not a whole number of "
                          f"{itemsize}-byte items")
@@ -146,7 +149,7 @@ def planes_encode(data, itemsize: int = 4, rotate: bool = True,
 def planes_decode(buf, out: np.ndarray | None = None) -> np.ndarray:
     """Decode a BytePlanes payload to uint8 (into ``out``'s bytes when given); raise
     :class:`CodecError` when it is malformed."""
-    b = ensure_contiguous_ndarray(buf).reshape(-1).view(np.uint8)
+    b = payload(buf)
     if b.size < _HEAD.size:
         raise CodecError(f"BytePlanes payload truncated: {b.size} bytes, header needs "
                          f"{_HEAD.size}")
@@ -163,10 +166,10 @@ def planes_decode(buf, out: np.ndarray | None = None) -> np.ndarray:
     if out is None:
         dst = np.empty(nbytes, np.uint8)
     else:
-        dst = ensure_contiguous_ndarray(out).reshape(-1).view(np.uint8)
-        if dst.size != nbytes:
-            raise CodecError(f"BytePlanes payload decodes to {nbytes} bytes, out holds "
-                             f"{dst.size}")
+        dst = out_array(out, nbytes, "BytePlanes")
+        if not (dst.flags.c_contiguous or dst.flags.f_contiguous):
+            raise CodecError("BytePlanes decodes into a contiguous out buffer only")
+        dst = dst.reshape(-1, order="A").view(np.uint8)
     planes = dst.reshape(1, -1) if itemsize == 1 else np.empty((itemsize, n), np.uint8)
     for p, (method, start, stop) in enumerate(spans):
         _decode_plane(method, b[start:stop], block, planes[p], p)
@@ -267,9 +270,11 @@ class BytePlanes(Codec):
 
     def __init__(self, itemsize: int = 4, rotate: bool = True, block: int = 1 << 17):
         _check_config(itemsize, block)
-        self.itemsize, self.rotate, self.block = int(itemsize), bool(rotate), int(block)
+        self.itemsize, self.block = int(itemsize), int(block)
+        self.rotate = check_bool("rotate", rotate)
 
     def encode(self, buf) -> np.ndarray:
+        """Encode the bytes of ``buf`` (a whole number of ``itemsize``-byte items)."""
         return planes_encode(buf, self.itemsize, self.rotate, self.block)
 
     def decode(self, buf, out=None):

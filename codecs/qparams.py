@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import CodecError
+from ._buffers import check_int, check_real
+from .errors import CodecError, CodecTypeError
 
 __all__ = [
     "GRANULARITIES",
@@ -101,20 +102,36 @@ def segment_length(shape: tuple[int, ...], granularity: str, group_size: int | N
 
 def check_parameters(method, bits, granularity, group_size, protect, prune, levels, num_bins,
                       ratio, lam, protect_mode="level", param_dtype="float32") -> None:
-    """Raise CodecError for parameters no encoding can use (shared by quantize and Quantize)."""
+    """Raise for parameters no encoding can use (shared by quantize and Quantize):
+    :class:`CodecTypeError` for a parameter of the wrong type, :class:`CodecError` for a value out
+    of range -- including a level count that cannot fit ``bits`` next to the special levels that
+    ``protect``/``prune`` always add (non-finite data can add a protect level at encode time)."""
+    for name, value in (("method", method), ("granularity", granularity),
+                        ("protect_mode", protect_mode), ("param_dtype", param_dtype)):
+        if not isinstance(value, str):
+            raise CodecTypeError(f"{name} must be a string, got {value!r} "
+                                 f"({type(value).__name__})")
+    bits = check_int("bits", bits)
+    group_size = check_int("group_size", group_size, optional=True)
+    levels = check_int("levels", levels, optional=True)
+    num_bins = check_int("num_bins", num_bins, optional=True)
+    protect, prune = check_real("protect", protect), check_real("prune", prune)
+    ratio, lam = check_real("ratio", ratio), check_real("lam", lam)
     if method not in METHODS:
         raise CodecError(f"method must be one of {METHODS}, got {method!r}")
-    if not 1 <= int(bits) <= 8:
+    if not 1 <= bits <= 8:
         raise CodecError(f"bits must be in 1..8, got {bits}")
     if granularity not in GRANULARITIES:
         raise CodecError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
-    if granularity == "group" and (group_size is None or int(group_size) < 1):
+    if granularity == "group" and group_size is None:
         raise CodecError("granularity='group' needs group_size >= 1")
+    if group_size is not None and group_size < 1:
+        raise CodecError(f"group_size must be >= 1, got {group_size}")
     if not (0.0 <= protect < 1.0 and 0.0 <= prune < 1.0 and protect + prune < 1.0):
         raise CodecError("protect and prune are fractions in [0, 1) with protect + prune < 1")
-    if levels is not None and not 1 <= int(levels) <= 256:
+    if levels is not None and not 1 <= levels <= 256:
         raise CodecError(f"levels must be in 1..256, got {levels}")
-    if num_bins is not None and int(num_bins) < 2:
+    if num_bins is not None and num_bins < 2:
         raise CodecError(f"num_bins must be >= 2, got {num_bins}")
     if not 0.0 < ratio <= 1.0:
         raise CodecError(f"ratio must be in (0, 1], got {ratio}")
@@ -124,3 +141,9 @@ def check_parameters(method, bits, granularity, group_size, protect, prune, leve
         raise CodecError(f"protect_mode must be one of {PROTECT_MODES}, got {protect_mode!r}")
     if param_dtype not in PARAM_DTYPES:
         raise CodecError(f"param_dtype must be one of {PARAM_DTYPES}, got {param_dtype!r}")
+    # special levels every encoding has (quantize() adds a protect level for non-finite data too)
+    nspecial = int(prune > 0) + int(protect > 0 and protect_mode == "level")
+    nq = levels if method == "kmeans" and levels is not None else (1 << bits) - nspecial
+    if nq < 1 or nq + nspecial > 1 << bits:
+        raise CodecError(f"{nq} quantization level(s) plus {nspecial} special level(s) "
+                         f"(protect/prune) do not fit in {bits} bit(s)")

@@ -7,11 +7,12 @@ re-exported here for code that imported them from this module.
 
 from __future__ import annotations
 
+import numpy as np
 from numcodecs.abc import Codec
-from numcodecs.compat import ensure_contiguous_ndarray, ensure_ndarray, ndarray_copy
 
+from ._buffers import as_input, copy_out, payload
 from ._qformat import decode_chunk, encode_chunk
-from .errors import CodecError
+from .errors import CodecError, CodecTypeError
 from .qparams import (
     GRANULARITIES,
     METHODS,
@@ -58,7 +59,10 @@ class Quantize(Codec):
         k-means only: weight of frequency versus magnitude of a histogram bucket (1.0 = plain
         frequency-weighted k-means, the lowest L2 error).
     dtype : str, optional
-        ``'bfloat16'`` to treat uint16 input as bfloat16 bits; else the input's float dtype.
+        ``'bfloat16'`` to treat uint16 input as bfloat16 bits; ``'float16'``, ``'float32'`` or
+        ``'float64'`` (any little-endian or native numpy spelling, stored as the name); None: the
+        input's float dtype. With a dtype, raw bytes (bytes, bytearray, memoryview, array.array,
+        uint8/int8 arrays) are read as values of it, as numcodecs' own filters do.
     protect_mode : str
         ``'level'`` (default): protected values take a code of their own, so ``nq`` is one less;
         ``'sparse'``: every code is a quantization level and the chunk stores the sorted
@@ -77,6 +81,13 @@ class Quantize(Codec):
     The decoded array has the input's dtype (bfloat16 as uint16 bits); a chunk carries its count,
     parameters and protected values (see :mod:`ckptcodecs._qformat`), so ``decode`` returns a
     flat array unless ``out`` gives the shape. NaN and +-inf are protected, hence restored exactly.
+
+    numcodecs conventions: values are encoded in memory order, so an F-ordered array is encoded
+    as its (C-ordered) transpose -- ``'row'`` segments then run along its first axis -- and
+    ``decode(buf, out=f_ordered)`` fills it back in that order. ``out`` must be writeable and
+    hold exactly the decoded bytes (else :class:`CodecError`); object arrays, to encode or to
+    decode into, raise :class:`CodecTypeError` (a ``TypeError``). Parameters are checked here,
+    at construction: wrong types raise :class:`CodecTypeError`, bad values :class:`CodecError`.
 
     Examples
     --------
@@ -97,8 +108,7 @@ class Quantize(Codec):
                  param_dtype: str = "float32"):
         check_parameters(method, bits, granularity, group_size, protect, prune, levels,
                           num_bins, ratio, lam, protect_mode, param_dtype)
-        if dtype not in (None, "float16", "float32", "float64", "bfloat16"):
-            raise CodecError(f"dtype must be a float dtype name or 'bfloat16', got {dtype!r}")
+        dtype = _dtype_name(dtype)
         self.method = method
         self.bits = int(bits)
         self.granularity = granularity
@@ -122,7 +132,8 @@ class Quantize(Codec):
         return config
 
     def encode(self, buf) -> bytes:
-        arr = ensure_ndarray(buf)
+        """Quantize ``buf`` (any buffer; see the class notes) into one chunk."""
+        arr = self._values(buf)
         codes, params = quantize(
             arr, self.method, self.bits, granularity=self.granularity,
             group_size=self.group_size, protect=self.protect, prune=self.prune,
@@ -130,12 +141,51 @@ class Quantize(Codec):
             dtype=self.dtype, protect_mode=self.protect_mode, param_dtype=self.param_dtype)
         return encode_chunk(codes, params)
 
+    def _values(self, buf) -> np.ndarray:
+        """The array to quantize: ``buf`` in memory order; raw bytes read as ``self.dtype``."""
+        arr = as_input(buf)
+        if not arr.flags.c_contiguous and arr.flags.f_contiguous:
+            arr = arr.T  # memory order: the C-ordered transpose (no copy)
+        if arr.dtype.kind in "iub" and arr.dtype.itemsize == 1:  # untyped bytes
+            if self.dtype is None:
+                raise CodecError(f"Quantize got raw bytes ({arr.dtype}): configure the codec's "
+                                 "dtype ('float16', 'float32', 'float64' or 'bfloat16') to "
+                                 "encode untyped buffers")
+            storage = np.dtype("uint16" if self.dtype == "bfloat16" else self.dtype)
+            flat = np.ascontiguousarray(arr).reshape(-1)
+            if flat.size % storage.itemsize:
+                raise CodecError(f"{flat.size} bytes are not a whole number of {self.dtype} "
+                                 f"values ({storage.itemsize} bytes each)")
+            arr = flat.view(storage)
+        return arr
+
     def decode(self, buf, out=None):
-        codes, params = decode_chunk(ensure_contiguous_ndarray(buf))
-        return ndarray_copy(dequantize(codes, params), out)
+        """Dequantize a chunk: a flat array of the encoded dtype, or into ``out``."""
+        codes, params = decode_chunk(payload(buf))
+        return copy_out(dequantize(codes, params), out, "Quantize")
 
     def __repr__(self) -> str:
         cfg = self.get_config()
         cfg.pop("id")
         args = ", ".join(f"{k}={v!r}" for k, v in cfg.items())
         return f"Quantize({args})"
+
+
+_DTYPES = ("float16", "float32", "float64")
+
+
+def _dtype_name(dtype) -> str | None:
+    """``dtype`` as the name the config stores: None, 'bfloat16' or a float dtype name."""
+    if dtype is None or (isinstance(dtype, str) and dtype == "bfloat16"):
+        return dtype
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:  # not a dtype at all; a string naming none is a bad value
+        cls = CodecError if isinstance(dtype, str) else CodecTypeError
+        raise cls(f"dtype must be a float dtype or 'bfloat16', got {dtype!r}") from e
+    if dt.name == "bfloat16":  # ml_dtypes' bfloat16
+        return "bfloat16"
+    if dt.name not in _DTYPES or dt.byteorder == ">":
+        raise CodecError(f"dtype must be a (little-endian) float dtype name or 'bfloat16', "
+                         f"got {dtype!r}")
+    return dt.name

@@ -29,9 +29,10 @@ import zlib
 
 import numpy as np
 from numcodecs.abc import Codec
-from numcodecs.compat import ensure_contiguous_ndarray, ndarray_copy
+from numcodecs.compat import ensure_contiguous_ndarray
 
 from . import _hkernels as HK
+from ._buffers import as_input, copy_out, payload
 from .errors import CodecError
 
 __all__ = ["RLEHuffman", "rle_huffman_decode", "rle_huffman_encode"]
@@ -91,7 +92,7 @@ def _canonical(syms: np.ndarray, lens: np.ndarray) -> np.ndarray:
 
 def rle_huffman_encode(data) -> bytes:
     """Encode bytes (any contiguous buffer) to the RLEHuffman layout."""
-    arr = ensure_contiguous_ndarray(data).reshape(-1).view(np.uint8)
+    arr = ensure_contiguous_ndarray(as_input(data)).reshape(-1).view(np.uint8)
     n = arr.size
     if n == 0:
         return _HEAD.pack(VERSION, 0, 0)
@@ -119,7 +120,7 @@ def rle_huffman_encode(data) -> bytes:
 
 def rle_huffman_decode(buf) -> np.ndarray:
     """Decode an RLEHuffman payload to a uint8 array; raise CodecError if it is malformed."""
-    b = ensure_contiguous_ndarray(buf).reshape(-1).view(np.uint8)
+    b = payload(buf)
     if b.size < _HEAD.size:
         raise CodecError(f"RLEHuffman payload truncated: {b.size} bytes, header needs {_HEAD.size}")
     version, mode, n = _HEAD.unpack_from(b)
@@ -215,11 +216,12 @@ class RLEHuffman(Codec):
     codec_id = "ckpt.rle_huffman"
 
     def encode(self, buf) -> bytes:
+        """Encode the bytes of ``buf`` (any contiguous buffer; object arrays: TypeError)."""
         return rle_huffman_encode(buf)
 
     def decode(self, buf, out=None):
-        dec = rle_huffman_decode(buf)
-        return ndarray_copy(dec, out)
+        """Decode to uint8, or into ``out`` (writeable, exactly the decoded size)."""
+        return copy_out(rle_huffman_decode(buf), out, "RLEHuffman")
 
     def __repr__(self) -> str:
         return "RLEHuffman()"

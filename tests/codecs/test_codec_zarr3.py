@@ -89,11 +89,14 @@ def test_rle_huffman_as_compressor_of_plain_bytes(tmp_path):
 def test_numcodecs_entry_points_in_fresh_process():
     script = textwrap.dedent("""
         import sys, numpy as np, numcodecs
+        assert "ckptcodecs" not in sys.modules  # found through the entry points only
         q = numcodecs.get_codec({"id": "ckpt.quantize", "bits": 3})
         r = numcodecs.get_codec({"id": "ckpt.rle_huffman"})
+        p = numcodecs.get_codec({"id": "ckpt.byte_planes", "itemsize": 4})
         x = np.linspace(-1, 1, 64, dtype="float32")
         assert np.abs(q.decode(q.encode(x)) - x).max() < 0.15
         assert bytes(r.decode(r.encode(b"aaab"))) == b"aaab"
+        assert bytes(p.decode(p.encode(x))) == x.tobytes()
         print("ok")
     """)
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
