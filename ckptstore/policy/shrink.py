@@ -12,9 +12,11 @@ rebuilt values, pruned and k-means quantized; its moments are pruned jointly and
   rows, moved only by weight decay) are never stored. Either way what is pruned stays in the next
   residual, since residuals are taken against what a checkout rebuilds;
 - first moment ``m``: keep ``|m| > beta * mean(|m|)`` where the residual is kept, else 0;
-- second moment ``v``: kept where ``m`` is; elsewhere ``fill``: ``"mean"`` (the mean of the pruned
-  values: Adam's step there stays bounded after a resume) or ``"zero"`` (ExCP's choice: a resumed
-  Adam divides the first gradients there by ``sqrt((1 - beta2) * g**2)``, steps up to ~6x lr);
+- second moment ``v``: kept where ``m`` is; elsewhere ``fill``: ``"zero"`` (ExCP's choice, the
+  default: with ``m = 0`` there too, a resumed Adam's first steps there are ~0.8x lr, then up to
+  ~1.7x lr while ``v`` refills early in training and up to ~6x lr late in training) or ``"mean"``
+  (the mean of the pruned values: smaller steps there until ``v`` forgets the fill, ~1/(1-beta2)
+  steps). On the MiniLM fine-tune of benchmarks/full_state.py ``"zero"`` resumes better;
 - kept values: ``2**bits - 1`` k-means levels per chunk, pruned ones one code of their own that
   decodes to exact zeros, then RLE + Huffman.
 """
@@ -40,17 +42,19 @@ class Shrink:
 
     ``pairs``: ``(weight path, first moment path, second moment path)`` as the flattened state
     names them; :meth:`of` builds them from a model and its optimizer. Only float32 tensors of at
-    least ``min_bytes`` shrink; the rest follow the rest of the :class:`Policy`.
+    least ``min_bytes`` shrink; the rest follow the rest of the :class:`Policy`. The defaults
+    (Fisher ranking, 5 % of the values, 4-bit codes, zero fill) are the best measured on
+    benchmarks/full_state.py; ``criterion="excp"`` with ``alpha``/``cap`` is ExCP's own rule.
     """
 
     pairs: tuple[tuple[str, str, str], ...]
-    criterion: Literal["excp", "fisher"] = "excp"
-    keep: float = 0.02
+    criterion: Literal["excp", "fisher"] = "fisher"
+    keep: float = 0.05
     alpha: float = 5e-5
     beta: float = 2.0
     cap: float = 2.5
     bits: int = 4
-    fill: Literal["mean", "zero"] = "mean"
+    fill: Literal["mean", "zero"] = "zero"
     min_bytes: int = 0
 
     def __post_init__(self) -> None:

@@ -120,7 +120,8 @@ def test_residual_chain_rebuilds_what_the_writer_remembers(open_backend_store):
     infos = []
     for i in range(4):
         _train(model, opt, 10, i)
-        infos.append(store.commit({"model": model, "optim": opt}, policy=_policy(model, opt)))
+        infos.append(store.commit({"model": model, "optim": opt},
+                                  policy=_policy(model, opt, keep=0.3)))
     kinds = _kinds(store, infos[-1])
     assert kinds["model.0.weight"] == ("residual", 4) and kinds["model.2.bias"] == ("residual", 4)
     assert store.manifest(infos[-1].id).format_version == RESIDUAL_VERSION
@@ -130,11 +131,14 @@ def test_residual_chain_rebuilds_what_the_writer_remembers(open_backend_store):
     for name in ("0.weight", "2.weight", "0.bias"):
         np.testing.assert_array_equal(shadows[("main", f"model.{name}")].values,
                                       got["model"][name].numpy())
-    # pruning lags, never drifts: the error stays below one interval's change
+    # pruning lags, never drifts: keeping 30 % a commit, the rebuilt weights are much closer to
+    # the live ones than the baseline is (the stored residuals carry most of the change)
     live = model.state_dict()
+    base = store.checkout(first.id)["model"]
     for name in ("0.weight", "2.weight"):
-        err = (got["model"][name] - live[name]).abs().max()
-        assert 0 < err < 0.05 * live[name].abs().max()
+        lag = (got["model"][name] - live[name]).norm()
+        moved = (base[name] - live[name]).norm()
+        assert 0 < lag < 0.5 * moved
     logical = sum(t.numel() * 4 for t in live.values()) * 3
     assert infos[-1].stored_bytes < logical / 4
     assert store.verify().ok
@@ -146,7 +150,8 @@ def test_moments_are_pruned_jointly_and_fill_keeps_adam_bounded(tmp_path):
     store = ckptstore.open(tmp_path / "s")
     store.commit({"model": model}, policy=_policy(model, opt))
     _train(model, opt, 10, 0)
-    info = store.commit({"model": model, "optim": opt}, policy=_policy(model, opt, beta=1.0))
+    info = store.commit({"model": model, "optim": opt},
+                        policy=_policy(model, opt, beta=1.0, fill="mean"))
     got = store.checkout(info.id)["optim"]["state"][0]
     live = opt.state_dict()["state"][0]
     m, v = got["exp_avg"], got["exp_avg_sq"]
