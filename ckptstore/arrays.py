@@ -255,11 +255,16 @@ def read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: np.dtyp
 
 
 def read_chunk(storage: Storage, where: str) -> bytes:
-    """The stored bytes of one chunk; a missing one is a :class:`CorruptedChunkError`."""
+    """The stored bytes of one chunk; a missing one (or a folder in its place) is a
+    :class:`CorruptedChunkError`."""
     try:
         return storage.read(where)
     except FileNotFoundError:
         raise CorruptedChunkError(f"chunk {where} is missing from the store", where) from None
+    except (IsADirectoryError, NotADirectoryError):  # the manifest's dimensions are not the store's
+        raise CorruptedChunkError(f"chunk {where} is not a chunk in the store (a folder, or under "
+                                  "a file): the manifest's dimensions disagree with the "
+                                  "stored array", where) from None
 
 
 def start_read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: np.dtype,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import InvalidRefName
+from .errors import InvalidRefName, ManifestError
 from .ids import COMMIT_ID_RE, is_commit_id
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "chunk_key",
     "check_ref_name",
     "data_dir",
+    "is_array_name",
     "is_commit_id",
     "manifest_id",
     "manifest_key",
@@ -61,11 +62,21 @@ _MANIFEST_SUFFIX = ".msgpack"
 
 # git-like names, one path component: no '/', no '..', no leading '.' or '-', no ref syntax chars.
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")
+# every array name a writer makes (plan._array_name, chain parts, packed arrays): one path
+# component, the same on every filesystem -- no '/', '\\', ':', NUL, control characters, '..'
+_ARRAY_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._~-]{0,254}")
+
+
+def is_array_name(name: object) -> bool:
+    """Whether ``name`` may name an array folder under ``data/<id>/`` (a manifest is untrusted:
+    anything else could reach outside it, e.g. through ``\\`` on a Windows disk)."""
+    return isinstance(name, str) and bool(_ARRAY_NAME_RE.fullmatch(name)) and not name.startswith(
+        "__")
 
 
 def check_ref_name(name: str, what: str = "ref") -> str:
     """Return ``name`` if it is a valid branch/tag name, else raise :class:`InvalidRefName`."""
-    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name or name.endswith(
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or ".." in name or name.endswith(
         (".", ".lock")
     ):
         raise InvalidRefName(
@@ -95,7 +106,7 @@ def manifest_key(commit_id: str) -> str:
 
 def manifest_id(name: str) -> str | None:
     """The commit id of a file name listed under ``commits/``, or None for anything else."""
-    if name.endswith(_MANIFEST_SUFFIX) and is_commit_id(name[: -len(_MANIFEST_SUFFIX)]):
+    if name.endswith(_MANIFEST_SUFFIX) and COMMIT_ID_RE.fullmatch(name[: -len(_MANIFEST_SUFFIX)]):
         return name[: -len(_MANIFEST_SUFFIX)]
     return None
 
@@ -105,7 +116,12 @@ def data_dir(commit_id: str) -> str:
 
 
 def array_dir(commit_id: str, array: str) -> str:
-    """Folder of one zarr array of a commit (its ``zarr.json`` and chunks)."""
+    """Folder of one zarr array of a commit (its ``zarr.json`` and chunks); a name no writer
+    makes is a :class:`ManifestError`."""
+    if not isinstance(commit_id, str) or not COMMIT_ID_RE.fullmatch(commit_id) or (
+            not is_array_name(array)):
+        raise ManifestError(f"array {array!r} of commit {commit_id!r} is not a name ckptstore "
+                            "writes: the manifest is damaged or hostile")
     return f"{DATA}/{commit_id}/{array}"
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import FormatVersionError, ManifestError, NotAStoreError
+from .layout import is_array_name
 
 __all__ = [
     "FORMAT_VERSION",
@@ -84,8 +85,7 @@ class _Model(BaseModel):
 
 
 def _bad_name(name: str) -> bool:
-    return (not name or "/" in name or "\\" in name or "\0" in name
-            or name.startswith((".", "__")))
+    return not is_array_name(name)  # layout's rule: one safe path component
 
 
 class Blob(_Model):

@@ -19,7 +19,7 @@ from .chains.replay import apply_residuals, apply_rows, apply_xors, replay_code_
 from .chains.walk import StoredArray, Walk, blob_array, entry_array, entry_dtype, \
     entry_packed_array, needed_entries
 from .chunkcodec import codec_from_config
-from .errors import ManifestError
+from .errors import CorruptedChunkError, ManifestError
 from .manifest import Blob, Kind, Layout, Manifest, ShardPiece, TensorEntry
 from .repository import Repository
 
@@ -45,8 +45,21 @@ class Reader:
         self.repo = repo
         self.walk = Walk(repo.manifest)
         self._packed: dict[tuple[str, str | None], np.ndarray] = {}
+        self._stored: set[tuple[str, str]] = set()
+
+    def _check(self, arrays: Iterable[StoredArray]) -> None:
+        """Check that the store holds every chunk of the arrays (:mod:`ckptstore.limits`)
+        before anything is allocated for them; each array is listed once per reader."""
+        todo = {a.ident: a for a in arrays if a.ident not in self._stored}
+        for missing in self.repo.executor.map(lambda a: a.missing_chunks(self.repo.storage),
+                                              todo.values()):
+            if missing:
+                raise CorruptedChunkError(f"chunk {missing[0]} is missing from the store",
+                                          missing[0])
+        self._stored.update(todo)
 
     def _read_stored(self, a: StoredArray) -> np.ndarray:
+        self._check([a])
         return read_array(self.repo.storage, a.prefix, a.grid, a.dtype,
                           codec_from_config(a.codec), self.repo.executor)
 
@@ -59,6 +72,7 @@ class Reader:
             return self._from_packed(e)
         if e.layout == Layout.CHAIN:
             chain = self.walk.chain_of(e)
+            self._check(self.walk.entry_arrays(e))  # replays allocate the baseline's shape
             if e.kind == Kind.DELTA:
                 return replay_code_deltas(chain, entry_dtype(chain[0]), self._read,
                                           self.repo.executor)
@@ -84,6 +98,7 @@ class Reader:
             raise ManifestError(f"a read of {e.path!r} reaches outside its shape {e.shape}")
         if e.layout == Layout.ARRAY and e.shape:
             a = entry_array(e)
+            self._check([a])
             rows = read_array(self.repo.storage, a.prefix, a.grid, a.dtype,
                               codec_from_config(a.codec), self.repo.executor,
                               rows=(offsets[0], offsets[0] + lengths[0]))
@@ -97,6 +112,7 @@ class Reader:
         it exactly once)."""
         m = self.repo.manifest(e.commit) if e.commit else None
         shards = self._shards_of(e, m)
+        self._check(a for _, s in shards for a in self.walk.entry_arrays(s))
         out = np.zeros(e.shape, dtype=entry_dtype(e))
         for piece, s in shards:
             out[tuple(slice(o, o + n) for o, n in zip(piece.offsets, s.shape))] = self.host(s)
@@ -139,13 +155,13 @@ class Reader:
         # whole arrays are queued together, so workers never idle between arrays
         pending: dict[int, np.ndarray] = {}
         futures: list[Future] = []
-        for i in t_idx:
-            e = m.tensors[i]
-            if e.layout == Layout.ARRAY:
-                a = entry_array(e)
-                pending[i], fs = start_read_array(self.repo.storage, a.prefix, a.grid, a.dtype,
-                                                  codec_from_config(a.codec), self.repo.executor)
-                futures += fs
+        arrays = {i: entry_array(m.tensors[i]) for i in t_idx
+                  if m.tensors[i].layout == Layout.ARRAY}
+        self._check(arrays.values())
+        for i, a in arrays.items():
+            pending[i], fs = start_read_array(self.repo.storage, a.prefix, a.grid, a.dtype,
+                                              codec_from_config(a.codec), self.repo.executor)
+            futures += fs
         bases = {i: _to_container(self.host(m.storages[i]), m.storages[i], map_location)
                  for i in s_idx}
         for f in futures:

@@ -53,7 +53,8 @@ class Refs:
     # -- branches --------------------------------------------------------------------------
     def _seqs(self, branch: str) -> list[int]:
         names = self.storage.listdir(branch_dir(branch))
-        return sorted(int(n) for n in names if len(n) == SEQ_WIDTH and n.isdigit())
+        # ASCII digits only: int() reads other Unicode digits, and their ref keys do not exist
+        return sorted(int(n) for n in names if len(n) == SEQ_WIDTH and n.isascii() and n.isdigit())
 
     def _top(self, branch: str) -> tuple[int, str | None] | None:
         """The newest ref file: ``(seq, commit id or None for a tombstone)``, None if none."""

@@ -24,7 +24,9 @@ import numpy as np
 from ..arrays import ChunkGrid, storage_dtype, torch_dtype
 from ..errors import ManifestError
 from ..layout import PACKED_ARRAY, array_dir, chunk_key
+from ..limits import check_grid, missing_chunks
 from ..manifest import Blob, Kind, Layout, Manifest, PackedInfo, TensorEntry
+from ..storage import Storage
 
 __all__ = ["MAX_CHAIN", "ManifestOf", "StoredArray", "Walk", "blob_array", "entry_array",
            "entry_dtype", "entry_packed_array", "needed_entries", "packed_array"]
@@ -38,13 +40,25 @@ _BLOB_DTYPES = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "u
 
 @dataclass(frozen=True)
 class StoredArray:
-    """One zarr array in the store: whose folder, its name, grid, stored dtype and codec."""
+    """One zarr array in the store: whose folder, its name, grid, stored dtype and codec.
+
+    Its grid is within :data:`ckptstore.limits.READ_LIMITS` (else :class:`ManifestError`);
+    :meth:`missing_chunks` compares it with the chunks the store holds."""
 
     commit: str
     name: str
     grid: ChunkGrid
     dtype: np.dtype
     codec: dict[str, object]
+
+    def __post_init__(self) -> None:
+        check_grid(self.prefix, self.grid.shape, self.grid.chunks, self.dtype)
+
+    def missing_chunks(self, storage: Storage) -> list[str]:
+        """Store keys of the grid's chunks the store lacks; ManifestError where it lacks
+        too many to walk (call before allocating the array or walking its grid)."""
+        return [self.chunk(self.grid.key(i)) for i in missing_chunks(
+            storage, self.prefix, self.grid.nchunks, len(self.grid.shape))]
 
     @property
     def prefix(self) -> str:

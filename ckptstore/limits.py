@@ -1,0 +1,92 @@
+"""What a reader lets a manifest claim before it allocates memory or walks a chunk grid.
+
+A manifest is a claim; the chunks are what the store holds. A checksum proves only that the
+manifest was not damaged, not that a writer made it, so a shape of ``[10**10]`` must not make
+``verify`` walk 10**10 chunk keys nor ``checkout`` allocate 40 GB. Every array a reader reads
+(full entries, chain parts and baselines, packed arrays, pieces of sharded tensors) passes
+:func:`check_grid` (arithmetic, no I/O) and then :func:`missing_chunks` (one listing of its row
+chunks), both before its buffer is allocated or its grid is iterated:
+
+- the grid has at most :attr:`ReadLimits.max_chunks` chunks;
+- one chunk decodes to at most :attr:`ReadLimits.max_chunk_bytes` bytes;
+- the grid has at most :attr:`ReadLimits.max_missing` chunks more than the array's folder holds
+  (a few missing chunks are damage, named one by one; more is a shape the store never held);
+
+and checkout allocates an array only once every chunk of it is listed, so what an entry
+declares is at most ``chunks stored x max_chunk_bytes``, and verify walks at most
+``max_missing`` chunk keys more than are stored. Every other entry is bounded by arrays: a
+chain entry has its full baseline's shape, a packed one lies inside its packed array, a sharded
+tensor's volume is the sum of its pieces', a view stays in its storage.
+
+The limits are one module-level value, :data:`READ_LIMITS`; a store whose writer chose
+``chunk_bytes`` above 4 GiB (or holds a single row larger than that) is read after
+``ckptstore.limits.READ_LIMITS = ReadLimits(max_chunk_bytes=...)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ManifestError
+from .storage import Storage
+
+__all__ = ["READ_LIMITS", "ReadLimits", "check_grid", "missing_chunks"]
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """Bounds a reader enforces on each stored array a manifest describes.
+
+    Parameters
+    ----------
+    max_chunks
+        Chunks of one array's grid (2**24: 128 TiB at the default 8 MiB chunks).
+    max_chunk_bytes
+        Decoded bytes of one chunk (writers make chunks of ``chunk_bytes``, 8 MiB by default,
+        or of one row where a row is larger).
+    max_missing
+        Chunks of a grid its folder may lack and still be walked (``verify`` names each).
+    """
+
+    max_chunks: int = 2**24
+    max_chunk_bytes: int = 2**32
+    max_missing: int = 1024
+
+
+READ_LIMITS = ReadLimits()
+
+
+def check_grid(where: str, shape: tuple[int, ...], chunks: tuple[int, ...], dtype: np.dtype,
+               limits: ReadLimits | None = None) -> None:
+    """Refuse a chunk grid (rows only, as :meth:`ChunkGrid.checked` made it) with too many or
+    too large chunks, with a :class:`ManifestError` naming the array at ``where``."""
+    limits = limits or READ_LIMITS
+    nchunks = math.ceil(shape[0] / chunks[0]) if shape else 1
+    chunk_bytes = math.prod(chunks) * dtype.itemsize
+    if nchunks > limits.max_chunks or chunk_bytes > limits.max_chunk_bytes:
+        raise ManifestError(
+            f"{where}: the manifest declares shape {list(shape)} in {nchunks} chunks of "
+            f"{chunk_bytes} bytes, beyond what a reader accepts ({limits.max_chunks} chunks of "
+            f"{limits.max_chunk_bytes} bytes): the manifest is damaged or hostile. If a "
+            "trusted writer made it, raise ckptstore.limits.READ_LIMITS.")
+
+
+def missing_chunks(storage: Storage, prefix: str, nchunks: int, ndim: int,
+                   limits: ReadLimits | None = None) -> list[int]:
+    """Row chunks ``0..nchunks-1`` of the array at ``prefix`` that its folder lacks, from one
+    listing of ``<prefix>/c`` (a request per 1,000 chunks on object stores); a
+    :class:`ManifestError` where it lacks more than ``max_missing``: nothing is walked then.
+    A 0-d array's single chunk is left to the read."""
+    limits = limits or READ_LIMITS
+    if ndim == 0 or nchunks == 0:
+        return []
+    stored = set(storage.listdir(f"{prefix}/c"))
+    if nchunks - len(stored) > limits.max_missing:
+        raise ManifestError(
+            f"{prefix}: the manifest declares {nchunks} chunks but the store holds "
+            f"{len(stored)}: its shape or chunk grid is damaged or hostile, or the array's "
+            "chunks were deleted; check out another commit.")
+    return [i for i in range(nchunks) if str(i) not in stored]  # at most len(stored) + 1024
