@@ -5,33 +5,65 @@
 >>> info = store.commit({"w": torch.ones(3), "step": 1}, message="first")
 >>> store.checkout("main")["step"]
 1
+
+The names that pull in torch are imported on first use (PEP 562), so that ``import ckptstore``
+and the ``ckpt`` commands that only read history start fast.
 """
 
-from ._version import __version__
+from __future__ import annotations
 
-from .diff import DiffResult
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__
 from .errors import *
 from .errors import __all__ as _errors_all
-from .export import ExportResult
-from .info import CommitInfo, GCResult, VerifyReport
-from .pending import PendingCommit
-from .plan import EncodingOptions
-from .policy import (
-                     BitWidth,
-                     Frequency,
-                     Intermittent,
-                     MaxChain,
-                     Policy,
-                     QualitySearch,
-                     QuantSpec,
-)
-from .resume import ResumableLoader, ResumableSampler, RNGState
-from .store import Store, open
-from .tracking import RowTracker, track
-from .usage import UsageReport
+
+if TYPE_CHECKING:
+    from .diff import DiffResult
+    from .export import ExportResult
+    from .info import CommitInfo, GCResult, VerifyReport
+    from .pending import PendingCommit
+    from .plan import EncodingOptions
+    from .policy import (BitWidth, Frequency, Intermittent, MaxChain, Policy, QualitySearch,
+                         QuantSpec)
+    from .resume import ResumableLoader, ResumableSampler, RNGState
+    from .store import Store, open
+    from .tracking import RowTracker, track
+    from .usage import UsageReport
+
+_LAZY = {  # public name -> the submodule it lives in
+    "DiffResult": "diff", "ExportResult": "export",
+    "CommitInfo": "info", "GCResult": "info", "VerifyReport": "info",
+    "PendingCommit": "pending", "EncodingOptions": "plan",
+    "BitWidth": "policy", "Frequency": "policy", "Intermittent": "policy", "MaxChain": "policy",
+    "Policy": "policy", "QualitySearch": "policy", "QuantSpec": "policy",
+    "ResumableLoader": "resume", "ResumableSampler": "resume", "RNGState": "resume",
+    "Store": "store", "open": "store", "RowTracker": "tracking", "track": "tracking",
+    "UsageReport": "usage",
+}
 
 __all__ = ["open", "Store", "CommitInfo", "GCResult", "VerifyReport", "EncodingOptions",
            "Policy", "QuantSpec", "BitWidth", "QualitySearch", "Intermittent", "MaxChain", "track", "RowTracker",
            "PendingCommit", "Frequency", "ResumableSampler", "ResumableLoader", "RNGState",
            "DiffResult", "UsageReport", "ExportResult", "__version__",
            *_errors_all]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name (or a submodule, ``ckptstore.policy``) on first use."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__"):
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

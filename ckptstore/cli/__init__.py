@@ -10,9 +10,17 @@ the library plus rendering. Every verb prints aligned tables with human sizes, o
 one JSON document on stdout and nothing else. Progress bars (verify, diff, export) go to stderr,
 shown when stderr is a terminal or with ``--progress``.
 
-Exit status: 0 success; 1 ``verify`` found problems (or ``diff --exit-code`` found differences);
-2 an error (``ckpt: error: <message>`` on stderr, no traceback) or bad usage; 130 interrupted.
-The store is always opened with ``create=False``: a mistyped URL is an error, never a new store.
+Exit statuses are defined in :mod:`ckptstore.cli._exit` (0 ok, 1 verify/diff found
+something, 2 usage or other error, 3 not found, 4 corrupted store, 5 storage failed, 130
+interrupted). An error is one line on stderr, ``ckpt: error: <message>``, never a traceback
+(``CKPT_TRACEBACK=1`` shows it); with ``--json`` it is one JSON object on stderr instead
+(``{"error": {"type", "message", "exit_status"}}``) and stdout stays empty.
+The store is opened with ``create=False`` (a mistyped URL is an error, never a new store), except
+by ``ckpt import``, which starts one where none is.
+
+Start-up: ``log``, ``tag`` and ``branch`` must not import torch (``tests/cli`` checks ``log``).
+Verb modules import what reads tensors (``..store``, ``..leaves``, ``..diff``, ``..export``)
+inside ``run``, never at the top.
 """
 
 from __future__ import annotations
@@ -22,24 +30,21 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from .._version import __version__
 from ..errors import CkptStoreError
-from ..store import open as open_store
-from . import diff, du, export, gc, log, refs, show, verify
-from ._context import AddVerb, CliError, Context
+from . import diff, du, export, gc, log, refs, show, transfer, verify
+from ._context import AddVerb, CliError, Context, Parser, UsageError
+from ._exit import (EXIT_CORRUPT, EXIT_DIFFERS, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_NOT_FOUND,
+                    EXIT_OK, EXIT_PIPE, EXIT_STORAGE, EXIT_USAGE, exit_status)
+from ._open import open_existing
 
-__all__ = ["EXIT_DIFFERS", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "build_parser", "main",
+__all__ = ["EXIT_CORRUPT", "EXIT_DIFFERS", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_NOT_FOUND",
+           "EXIT_OK", "EXIT_STORAGE", "EXIT_USAGE", "build_parser", "main",
            "parse_storage_options"]
 
-EXIT_OK = 0
-EXIT_DIFFERS = 1  # verify found problems; diff --exit-code found differences
-EXIT_ERROR = 2
-EXIT_INTERRUPTED = 130
-_EXIT_BROKEN_PIPE = 141
-
-_VERBS = (log, show, refs, gc, verify, du, diff, export)  # in the order of `ckpt --help`
+_VERBS = (log, show, refs, gc, verify, du, diff, export, transfer)  # in the order of `ckpt --help`
 
 _EPILOG = """\
 examples:
@@ -52,7 +57,8 @@ examples:
 
 REF is a branch, a tag, a commit id or a unique prefix of one (4+ hex digits), optionally followed
 by ~N (N commits back) or ^ (the parent). Exit status: 0 ok, 1 verify found problems (or diff
---exit-code found differences), 2 an error.
+--exit-code found differences), 2 bad usage or an error, 3 store or ref not found, 4 corrupted
+store, 5 storage unreachable or failing, 130 interrupted.
 """
 
 
@@ -87,23 +93,25 @@ def parse_storage_options(items: Sequence[str] | None) -> dict[str, Any]:
 
 
 def _common_options() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("store", metavar="STORE_URL",
                         help="store location: a local path, memory://name, s3://bucket/prefix, ...")
     opts = common.add_argument_group("common options")
     opts.add_argument("--json", action="store_true",
-                      help="print one JSON document on stdout (for scripts)")
+                      help="print one JSON document on stdout (for scripts); errors as one "
+                           "JSON object on stderr")
     opts.add_argument("--storage-option", "-o", action="append", metavar="KEY=VALUE",
                       dest="storage_options",
                       help="fsspec option for remote stores (repeatable); VALUE is JSON if it "
                            "parses, else a string; nested keys as client_kwargs.endpoint_url=URL")
     opts.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                      help="progress bars on stderr (default: when stderr is a terminal)")
+                      help="progress bars on stderr (default: when stderr is a terminal, "
+                           "except with --json)")
     return common
 
 
 def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="ckpt", description="Inspect and maintain a ckptstore: a versioned store of "
         "PyTorch checkpoints.", epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -121,35 +129,63 @@ def build_parser() -> argparse.ArgumentParser:
     return _build()[0]
 
 
+def _report(e: BaseException, status: int, as_json: bool, err: TextIO) -> None:
+    """One line on stderr: ``ckpt: error: ...``, or with ``--json`` one JSON object."""
+    message = " ".join(str(e).split()) or type(e).__name__
+    if isinstance(e, KeyboardInterrupt):
+        message = "interrupted"
+    elif status == EXIT_ERROR and not isinstance(e, (CkptStoreError, CliError, UsageError)):
+        message = f"{type(e).__name__}: {message} (CKPT_TRACEBACK=1 shows where)"
+    if as_json:
+        doc = {"error": {"type": type(e).__name__, "message": message, "exit_status": status}}
+        err.write(json.dumps(doc) + "\n")
+    elif isinstance(e, UsageError):
+        err.write(e.usage + f"{e.prog}: error: {message}\n")
+    else:
+        err.write(f"ckpt: {'' if status == EXIT_INTERRUPTED else 'error: '}{message}\n")
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser, verbs = _build()
+    if argv and argv[0] in verbs:
+        # intermixed: optional positionals (REF, NAME) may follow options, as in
+        # `ckpt verify URL --json main`
+        args = verbs[argv[0]].parse_intermixed_args(argv[1:])
+        args.verb = argv[0]
+        return args
+    return parser.parse_args(argv)
+
+
+def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    options = parse_storage_options(args.storage_options)
+    if getattr(args, "verb", None) == "import":  # the one verb that may start a store
+        from ..store import open as open_store
+
+        open_store(args.store, **options).close()
+    storage = open_existing(args.store, options)
+    ctx = Context(args, storage, out, err)
+    try:
+        return args.run(ctx)
+    finally:
+        ctx.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``ckpt`` with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser, verbs = _build()
-    try:
-        if argv and argv[0] in verbs:
-            # intermixed: optional positionals (REF, NAME) may follow options, as in
-            # `ckpt verify URL --json main`
-            args = verbs[argv[0]].parse_intermixed_args(argv[1:])
-            args.verb = argv[0]
-        else:
-            args = parser.parse_args(argv)
-    except SystemExit as e:  # --help, --version, usage errors
-        return e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else EXIT_ERROR)
     out, err = sys.stdout, sys.stderr
+    as_json = "--json" in argv
     try:
-        options = parse_storage_options(args.storage_options)
-        with open_store(args.store, create=False, **options) as store:
-            return args.run(Context(args, store, out, err))
-    except (CkptStoreError, CliError) as e:
-        print(f"ckpt: error: {e}", file=err)
-        return EXIT_ERROR
+        return _run(_parse(argv), out, err)
+    except SystemExit as e:  # --help, --version
+        return e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else EXIT_USAGE)
     except BrokenPipeError:  # `ckpt log ... | head`
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, out.fileno())
-        return _EXIT_BROKEN_PIPE
-    except OSError as e:  # permissions, disk full, unreachable endpoints
-        print(f"ckpt: error: {e}", file=err)
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("ckpt: interrupted", file=err)
-        return EXIT_INTERRUPTED
+        return EXIT_PIPE
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - one line, never a traceback
+        if os.environ.get("CKPT_TRACEBACK") and not isinstance(e, KeyboardInterrupt):
+            raise
+        status = EXIT_USAGE if isinstance(e, (UsageError, CliError)) else exit_status(e)
+        _report(e, status, as_json, err)
+        return status

@@ -5,23 +5,67 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, TextIO
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from ..store import Store
+from ..repository import Repository
+from ..storage import Storage
 from ._output import jsonable
 
-__all__ = ["AddVerb", "CliError", "Context", "positive_int", "seconds"]
+if TYPE_CHECKING:
+    from ..store import Store
+
+__all__ = ["AddVerb", "CliError", "Context", "Parser", "UsageError", "positive_int", "seconds"]
 
 
 class CliError(Exception):
     """A problem with the command line itself (bad option value, conflicting arguments)."""
 
 
-class Context:
-    """Parsed arguments, the open store, and the output streams of one ``ckpt`` run."""
+class UsageError(Exception):
+    """A command line argparse rejected; ``usage`` is the verb's usage line."""
 
-    def __init__(self, args: argparse.Namespace, store: Store, out: TextIO, err: TextIO):
-        self.args, self.store, self.out, self.err = args, store, out, err
+    def __init__(self, message: str, usage: str, prog: str):
+        super().__init__(message)
+        self.usage, self.prog = usage, prog
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser that raises :class:`UsageError` instead of printing and exiting, so
+    that ``main`` reports it like any error (as JSON with ``--json``)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, self.format_usage(), self.prog)
+
+
+class Context:
+    """Parsed arguments, the store's storage, and the output streams of one ``ckpt`` run.
+
+    ``repo`` (history and refs) needs no torch; ``store`` (the full :class:`Store`, for verbs that
+    read tensors or commit) imports it on first use.
+    """
+
+    def __init__(self, args: argparse.Namespace, storage: Storage, out: TextIO, err: TextIO):
+        self.args, self.storage, self.out, self.err = args, storage, out, err
+
+    @cached_property
+    def store(self) -> Store:
+        from ..store import Store
+
+        return Store(self.storage)
+
+    @cached_property
+    def repo(self) -> Repository:
+        return self.store.repo if "store" in self.__dict__ else Repository(self.storage)
+
+    def close(self) -> None:
+        """Release the worker threads of what was opened."""
+        try:
+            if "store" in self.__dict__:
+                self.store.close()
+        finally:
+            if "repo" in self.__dict__:
+                self.repo.close()
 
     @property
     def json(self) -> bool:
@@ -30,9 +74,10 @@ class Context:
 
     @property
     def progress(self) -> bool:
-        """Progress bars on stderr: ``--progress``, else when stderr is a terminal."""
+        """Progress bars on stderr: ``--progress``, else when stderr is a terminal and the output
+        is not ``--json``."""
         p = self.args.progress
-        return bool(p) if p is not None else self.err.isatty()
+        return bool(p) if p is not None else (not self.json and self.err.isatty())
 
     def print(self, *parts: object) -> None:
         print(*parts, file=self.out)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from ..diff import DiffResult, TensorSpec
+from typing import TYPE_CHECKING
+
 from ._context import AddVerb, Context
 from ._output import plural, shape_text, short_value, table
+
+if TYPE_CHECKING:
+    from ..diff import DiffResult, TensorSpec
 
 __all__ = ["register", "run"]
 

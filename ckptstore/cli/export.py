@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ..export import to_safetensors
 from ._context import AddVerb, Context
 from ._output import human_size
 
@@ -20,11 +19,20 @@ def register(add: AddVerb) -> None:
     p.add_argument("--strip-prefix", metavar="PREFIX",
                    help="remove PREFIX from keys (e.g. 'model.' for a model-only file)")
     p.add_argument("--force", "-f", action="store_true", help="overwrite FILE")
+    p.add_argument("--format", choices=("safetensors", "hf", "dcp"), default="safetensors",
+                   help="safetensors file (default); hf: a folder with config.json and "
+                        "model.safetensors (keys under --strip-prefix, default 'model.'); dcp: a "
+                        "torch.distributed.checkpoint folder")
     p.set_defaults(run=run)
 
 
 def run(ctx: Context) -> int:
+    from ..export import to_safetensors  # imports torch
+
     args = ctx.args
+    if args.format != "safetensors":
+        from .transfer import run_export
+        return run_export(ctx)
     result = to_safetensors(ctx.store, args.ref, args.file, paths=args.paths,
                             strip_prefix=args.strip_prefix, overwrite=args.force,
                             progress=ctx.progress)

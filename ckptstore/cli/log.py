@@ -16,12 +16,12 @@ def register(add: AddVerb) -> None:
 
 
 def run(ctx: Context) -> int:
-    store, args = ctx.store, ctx.args
-    if args.ref == "main" and not store.branches():
+    repo, args = ctx.repo, ctx.args  # history and refs only: no torch
+    if args.ref == "main" and not repo.refs.branches():
         commits = []  # a store without commits: empty history, not an error
     else:
-        commits = store.log(args.ref, limit=args.limit)
-    names = store.repo.ref_names()
+        commits = list(repo.iter_log(args.ref, limit=args.limit))
+    names = repo.ref_names()
     if ctx.json:
         ctx.emit([{**c.to_json(), "refs": names.get(c.id, [])} for c in commits])
         return 0

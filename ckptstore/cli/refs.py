@@ -8,7 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CkptStoreError
-from ..store import Store
+from ..info import CommitInfo
+from ..layout import check_ref_name
+from ..repository import Repository
 from ._context import AddVerb, CliError, Context
 from ._output import one_line, table, utc_time
 
@@ -41,12 +43,12 @@ def register(add: AddVerb) -> None:
     p.set_defaults(run=run_branch)
 
 
-def _ref_rows(store: Store, refs: dict[str, str]) -> list[dict[str, Any]]:
+def _ref_rows(repo: Repository, refs: dict[str, str]) -> list[dict[str, Any]]:
     rows = []
     for name, c in sorted(refs.items()):
         row: dict[str, Any] = {"name": name, "id": c}
         try:
-            info = store.info(c)
+            info = CommitInfo.from_manifest(repo.manifest(c))
             row.update(time=info.time.isoformat(), step=info.step, message=info.message)
         except CkptStoreError:
             row.update(time=None, step=None, message=None, missing=True)
@@ -82,7 +84,7 @@ def _list_or_delete(ctx: Context, kind: str, refs: dict[str, str],
                       f"(was {commit_id[:10] if commit_id else '?'})")
         return True
     if args.name is None:
-        rows = _ref_rows(ctx.store, refs)
+        rows = _ref_rows(ctx.repo, refs)
         if ctx.json:
             ctx.emit(rows)
         else:
@@ -92,10 +94,12 @@ def _list_or_delete(ctx: Context, kind: str, refs: dict[str, str],
 
 
 def run_tag(ctx: Context) -> int:
-    store, args = ctx.store, ctx.args
-    if _list_or_delete(ctx, "tag", store.tags(), store.delete_tag):
+    refs, args = ctx.repo.refs, ctx.args  # refs only: no torch
+    if _list_or_delete(ctx, "tag", refs.tags(), refs.delete_tag):
         return 0
-    commit_id = store.tag(args.name, args.ref or "main")
+    check_ref_name(args.name, "tag")
+    commit_id = ctx.repo.resolve(args.ref or "main")
+    refs.create_tag(args.name, commit_id)
     if ctx.json:
         ctx.emit({"tag": args.name, "id": commit_id})
     else:
@@ -104,14 +108,18 @@ def run_tag(ctx: Context) -> int:
 
 
 def run_branch(ctx: Context) -> int:
-    store, args = ctx.store, ctx.args
-    if _list_or_delete(ctx, "branch", store.branches(), store.delete_branch):
+    refs, args = ctx.repo.refs, ctx.args  # refs only: no torch
+    if _list_or_delete(ctx, "branch", refs.branches(), refs.delete_branch):
         return 0
-    ref = args.ref or "main"
-    if args.force and args.name in store.branches():
-        commit_id, verb = store.reset_branch(args.name, ref), "moved"
+    moving = args.force and args.name in refs.branches()
+    if not moving:
+        check_ref_name(args.name, "branch")
+    commit_id = ctx.repo.resolve(args.ref or "main")
+    if moving:
+        refs.reset_branch(args.name, commit_id)
     else:
-        commit_id, verb = store.branch(args.name, ref), "created"
+        refs.create_branch(args.name, commit_id)
+    verb = "moved" if moving else "created"
     if ctx.json:
         ctx.emit({"branch": args.name, "id": commit_id, "action": verb})
     else:

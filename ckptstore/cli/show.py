@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..chains.walk import Walk
 from ..layout import PACKED_ARRAY
-from ..leaves import Leaves, entry_nbytes
 from ..manifest import Layout, Manifest
-from ..usage import StoredSizes, entry_stored_bytes
 from ._context import AddVerb, Context
 from ._output import human_size, plural, shape_text, short_value, table, utc_time
+
+if TYPE_CHECKING:
+    from ..usage import StoredSizes
 
 __all__ = ["register", "run"]
 
@@ -25,6 +25,10 @@ def register(add: AddVerb) -> None:
 
 
 def _rows(ctx: Context, m: Manifest, sizes: StoredSizes, wanted: set[int]) -> list[dict[str, Any]]:
+    from ..chains.walk import Walk  # reads tensors' dtypes: imports torch
+    from ..leaves import entry_nbytes
+    from ..usage import entry_stored_bytes
+
     rows = []
     walk = Walk(ctx.store.repo.manifest)
     for i, e in enumerate(m.tensors):
@@ -50,6 +54,9 @@ def _rows(ctx: Context, m: Manifest, sizes: StoredSizes, wanted: set[int]) -> li
 
 
 def run(ctx: Context) -> int:
+    from ..leaves import Leaves  # imports torch
+    from ..usage import StoredSizes
+
     store, args = ctx.store, ctx.args
     m = store.manifest(store.resolve(args.ref))
     info = store.info(m.id)

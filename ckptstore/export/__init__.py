@@ -8,8 +8,10 @@
 1
 """
 
+from .dcp_dir import to_dcp
+from .hf_dir import to_hf_directory
 from .result import ExportError, ExportResult
 from .safetensors_file import SAFETENSORS_DTYPES, to_safetensors, write_safetensors
 
-__all__ = ["SAFETENSORS_DTYPES", "ExportError", "ExportResult", "to_safetensors",
-           "write_safetensors"]
+__all__ = ["SAFETENSORS_DTYPES", "ExportError", "ExportResult", "to_dcp", "to_hf_directory",
+           "to_safetensors", "write_safetensors"]

@@ -97,16 +97,16 @@ def test_usage_error_exits_2(capsys):
 def test_missing_store_is_an_error_and_creates_nothing(capsys, tmp_path):
     where = tmp_path / "typo"
     rc, out, err = run(capsys, "log", where)
-    assert rc == 2 and out == ""
+    assert rc == 3 and out == ""
     assert err.startswith("ckpt: error: ") and "no ckptstore" in err and "Traceback" not in err
     assert not where.exists()
 
 
-def test_unknown_ref_exits_2_with_a_clear_message(capsys, ckpts):
+def test_unknown_ref_exits_3_with_a_clear_message(capsys, ckpts):
     for argv in (("show", ckpts, "nope"), ("diff", ckpts, "main", "nope"),
                  ("log", ckpts, "--ref", "nope"), ("show", ckpts, "main~7")):
         rc, out, err = run(capsys, *argv)
-        assert rc == 2, argv
+        assert rc == 3, argv
         assert out == ""
         assert len(err.strip().splitlines()) == 1 and err.startswith("ckpt: error: ")
     rc, _, err = run(capsys, "show", ckpts, "nope")
@@ -221,7 +221,7 @@ def test_tag_create_list_delete(capsys, ckpts):
                                                                   "id": ids(ckpts)[1]}
     assert [t["name"] for t in run_json(capsys, "tag", ckpts)] == ["first"]
     rc, _, err = run(capsys, "tag", ckpts, "--delete", "best")
-    assert rc == 2 and "no tag 'best'" in err
+    assert rc == 3 and "no tag 'best'" in err
 
 
 def test_branch_create_list_move_delete(capsys, ckpts):
@@ -237,7 +237,7 @@ def test_branch_create_list_move_delete(capsys, ckpts):
     rc, out, _ = run(capsys, "branch", ckpts)
     assert rc == 0 and "exp" in out and second[:10] in out
     rc, _, err = run(capsys, "branch", ckpts, "bad/name")
-    assert rc == 2 and "invalid branch name" in err
+    assert rc == 3 and "invalid branch name" in err
     rc, out, _ = run(capsys, "branch", ckpts, "--delete", "exp")
     assert rc == 0 and "deleted branch exp" in out
     assert [b["name"] for b in run_json(capsys, "branch", ckpts)] == ["main"]
@@ -489,7 +489,7 @@ def test_s3_store_with_storage_options(capsys, s3_server):
     show = run_json(capsys, "show", url, "main", *opts)
     assert [t["path"] for t in show["tensors"]] == ["w"]
     rc, _, err = run(capsys, "log", "s3://ckpt-tests/not-a-store", *opts)
-    assert rc == 2 and "no ckptstore" in err
+    assert rc == 3 and "no ckptstore" in err
 
 
 # -- the installed console script ------------------------------------------------------------------

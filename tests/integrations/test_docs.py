@@ -1,0 +1,27 @@
+"""The examples of docs/lightning.md, docs/huggingface.md and docs/import-export.md run as
+written: every ```python block of a page, in order, in a fresh folder."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+
+import pytest
+
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
+PAGES = {"lightning.md": "lightning", "huggingface.md": "accelerate", "import-export.md": None}
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_examples_run(page: str, tmp_path: pathlib.Path, monkeypatch) -> None:
+    if PAGES[page]:
+        pytest.importorskip(PAGES[page])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    blocks = re.findall(r"```python\n(.*?)```", (DOCS / page).read_text(), re.DOTALL)
+    assert blocks
+    scope: dict[str, object] = {"__name__": f"docs_{page}"}
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"{DOCS / page}[block {i}]", "exec"), scope)  # noqa: S102
+    assert os.listdir(tmp_path)
