@@ -502,7 +502,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20, help="K: optimizer steps per interval")
     ap.add_argument("--resumes", type=int, default=5)
     ap.add_argument("--lr", type=float, default=1e-4, help="peak learning rate")
-    ap.add_argument("--seeds", type=int, default=1, help="seeds per policy (0..N-1)")
+    ap.add_argument("--seeds", type=int, default=1, help="seeds per policy (N of them)")
+    ap.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0)")
     ap.add_argument("--alpha", type=float, default=5e-5, help="excp: residual pruning alpha")
     ap.add_argument("--beta", type=float, default=2.0, help="excp: moment pruning beta")
     ap.add_argument("--cap", type=float, default=2.5, help="excp: cap of the residual threshold")
@@ -520,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         args.intervals, args.steps, args.seeds = 6, 4, 1
     torch.set_num_threads(args.threads)
     sched = Schedule(args.intervals, args.steps, args.lr)
-    seeds = list(range(args.seeds))
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
 
     wanted = {"lossless": 0, "delta": 1, "best": 2, "excp": 3}
     chosen = set(wanted) if not args.policies else {p.strip() for p in args.policies.split(",")}
