@@ -17,6 +17,7 @@ persist thread and the at-most-one commit in flight. The call order of one commi
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 from .chains.memory import ChainMemory
 from .dedup import Dedup
-from .errors import RefExists
+from .errors import RefExists, StorageError, StorageFullError
 from .ids import new_commit_id
 from .info import CommitInfo
 from .layout import check_ref_name, tag_key
@@ -158,6 +159,14 @@ class Committer:
         return CommitJob(branch, tags, message, metadata, tree, plan, tip, parent, tracker,
                          policy.shrink)
 
+    def _ref_landed(self, branch: str, commit_id: str) -> bool | None:
+        """After a failed ref move: whether the branch points at the commit (None: unknown)."""
+        try:
+            tip = self.repo.refs.tip(branch)
+        except OSError:
+            return None
+        return tip is not None and tip[1] == commit_id
+
     def finish(self, job: CommitJob, snap: Snapshot, progress: Progress | None = None
                ) -> CommitInfo:
         """Steps 4-7: persist, manifest, ref, then remember the chains and tag."""
@@ -165,13 +174,20 @@ class Committer:
         dedup = Dedup.against(job.parent) if self.options.dedup else None
         if job.shrink is not None:
             shrink_snapshot(job.plan, snap, job.shrink)
-        done = persist(self.repo.storage, commit_id, job.plan, snap,          # 4. persist
-                       self.repo.executor, self.max_inflight, self.options.chunk_bytes, progress,
-                       dedup=dedup)
-        manifest = build_manifest(commit_id, job.parent, job.message, job.metadata, job.tree,
-                                  job.plan, done)
-        self.repo.write_manifest(manifest)                                    # 5. manifest
-        self.repo.refs.advance(job.branch, job.tip, commit_id)                # 6. ref
+        moving = False
+        try:
+            done = persist(self.repo.storage, commit_id, job.plan, snap,      # 4. persist
+                           self.repo.executor, self.max_inflight, self.options.chunk_bytes,
+                           progress, dedup=dedup)
+            manifest = build_manifest(commit_id, job.parent, job.message, job.metadata,
+                                      job.tree, job.plan, done)
+            self.repo.write_manifest(manifest)                                # 5. manifest
+            moving = True
+            self.repo.refs.advance(job.branch, job.tip, commit_id)            # 6. ref
+        except OSError as e:  # a back-end fault (after its retries): say what is left
+            landed = self._ref_landed(job.branch, commit_id) if moving else False
+            if landed is not True:
+                raise _write_failed(e, job, commit_id, unknown=landed is None) from e
         self.chains.commit_done(job.branch, commit_id, job.plan, snap.arrays,  # 7.
                                 {i: r.codes for i, r in done.results.items()}, job.tracker,
                                 {i: r.rebuilt for i, r in done.results.items()})
@@ -183,6 +199,22 @@ class Committer:
                                 f"writer created tag {t!r} meanwhile; do not commit again -- tag "
                                 f"this commit with another name") from None
         return CommitInfo.from_manifest(manifest)
+
+
+def _write_failed(error: OSError, job: CommitJob, commit_id: str, unknown: bool) -> StorageError:
+    """The error of a commit whose writes failed: what became of the branch, what to do."""
+    tip = job.tip[1][:12] if job.tip else "no commit"
+    state = (f"the answer to moving branch {job.branch!r} was lost: look with store.log() "
+             "whether it points at this commit before committing again" if unknown else
+             f"nothing was made visible, branch {job.branch!r} is unchanged (at {tip})")
+    full = isinstance(error, StorageFullError) or getattr(error, "errno", None) in (
+        errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+    kind, todo = (StorageFullError, "free space, then commit again") if full else (
+        StorageError, "commit again once the storage answers")
+    return kind(f"commit {commit_id[:12]} failed: {error}. So {state}; {todo}. store.gc() "
+                "removes the partial data once older than its grace period.",
+                key=getattr(error, "key", None) or getattr(error, "filename", None),
+                errno=getattr(error, "errno", None))
 
 
 def _plain_metadata(metadata: Metadata, state: object) -> Metadata:

@@ -18,6 +18,8 @@ input)::
     │   ├── ManifestError                        truncated / invalid commit manifest or ref file
     │   └── CorruptedChunkError                  a chunk failed its checksum or is missing
     ├── PendingCommitError (RuntimeError)        a background persist failed
+    ├── StorageError (OSError)                   the back-end failed a request, after retries
+    │   └── StorageFullError                     no space left (ENOSPC, EDQUOT)
     ├── ExportError (ValueError)                 an export file that cannot be written
     └── DistributedError (RuntimeError)          a sharded commit or load across ranks failed
 """
@@ -40,6 +42,8 @@ __all__ = [
     "RefError",
     "RefExists",
     "RefNotFound",
+    "StorageError",
+    "StorageFullError",
     "UnsupportedLeafError",
 ]
 
@@ -114,6 +118,23 @@ class CorruptedChunkError(CorruptionError):
 
 class PendingCommitError(CkptStoreError, RuntimeError):
     """A background persist failed; the commit was not made."""
+
+
+class StorageError(CkptStoreError, OSError):
+    """The back-end failed a read or write, after the retries that are safe; ``key`` names it.
+
+    A commit that fails with it made nothing visible: its branch is where it was, and the
+    partial data is removed by ``store.gc()`` once older than the grace period."""
+
+    def __init__(self, message: str, key: str | None = None, errno: int | None = None):
+        super().__init__(message)
+        self.key = key
+        if errno is not None:
+            self.errno = errno
+
+
+class StorageFullError(StorageError):
+    """No space left where the store lives (``ENOSPC``/``EDQUOT``): free space, then retry."""
 
 
 class ExportError(CkptStoreError, ValueError):

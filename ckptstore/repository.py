@@ -139,6 +139,10 @@ class Repository:
             try:
                 m = self.manifest(commit_id)
             except RefNotFound:
+                if n == 0:  # gc never removes what a ref names: the ref itself is damaged
+                    raise RefNotFound(f"{ref!r} names commit {commit_id}, which is not in the "
+                                      "store: its ref file is damaged; point it at a good commit "
+                                      "(store.reset_branch) or restore it") from None
                 return  # older history was removed by gc
             yield CommitInfo.from_manifest(m)
             commit_id, n = m.parent, n + 1

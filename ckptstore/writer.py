@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -309,7 +309,11 @@ def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
     if snap.packed is not None:
         packed = write_array(storage, array_dir(commit_id, packed_name), snap.packed,
                              plan.packed_grid, plan.codec, {"ckptstore": {"packed": True}}, submit)
-    out = Persisted({w.index: w.result() for w in pending}, sum(f.result() for f in packed))
+    try:
+        out = Persisted({w.index: w.result() for w in pending}, sum(f.result() for f in packed))
+    except BaseException:  # let the other writes end first: none outlives a failed commit
+        wait([f for w in pending for f in w.futures] + packed)
+        raise
     storage.fsync_dir(prefix)
     return out
 

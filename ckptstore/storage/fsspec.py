@@ -6,20 +6,32 @@ its conditional create (S3 ``If-None-Match: *``, GCS ``ifGenerationMatch=0``, Az
 the key exists; ``put`` is one whole-object PUT (atomic on object stores). Listings may be cached
 by the filesystem: every listing and existence check drops the cache of its path first, and
 put-if-absent and deletes drop it afterwards.
+
+Faults: every request goes through :class:`~ckptstore.storage.retry.Retry` (bounded attempts
+with backoff; what still fails becomes a :class:`~ckptstore.StorageError`). Repeating a request
+is safe: reads, listings and deletes are idempotent, chunks are immutable. A put-if-absent is
+repeated too, yet its earlier attempt (or the client's own retry) may have landed with the answer
+lost, and the repeat then finds the key: on S3 each call tags its object with a random writer
+token (``x-amz-meta-ckptstore-writer``) and a key carrying its own token counts as created by
+it; elsewhere a key holding exactly its bytes does, once an attempt of this call failed. So a ref
+is never reported lost when it moved, nor moved twice.
 """
 
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Sequence
 
 from fsspec import AbstractFileSystem
 
 from .base import Buffer, Storage, as_parts
+from .retry import Retry
 
 __all__ = ["FsspecStorage"]
 
 _MIN_REMOTE_THREADS = 16  # requests wait on the network: overlap many of them
+_WRITER = "ckptstore-writer"  # S3 user metadata naming the call that created a key
 
 
 class FsspecStorage(Storage):
@@ -35,14 +47,18 @@ class FsspecStorage(Storage):
         The location as the caller gave it (default: ``root``).
     durable
         Kept for the protocol; object stores acknowledge a PUT once it is stored.
+    retry
+        How failed requests are repeated (default: :class:`Retry` ``()``, 4 attempts).
     """
 
     def __init__(self, fs: AbstractFileSystem, root: str, url: str | None = None,
-                 durable: bool = False):
+                 durable: bool = False, retry: Retry | None = None):
         self.fs = fs
         self.root = root.rstrip("/")
         self.url = root if url is None else url
         self.durable = durable
+        self.retry = retry or Retry()
+        self._tagged = "s3" in _protocols(fs)  # s3fs passes put_object's Metadata through
 
     # -- capabilities ----------------------------------------------------------------------
     @property
@@ -59,22 +75,26 @@ class FsspecStorage(Storage):
 
     # -- reads -----------------------------------------------------------------------------
     def read(self, key: str) -> bytes:
-        return self.fs.cat_file(self.path(key))
+        return self.retry.call(lambda _: self.fs.cat_file(self.path(key)), "read", key)
 
     def exists(self, key: str) -> bool:
-        self._invalidate(key)
-        return self.fs.exists(self.path(key))
+        def check(_: int) -> bool:
+            self._invalidate(key)
+            return self.fs.exists(self.path(key))
+        return self.retry.call(check, "look for", key)
 
     def size(self, key: str) -> int:
-        return int(self.fs.size(self.path(key)))
+        return self.retry.call(lambda _: int(self.fs.size(self.path(key))), "stat", key)
 
     def mtime(self, key: str) -> float | None:
         return None
 
     def listdir(self, key: str) -> list[str]:
-        self._invalidate(key)
+        def ls(_: int) -> list[str]:
+            self._invalidate(key)
+            return self.fs.ls(self.path(key), detail=False)
         try:
-            entries = self.fs.ls(self.path(key), detail=False)
+            entries = self.retry.call(ls, "list", key)
         except FileNotFoundError:
             return []
         prefix = self.path(key).rstrip("/") + "/"
@@ -83,42 +103,57 @@ class FsspecStorage(Storage):
         return sorted(n for n in names if n and "/" not in n)
 
     def walk_sizes(self, key: str) -> dict[str, int]:
-        self._invalidate(key)
+        def find(_: int) -> dict:
+            self._invalidate(key)
+            return self.fs.find(self.path(key), detail=True)
         try:
-            found = self.fs.find(self.path(key), detail=True)
+            found = self.retry.call(find, "list", key)
         except FileNotFoundError:
             return {}
         return {p[len(self.root) + 1:]: int(info.get("size") or 0) for p, info in found.items()}
 
     # -- writes ----------------------------------------------------------------------------
     def put(self, key: str, data: bytes) -> None:
-        self.fs.pipe_file(self.path(key), data)
+        self.retry.call(lambda _: self.fs.pipe_file(self.path(key), data), "write", key)
 
     def put_chunk(self, key: str, data: Buffer | Sequence[Buffer]) -> None:
         parts = as_parts(data)
         whole = parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)
-        self.fs.pipe_file(self.path(key), whole)  # clients take bytes, not memoryviews
+        # clients take bytes, not memoryviews; a repeated chunk PUT writes the same bytes
+        self.retry.call(lambda _: self.fs.pipe_file(self.path(key), whole), "write", key)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
-        try:
-            self.fs.pipe_file(self.path(key), data, mode="create")
-        except FileExistsError:
-            return False
+        token = uuid.uuid4().hex
+        extra = {"Metadata": {_WRITER: token}} if self._tagged else {}
+
+        def create(attempt: int) -> bool:
+            try:
+                self.fs.pipe_file(self.path(key), data, mode="create", **extra)
+            except FileExistsError:
+                return self._created_by(key, data, token, retried=attempt > 1)
+            return True
+
+        created = self.retry.call(create, "create", key)
         self._invalidate(key)
-        return True
+        return created
 
     def delete(self, key: str) -> None:
-        try:
-            self.fs.rm_file(self.path(key))
-        except FileNotFoundError:
-            pass
+        def rm(_: int) -> None:
+            try:
+                self.fs.rm_file(self.path(key))
+            except FileNotFoundError:
+                pass
+        self.retry.call(rm, "delete", key)
         self._invalidate(key)
 
     def delete_tree(self, key: str) -> None:
-        try:
-            self.fs.rm(self.path(key), recursive=True)
-        except FileNotFoundError:
-            pass
+        def rm(_: int) -> None:
+            self._invalidate(key)
+            try:
+                self.fs.rm(self.path(key), recursive=True)
+            except FileNotFoundError:
+                pass
+        self.retry.call(rm, "delete", key)
         self._invalidate(key)
 
     def fsync_dir(self, key: str) -> None:
@@ -127,3 +162,17 @@ class FsspecStorage(Storage):
     # -- helpers ---------------------------------------------------------------------------
     def _invalidate(self, key: str) -> None:
         self.fs.invalidate_cache(self.path(key))
+
+    def _created_by(self, key: str, data: bytes, token: str, retried: bool) -> bool:
+        """Whether an existing ``key`` is this call's own earlier attempt, whose answer was lost
+        (see the module docstring)."""
+        path = self.path(key)
+        if self._tagged:
+            self._invalidate(key)
+            return self.fs.metadata(path, refresh=True).get(_WRITER) == token
+        return retried and self.fs.cat_file(path) == data
+
+
+def _protocols(fs: AbstractFileSystem) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
