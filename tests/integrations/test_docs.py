@@ -1,4 +1,5 @@
-"""The examples of docs/lightning.md, docs/huggingface.md and docs/import-export.md run as
+"""The examples of docs/quickstart.md, docs/lightning.md, docs/huggingface.md and
+docs/import-export.md run as
 written: every ```python block of a page, in order, in a fresh folder."""
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import re
 import pytest
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
-PAGES = {"lightning.md": "lightning", "huggingface.md": "accelerate", "import-export.md": None}
+PAGES = {"lightning.md": "lightning", "huggingface.md": "accelerate", "import-export.md": None,
+         "quickstart.md": None}
 
 
 @pytest.mark.parametrize("page", sorted(PAGES))
