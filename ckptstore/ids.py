@@ -28,4 +28,4 @@ def commit_time(commit_id: str) -> float:
 
 def is_commit_id(text: str) -> bool:
     """True for a full commit id (32 lowercase hex digits)."""
-    return bool(COMMIT_ID_RE.match(text))
+    return bool(COMMIT_ID_RE.fullmatch(text))
