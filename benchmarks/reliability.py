@@ -35,10 +35,8 @@ import multiprocessing as mp
 import os
 import random
 import shutil
-import statistics
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from typing import Any
@@ -542,7 +540,11 @@ class _location:
         os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
         os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-        _serialise_conditional_puts()
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
+                                        "tests"))
+        from moto_atomic import serialise_conditional_puts
+
+        serialise_conditional_puts()
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self.server.start()
         host, port = self.server.get_host_and_port()
@@ -560,25 +562,6 @@ class _location:
             shutil.rmtree(self.tmp, ignore_errors=True)
         else:
             self.server.stop()
-
-
-def _serialise_conditional_puts() -> None:
-    """moto's conditional PutObject made atomic, as S3's is (as in tests/conftest.py)."""
-    from moto.s3.responses import S3Response
-
-    put_object = S3Response.put_object
-    if getattr(put_object, "serialised", False):
-        return
-    lock = threading.Lock()
-
-    def serialised(self: Any) -> Any:
-        if self.headers.get("If-None-Match") != "*":
-            return put_object(self)
-        with lock:
-            return put_object(self)
-
-    serialised.serialised = True
-    S3Response.put_object = serialised
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,10 +10,10 @@ back-end; otherwise ``store`` is a local store.
 from __future__ import annotations
 
 import os
-import threading
 import uuid
 
 import pytest
+from moto_atomic import serialise_conditional_puts
 
 import ckptstore
 from ckptstore.storage import Storage, open_storage
@@ -31,7 +31,7 @@ def s3_server():
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    _serialise_conditional_puts()
+    serialise_conditional_puts()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -43,29 +43,6 @@ def s3_server():
     yield {"client_kwargs": {"endpoint_url": endpoint}, "key": "testing", "secret": "testing",
            "use_listings_cache": False}
     server.stop()
-
-
-def _serialise_conditional_puts() -> None:
-    """Make moto's ``PutObject`` with ``If-None-Match: *`` atomic, as S3 documents it.
-
-    moto checks for the key and then stores it in two steps while its server answers requests on
-    many threads, so two racing creates could both succeed; real S3 lets exactly one win.
-    """
-    from moto.s3.responses import S3Response
-
-    put_object = S3Response.put_object
-    if getattr(put_object, "serialised", False):
-        return
-    lock = threading.Lock()
-
-    def serialised(self):
-        if self.headers.get("If-None-Match") != "*":
-            return put_object(self)
-        with lock:
-            return put_object(self)
-
-    serialised.serialised = True
-    S3Response.put_object = serialised
 
 
 @pytest.fixture
