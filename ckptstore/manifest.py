@@ -39,11 +39,12 @@ __all__ = [
     "version_needed",
 ]
 
-FORMAT_VERSION = 4   # the newest manifest format this library reads and writes
+FORMAT_VERSION = 5   # the newest manifest format this library reads and writes
 BASE_VERSION = 1     # what a manifest without sharded or xor entries is written as (v1 reads it)
 SHARDED_VERSION = 2  # sharded entries and per-rank packed arrays
 XOR_VERSION = 3      # xor chain entries, changed rows as xor (xvalues), content digests
 RESIDUAL_VERSION = 4  # residual chain entries (pruned, quantized weight residuals: ExCP)
+DIM_ORDER_VERSION = 5  # entries that record a memory layout (channels_last, transposed)
 MARKER_VERSION = 1   # the store marker: a store holds manifests of any version up to ours
 MAGIC = b"CKPT"
 _HEADER = len(MAGIC) + 1 + 32
@@ -165,6 +166,7 @@ class TensorEntry(_Model):
     fractions: list[float] | None = None
     pieces: list[ShardPiece] | None = None
     digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")  # format 3
+    dim_order: list[int] | None = None  # format 5: memory layout, outermost dimension first
 
     @model_validator(mode="after")
     def _check_layout(self) -> TensorEntry:
@@ -188,6 +190,12 @@ class TensorEntry(_Model):
         if self.pieces is not None and any(len(p.offsets) != len(self.shape)
                                            for p in self.pieces):
             raise ValueError("a shard's offsets do not match the tensor's dimensions")
+        if self.dim_order is not None and (
+                self.layout not in (Layout.ARRAY, Layout.PACKED, Layout.CHAIN)
+                or self.container == "numpy-scalar"
+                or sorted(self.dim_order) != list(range(len(self.shape)))):
+            raise ValueError(f"bad dim_order {self.dim_order} for a {self.layout} entry of "
+                             f"shape {self.shape}")
         return self
 
 
@@ -320,6 +328,8 @@ def _overlap(boxes: list[tuple[list[int], list[int]]], block: int = 1024) -> boo
 def version_needed(entries: list[TensorEntry], sharded: bool) -> int:
     """The oldest manifest format that holds these entries: older readers refuse what they
     cannot rebuild instead of misreading it."""
+    if any(e.dim_order is not None for e in entries):
+        return DIM_ORDER_VERSION
     if any(e.kind == Kind.RESIDUAL for e in entries):
         return RESIDUAL_VERSION
     if any(e.kind == Kind.XOR or "xvalues" in (e.parts or {}) or e.digest for e in entries):
@@ -333,7 +343,7 @@ def encode_manifest(m: Manifest) -> bytes:
         if not raw[key]:
             del raw[key]
     for e in (*raw["tensors"], *raw["storages"], *raw.get("shards", ())):
-        for key in ("pieces", "digest"):  # absent, not None: earlier formats' exact layout
+        for key in ("pieces", "digest", "dim_order"):  # absent, not None: earlier formats' layout
             if e[key] is None:
                 del e[key]
     payload = msgpack.packb(raw, use_bin_type=True)

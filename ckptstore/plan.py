@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .arrays import CHUNK_BYTES, ChunkGrid, dtype_name, storage_dtype
+from .dimorder import dim_order_of
 from .chains.decide import ChainLink, ChainStart
 from .chunkcodec import ChunkCodec, lossless_codec
 from .errors import UnsupportedLeafError
@@ -88,6 +89,7 @@ class PlanItem:
     container: str = "torch"  # torch | numpy | numpy-scalar: what checkout hands back
     nbytes: int = 0        # bytes of the tensor in memory
     want: Want = "full"    # what the policy wanted for it (chains remember rows and codes)
+    dim_order: tuple[int, ...] | None = None  # memory layout to restore (ckptstore.dimorder)
 
     @property
     def kind(self) -> Kind:
@@ -311,6 +313,7 @@ def plan_commit(leaves: list[Leaf], options: EncodingOptions,
     entries += [(path, span, "torch") for path, span in spans]
     for i, (path, t, container) in enumerate(entries):
         dtype, shape, nbytes = dtype_name(t.dtype), tuple(t.shape), _nbytes(t)
+        order = dim_order_of(leaves[i].value) if i < len(leaves) else None
         if i in role:
             kind, ref = role[i]
             if kind == "alias":
@@ -333,7 +336,7 @@ def plan_commit(leaves: list[Leaf], options: EncodingOptions,
                           and nbytes < options.pack_below):  # a chain baseline needs its own array
             items.append(PackedItem(index=i, path=path, dtype=dtype, shape=shape,
                                     container=container, nbytes=nbytes, source=t,
-                                    offset=packed_nbytes))  # empty tensors: nothing to store
+                                    offset=packed_nbytes, dim_order=order))  # empty tensors: nothing to store
             packed_nbytes += -(-nbytes // PACK_ALIGN) * PACK_ALIGN
             continue
         cls = ArrayItem if d.chain is None else _CHAIN_ITEMS.get(d.chain.link.kind, RowsItem)
@@ -341,6 +344,6 @@ def plan_commit(leaves: list[Leaf], options: EncodingOptions,
         items.append(cls(index=i, path=path, dtype=dtype, shape=shape, container=container,
                          nbytes=nbytes, source=t, array=_array_name(path, i, taken, array_prefix),
                          grid=grid,
-                         codec=d.codec or lossless, want=d.want, **extra))
+                         codec=d.codec or lossless, want=d.want, dim_order=order, **extra))
     grid = ChunkGrid.for_array((packed_nbytes,), 1, options.chunk_bytes) if packed_nbytes else None
     return CommitPlan(tuple(items), len(leaves), packed_nbytes, grid, lossless)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .arrays import host_to_tensor, read_array, read_chunk, start_read_array, torch_dtype
+from .dimorder import with_dim_order
 from .chains.replay import apply_residuals, apply_rows, apply_xors, replay_code_deltas
 from .chains.walk import StoredArray, Walk, blob_array, entry_array, entry_dtype, \
     entry_packed_array, needed_entries
@@ -30,10 +31,11 @@ Restored = torch.Tensor | np.ndarray | np.generic  # what checkout hands back fo
 
 def _to_container(arr: np.ndarray, e: TensorEntry, map_location: torch.device | str | None
                   ) -> Restored:
-    if e.container == "numpy":
-        return arr
     if e.container == "numpy-scalar":
         return arr.reshape(())[()]
+    arr = with_dim_order(arr, e.dim_order)
+    if e.container == "numpy":
+        return arr
     t = host_to_tensor(arr, e.dtype)
     return t.to(map_location) if map_location is not None else t
 

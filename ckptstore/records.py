@@ -17,7 +17,8 @@ __all__ = ["build_manifest", "plan_entries", "plan_packed_info"]
 def _entry(p: PlanItem, commit_id: str, done: WriteResult | None,
            pack: str | None) -> TensorEntry:
     common = dict(path=p.path, dtype=p.dtype, shape=list(p.shape), layout=p.layout,
-                  container=p.container)
+                  container=p.container,
+                  dim_order=list(p.dim_order) if p.dim_order is not None else None)
     if isinstance(p, ChainItem):
         link = p.link
         fractions = [*link.fractions, done.fraction] if link.kind == Kind.INCREMENTAL else None
