@@ -26,9 +26,9 @@ import numpy as np
 import torch
 
 from .arrays import CHUNK_BYTES, ChunkGrid, dtype_name, storage_dtype
-from .dimorder import dim_order_of
 from .chains.decide import ChainLink, ChainStart
 from .chunkcodec import ChunkCodec, lossless_codec
+from .dimorder import dim_order_of
 from .errors import UnsupportedLeafError
 from .layout import PACKED_ARRAY
 from .manifest import Kind, Layout

@@ -15,11 +15,11 @@ import numpy as np
 import torch
 
 from .arrays import host_to_tensor, read_array, read_chunk, start_read_array, torch_dtype
-from .dimorder import with_dim_order
 from .chains.replay import apply_residuals, apply_rows, apply_xors, replay_code_deltas
 from .chains.walk import StoredArray, Walk, blob_array, entry_array, entry_dtype, \
     entry_packed_array, needed_entries
 from .chunkcodec import codec_from_config
+from .dimorder import with_dim_order
 from .errors import CorruptedChunkError, ManifestError
 from .manifest import Blob, Kind, Layout, Manifest, ShardPiece, TensorEntry
 from .repository import Repository
