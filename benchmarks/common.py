@@ -194,6 +194,7 @@ def spawn_ranks(target: Callable[..., None], world: int, args: tuple, root: str)
     import json
     import multiprocessing
     ctx = multiprocessing.get_context("spawn")
+    os.environ["LOCAL_WORLD_SIZE"] = str(world)  # the ranks share this host, as torchrun says
     procs = [ctx.Process(target=target, args=(r, world, *args, root)) for r in range(world)]
     for p in procs:
         p.start()

@@ -308,7 +308,8 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
     """Open the store at ``url`` (a local path or any fsspec URL), creating it unless
     ``create=False``. ``durable=True`` fsyncs every chunk file of a local store before the
     manifest is written (survives power loss, at a cost in write throughput). ``io_workers`` bounds the threads that encode and write chunks (default:
-    the CPU count on local disks, 16 for object stores); lower it to leave cores to training.
+    on local disks the CPUs this process may use divided by the ranks on the host,
+    ``LOCAL_WORLD_SIZE``; 16 for object stores); lower it to leave cores to training.
 
     Raises :class:`NotAStoreError` if the location exists but holds something else, or is absent
     and ``create=False``; :class:`FormatVersionError` if a newer ckptstore wrote it.

@@ -23,6 +23,7 @@ import torch
 def _entry(fn: Callable[..., None], rank: int, world: int, out: str, args: tuple) -> None:
     import torch.distributed as dist
     torch.set_num_threads(1)
+    os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))  # as torchrun does
     try:
         dist.init_process_group("gloo", init_method=f"file://{out}/pg", rank=rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=60))

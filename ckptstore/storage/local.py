@@ -18,8 +18,22 @@ from collections.abc import Sequence
 from ..layout import TEMP_PREFIX
 from .base import Buffer, Storage, as_parts
 
-__all__ = ["LocalStorage"]
+__all__ = ["LocalStorage", "cpu_share"]
 
+
+def cpu_share() -> int:
+    """The CPUs this process may use (its affinity mask, not the machine's count) divided
+    among the ranks that share the host (``LOCAL_WORLD_SIZE``, set by torchrun): at least 1.
+    Local chunk I/O is CPU-bound, so more threads than that only contend."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cpus = os.cpu_count() or 2
+    try:
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        ranks = 1
+    return max(1, cpus // ranks)
 
 
 class LocalStorage(Storage):
@@ -49,7 +63,7 @@ class LocalStorage(Storage):
 
     @property
     def io_threads(self) -> int:
-        return os.cpu_count() or 2
+        return cpu_share()
 
     # -- paths -----------------------------------------------------------------------------
     def path(self, key: str) -> str:
