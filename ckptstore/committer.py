@@ -37,6 +37,7 @@ from .records import build_manifest
 from .policy.shrink import Shrink
 from .refs import Tip
 from .repository import Repository
+from .sensitivity import Gradients, capture_gradients, score_snapshot
 from .shrinking import shrink_snapshot
 from .staging import StagingPool
 from .state import Tree, flatten
@@ -63,6 +64,7 @@ class CommitJob:
     parent: Manifest | None
     tracker: RowTracker | None
     shrink: Shrink | None = None
+    gradients: Gradients | None = None  # Policy(sensitivity=...): gradient averages by item
 
 
 class Committer:
@@ -156,8 +158,10 @@ class Committer:
         parent = self.repo.manifest(tip[1]) if tip else None
         decide = self.chains.decider(policy, branch, parent, tracker)
         plan = plan_commit(leaves, self.options, decide)                     # 2. plan
+        gradients = (capture_gradients(plan, policy.sensitivity)
+                     if policy.sensitivity is not None else None)
         return CommitJob(branch, tags, message, metadata, tree, plan, tip, parent, tracker,
-                         policy.shrink)
+                         policy.shrink, gradients)
 
     def _ref_landed(self, branch: str, commit_id: str) -> bool | None:
         """After a failed ref move: whether the branch points at the commit (None: unknown)."""
@@ -174,6 +178,8 @@ class Committer:
         dedup = Dedup.against(job.parent) if self.options.dedup else None
         if job.shrink is not None:
             shrink_snapshot(job.plan, snap, job.shrink)
+        if job.gradients is not None and job.gradients.averages:
+            score_snapshot(snap, job.gradients)
         moving = False
         try:
             done = persist(self.repo.storage, commit_id, job.plan, snap,      # 4. persist

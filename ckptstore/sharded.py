@@ -114,6 +114,9 @@ def write_part(committer: Committer, commit_id: str, rank: int, tensors: list[Lo
     if policy.shrink is not None:
         raise DistributedError("Policy(shrink=...) is not supported in sharded commits yet: "
                                "commit each rank's state with a policy without shrink")
+    if policy.sensitivity is not None:
+        raise DistributedError("Policy(sensitivity=...) is not supported in sharded commits yet: "
+                               "commit each rank's state with a policy without sensitivity")
     wants_chains = policy.incremental != "off" or policy.delta
     dedup = committer.options.dedup
     parent = (committer.repo.manifest(parent_id) if parent_id and (wants_chains or dedup)

@@ -47,6 +47,9 @@ class Snapshot:
     arrays: dict[int, np.ndarray]
     packed: np.ndarray | None
     events: list[torch.cuda.Event] = field(default_factory=list)  # CUDA copies to wait for
+    # per item, one importance value per element ranking protect/prune of quantized arrays
+    # (DynaQuant's sensitivity, :mod:`ckptstore.sensitivity`); shaped like the item's array
+    scores: dict[int, np.ndarray] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -167,10 +170,25 @@ def _blob(a: np.ndarray, commit: str, name: str, grid: ChunkGrid, codec: dict[st
                 chunks=list(grid.chunks), codec=codec)
 
 
+def _score_chunk(score: np.ndarray | None, grid: ChunkGrid, i: int) -> np.ndarray | None:
+    """Chunk ``i`` of a score array, padded as the stored edge chunk is (zeros)."""
+    if score is None:
+        return None
+    lo, hi = grid.rows(i)
+    part = score[lo:hi]
+    if grid.shape and hi - lo < grid.chunks[0]:
+        full = np.zeros(grid.chunks, dtype=score.dtype)
+        full[: hi - lo] = part
+        return full
+    return part
+
+
 def _write_full(storage: Storage, commit_id: str, p: ArrayItem, host: np.ndarray,
-                submit: Submit, dedup: Dedup | None) -> _Pending:
+                submit: Submit, dedup: Dedup | None, score: np.ndarray | None = None
+                ) -> _Pending:
     prefix = array_dir(commit_id, p.array)
-    if not (p.keep_codes and isinstance(p.codec, QuantizedLossy)):
+    scored = score is not None and isinstance(p.codec, QuantizedLossy)
+    if not (p.keep_codes and isinstance(p.codec, QuantizedLossy)) and not scored:
         if dedup is None:
             return _Pending(p.index, write_array(storage, prefix, host, p.grid, p.codec,
                                                  _attrs(p), submit))
@@ -183,23 +201,25 @@ def _write_full(storage: Storage, commit_id: str, p: ArrayItem, host: np.ndarray
     codec = p.codec
 
     def encode(i: int, chunk: np.ndarray) -> Encoded:
-        data, chunk_codes, params = codec.encode_codes(chunk)
-        codes[i] = (chunk_codes, params)
+        data, chunk_codes, params = codec.encode_codes(chunk, _score_chunk(score, p.grid, i))
+        if p.keep_codes:
+            codes[i] = (chunk_codes, params)
         return data
 
     futures = write_array(storage, prefix, host, p.grid, codec, _attrs(p), submit, encode)
-    return _Pending(p.index, futures, codes=codes)
+    return _Pending(p.index, futures, codes=codes if p.keep_codes else None)
 
 
 def _write_code_deltas(storage: Storage, commit_id: str, p: CodesItem, host: np.ndarray,
-                       submit: Submit) -> _Pending:
+                       submit: Submit, score: np.ndarray | None = None) -> _Pending:
     base = p.start.base_codes
     codec = p.codec
     assert isinstance(codec, QuantizedLossy) and base is not None
     codes: CodesBase = {}
 
     def encode(i: int, chunk: np.ndarray) -> Encoded:
-        data, new_codes, params = codec.encode_delta(chunk, *base[i])
+        data, new_codes, params = codec.encode_delta(chunk, *base[i],
+                                                     _score_chunk(score, p.grid, i))
         codes[i] = (new_codes, params)
         return data
 
@@ -295,7 +315,8 @@ def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
             continue
         host = snap.arrays[p.index]
         if isinstance(p, CodesItem):
-            pending.append(_write_code_deltas(storage, commit_id, p, host, submit))
+            pending.append(_write_code_deltas(storage, commit_id, p, host, submit,
+                                              snap.scores.get(p.index)))
         elif isinstance(p, XorItem):
             pending.append(_write_xor(storage, commit_id, p, host, submit))
         elif isinstance(p, ResidualItem):
@@ -304,7 +325,8 @@ def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
             pending.append(_write_rows(storage, commit_id, p, host, submit, chunk_bytes))
         else:
             assert isinstance(p, ArrayItem)
-            pending.append(_write_full(storage, commit_id, p, host, submit, dedup))
+            pending.append(_write_full(storage, commit_id, p, host, submit, dedup,
+                                       snap.scores.get(p.index)))
     packed: list[Future] = []
     if snap.packed is not None:
         packed = write_array(storage, array_dir(commit_id, packed_name), snap.packed,

@@ -56,8 +56,12 @@ _EMPTY_MASK = np.zeros(0, np.uint8)
 _FINITE_LIMIT = {"float16": np.float16}  # decoded levels are clamped to the finite range
 
 
-def _partition(xf: np.ndarray, protect: float, prune: float) -> tuple[np.ndarray, np.ndarray]:
-    """Indices of protected (largest magnitudes, plus all non-finite) and pruned values, sorted."""
+def _partition(xf: np.ndarray, protect: float, prune: float, score: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of protected and pruned values, sorted. Protected: the largest magnitudes plus
+    all non-finite values; pruned: the smallest magnitudes. With ``score`` (DynaQuant's
+    sensitivity, one non-negative value per element): protected are the share ``protect`` of
+    largest magnitudes *and* of largest scores (the union), pruned the smallest scores."""
     finite = np.isfinite(xf)
     all_finite = bool(finite.all())
     nonfinite = np.zeros(0, np.intp) if all_finite else np.flatnonzero(~finite)
@@ -66,16 +70,32 @@ def _partition(xf: np.ndarray, protect: float, prune: float) -> tuple[np.ndarray
         return nonfinite, none
     nfin = xf.size - nonfinite.size
     n_prot = min(math.ceil(protect * nfin), nfin) if protect > 0 else 0
-    n_prune = min(math.ceil(prune * nfin), nfin - n_prot) if prune > 0 else 0
     prot = select_magnitudes(xf, n_prot, largest=True)
+    rank = xf
+    if score is not None:
+        rank = _ranks(score, finite, all_finite)
+        if n_prot:
+            prot = np.union1d(prot, select_magnitudes(rank, n_prot, largest=True))
+    n_prune = min(math.ceil(prune * nfin), nfin - prot.size) if prune > 0 else 0
     pruned = none
     if n_prune:
         excl = None
-        if n_prot:
+        if prot.size:
             excl = np.zeros(xf.size, np.uint8)
             excl[prot] = 1
-        pruned = select_magnitudes(xf, n_prune, largest=False, exclude=excl)
+        pruned = select_magnitudes(rank, n_prune, largest=False, exclude=excl)
     return np.sort(np.concatenate([prot, nonfinite])), np.sort(pruned)
+
+
+def _ranks(score: np.ndarray, finite: np.ndarray, all_finite: bool) -> np.ndarray:
+    """``|score|`` as float32 for ranking: non-finite scores rank highest, and the positions of
+    non-finite values (protected anyway) do not count."""
+    s = np.abs(np.asarray(score, dtype=np.float32).reshape(-1))
+    top = np.finfo(np.float32).max
+    s = np.nan_to_num(s, nan=top, posinf=top)
+    if not all_finite:
+        s[~finite] = np.nan
+    return s
 
 
 def quantize(
@@ -95,6 +115,7 @@ def quantize(
     seed: int = 0,
     protect_mode: str = "level",
     param_dtype: str = "float32",
+    score: np.ndarray | None = None,
 ) -> tuple[np.ndarray, QuantParams]:
     """Quantize a float array to codes.
 
@@ -109,6 +130,10 @@ def quantize(
         ``'bfloat16'`` to read a uint16 array as bfloat16 bits; otherwise the array's own dtype.
     seed : int
         Seed of the k-means++ initialisation (results are deterministic).
+    score : ndarray, optional
+        One importance value per element (DynaQuant's sensitivity ``|w * g|``): ``protect``
+        then also keeps the largest scores and ``prune`` drops the smallest scores instead of
+        the smallest magnitudes. The stored format is the same.
 
     Returns
     -------
@@ -122,7 +147,9 @@ def quantize(
     seg = segment_length(arr.shape, granularity, group_size)
     xf, name = as_float(np.ascontiguousarray(arr).reshape(-1), dtype)
     n = xf.size
-    prot_idx, prune_idx = _partition(xf, protect, prune)
+    if score is not None and np.size(score) != n:
+        raise CodecError(f"score has {np.size(score)} values for {n} elements")
+    prot_idx, prune_idx = _partition(xf, protect, prune, score)
     has_protect = not sparse and (protect > 0 or prot_idx.size > 0)
     has_prune = prune > 0
     nspecial = int(has_protect) + int(has_prune)

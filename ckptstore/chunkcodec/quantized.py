@@ -64,10 +64,13 @@ class QuantizedLossy(ChunkCodec):
             chain.append({"name": "ckpt.rle_huffman", "configuration": {}})
         return chain + [{"name": "crc32c"}]
 
-    def _quantize(self, chunk: np.ndarray) -> tuple[np.ndarray, QuantParams]:
+    def _quantize(self, chunk: np.ndarray, score: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, QuantParams]:
         from ckptcodecs import quantize
 
         kw = dict(self.quantize)
+        if score is not None and not self.prune_zeros:  # prune_zeros ranks by the zeros
+            kw["score"] = score
         x = np.ascontiguousarray(chunk)
         if self.prune_zeros:
             zeros = x.size - np.count_nonzero(x)
@@ -75,11 +78,13 @@ class QuantizedLossy(ChunkCodec):
             kw["prune"] = (zeros - 0.5) / x.size if zeros else 0.0
         return quantize(x, kw.pop("method"), kw.pop("bits"), **kw)
 
-    def encode_codes(self, chunk: np.ndarray) -> tuple[Encoded, np.ndarray, QuantParams]:
-        """``(stored bytes, codes, params)`` of one chunk."""
+    def encode_codes(self, chunk: np.ndarray, score: np.ndarray | None = None
+                     ) -> tuple[Encoded, np.ndarray, QuantParams]:
+        """``(stored bytes, codes, params)`` of one chunk; ``score`` ranks its values for
+        protect and prune (see :func:`ckptcodecs.quantize`)."""
         from ckptcodecs import encode_chunk, rle_huffman_encode
 
-        codes, params = self._quantize(chunk)
+        codes, params = self._quantize(chunk, score)
         body = encode_chunk(codes, params)
         return add_crc(rle_huffman_encode(body) if self.entropy else body), codes, params
 
@@ -108,14 +113,14 @@ class QuantizedLossy(ChunkCodec):
         out.reshape(-1)[...] = values.view(out.dtype) if values.dtype.itemsize == \
             out.dtype.itemsize and values.dtype != out.dtype else values
 
-    def encode_delta(self, chunk: np.ndarray, base_codes: np.ndarray,
-                     base_params: QuantParams) -> tuple[Encoded, np.ndarray, QuantParams]:
+    def encode_delta(self, chunk: np.ndarray, base_codes: np.ndarray, base_params: QuantParams,
+                     score: np.ndarray | None = None) -> tuple[Encoded, np.ndarray, QuantParams]:
         """``(stored bytes, codes, params)`` of one chunk stored as code deltas against the codes
         of the same chunk in the previous version (DynaQuant; :mod:`ckptcodecs.qdelta`). The
         stored array's codec is :class:`CodeDelta`."""
         from ckptcodecs import qdelta_encode
 
-        codes, params = self._quantize(chunk)
+        codes, params = self._quantize(chunk, score)
         return add_crc(qdelta_encode(codes, params, base_codes, base_params)), codes, params
 
     def decode_delta(self, data: bytes, base_codes: np.ndarray, base_params: QuantParams,
