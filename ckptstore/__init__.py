@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .policy import (BitWidth, Frequency, Intermittent, MaxChain, Policy, QualitySearch,
                          QuantSpec)
     from .resume import ResumableLoader, ResumableSampler, RNGState
+    from .sensitivity import GradientEMA
     from .store import Store, open
     from .tracking import RowTracker, track
     from .usage import UsageReport
@@ -40,13 +41,13 @@ _LAZY = {  # public name -> the submodule it lives in
     "Policy": "policy", "QualitySearch": "policy", "QuantSpec": "policy",
     "ResumableLoader": "resume", "ResumableSampler": "resume", "RNGState": "resume",
     "Store": "store", "open": "store", "RowTracker": "tracking", "track": "tracking",
-    "UsageReport": "usage",
+    "UsageReport": "usage", "GradientEMA": "sensitivity",
 }
 
 __all__ = ["open", "Store", "CommitInfo", "GCResult", "VerifyReport", "EncodingOptions",
            "Policy", "QuantSpec", "BitWidth", "QualitySearch", "Intermittent", "MaxChain", "track", "RowTracker",
            "PendingCommit", "Frequency", "ResumableSampler", "ResumableLoader", "RNGState",
-           "DiffResult", "UsageReport", "ExportResult", "__version__",
+           "DiffResult", "UsageReport", "ExportResult", "GradientEMA", "__version__",
            *_errors_all]
 
 
