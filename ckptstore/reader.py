@@ -49,7 +49,7 @@ class Reader:
         self._packed: dict[tuple[str, str | None], np.ndarray] = {}
         self._stored: set[tuple[str, str]] = set()
 
-    def _check(self, arrays: Iterable[StoredArray]) -> None:
+    def check_stored(self, arrays: Iterable[StoredArray]) -> None:
         """Check that the store holds every chunk of the arrays (:mod:`ckptstore.limits`)
         before anything is allocated for them; each array is listed once per reader."""
         todo = {a.ident: a for a in arrays if a.ident not in self._stored}
@@ -61,7 +61,7 @@ class Reader:
         self._stored.update(todo)
 
     def _read_stored(self, a: StoredArray) -> np.ndarray:
-        self._check([a])
+        self.check_stored([a])
         return read_array(self.repo.storage, a.prefix, a.grid, a.dtype,
                           codec_from_config(a.codec), self.repo.executor)
 
@@ -74,7 +74,7 @@ class Reader:
             return self._from_packed(e)
         if e.layout == Layout.CHAIN:
             chain = self.walk.chain_of(e)
-            self._check(self.walk.entry_arrays(e))  # replays allocate the baseline's shape
+            self.check_stored(self.walk.entry_arrays(e))  # replays allocate the baseline's shape
             if e.kind == Kind.DELTA:
                 return replay_code_deltas(chain, entry_dtype(chain[0]), self._read,
                                           self.repo.executor)
@@ -100,7 +100,7 @@ class Reader:
             raise ManifestError(f"a read of {e.path!r} reaches outside its shape {e.shape}")
         if e.layout == Layout.ARRAY and e.shape:
             a = entry_array(e)
-            self._check([a])
+            self.check_stored([a])
             rows = read_array(self.repo.storage, a.prefix, a.grid, a.dtype,
                               codec_from_config(a.codec), self.repo.executor,
                               rows=(offsets[0], offsets[0] + lengths[0]))
@@ -114,7 +114,7 @@ class Reader:
         it exactly once)."""
         m = self.repo.manifest(e.commit) if e.commit else None
         shards = self._shards_of(e, m)
-        self._check(a for _, s in shards for a in self.walk.entry_arrays(s))
+        self.check_stored(a for _, s in shards for a in self.walk.entry_arrays(s))
         out = np.zeros(e.shape, dtype=entry_dtype(e))
         for piece, s in shards:
             out[tuple(slice(o, o + n) for o, n in zip(piece.offsets, s.shape))] = self.host(s)
@@ -159,7 +159,7 @@ class Reader:
         futures: list[Future] = []
         arrays = {i: entry_array(m.tensors[i]) for i in t_idx
                   if m.tensors[i].layout == Layout.ARRAY}
-        self._check(arrays.values())
+        self.check_stored(arrays.values())
         for i, a in arrays.items():
             pending[i], fs = start_read_array(self.repo.storage, a.prefix, a.grid, a.dtype,
                                               codec_from_config(a.codec), self.repo.executor)

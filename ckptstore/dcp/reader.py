@@ -165,6 +165,7 @@ def _queue_block(reader: Reader, src: TensorEntry, offsets: Sequence[int],
             offsets) != len(src.shape):
         raise ManifestError(f"a read of {src.path!r} reaches outside its shape {src.shape}")
     a = entry_array(src)
+    reader.check_stored([a])  # one listing, not a GET per chunk of a hostile grid
     # straight copies of the bits only into a target of the stored dtype (bfloat16 and uint16
     # share numpy's uint16: other dtypes convert through torch's copy_)
     view = writable_host_view(target) if target.dtype == torch_dtype(src.dtype) else None

@@ -247,3 +247,34 @@ def test_sharded_commits_dedup_unchanged_blocks(tmp_path, tables):
     assert torch.equal(got["emb.a"], changed["emb.a"]) and torch.equal(got["mlp.w"], mlp["mlp.w"])
     store.gc(keep_last=1, grace_period=0)
     assert store.verify().ok and torch.equal(store.checkout("main")["emb.a"], changed["emb.a"])
+
+
+def test_dcp_load_of_a_hostile_grid_lists_once_instead_of_reading_every_chunk(tmp_path):
+    """A manifest (valid checksum) whose array claims far more chunks than the store holds is
+    refused after one listing, before any chunk is requested or copied into DCP's targets."""
+    import hashlib
+
+    import msgpack
+
+    import ckptstore
+    from ckptstore.plan import EncodingOptions
+    store = ckptstore.open(tmp_path / "s", options=EncodingOptions(pack_below=0, chunk_bytes=4096))
+    dcp.save({"w": torch.randn(8192, 1)}, storage_writer=StorageWriter(store))
+    m = store.manifest(store.resolve("main"))
+    key = manifest_key(m.id)
+    data = store.storage.read(key)
+    raw = msgpack.unpackb(data[37:], raw=False)
+    entry = next(e for e in raw["tensors"] if e["path"] == "w")
+    assert entry["layout"] == "array" and entry["chunks"] == [1024, 1]
+    entry["shape"] = [1024 * 1100, 1]  # 1,100 chunks of which the store holds 8
+    payload = msgpack.packb(raw, use_bin_type=True)
+    store.storage.put(key, data[:5] + hashlib.sha256(payload).digest() + payload)
+    fresh = ckptstore.open(tmp_path / "s")  # no manifest cached
+    reads = []
+    real_read = fresh.storage.read
+    fresh.storage.read = lambda k: reads.append(k) or real_read(k)
+    target = {"w": torch.zeros(1024 * 1100, 1)}
+    with pytest.raises(BaseException, match="missing"):
+        dcp.load(target, storage_reader=StorageReader(fresh, "main"))
+    assert not [k for k in reads if "/c/" in k]  # no chunk was requested
+    assert not target["w"].any()
