@@ -427,7 +427,9 @@ def ref_kills(kills: int, seed: int = 19) -> dict:
 
 def mutations(count: int, seed: int = 23) -> dict:
     """Flip one byte of a random stored object; every commit must check out to its own bits or
-    fail with a ckptstore error (``detected``); the object is restored after each check."""
+    fail with a ckptstore error (``detected``); the object is restored after each check.
+    ``unflagged`` in the result lists the changes no checkout reads that ``verify`` does not
+    report either (object@offset, the bytes around it, the byte before and after)."""
     import ckptstore
 
     rng, tally = random.Random(seed), Tally("mutations")
@@ -444,9 +446,15 @@ def mutations(count: int, seed: int = 23) -> dict:
                     digests[info.id] = digest(store.checkout(info.id))
             tip = store.resolve("main")
             history = [c.id for c in store.log("main")]
-        files = sorted(os.path.relpath(os.path.join(d, f), url) for d, _, fs in os.walk(url)
-                       for f in fs)
+        # listed in an order that does not depend on the random commit ids, so that the seed
+        # picks the same objects and bytes in every run
+        order = {c: f"#{i:02d}" for i, c in enumerate(reversed(history))}
+        files = sorted((os.path.relpath(os.path.join(d, f), url) for d, _, fs in os.walk(url)
+                        for f in fs),
+                       key=lambda rel: [order.get(p.removesuffix(".msgpack"), p)
+                                        for p in rel.split(os.sep)])
         kinds = collections.Counter()
+        unflagged: list[str] = []  # changes no checkout reads and verify does not report
         for _ in range(count):
             rel = rng.choice(files)
             path = os.path.join(url, rel)
@@ -457,7 +465,8 @@ def mutations(count: int, seed: int = 23) -> dict:
             pos = rng.randrange(len(original))
             mutated = bytearray(original)
             mutated[pos] ^= rng.randrange(1, 256)
-            kind = rel.split(os.sep)[0] if os.sep in rel else rel
+            # a top-level folder or file; zarr metadata apart ("data": its chunks)
+            kind = "zarr.json" if os.path.basename(rel) == "zarr.json" else rel.split(os.sep)[0]
             kinds[kind] += 1
             with open(path, "wb") as f:
                 f.write(mutated)
@@ -465,11 +474,15 @@ def mutations(count: int, seed: int = 23) -> dict:
                 outcome, detail = _check_mutation(ckptstore, url, digests, tip, history)
                 tally.add(outcome != "silently wrong", f"{kind}: {outcome}",
                           f"{rel}@{pos}: {detail}")
+                if outcome == "exact, verify clean":
+                    unflagged.append(f"{rel}@{pos}: {original[max(pos - 12, 0):pos + 12]!r} "
+                                     f"byte {original[pos]:#04x} -> {mutated[pos]:#04x}")
             finally:
                 with open(path, "wb") as f:
                     f.write(original)
         result = tally.summary()
         result["objects"] = dict(kinds)
+        result["unflagged"] = unflagged
         return result
 
 

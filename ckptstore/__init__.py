@@ -29,6 +29,7 @@ if TYPE_CHECKING:
                          QuantSpec)
     from .resume import ResumableLoader, ResumableSampler, RNGState
     from .sensitivity import GradientEMA
+    from .storage.retry import Retry
     from .store import Store, open
     from .tracking import RowTracker, track
     from .usage import UsageReport
@@ -41,13 +42,13 @@ _LAZY = {  # public name -> the submodule it lives in
     "Policy": "policy", "QualitySearch": "policy", "QuantSpec": "policy",
     "ResumableLoader": "resume", "ResumableSampler": "resume", "RNGState": "resume",
     "Store": "store", "open": "store", "RowTracker": "tracking", "track": "tracking",
-    "UsageReport": "usage", "GradientEMA": "sensitivity",
+    "UsageReport": "usage", "GradientEMA": "sensitivity", "Retry": "storage.retry",
 }
 
 __all__ = ["open", "Store", "CommitInfo", "GCResult", "VerifyReport", "EncodingOptions",
            "Policy", "QuantSpec", "BitWidth", "QualitySearch", "Intermittent", "MaxChain", "track", "RowTracker",
            "PendingCommit", "Frequency", "ResumableSampler", "ResumableLoader", "RNGState",
-           "DiffResult", "UsageReport", "ExportResult", "GradientEMA", "__version__",
+           "DiffResult", "UsageReport", "ExportResult", "GradientEMA", "Retry", "__version__",
            *_errors_all]
 
 

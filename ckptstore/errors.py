@@ -20,6 +20,7 @@ input)::
     ├── PendingCommitError (RuntimeError)        a background persist failed
     ├── StorageError (OSError)                   the back-end failed a request, after retries
     │   └── StorageFullError                     no space left (ENOSPC, EDQUOT)
+    ├── InvalidRetry (ValueError)                a Retry policy with values out of range
     ├── ExportError (ValueError)                 an export file that cannot be written
     └── DistributedError (RuntimeError)          a sharded commit or load across ranks failed
 """
@@ -35,6 +36,7 @@ __all__ = [
     "DistributedError",
     "FormatVersionError",
     "InvalidRefName",
+    "InvalidRetry",
     "ManifestError",
     "NotAStoreError",
     "PendingCommitError",
@@ -135,6 +137,11 @@ class StorageError(CkptStoreError, OSError):
 
 class StorageFullError(StorageError):
     """No space left where the store lives (``ENOSPC``/``EDQUOT``): free space, then retry."""
+
+
+class InvalidRetry(CkptStoreError, ValueError):
+    """A :class:`~ckptstore.storage.Retry` policy with values out of range (raised when it is
+    made, or when something else is passed as one)."""
 
 
 class ExportError(CkptStoreError, ValueError):

@@ -25,7 +25,7 @@ from .policy import Policy
 from .reader import Reader
 from .repository import Repository
 from .state import load_into, select, tree_paths, unflatten
-from .storage import Storage, open_storage
+from .storage import Retry, Storage, open_storage
 from .tracking import RowTracker
 from .usage import UsageReport, disk_usage
 from .verify import verify
@@ -304,7 +304,8 @@ def _has_dtensor(into: Any) -> bool:
 
 def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions | None = None,
          policy: Policy | None = None, io_workers: int | None = None, durable: bool = False,
-         collective: bool = True, **storage_options: Any) -> Store:
+         collective: bool = True, retry: Retry | None = None,
+         **storage_options: Any) -> Store:
     """Open the store at ``url`` (a local path or any fsspec URL), creating it unless
     ``create=False``. ``durable=True`` fsyncs every chunk file of a local store before the
     manifest is written (survives power loss, at a cost in write throughput). ``io_workers`` bounds the threads that encode and write chunks (default:
@@ -316,8 +317,13 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
 
     ``collective=False`` keeps ``commit`` a single-process call under ``torch.distributed``
     (e.g. when only rank 0 commits).
+
+    ``retry`` (a :class:`ckptstore.Retry`) sets how object-store requests that fail with a
+    transient error are repeated after the client's own retries (default ``Retry()``: 4
+    attempts, backoff from 0.2 s capped at 5 s); local disks and ``memory://`` are not retried.
+    Other keywords (``storage_options``) go to fsspec.
     """
-    storage = open_storage(url, durable=durable, **storage_options)
+    storage = open_storage(url, durable=durable, retry=retry, **storage_options)
     try:
         decode_marker(storage.read(MARKER), storage.path(MARKER))
     except FileNotFoundError:

@@ -1,7 +1,13 @@
 """Check that every chunk a set of commits reads exists, decodes and passes its checksum, and
-that each commit's group ``zarr.json`` and each array's agree with the manifest (so plain zarr
-is not misled). Arrays whose grids exceed :mod:`ckptstore.limits` or the chunks stored are
-reported, not walked."""
+that each commit's group ``zarr.json`` and each array's are exactly what ckptstore writes for
+the manifest (so plain zarr is not misled). Arrays whose grids exceed :mod:`ckptstore.limits` or
+the chunks stored are reported, not walked.
+
+A ``zarr.json`` is written once and never rewritten, so it is compared byte for byte with what
+the writer makes of the manifest (:func:`ckptstore.arrays.array_metadata`, with the attributes
+``writer.py`` gives the array; :data:`ckptstore.writer.GROUP_METADATA`): a changed field, a
+changed attribute, an extra key or a change JSON parsing tolerates (white space) is reported.
+"""
 
 from __future__ import annotations
 
@@ -9,64 +15,105 @@ import json
 
 import numpy as np
 
+from .arrays import array_metadata
 from .chains.walk import StoredArray, Walk, packed_array
 from .chunkcodec import ChunkCodec, check_crc, codec_from_config
 from .errors import CkptStoreError, CorruptedChunkError
 from .info import VerifyReport
 from .layout import ZARR_JSON, data_dir
-from .manifest import Layout
+from .manifest import Layout, TensorEntry
 from .progress import bar
 from .repository import Repository
+from .writer import GROUP_METADATA, PACKED_ATTRIBUTES, array_attributes
 
 __all__ = ["verify"]
 
+Attributes = dict[str, dict[str, object]]
+Ident = tuple[str, str]  # (commit, array name): StoredArray.ident
 
-def _read_json(repo: Repository, where: str) -> tuple[dict | None, str | None]:
-    """A stored JSON object, or a problem saying why there is none."""
+
+
+def _entry_attributes(e: TensorEntry) -> dict[Ident, Attributes]:
+    """The ``attributes`` of the ``zarr.json`` of each array an entry writes: its own array,
+    and each part of a chain link (``part``: its key)."""
+    out: dict[Ident, Attributes] = {
+        (b.commit, b.array): array_attributes(e.dtype, e.path, part)
+        for part, b in (e.parts or {}).items()}
+    if e.layout == Layout.ARRAY and e.commit is not None and e.array is not None:
+        out[(e.commit, e.array)] = array_attributes(e.dtype, e.path)
+    return out
+
+
+def _read(repo: Repository, where: str) -> tuple[bytes | None, str | None]:
+    """A stored metadata document, or a problem saying why there is none."""
     try:
-        doc = json.loads(repo.storage.read(where))
-    except (OSError, ValueError) as e:  # missing, a folder, not JSON, not UTF-8
+        return bytes(repo.storage.read(where)), None
+    except OSError as e:  # missing, a folder, under a file
         return None, f"{where}: missing or unreadable ({e})"
+
+
+def _shown(doc: dict, key: str) -> str:
+    """One field of a metadata document for a message (a hostile one may be huge)."""
+    text = repr(doc[key]) if key in doc else "absent"
+    return text if len(text) <= 200 else f"{text[:200]}..."
+
+
+def _differences(stored: bytes, expected: bytes) -> str:
+    """What differs between a stored metadata document and the expected one: ``field stored !=
+    expected`` for each field where the stored one parses."""
+    try:
+        doc = json.loads(stored)
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested beyond reason
+        return f"not JSON: {type(e).__name__}: {str(e)[:200]}"
+    want = json.loads(expected)
     if not isinstance(doc, dict):
-        return None, f"{where}: not a zarr metadata document"
-    return doc, None
-
-
-def _mismatches(doc: dict, expected: dict) -> list[str]:
-    """``field: stored != manifest`` for each field of ``expected`` the document disagrees on."""
-    return [f"{k} {doc.get(k)!r} != {v!r}" for k, v in expected.items() if doc.get(k) != v]
+        return "not a zarr metadata document"
+    keys = [*want, *(k for k in doc if k not in want)]
+    bad = [f"{k} {_shown(doc, k)} != {_shown(want, k)}"
+           for k in keys if doc.get(k, ...) != want.get(k, ...)]
+    if not bad:
+        return "the same JSON written differently (white space, key order, escapes)"
+    return "; ".join(bad)
 
 
 def _check_group(repo: Repository, commit: str) -> str | None:
     where = f"{data_dir(commit)}/{ZARR_JSON}"
-    doc, problem = _read_json(repo, where)
-    if doc is not None and (bad := _mismatches(doc, {"zarr_format": 3, "node_type": "group"})):
-        problem = f"{where}: not a zarr v3 group ({'; '.join(bad)})"
+    stored, problem = _read(repo, where)
+    if stored is not None and stored != GROUP_METADATA:
+        problem = (f"{where}: not the zarr v3 group ckptstore writes "
+                   f"({_differences(stored, GROUP_METADATA)})")
     return problem
 
 
-def _check_metadata(repo: Repository, a: StoredArray, codec: ChunkCodec) -> str | None:
-    """Whether the array's ``zarr.json`` says what the manifest says: what plain zarr reads."""
+def _check_metadata(repo: Repository, a: StoredArray, codec: ChunkCodec,
+                    attributes: list[Attributes]) -> str | None:
+    """Whether the array's ``zarr.json`` is what the writer makes of the manifest (what plain
+    zarr reads); ``attributes``: those each manifest entry reading the array gives it."""
     where = f"{a.prefix}/{ZARR_JSON}"
-    doc, problem = _read_json(repo, where)
-    if doc is None:
+    stored, problem = _read(repo, where)
+    if stored is None:
         return problem
-    expected = json.loads(json.dumps({
-        "zarr_format": 3, "node_type": "array", "shape": list(a.grid.shape),
-        "data_type": a.dtype.name,
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(a.grid.chunks)}},
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-        "codecs": codec.zarr_codecs(a.dtype.itemsize)}))
-    bad = _mismatches(doc, expected)
-    return f"{where}: does not match the manifest ({'; '.join(bad)})" if bad else None
+    expected = [array_metadata(a.grid, a.dtype, codec, attrs) for attrs in attributes]
+    if stored in expected:
+        return None
+    return f"{where}: does not match the manifest ({_differences(stored, expected[0])})"
 
 
 def _arrays_read(repo: Repository, commits: list[str], report: VerifyReport
-                 ) -> dict[tuple[str, str], StoredArray]:
-    """Every array the commits read, their chains' bases included; a broken manifest or chain is
-    reported and does not hide the other entries."""
+                 ) -> tuple[dict[Ident, StoredArray], dict[Ident, list[Attributes]]]:
+    """Every array the commits read, their chains' bases included, and the ``zarr.json``
+    attributes each entry reading an array gives it; a broken manifest or chain is reported and
+    does not hide the other entries."""
     walk = Walk(repo.manifest)
-    arrays: dict[tuple[str, str], StoredArray] = {}
+    arrays: dict[Ident, StoredArray] = {}
+    attributes: dict[Ident, list[Attributes]] = {}
+
+    def found(a: StoredArray, attrs: Attributes) -> None:
+        arrays[a.ident] = a
+        known = attributes.setdefault(a.ident, [])
+        if attrs not in known:
+            known.append(attrs)
+
     todo, seen = list(commits), set()
     while todo:
         c = todo.pop()
@@ -78,20 +125,20 @@ def _arrays_read(repo: Repository, commits: list[str], report: VerifyReport
         except CkptStoreError as e:
             report.problems.append(f"commit {c}: {e}")
             continue
-        found = []
         for p in m.pack_infos():
             try:
-                found.append(packed_array(m, p))
+                found(packed_array(m, p), PACKED_ATTRIBUTES)
             except CkptStoreError as err:
                 report.problems.append(f"commit {c}, packed array {p.array!r}: {err}")
         for e in m.entries():
             try:
-                found += walk.own_arrays(e)
+                own, attrs = walk.own_arrays(e), _entry_attributes(e)
+                for a in own:  # what is not the entry's array or a part is its packed array
+                    found(a, attrs.get(a.ident, PACKED_ATTRIBUTES))
                 todo += walk.bases_of(m, e) if e.layout == Layout.CHAIN else ()
             except CkptStoreError as err:
                 report.problems.append(f"commit {c}, {e.path!r}: {err}")
-        arrays.update((a.ident, a) for a in found)
-    return arrays
+    return arrays, attributes
 
 
 def _checked_codec(repo: Repository, a: StoredArray) -> tuple[ChunkCodec | None, str | None]:
@@ -110,7 +157,7 @@ def verify(repo: Repository, ref: str | None = None, progress: bool = False) -> 
     report missing, unreadable or corrupted ones by path."""
     report = VerifyReport()
     commits = [repo.resolve(ref)] if ref is not None else repo.reachable()
-    arrays = _arrays_read(repo, commits, report)
+    arrays, attributes = _arrays_read(repo, commits, report)
     report.commits_checked = len(commits)
     jobs: list[tuple[str, StoredArray, ChunkCodec | None]] = []
     groups: set[str] = set()
@@ -123,7 +170,7 @@ def verify(repo: Repository, ref: str | None = None, progress: bool = False) -> 
             jobs += [(a.chunk(key), a, None) for _, key, _, _ in a.grid]
             continue
         groups.add(a.commit)
-        problem = _check_metadata(repo, a, codec)
+        problem = _check_metadata(repo, a, codec, attributes[a.ident])
         if problem:
             report.problems.append(problem)
         jobs += [(a.chunk(key), a, codec) for _, key, _, _ in a.grid]
@@ -141,8 +188,8 @@ def verify(repo: Repository, ref: str | None = None, progress: bool = False) -> 
         except FileNotFoundError:
             return 0, f"{where}: missing"
         except (IsADirectoryError, NotADirectoryError):
-            return 0, f"{where}: not a chunk (a folder, or under a file): the manifest's " \
-                      "dimensions disagree with the stored array"
+            return 0, (f"{where}: not a chunk (a folder, or under a file): the manifest's "
+                       "dimensions disagree with the stored array")
         except CorruptedChunkError as e:  # "chunk <where> failed ..." -> "<where>: failed ..."
             reason = str(e).removeprefix(f"chunk {where} ")
             return len(data), f"{where}: {reason}"

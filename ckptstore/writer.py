@@ -160,8 +160,20 @@ class _Pending:
                            self.fraction, self.codes, self.digest, self.reused, self.rebuilt)
 
 
-def _attrs(p: PlanItem, **extra: str) -> dict[str, dict[str, str]]:
-    return {"ckptstore": {"torch_dtype": p.dtype, "path": p.path, **extra}}
+# the ``attributes`` of the zarr.json of the packed array of small tensors
+PACKED_ATTRIBUTES: dict[str, dict[str, object]] = {"ckptstore": {"packed": True}}
+
+
+def array_attributes(dtype: str, path: str, part: str | None = None
+                     ) -> dict[str, dict[str, object]]:
+    """The ``attributes`` of an array's zarr.json: the tensor's dtype and path, and for a part
+    of a chain link its key (``verify`` rebuilds them from the manifest)."""
+    own: dict[str, object] = {"torch_dtype": dtype, "path": path}
+    return {"ckptstore": own if part is None else {**own, "part": part}}
+
+
+def _attrs(p: PlanItem, part: str | None = None) -> dict[str, dict[str, object]]:
+    return array_attributes(p.dtype, p.path, part)
 
 
 def _blob(a: np.ndarray, commit: str, name: str, grid: ChunkGrid, codec: dict[str, object]
@@ -330,7 +342,7 @@ def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
     packed: list[Future] = []
     if snap.packed is not None:
         packed = write_array(storage, array_dir(commit_id, packed_name), snap.packed,
-                             plan.packed_grid, plan.codec, {"ckptstore": {"packed": True}}, submit)
+                             plan.packed_grid, plan.codec, PACKED_ATTRIBUTES, submit)
     try:
         out = Persisted({w.index: w.result() for w in pending}, sum(f.result() for f in packed))
     except BaseException:  # let the other writes end first: none outlives a failed commit

@@ -12,13 +12,14 @@ escapes them, for back-ends whose clients retry less, and long outages. Errors t
 from __future__ import annotations
 
 import errno
+import math
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..errors import StorageError, StorageFullError
+from ..errors import InvalidRetry, StorageError, StorageFullError
 
 __all__ = ["Retry", "is_transient", "storage_error"]
 
@@ -59,16 +60,33 @@ def storage_error(error: BaseException, what: str, key: str, attempts: int) -> S
 
 @dataclass(frozen=True)
 class Retry:
-    """How often and how patiently a failed request is repeated.
+    """How often and how patiently a failed request to an object store is repeated.
+
+    Pass one to ``ckptstore.open(url, retry=...)`` (or :func:`~ckptstore.storage.open_storage`,
+    :class:`~ckptstore.storage.FsspecStorage`). Local disks and ``memory://`` are not retried.
 
     Parameters
     ----------
     attempts
-        Tries in all (1: no retry).
+        Tries in all, an integer >= 1 (1: no retry).
     backoff
-        Seconds before the second try; doubled before each next one, with full jitter.
+        Seconds before the second try (>= 0); doubled before each next one, with full jitter.
     max_backoff
-        Cap of one wait.
+        Cap of one wait, seconds (>= 0).
+
+    Raises
+    ------
+    InvalidRetry
+        (a :class:`~ckptstore.CkptStoreError` and ``ValueError``) for values out of range.
+
+    Examples
+    --------
+    >>> Retry(attempts=8, backoff=0.5, max_backoff=30)
+    Retry(attempts=8, backoff=0.5, max_backoff=30)
+    >>> Retry(attempts=0)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ckptstore.errors.InvalidRetry: Retry(attempts=0): attempts must be an integer >= 1 ...
     """
 
     attempts: int = 4
@@ -76,8 +94,18 @@ class Retry:
     max_backoff: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.attempts < 1 or self.backoff < 0 or self.max_backoff < 0:
-            raise ValueError("Retry needs attempts >= 1 and non-negative waits")
+        def bad(name: str, rule: str) -> InvalidRetry:
+            return InvalidRetry(f"Retry({name}={getattr(self, name)!r}): {name} must be {rule}")
+
+        def number(value: object) -> bool:
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+        if not (number(self.attempts) and isinstance(self.attempts, int) and self.attempts >= 1):
+            raise bad("attempts", "an integer >= 1 (1: no retry)")
+        for name in ("backoff", "max_backoff"):
+            value = getattr(self, name)
+            if not (number(value) and math.isfinite(value) and value >= 0):
+                raise bad(name, "a finite number of seconds >= 0")
 
     def call(self, fn: Callable[[int], T], what: str, key: str) -> T:
         """``fn(attempt)`` (attempt counts from 1) until it returns; transient errors are
@@ -85,7 +113,7 @@ class Retry:
         for attempt in range(1, self.attempts + 1):
             try:
                 return fn(attempt)
-            except Exception as e:  # noqa: BLE001 - sorted by is_transient
+            except Exception as e:  # sorted by is_transient
                 if not is_transient(e):
                     if isinstance(e, OSError) and getattr(e, "errno", None) in _FULL:
                         raise storage_error(e, what, key, attempt) from e
