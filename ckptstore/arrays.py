@@ -9,16 +9,16 @@ standard zarr v3, so ``zarr.open_array`` reads what the store wrote.
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from .chunkcodec import ChunkCodec, Encoded, encoded_size
+from .dtypes import STORAGE
 from .errors import CorruptedChunkError, ManifestError, UnsupportedLeafError
+from .grid import CHUNK_BYTES, ChunkGrid
 from .layout import ZARR_JSON, chunk_key
 from .storage import Storage
 
@@ -39,22 +39,13 @@ __all__ = [
     "write_array",
 ]
 
-CHUNK_BYTES = 8 * 2**20
 
 # numpy dtype used to hold each torch dtype's bits (bfloat16 and float8 have no numpy dtype: their
-# bits are kept in an unsigned integer of the same width and the torch dtype is recorded).
+# bits are kept in an unsigned integer of the same width and the torch dtype is recorded): the
+# by-name table of ckptstore.dtypes, for the dtypes this torch has.
 _STORAGE: dict[torch.dtype, str] = {
-    torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
-    torch.bfloat16: "uint16", torch.complex128: "complex128", torch.complex64: "complex64",
-    torch.complex32: "uint32",
-    torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8",
-    torch.uint8: "uint8", torch.bool: "bool",
-}
-for _name, _np in (("uint16", "uint16"), ("uint32", "uint32"), ("uint64", "uint64"),
-                   ("float8_e4m3fn", "uint8"), ("float8_e5m2", "uint8"),
-                   ("float8_e4m3fnuz", "uint8"), ("float8_e5m2fnuz", "uint8")):
-    if hasattr(torch, _name):
-        _STORAGE[getattr(torch, _name)] = _np
+    getattr(torch, name): np_name for name, np_name in STORAGE.items()
+    if isinstance(getattr(torch, name, None), torch.dtype)}
 _BY_NAME = {str(d).removeprefix("torch."): d for d in _STORAGE}
 _VIEW = {"uint8": torch.uint8, "uint16": torch.uint16, "uint32": torch.uint32}
 
@@ -120,57 +111,6 @@ def host_to_tensor(a: np.ndarray, name: str) -> torch.Tensor:
     dtype = torch_dtype(name)
     t = torch.from_numpy(a)
     return t.view(dtype) if _is_bit_view(dtype) else t
-
-
-@dataclass(frozen=True)
-class ChunkGrid:
-    """Regular chunking along the first dimension."""
-
-    shape: tuple[int, ...]
-    chunks: tuple[int, ...]
-
-    @classmethod
-    def for_array(cls, shape: tuple[int, ...], itemsize: int,
-                  target_bytes: int = CHUNK_BYTES) -> ChunkGrid:
-        if len(shape) == 0:
-            return cls((), ())
-        rows = max(shape[0], 1)
-        row_bytes = max(itemsize * math.prod(shape[1:]), 1)
-        n = max(1, math.ceil(rows * row_bytes / target_bytes))
-        per = math.ceil(rows / n)
-        if rows % per:  # a few more chunks that split the rows evenly: no padded edge chunk
-            even = next((m for m in range(n + 1, min(2 * n, n + 64) + 1) if rows % m == 0), None)
-            if even is not None:
-                per = rows // even
-        return cls(tuple(shape), (per, *(max(s, 1) for s in shape[1:])))
-
-    @classmethod
-    def checked(cls, shape: list[int], chunks: list[int] | None) -> ChunkGrid:
-        """A grid read from a manifest; raises ManifestError unless it chunks rows only."""
-        if chunks is None or len(chunks) != len(shape) or any(c < 1 for c in chunks) or list(
-                chunks[1:]) != [max(s, 1) for s in shape[1:]] or (
-                shape and chunks[0] > max(shape[0], 1)):
-            raise ManifestError(f"invalid chunk shape {chunks} for an array of shape {shape}")
-        return cls(tuple(shape), tuple(chunks))
-
-    @property
-    def nchunks(self) -> int:
-        if not self.shape:
-            return 1
-        return math.ceil(self.shape[0] / self.chunks[0]) if self.shape[0] else 0
-
-    def key(self, i: int) -> str:
-        return "c" if not self.shape else "c/" + "/".join([str(i)] + ["0"] * (len(self.shape) - 1))
-
-    def rows(self, i: int) -> tuple[int, int]:
-        if not self.shape:
-            return 0, 1
-        lo = i * self.chunks[0]
-        return lo, min(lo + self.chunks[0], self.shape[0])
-
-    def __iter__(self) -> Iterator[tuple[int, str, int, int]]:
-        for i in range(self.nchunks):
-            yield (i, self.key(i), *self.rows(i))
 
 
 def _fill_value(np_dtype: np.dtype) -> bool | int | float | list[float]:

@@ -16,6 +16,7 @@ from .chains.walk import Walk
 from .ids import commit_time, is_commit_id
 from .info import GCResult
 from .layout import COMMITS, DATA, HEADS, TAGS, TEMP_PREFIX, data_dir, manifest_key
+from .progress import bar
 from .repository import Repository
 
 __all__ = ["collect"]
@@ -43,8 +44,12 @@ def _retained(repo: Repository, walk: Walk, keep_last: int | None, keep_tags: bo
 
 def collect(repo: Repository, keep_last: int | None = None, keep_tags: bool = True,
             keep_every: int | None = None, dry_run: bool = False,
-            grace_period: float = 3600.0) -> GCResult:
-    """Apply the retention policy and delete what nothing needs; see the module docstring."""
+            grace_period: float = 3600.0, progress: bool = False) -> GCResult:
+    """Apply the retention policy and delete what nothing needs; see the module docstring.
+
+    ``progress`` shows bars on stderr: commits and data folders scanned (each removable folder
+    is listed to count its bytes), then refs, manifests and folders removed.
+    """
     if keep_last is not None and keep_last < 1:
         raise ValueError("keep_last must be at least 1 (a branch tip is always kept)")
     if keep_every is not None and keep_every < 1:
@@ -62,29 +67,38 @@ def collect(repo: Repository, keep_last: int | None = None, keep_tags: bool = Tr
 
     result = GCResult(dry_run=dry_run, kept=sorted(keep))
     all_commits = repo.commit_ids()
-    for c in all_commits:
-        if c in keep or (c not in reachable and not old(c)):
-            continue
-        result.commits_removed.append(c)
-        result.bytes_freed += storage.size(manifest_key(c))
-    for name in storage.listdir(DATA):
-        if not is_commit_id(name) or name in live_data:
-            continue
-        if name in result.commits_removed or (name not in all_commits and old(name)):
-            result.data_removed.append(name)
-            result.bytes_freed += sum(storage.walk_sizes(data_dir(name)).values())
+    data_folders = storage.listdir(DATA)
+    with bar(len(all_commits) + len(data_folders), "gc: scan", progress, unit="item") as shown:
+        for c in all_commits:
+            shown.update()
+            if c in keep or (c not in reachable and not old(c)):
+                continue
+            result.commits_removed.append(c)
+            result.bytes_freed += storage.size(manifest_key(c))
+        for name in data_folders:
+            shown.update()
+            if not is_commit_id(name) or name in live_data:
+                continue
+            if name in result.commits_removed or (name not in all_commits and old(name)):
+                result.data_removed.append(name)
+                result.bytes_freed += sum(storage.walk_sizes(data_dir(name)).values())
     removed = set(result.commits_removed)
     result.tags_removed = sorted(t for t, c in repo.refs.tags().items() if c in removed)
     if dry_run:
         return result
 
-    for t in result.tags_removed:
-        repo.refs.delete_tag(t)
-    for c in result.commits_removed:
-        storage.delete(manifest_key(c))
-        repo.forget(c)
-    for d in result.data_removed:
-        storage.delete_tree(data_dir(d))
+    n = len(result.tags_removed) + len(result.commits_removed) + len(result.data_removed)
+    with bar(n, "gc: remove", progress and n > 0, unit="item") as shown:
+        for t in result.tags_removed:
+            repo.refs.delete_tag(t)
+            shown.update()
+        for c in result.commits_removed:
+            storage.delete(manifest_key(c))
+            repo.forget(c)
+            shown.update()
+        for d in result.data_removed:
+            storage.delete_tree(data_dir(d))
+            shown.update()
     for branch in repo.refs.branches():
         result.ref_files_removed += repo.refs.prune_moves(branch)
     _remove_temp_files(repo, grace_period, now)

@@ -5,6 +5,7 @@ Diff, usage, export and ``Store.iter_tensors`` select entries the way ``checkout
 does -- a glob selects an entry when it matches its dotted path or the path of a container of it
 (``"model"`` selects everything under ``model``) -- and read tensors by their index in the
 manifest, about :data:`BATCH_BYTES` at a time, so a large state is never in memory at once.
+Only reading tensors imports torch: paths, selection and sizes serve ``ckpt show`` without it.
 
 >>> matches("model.emb.weight", ["model"]), matches("model.emb.weight", ["opt*"])
 (True, False)
@@ -13,29 +14,61 @@ manifest, about :data:`BATCH_BYTES` at a time, so a large state is never in memo
 from __future__ import annotations
 
 import fnmatch
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
-import torch
 
-from .arrays import storage_dtype, torch_dtype
+from .dtypes import nbytes
+from .errors import ManifestError
 from .manifest import Manifest, TensorEntry
-from .reader import Reader
 from .repository import Repository
-from .state import tree_paths
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["BATCH_BYTES", "Leaves", "PlainValue", "TensorLike", "as_tensor", "entry_nbytes",
-           "iter_tensors", "matches", "read_tensors"]
+           "iter_tensors", "join_path", "matches", "read_tensors", "tree_paths"]
 
 BATCH_BYTES = 256 * 2**20  # tensor bytes read per round trip
 
 PlainValue = None | bool | int | float | str | bytes
 """A leaf of the state that is not a tensor (step, learning rate, names, ...)."""
 
-TensorLike = torch.Tensor | np.ndarray | np.generic
+TensorLike: TypeAlias = "torch.Tensor | np.ndarray | np.generic"
 """A tensor leaf as checkout returns it (numpy leaves stay numpy)."""
+
+
+def join_path(prefix: str, key: Any) -> str:
+    """The dotted path of ``key`` under ``prefix`` (``""`` is the root)."""
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def tree_paths(tree: Any) -> dict[str, Any]:
+    """``{dotted path: node}`` of every leaf node (tensors and values) of a tree."""
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, path: str) -> None:
+        if not isinstance(node, dict):
+            raise ManifestError(f"invalid state tree node at {path or '<root>'!r}")
+        for kind in ("dict", "odict"):
+            if kind in node:
+                if not isinstance(node[kind], list) or not all(
+                        isinstance(p, list) and len(p) == 2 for p in node[kind]):
+                    raise ManifestError(f"invalid dict in state tree at {path or '<root>'!r}")
+                for k, v in node[kind]:
+                    walk(v, join_path(path, k))
+                return
+        for kind in ("list", "tuple"):
+            if kind in node:
+                for i, v in enumerate(node[kind]):
+                    walk(v, join_path(path, i))
+                return
+        out[path] = node
+
+    walk(tree, "")
+    return out
 
 
 def matches(path: str, patterns: Sequence[str]) -> bool:
@@ -76,11 +109,13 @@ class Leaves:
 
 def entry_nbytes(e: TensorEntry) -> int:
     """Bytes of an entry's tensor in memory (what it costs to read it)."""
-    return math.prod(e.shape) * storage_dtype(torch_dtype(e.dtype)).itemsize
+    return nbytes(e.dtype, e.shape)
 
 
 def as_tensor(value: TensorLike) -> torch.Tensor:
     """A torch tensor of a tensor leaf (numpy arrays and scalars share memory where they can)."""
+    import torch
+
     if isinstance(value, torch.Tensor):
         return value
     a = np.asarray(value)  # (np.ascontiguousarray would make a 0-d array 1-d)
@@ -91,6 +126,8 @@ def read_tensors(repo: Repository, m: Manifest, indices: Sequence[int],
                  batch_bytes: int = BATCH_BYTES) -> Iterator[TensorLike]:
     """The tensors at ``indices`` of commit ``m``, in that order, read about ``batch_bytes`` at a
     time (a batch holds at least one tensor)."""
+    from .reader import Reader  # imports torch
+
     reader = Reader(repo)
     batch: list[int] = []
     size = 0

@@ -25,6 +25,8 @@ import numpy as np
 import torch
 
 from .errors import ManifestError, UnsupportedLeafError
+from .leaves import join_path as _join
+from .leaves import tree_paths
 
 __all__ = ["Leaf", "Tree", "flatten", "is_stateful", "load_into", "select", "tree_paths", "unflatten"]
 
@@ -47,10 +49,6 @@ def is_stateful(obj: Any) -> bool:
     """True for objects that save and load through ``state_dict()`` / ``load_state_dict()``."""
     return (not isinstance(obj, (torch.Tensor, Mapping)) and callable(getattr(obj, "state_dict", None))
             and callable(getattr(obj, "load_state_dict", None)))
-
-
-def _join(prefix: str, key: Any) -> str:
-    return f"{prefix}.{key}" if prefix else str(key)
 
 
 def flatten(state: Any) -> tuple[Tree, list[Leaf]]:
@@ -154,32 +152,6 @@ def unflatten(tree: Any, tensors: list[Any]) -> Any:
         raise ManifestError(f"unknown state tree node {sorted(node)!r}")
 
     return walk(tree, 0)
-
-
-def tree_paths(tree: Any) -> dict[str, Any]:
-    """``{dotted path: node}`` of every leaf node (tensors and values) of a tree."""
-    out: dict[str, Any] = {}
-
-    def walk(node: Any, path: str) -> None:
-        if not isinstance(node, dict):
-            raise ManifestError(f"invalid state tree node at {path or '<root>'!r}")
-        for kind in ("dict", "odict"):
-            if kind in node:
-                if not isinstance(node[kind], list) or not all(
-                        isinstance(p, list) and len(p) == 2 for p in node[kind]):
-                    raise ManifestError(f"invalid dict in state tree at {path or '<root>'!r}")
-                for k, v in node[kind]:
-                    walk(v, _join(path, k))
-                return
-        for kind in ("list", "tuple"):
-            if kind in node:
-                for i, v in enumerate(node[kind]):
-                    walk(v, _join(path, i))
-                return
-        out[path] = node
-
-    walk(tree, "")
-    return out
 
 
 def select(tree: Any, patterns: list[str]) -> Any:

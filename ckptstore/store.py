@@ -22,6 +22,7 @@ from .manifest import Manifest, decode_marker, encode_marker
 from .pending import PendingCommit
 from .plan import EncodingOptions
 from .policy import Policy
+from .progress import bar
 from .reader import Reader
 from .repository import Repository
 from .state import load_into, select, tree_paths, unflatten
@@ -121,15 +122,21 @@ class Store:
                                             policy or self.policy, tracker, staged)
 
     def rebase(self, ref: str = "main", branch: str | None = None,
-               message: str = "") -> CommitInfo:
+               message: str = "", progress: bool = False) -> CommitInfo:
         """Write the state of ``ref`` as a new full, lossless commit on ``branch`` (default: ``ref``
-        when it is a branch, else ``main``), so that gc can collect the chains before it."""
+        when it is a branch, else ``main``), so that gc can collect the chains before it.
+        ``progress`` shows a bar on stderr (read, then write)."""
         commit_id = self.resolve(ref)
         branch = branch or (ref if ref in self.refs.branches() else "main")
         m = self.manifest(commit_id)
-        state = self.checkout(commit_id)
-        return self.commit(state, message=message or f"rebase of {commit_id[:10]}",
-                           branch=branch, metadata=dict(m.metadata), policy=Policy())
+        with bar(2, "rebase: read", progress, unit="step") as shown:
+            state = self.checkout(commit_id)
+            shown.update()
+            shown.set_description("rebase: write")
+            info = self.commit(state, message=message or f"rebase of {commit_id[:10]}",
+                               branch=branch, metadata=dict(m.metadata), policy=Policy())
+            shown.update()
+        return info
 
     # -- restores ----------------------------------------------------------------------------
     def record_restore(self, commit_id: str) -> None:
@@ -253,11 +260,11 @@ class Store:
     # -- maintenance -----------------------------------------------------------------------
     def gc(self, keep_last: int | None = None, keep_tags: bool = True,
            keep_every: int | None = None, dry_run: bool = False,
-           grace_period: float = 3600.0) -> GCResult:
+           grace_period: float = 3600.0, progress: bool = False) -> GCResult:
         """Remove old commits and leftovers; see :func:`ckptstore.gc.collect`."""
         self._committer.wait()  # never collect the data of our own commit in flight
         return collect(self.repo, keep_last=keep_last, keep_tags=keep_tags, keep_every=keep_every,
-                       dry_run=dry_run, grace_period=grace_period)
+                       dry_run=dry_run, grace_period=grace_period, progress=progress)
 
     def verify(self, ref: str | None = None, progress: bool = False) -> VerifyReport:
         """Check every chunk (existence and checksum) of ``ref``'s commit, or of every commit
@@ -275,10 +282,11 @@ class Store:
         largest absolute difference of each changed tensor; see :func:`ckptstore.diff.diff`."""
         return diff(self.repo, a, b, paths, progress=progress)
 
-    def usage(self, ref: str | None = None, limit: int | None = None) -> UsageReport:
+    def usage(self, ref: str | None = None, limit: int | None = None,
+              progress: bool = False) -> UsageReport:
         """Stored bytes per commit (own data, data of other commits it reads), newest first:
         every commit, or ``ref``'s history; see :func:`ckptstore.usage.disk_usage`."""
-        return disk_usage(self.repo, ref, limit)
+        return disk_usage(self.repo, ref, limit, progress=progress)
 
     def iter_tensors(self, ref: str = "main", paths: Sequence[str] | None = None,
                      batch_bytes: int = BATCH_BYTES) -> Iterator[tuple[str, TensorLike]]:

@@ -4,6 +4,8 @@ library behind ``ckpt du`` and the ``STORED`` column of ``ckpt show``).
 Sizes come from listings of the store (one of the whole store, or one per data folder asked
 about); which arrays a commit reads comes from :meth:`ckptstore.chains.walk.Walk.arrays_read`, so a
 chain entry counts the base data it replays, once per commit however many entries share it.
+Nothing here reads a tensor: sizes come from listings and dtype names, and ``ckpt du`` runs
+without torch.
 """
 
 from __future__ import annotations
@@ -11,17 +13,20 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .chains.walk import StoredArray, Walk
 from .errors import CkptStoreError
 from .ids import commit_time, is_commit_id
 from .info import CommitInfo
 from .layout import COMMITS, DATA, data_dir, manifest_id, manifest_key
-from .leaves import PlainValue
 from .manifest import Layout, TensorEntry
+from .progress import bar
 from .repository import Repository
 from .storage import Storage
+
+if TYPE_CHECKING:
+    from .leaves import PlainValue
 
 __all__ = ["CommitUsage", "StoredSizes", "UsageReport", "disk_usage", "entry_stored_bytes"]
 
@@ -176,7 +181,8 @@ def _commit_usage(repo: Repository, walk: Walk, sizes: StoredSizes, c: str, refs
     return row, shared
 
 
-def disk_usage(repo: Repository, ref: str | None = None, limit: int | None = None) -> UsageReport:
+def disk_usage(repo: Repository, ref: str | None = None, limit: int | None = None,
+               progress: bool = False) -> UsageReport:
     """Stored bytes per commit, newest first.
 
     Parameters
@@ -188,6 +194,8 @@ def disk_usage(repo: Repository, ref: str | None = None, limit: int | None = Non
         listing of it, with leftover data folders and the size of the whole store.
     limit
         At most this many commits.
+    progress
+        Show a progress bar (commits measured) on stderr.
 
     Returns
     -------
@@ -214,12 +222,15 @@ def disk_usage(repo: Repository, ref: str | None = None, limit: int | None = Non
     walk = Walk(repo.manifest)
     rows: list[CommitUsage] = []
     outside: dict[tuple[str, str], StoredArray] = {}  # arrays of unlisted commits listed ones read
-    for c in ids:
-        if c not in manifest_bytes:
-            manifest_bytes[c] = storage.size(manifest_key(c))
-        row, shared = _commit_usage(repo, walk, sizes, c, names.get(c, []), manifest_bytes[c])
-        rows.append(row)
-        outside.update((a.ident, a) for a in shared if a.commit not in listed)
+    with bar(len(ids), "du", progress and bool(ids), unit="commit") as shown:
+        for c in ids:
+            if c not in manifest_bytes:
+                manifest_bytes[c] = storage.size(manifest_key(c))
+            row, shared = _commit_usage(repo, walk, sizes, c, names.get(c, []),
+                                        manifest_bytes[c])
+            rows.append(row)
+            outside.update((a.ident, a) for a in shared if a.commit not in listed)
+            shown.update()
     data = sum(sizes.folder_bytes(c) for c in ids) + sizes.arrays_bytes(list(outside.values()))
     leftovers = () if ref is not None else tuple(
         (d, n) for d, n in sorted(sizes.folders().items())

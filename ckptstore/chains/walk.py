@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..arrays import ChunkGrid, storage_dtype, torch_dtype
+from ..dtypes import numpy_dtype
 from ..errors import ManifestError
+from ..grid import ChunkGrid
 from ..layout import PACKED_ARRAY, array_dir, chunk_key
 from ..limits import check_grid, missing_chunks
 from ..manifest import Blob, Kind, Layout, Manifest, PackedInfo, TensorEntry
@@ -76,7 +77,7 @@ class StoredArray:
 
 def entry_dtype(e: TensorEntry) -> np.dtype:
     """The numpy dtype holding the bits of an entry's torch dtype."""
-    return storage_dtype(torch_dtype(e.dtype))
+    return numpy_dtype(e.dtype)
 
 
 def entry_array(e: TensorEntry) -> StoredArray:

@@ -7,20 +7,22 @@
 Verbs: ``log``, ``show``, ``tag``, ``branch``, ``gc``, ``rebase``, ``verify``, ``du``, ``diff``,
 ``export``, one module each (or per group) with ``register(add)`` and ``run(ctx)``: a call into
 the library plus rendering. Every verb prints aligned tables with human sizes, or with ``--json``
-one JSON document on stdout and nothing else. Progress bars (verify, diff, export) go to stderr,
-shown when stderr is a terminal or with ``--progress``.
+one JSON document on stdout and nothing else. Progress bars (verify, diff, export, du, gc,
+rebase) go to stderr, shown when stderr is a terminal or with ``--progress``.
 
 Exit statuses are defined in :mod:`ckptstore.cli._exit` (0 ok, 1 verify/diff found
 something, 2 usage or other error, 3 not found, 4 corrupted store, 5 storage failed, 130
 interrupted). An error is one line on stderr, ``ckpt: error: <message>``, never a traceback
 (``CKPT_TRACEBACK=1`` shows it); with ``--json`` it is one JSON object on stderr instead
-(``{"error": {"type", "message", "exit_status"}}``) and stdout stays empty.
+(``{"error": {"type", "message", "exit_status"}}``) and stdout stays empty. Ctrl-C anywhere in a
+verb ends it as ``ckpt: interrupted`` (130): the queued chunk I/O is dropped, and a failure to
+close the store afterwards is not reported over it.
 The store is opened with ``create=False`` (a mistyped URL is an error, never a new store), except
 by ``ckpt import``, which starts one where none is.
 
-Start-up: ``log``, ``tag`` and ``branch`` must not import torch (``tests/cli`` checks ``log``).
-Verb modules import what reads tensors (``..store``, ``..leaves``, ``..diff``, ``..export``)
-inside ``run``, never at the top.
+Start-up: ``log``, ``tag``, ``branch``, ``show`` and ``du`` must not import torch (``tests/cli``
+checks each): they use ``ctx.repo``, never ``ctx.store``. Verb modules import the library they
+call (``..store``, ``..usage``, ``..diff``, ``..export``) inside ``run``, never at the top.
 """
 
 from __future__ import annotations
@@ -36,8 +38,18 @@ from .._version import __version__
 from ..errors import CkptStoreError
 from . import diff, du, export, gc, log, refs, show, transfer, verify
 from ._context import AddVerb, CliError, Context, Parser, UsageError
-from ._exit import (EXIT_CORRUPT, EXIT_DIFFERS, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_NOT_FOUND,
-                    EXIT_OK, EXIT_PIPE, EXIT_STORAGE, EXIT_USAGE, exit_status)
+from ._exit import (
+    EXIT_CORRUPT,
+    EXIT_DIFFERS,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_PIPE,
+    EXIT_STORAGE,
+    EXIT_USAGE,
+    exit_status,
+)
 from ._open import open_existing
 
 __all__ = ["EXIT_CORRUPT", "EXIT_DIFFERS", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_NOT_FOUND",
@@ -164,10 +176,14 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         open_store(args.store, **options).close()
     storage = open_existing(args.store, options)
     ctx = Context(args, storage, out, err)
+    interrupted = False
     try:
         return args.run(ctx)
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
-        ctx.close()
+        ctx.close(interrupted)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -183,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, out.fileno())
         return EXIT_PIPE
-    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - one line, never a traceback
+    except (Exception, KeyboardInterrupt) as e:  # one line, never a traceback
         if os.environ.get("CKPT_TRACEBACK") and not isinstance(e, KeyboardInterrupt):
             raise
         status = EXIT_USAGE if isinstance(e, (UsageError, CliError)) else exit_status(e)

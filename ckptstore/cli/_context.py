@@ -58,14 +58,28 @@ class Context:
     def repo(self) -> Repository:
         return self.store.repo if "store" in self.__dict__ else Repository(self.storage)
 
-    def close(self) -> None:
-        """Release the worker threads of what was opened."""
+    def close(self, interrupted: bool = False) -> None:
+        """Release the worker threads of what was opened.
+
+        After Ctrl-C (``interrupted``) the queued chunk reads and writes are dropped first, so
+        only those under way are waited for, and a failure to close is not reported: the command
+        ends as interrupted.
+        """
         try:
-            if "store" in self.__dict__:
-                self.store.close()
-        finally:
-            if "repo" in self.__dict__:
-                self.repo.close()
+            if interrupted:  # (ctx.repo is the store's when both were opened)
+                repos = [self.store.repo] if "store" in self.__dict__ else []
+                repos += [self.repo] if "repo" in self.__dict__ else []
+                for repo in repos:
+                    repo.executor.shutdown(wait=False, cancel_futures=True)
+            try:
+                if "store" in self.__dict__:
+                    self.store.close()
+            finally:
+                if "repo" in self.__dict__:
+                    self.repo.close()
+        except Exception:
+            if not interrupted:
+                raise
 
     @property
     def json(self) -> bool:

@@ -1,4 +1,5 @@
-"""``ckpt du``: stored bytes per commit (see :func:`ckptstore.usage.disk_usage`)."""
+"""``ckpt du``: stored bytes per commit (see :func:`ckptstore.usage.disk_usage`), from
+manifests and store listings: no tensor is read, torch is not imported."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ def register(add: AddVerb) -> None:
 
 
 def run(ctx: Context) -> int:
-    report = ctx.store.usage(ctx.args.ref, limit=ctx.args.limit)
+    from ..usage import disk_usage
+
+    report = disk_usage(ctx.repo, ctx.args.ref, limit=ctx.args.limit, progress=ctx.progress)
     if ctx.json:
         ctx.emit(report.to_json())
         return 0

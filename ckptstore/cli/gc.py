@@ -40,7 +40,7 @@ def run_gc(ctx: Context) -> int:
     args = ctx.args
     result = ctx.store.gc(keep_last=args.keep_last, keep_tags=not args.no_keep_tags,
                           keep_every=args.keep_every, dry_run=args.dry_run,
-                          grace_period=args.grace)
+                          grace_period=args.grace, progress=ctx.progress)
     if ctx.json:
         ctx.emit(result.to_json())
         return 0
@@ -66,7 +66,8 @@ def run_gc(ctx: Context) -> int:
 
 def run_rebase(ctx: Context) -> int:
     args = ctx.args
-    info = ctx.store.rebase(args.ref, branch=args.branch, message=args.message or "")
+    info = ctx.store.rebase(args.ref, branch=args.branch, message=args.message or "",
+                            progress=ctx.progress)
     if ctx.json:
         ctx.emit(info.to_json())
     else:

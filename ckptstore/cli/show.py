@@ -1,9 +1,15 @@
-"""``ckpt show``: one commit's details, a table of its tensors and one of its plain values."""
+"""``ckpt show``: one commit's details, a table of its tensors and one of its plain values.
+
+It reads manifests and store listings only, never a tensor, and needs no torch: sizes come from
+dtype names (:mod:`ckptstore.dtypes`), the store's history from ``ctx.repo``.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..dtypes import nbytes
+from ..info import CommitInfo
 from ..layout import PACKED_ARRAY
 from ..manifest import Layout, Manifest
 from ._context import AddVerb, Context
@@ -25,12 +31,11 @@ def register(add: AddVerb) -> None:
 
 
 def _rows(ctx: Context, m: Manifest, sizes: StoredSizes, wanted: set[int]) -> list[dict[str, Any]]:
-    from ..chains.walk import Walk  # reads tensors' dtypes: imports torch
-    from ..leaves import entry_nbytes
+    from ..chains.walk import Walk
     from ..usage import entry_stored_bytes
 
     rows = []
-    walk = Walk(ctx.store.repo.manifest)
+    walk = Walk(ctx.repo.manifest)
     for i, e in enumerate(m.tensors):
         if i not in wanted:
             continue
@@ -48,20 +53,21 @@ def _rows(ctx: Context, m: Manifest, sizes: StoredSizes, wanted: set[int]) -> li
         if e.commit and e.commit != m.id:
             note = (note + "; " if note else "") + f"data of commit {e.commit[:10]}"
         rows.append({"path": e.path, "dtype": e.dtype, "shape": list(e.shape), "layout": e.layout,
-                     "nbytes": entry_nbytes(e), "stored_bytes": entry_stored_bytes(sizes, e, m.shards),
+                     "nbytes": nbytes(e.dtype, e.shape),
+                     "stored_bytes": entry_stored_bytes(sizes, e, m.shards),
                      "commit": e.commit, "array": e.array, "note": note})
     return rows
 
 
 def run(ctx: Context) -> int:
-    from ..leaves import Leaves  # imports torch
+    from ..leaves import Leaves
     from ..usage import StoredSizes
 
-    store, args = ctx.store, ctx.args
-    m = store.manifest(store.resolve(args.ref))
-    info = store.info(m.id)
-    refs = store.repo.ref_names().get(m.id, [])
-    sizes = StoredSizes(store.storage)
+    repo, args = ctx.repo, ctx.args  # manifests and listings only: no tensor is read
+    m = repo.manifest(repo.resolve(args.ref))
+    info = CommitInfo.from_manifest(m)
+    refs = repo.ref_names().get(m.id, [])
+    sizes = StoredSizes(repo.storage)
     leaves = Leaves.of(m).select(args.paths)
     rows = _rows(ctx, m, sizes, set(leaves.tensors.values()))
     packed_stored = sizes.array_bytes(m.id, PACKED_ARRAY) if m.packed is not None else None

@@ -1,5 +1,7 @@
 """``ckpt`` failing well and starting fast: one-line errors with documented exit statuses (also as
-JSON), bounded waits on dead endpoints, Ctrl-C, progress only on a terminal, no torch for ``log``.
+JSON), bounded waits on dead endpoints, Ctrl-C (also in an import and its chunk writes), progress
+only on a terminal or with ``--progress``, no torch for ``log``, ``tag``, ``branch``, ``show``
+and ``du``.
 """
 
 from __future__ import annotations
@@ -21,8 +23,14 @@ from pathlib import Path
 import pytest
 
 import ckptstore
-from ckptstore.cli import (EXIT_CORRUPT, EXIT_INTERRUPTED, EXIT_NOT_FOUND, EXIT_STORAGE,
-                           EXIT_USAGE, main)
+from ckptstore.cli import (
+    EXIT_CORRUPT,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_STORAGE,
+    EXIT_USAGE,
+    main,
+)
 from ckptstore.layout import MARKER, manifest_key
 
 
@@ -166,6 +174,130 @@ def test_ctrl_c_exits_130_without_a_traceback(small):
     assert out == "" and one_error_line(err) == "ckpt: interrupted"
 
 
+def _waiting_on_a_fifo(pid: int) -> bool:
+    """True while a thread of process ``pid`` waits in open(2) for a FIFO's writer (Linux)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "wchan").read_text().strip() == "wait_for_partner":
+                return True
+        except OSError:
+            pass
+    return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/task/*/wchan")
+def test_ctrl_c_during_an_import(tmp_path):
+    """SIGINT while ``ckpt import`` waits in torch.load for its source (a FIFO nobody writes)."""
+    source = tmp_path / "model.pt"
+    os.mkfifo(source)
+    url = tmp_path / "imported"
+    proc = subprocess.Popen([sys.executable, "-m", "ckptstore", "import", str(url), str(source),
+                             "--format", "torch"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not _waiting_on_a_fifo(proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.poll()
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == EXIT_INTERRUPTED
+    assert out == "" and one_error_line(err) == "ckpt: interrupted"
+    with ckptstore.open(url, create=False) as store:  # the store was started; nothing committed
+        assert store.branches() == {}
+
+
+_SLOW_WRITES = """
+import sys, time
+from ckptstore.storage.local import LocalStorage
+put_chunk = LocalStorage.put_chunk
+def slow_put_chunk(self, key, data):
+    open(sys.argv[1], "a").close()  # the commit is writing chunks
+    time.sleep(0.5)
+    put_chunk(self, key, data)
+LocalStorage.put_chunk = slow_put_chunk
+from ckptstore.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_ctrl_c_while_an_import_writes_chunks(tmp_path):
+    """SIGINT while the commit's I/O threads write chunks: one line, no traceback from them, an
+    exit within seconds (not after every chunk), and nothing committed."""
+    import torch
+
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    source = tmp_path / "model.safetensors"
+    safetensors_torch.save_file({f"w{i}": torch.full((2**20 // 4,), i) for i in range(40)},
+                                str(source))  # 40 arrays of 1 MiB: 40 chunk writes
+    url, writing = tmp_path / "imported", tmp_path / "writing"
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_WRITES, str(writing), "import",
+                             str(url), str(source)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not writing.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert proc.returncode == EXIT_INTERRUPTED
+    assert out == "" and one_error_line(err) == "ckpt: interrupted"
+    assert took < 8, f"{took:.1f} s after Ctrl-C"  # writing all 40 chunks takes 10 s or more
+    with ckptstore.open(url, create=False) as store:
+        assert store.branches() == {}
+
+
+def test_ctrl_c_in_import_as_text_and_json(capsys, monkeypatch, small, tmp_path):
+    import ckptstore.importing
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ckptstore.importing, "import_checkpoint", interrupted)
+    rc, out, err = run(capsys, "import", small, tmp_path / "x.safetensors")
+    assert rc == EXIT_INTERRUPTED and out == "" and one_error_line(err) == "ckpt: interrupted"
+    rc, out, err = run(capsys, "import", small, tmp_path / "x.safetensors", "--json")
+    assert rc == EXIT_INTERRUPTED and out == ""
+    assert json_error(err) == {"type": "KeyboardInterrupt", "message": "interrupted",
+                               "exit_status": 130}
+
+
+def test_ctrl_c_is_reported_even_when_closing_fails(capsys, monkeypatch, small):
+    from ckptstore.store import Store
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    def broken_close(self):
+        raise RuntimeError("close failed")
+
+    monkeypatch.setattr(Store, "verify", interrupted)
+    monkeypatch.setattr(Store, "close", broken_close)
+    rc, out, err = run(capsys, "verify", small)
+    assert rc == EXIT_INTERRUPTED and out == "" and one_error_line(err) == "ckpt: interrupted"
+
+
+def test_after_ctrl_c_queued_io_is_dropped_not_waited_for(small):
+    """``Context.close(interrupted=True)``: chunk jobs not yet started are cancelled."""
+    from ckptstore.cli._context import Context
+    from ckptstore.cli._open import open_existing
+
+    ctx = Context(None, open_existing(small, {}), io.StringIO(), io.StringIO())
+    jobs = [ctx.repo.executor.submit(time.sleep, 0.2) for _ in range(20 * ctx.repo.io_workers)]
+    t0 = time.perf_counter()
+    ctx.close(interrupted=True)
+    assert time.perf_counter() - t0 < 2  # all 20 rounds would take 4 s
+    assert sum(j.cancelled() for j in jobs) >= len(jobs) - 2 * ctx.repo.io_workers
+
+
 # -- progress bars ---------------------------------------------------------------------------------
 def _verify_on_a_terminal(small: str, *extra: str) -> tuple[int, str, str]:
     """``ckpt verify`` with stderr on a pseudo-terminal; returns (status, stdout, terminal)."""
@@ -203,6 +335,45 @@ def test_progress_only_on_a_terminal_and_not_with_json(capsys, small):
     assert rc == 0 and json.loads(out)["ok"] is True and term == ""
 
 
+@pytest.fixture
+def chained(tmp_path) -> str:
+    """A store of three torch commits: a consecutive chain of an embedding table (own arrays),
+    small tensors packed together, a bfloat16 one; the first is tagged."""
+    import torch
+
+    from ckptstore.policy import Policy
+
+    url = str(tmp_path / "chained")
+    emb = torch.zeros(2048, 16)
+    with ckptstore.open(url, policy=Policy(incremental="consecutive", min_rows=64)) as store:
+        for step in (1, 2, 3):
+            emb[step * 10] += step
+            store.commit({"model": {"emb": emb, "fc": torch.ones(4, 4, dtype=torch.bfloat16)},
+                          "step": step, "lr": 0.1}, message=f"step {step}",
+                         tags=["first"] if step == 1 else ())
+    return url
+
+
+def test_gc_rebase_and_du_show_progress_and_keep_json_valid(capsys, chained):
+    for argv in (["du", chained], ["rebase", chained], ["gc", chained, "-n", "--keep-last", "1"]):
+        rc, out, err = run(capsys, *argv, "--json")  # stderr is not a terminal: no bar
+        assert rc == 0 and json.loads(out) and err == ""
+    rc, out, err = run(capsys, "du", chained, "--json", "--progress")
+    assert rc == 0 and len(json.loads(out)["commits"]) == 4
+    assert "du: " in err and "commit" in err
+    rc, out, err = run(capsys, "rebase", chained, "--json", "--progress")
+    assert rc == 0 and json.loads(out)["message"].startswith("rebase of ")
+    assert "rebase: read" in err and "rebase: write" in err
+    rc, out, err = run(capsys, "gc", chained, "--keep-last", "1", "--no-keep-tags", "--grace", "0",
+                       "--json", "--progress")
+    doc = json.loads(out)
+    assert rc == 0 and len(doc["commits_removed"]) == 4 and doc["tags_removed"] == ["first"]
+    assert "gc: scan" in err and "gc: remove" in err
+    rc, out, err = run(capsys, "gc", chained, "--dry-run", "--progress")  # text output too
+    assert rc == 0 and out.startswith("dry run: would remove 0 commits") and "gc: scan" in err
+    assert "gc: remove" not in err
+
+
 @pytest.mark.parametrize("verb", ["log", "show", "tag", "branch", "gc", "rebase", "verify", "du",
                                   "diff", "export"])
 def test_every_verb_takes_json(capsys, verb):
@@ -231,15 +402,37 @@ def test_history_and_ref_verbs_do_not_import_torch(small, argv):
         assert "step 2" in done.stdout
 
 
+@pytest.mark.parametrize("argv", [["show", "{url}"], ["show", "{url}", "first", "--json"],
+                                  ["show", "{url}", "--paths", "model.emb"], ["du", "{url}"],
+                                  ["du", "{url}", "--json"], ["du", "{url}", "--ref", "main~1"]])
+def test_show_and_du_do_not_import_torch(chained, argv):
+    """They read manifests and listings only; sizes come from dtype names (ckptstore.dtypes)."""
+    argv = [a.format(url=chained) for a in argv]
+    done = subprocess.run([sys.executable, "-c", _PROBE, *argv], capture_output=True,
+                          text=True, timeout=120, check=False)
+    probe = json.loads(done.stderr.strip().splitlines()[-1])
+    assert probe == {"rc": 0, "torch": False}, done.stderr
+    if argv[0] == "show" and "--json" not in argv:
+        assert "consecutive on" in done.stdout and "model.emb" in done.stdout
+    if argv[-1] == "--json":
+        doc = json.loads(done.stdout)
+        if argv[0] == "show":
+            assert {t["dtype"] for t in doc["tensors"]} == {"float32", "bfloat16"}
+            assert {t["path"]: t["nbytes"] for t in doc["tensors"]} == {
+                "model.emb": 2048 * 16 * 4, "model.fc": 16 * 2}
+        else:
+            assert len(doc["commits"]) == 3 and doc["commits"][0]["shared_bytes"] > 0
+
+
 def test_import_ckptstore_is_lazy_yet_complete():
-    done = subprocess.run([sys.executable, "-c", "import sys, ckptstore; "
-                           "print('torch' in sys.modules)"], capture_output=True, text=True,
-                          timeout=120, check=True)
+    done = subprocess.run([sys.executable, "-c", ("import sys, ckptstore; "
+                                                  "print('torch' in sys.modules)")],
+                          capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.split() == ["False"]
     import ckptstore.store
 
     names: dict = {}
-    exec("from ckptstore import *", names)  # every public name, as before the lazy imports
+    exec("from ckptstore import *", names)  # noqa: S102 - every public name, as before lazy imports
     assert set(ckptstore.__all__) <= set(names) and set(ckptstore.__all__) <= set(dir(ckptstore))
     assert names["open"] is ckptstore.open is ckptstore.store.open
     assert names["Store"] is ckptstore.Store and names["RefNotFound"] is ckptstore.RefNotFound
