@@ -48,8 +48,8 @@ CONFIGS = {
 }
 
 
-def run(config: tuple | None, state: dict, seconds: float, interval: float, root: str
-        ) -> tuple[float, int]:
+def run(config: tuple | None, state: dict, seconds: float, interval: float, root: str,
+        io_workers: int | None = None) -> tuple[float, int]:
     """Steps per second of the loop, and the commits it made."""
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
@@ -57,7 +57,8 @@ def run(config: tuple | None, state: dict, seconds: float, interval: float, root
     store = None
     if config is not None:
         options, policy = config
-        store = ckptstore.open(tempfile.mkdtemp(dir=root), options=options, policy=policy)
+        store = ckptstore.open(tempfile.mkdtemp(dir=root), options=options, policy=policy,
+                               io_workers=io_workers)
         store.commit_async(state).wait()  # warm: staging buffers, compiled kernels
     steps, commits = 0, 0
     t0 = last = time.perf_counter()
@@ -86,17 +87,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=8.0, help="timed loop per run")
     ap.add_argument("--interval", type=float, default=1.3, help="seconds between commits")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--io-workers", type=int, nargs="+", default=[0],
+                    help="store worker threads to compare (0: the store's default)")
     args = ap.parse_args(argv)
     print(f"# {command_line(__file__, argv)}\n# {machine_description()}\n")
     state = build_state(args.size << 20)
     root = tempfile.mkdtemp(prefix="cpu-proxy-")
-    rates: dict[str, list[float]] = {k: [] for k in CONFIGS}
-    commits: dict[str, list[int]] = {k: [] for k in CONFIGS}
+    configs = {"no checkpoint": (None, None)}
+    for workers in args.io_workers:
+        suffix = "" if len(args.io_workers) == 1 else (
+            ", default workers" if not workers else f", {workers} worker(s)")
+        configs |= {name + suffix: (c, workers or None) for name, c in CONFIGS.items() if c}
+    rates: dict[str, list[float]] = {k: [] for k in configs}
+    commits: dict[str, list[int]] = {k: [] for k in configs}
     try:
         for r in range(args.repeat):
-            for name, config in (CONFIGS.items() if r % 2 == 0
-                                 else reversed(list(CONFIGS.items()))):
-                rate, n = run(config, state, args.seconds, args.interval, root)
+            for name, (config, workers) in (configs.items() if r % 2 == 0
+                                            else reversed(list(configs.items()))):
+                rate, n = run(config, state, args.seconds, args.interval, root, workers)
                 rates[name].append(rate)
                 commits[name].append(n)
                 print(f"round {r + 1}: {name}: {rate:.0f} steps/s, {n} commits",
