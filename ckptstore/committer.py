@@ -40,7 +40,7 @@ from .repository import Repository
 from .sensitivity import Gradients, capture_gradients, score_snapshot
 from .shrinking import shrink_snapshot
 from .staging import StagingPool
-from .state import Tree, flatten
+from .state import Tree, check_text, flatten
 from .tracking import RowTracker
 from .writer import Snapshot, persist, snapshot
 
@@ -153,6 +153,7 @@ class Committer:
             if self.repo.storage.exists(tag_key(t)):
                 raise RefExists(f"tag {t!r} already exists; choose another name")
         metadata = _plain_metadata(metadata or {}, state)
+        check_text(message, "message")
         tree, leaves = flatten(state)                                        # 1. flatten
         tip = self.repo.refs.tip(branch)
         parent = self.repo.manifest(tip[1]) if tip else None
@@ -233,4 +234,6 @@ def _plain_metadata(metadata: Metadata, state: object) -> Metadata:
         if not isinstance(k, str) or not isinstance(v, _PLAIN):
             raise TypeError(f"metadata[{k!r}] must be a str key with a plain value "
                             "(None, bool, int, float, str)")
+        check_text(k, "metadata")
+        check_text(v, f"metadata[{k!r}]")
     return out

@@ -28,7 +28,7 @@ from .errors import ManifestError, UnsupportedLeafError
 from .leaves import join_path as _join
 from .leaves import tree_paths
 
-__all__ = ["Leaf", "Tree", "flatten", "is_stateful", "load_into", "select", "tree_paths", "unflatten"]
+__all__ = ["Leaf", "Tree", "check_text", "flatten", "is_stateful", "load_into", "select", "tree_paths", "unflatten"]
 
 Tree = dict[str, object]  # a node of the flattened tree (a one-key map, see the module docstring)
 
@@ -68,7 +68,7 @@ def flatten(state: Any) -> tuple[Tree, list[Leaf]]:
         if depth > _MAX_DEPTH:
             raise UnsupportedLeafError(f"state nested deeper than {_MAX_DEPTH} levels at {path!r}")
         if isinstance(obj, np.generic) and obj.dtype.kind in "SU":
-            return {"value": obj.item()}
+            return {"value": check_text(obj.item(), path)}
         if isinstance(obj, (torch.Tensor, np.ndarray, np.generic)):
             if isinstance(obj, np.ndarray) and obj.dtype.kind not in "biufc":
                 raise UnsupportedLeafError(
@@ -78,7 +78,7 @@ def flatten(state: Any) -> tuple[Tree, list[Leaf]]:
             return {"tensor": len(leaves) - 1}
         if isinstance(obj, bool) or obj is None or isinstance(obj, (float, str, bytes)):
             leaf_path(path)
-            return {"value": obj}
+            return {"value": check_text(obj, path)}
         if isinstance(obj, int):
             leaf_path(path)
             return {"value": obj} if -(2**63) <= obj < 2**64 else {"bigint": str(obj)}
@@ -91,7 +91,7 @@ def flatten(state: Any) -> tuple[Tree, list[Leaf]]:
                     raise UnsupportedLeafError(
                         f"dict key {k!r} of type {type(k).__name__} at {path!r}: keys must be "
                         "str, int, float, bool or None")
-                items.append([k, walk(v, _join(path, k), depth + 1)])
+                items.append([check_text(k, path), walk(v, _join(path, k), depth + 1)])
             meta = getattr(obj, "_metadata", None)
             if isinstance(obj, OrderedDict) and meta is not None:
                 return {"odict": items, "meta": walk(meta, _join(path, "_metadata"), depth + 1)}
@@ -108,6 +108,21 @@ def flatten(state: Any) -> tuple[Tree, list[Leaf]]:
             "lists, dicts), or give it state_dict()/load_state_dict()")
 
     return walk(state, "", 0), leaves
+
+
+def check_text(value: Any, where: str) -> Any:
+    """``value``; a str that is not valid Unicode text (a lone surrogate, e.g. from
+    ``os.fsdecode`` of bad bytes) raises :class:`UnsupportedLeafError`: the manifest stores
+    UTF-8."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise UnsupportedLeafError(
+                f"the string {value!r} at {where or '<root>'!r} is not valid Unicode text "
+                f"({e.reason} at position {e.start}) and cannot be stored: store it as bytes "
+                "(value.encode('utf-8', 'surrogateescape'))") from None
+    return value
 
 
 def unflatten(tree: Any, tensors: list[Any]) -> Any:

@@ -19,6 +19,7 @@ from ckptstore.errors import (
     ManifestError,
     NotAStoreError,
     RefNotFound,
+    UnsupportedLeafError,
 )
 from ckptstore.layout import manifest_key
 
@@ -170,3 +171,19 @@ def test_manifest_with_invalid_fields(local):
     path.write_bytes(b"CKPT\x01" + hashlib.sha256(payload).digest() + payload)
     with pytest.raises(ManifestError, match="bad array name"):
         _reopen(root).checkout("main")
+
+
+@pytest.mark.parametrize("kw", [
+    {"state": {"\ud800": torch.zeros(2)}},        # a key with a lone surrogate
+    {"state": {"a": "x\udc80"}},                  # a value (e.g. os.fsdecode of bad bytes)
+    {"state": {"a": [{"\udfff": 1}]}},
+    {"state": {"a": 1}, "message": "m\ud800"},
+    {"state": {"a": 1}, "metadata": {"run": "\ud800"}},
+])
+def test_strings_that_are_not_text_are_refused_before_anything_is_written(tmp_path, kw):
+    store = ckptstore.open(tmp_path / "s")
+    with pytest.raises(UnsupportedLeafError, match="not valid Unicode text"):
+        store.commit(**kw)
+    assert sorted(os.listdir(tmp_path / "s")) == ["ckptstore.json"]
+    store.commit({"a": "x\udc80".encode("utf-8", "surrogateescape")})  # as bytes it is stored
+    assert store.checkout("main")["a"] == b"x\x80"

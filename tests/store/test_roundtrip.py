@@ -140,7 +140,9 @@ leaf_values = st.one_of(
     st.text(max_size=10), st.binary(max_size=10), st.integers(2**64, 2**80))
 
 
-_KEY_TEXT = st.text(st.characters(blacklist_characters="."), max_size=6)
+# no '.' (paths must stay unique) and no lone surrogates (not text: refused, test_bad_input)
+_KEY_CHARS = st.characters(blacklist_characters=".", blacklist_categories=("Cs",))
+_KEY_TEXT = st.text(_KEY_CHARS, max_size=6)
 
 
 @st.composite
@@ -162,8 +164,7 @@ states = st.recursive(
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(state=st.dictionaries(st.text(st.characters(blacklist_characters="."), min_size=1,
-                                     max_size=6), states, max_size=5))
+@given(state=st.dictionaries(st.text(_KEY_CHARS, min_size=1, max_size=6), states, max_size=5))
 def test_property_roundtrip(state):
     """memory:// only: hypothesis explores the states (many examples, one store each); the
     tests above carry every dtype and structure to every back-end."""
