@@ -20,7 +20,7 @@ from __future__ import annotations
 import errno
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from .chains.memory import ChainMemory
@@ -31,7 +31,7 @@ from .info import CommitInfo
 from .layout import check_ref_name, tag_key
 from .manifest import Manifest
 from .pending import PendingCommit, Progress
-from .plan import CommitPlan, EncodingOptions, plan_commit
+from .plan import ArrayItem, CommitPlan, EncodingOptions, plan_commit
 from .policy import Policy
 from .records import build_manifest
 from .policy.shrink import Shrink
@@ -79,6 +79,7 @@ class Committer:
         self.max_inflight = max(2, min(2 * repo.io_workers, (64 << 20) // options.chunk_bytes))
         self._persister = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-persist")
         self._inflight: PendingCommit | None = None
+        self._reserving: Future[int] | None = None
 
     def close(self) -> None:
         """Wait for the commit in flight (raising its unobserved failure), then stop."""
@@ -89,12 +90,34 @@ class Committer:
             self.staging.clear()
 
     def wait(self) -> None:
-        """Wait for the commit in flight; raise :class:`PendingCommitError` if it failed
-        unobserved."""
+        """Wait for the commit in flight (and a reservation of staging buffers); raise
+        :class:`PendingCommitError` if it failed unobserved."""
+        reserving, self._reserving = self._reserving, None
+        if reserving is not None:
+            reserving.result()
         pending = self._inflight
         if pending is not None:
             pending._done.wait()
             pending.raise_unobserved()
+
+    def reserve(self, state: object) -> Future[int]:
+        """Allocate, on the persist thread, the staging buffers ``commit_async(state)`` will
+        copy into (pinned for CUDA tensors, every page faulted in), so that the first commit
+        stalls no longer than the next ones. The next commit waits for it; resolves to the
+        bytes allocated."""
+        self.wait()
+        _, leaves = flatten(state)
+        plan = plan_commit(leaves, self.options)
+
+        def run() -> int:
+            done = self.staging.reserve_packed(plan.packed_nbytes) if plan.packed_nbytes else 0
+            for p in plan.stored():
+                if isinstance(p, ArrayItem):
+                    done += self.staging.reserve(p.array, p.source)
+            return done
+
+        self._reserving = self._persister.submit(run)
+        return self._reserving
 
     # -- the two entry points --------------------------------------------------------------
     def commit(self, state: object, message: str, branch: str, tags: Sequence[str],

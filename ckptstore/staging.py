@@ -40,6 +40,32 @@ class StagingPool:
         with self._lock:
             self._buffers.clear()
 
+    def reserve(self, key: str, t: torch.Tensor) -> int:
+        """Allocate (and fault in) the buffer :meth:`stage` will use for ``t``, ahead of the
+        first commit; returns the bytes newly allocated (0 if it exists)."""
+        t = t.detach()
+        dtype = storage_dtype(t.dtype)
+        if t.device.type == "cuda":
+            k = ("cuda", key, tuple(t.shape), t.dtype)
+            make: Callable[[], Buffer] = lambda: torch.empty(  # noqa: E731
+                t.shape, dtype=t.dtype, pin_memory=True)  # pinning faults every page in
+        else:
+            k = ("cpu", key, tuple(t.shape), dtype.str)
+
+            def make() -> Buffer:
+                buf = np.empty(t.shape, dtype)
+                buf.reshape(-1).view(np.uint8)[::4096] = 0  # one write per page: faulted in
+                return buf
+        with self._lock:
+            if k in self._buffers:
+                return 0
+        buf = make()  # outside the lock: a commit meanwhile makes its own and keeps it
+        with self._lock:
+            if k in self._buffers:
+                return 0
+            self._buffers[k] = buf
+        return t.numel() * t.element_size()
+
     def stage(self, key: str, t: torch.Tensor) -> tuple[np.ndarray, torch.cuda.Event | None]:
         """Copy ``t``'s bits into its staging buffer; return ``(host array, event or None)``.
 
@@ -53,6 +79,18 @@ class StagingPool:
                            lambda: np.empty(src.shape, src.dtype))
         np.copyto(buf, src)
         return buf, None
+
+    def reserve_packed(self, nbytes: int) -> int:
+        """Allocate the packed buffer of :meth:`packed` ahead of time (pages faulted in)."""
+        def make() -> np.ndarray:
+            buf = np.empty(nbytes, np.uint8)
+            buf[::4096] = 0
+            return buf
+        with self._lock:
+            if ("packed", nbytes) in self._buffers:
+                return 0
+            self._buffers[("packed", nbytes)] = make()
+        return nbytes
 
     def packed(self, nbytes: int) -> np.ndarray:
         """The zeroed byte buffer of a commit's packed small tensors (reused)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from .committer import Committer, Metadata
@@ -120,6 +121,14 @@ class Store:
                                            policy or self.policy, tracker)
         return self._committer.commit_async(state, message, branch, tags, metadata,
                                             policy or self.policy, tracker, staged)
+
+    def reserve(self, state: object) -> Future[int]:
+        """Allocate in the background the host staging buffers ``commit_async(state)`` copies
+        into (pinned for CUDA tensors, every page faulted in), e.g. when training starts, so the
+        first ``commit_async`` stalls no longer than the next ones instead of paying for the
+        allocation. The next commit waits for it; the future resolves to the bytes allocated.
+        Tensors that change shape or planning later simply get buffers of their own then."""
+        return self._committer.reserve(state)
 
     def rebase(self, ref: str = "main", branch: str | None = None,
                message: str = "", progress: bool = False) -> CommitInfo:

@@ -73,6 +73,21 @@ def test_staging_buffers_are_reused(store):
     assert store.staging_bytes == held == w.numel() * 4
 
 
+def test_reserve_allocates_the_buffers_the_first_commit_uses(store):
+    state = {"w": torch.randn(200_000, 4), "b": torch.randn(3, 5, dtype=torch.bfloat16).t(),
+             "small": [torch.randn(7) for _ in range(20)], "step": 3}
+    reserved = store.reserve(state)
+    pending = store.commit_async(state)  # waits for the reservation first
+    assert reserved.done() and reserved.result() == store.staging_bytes
+    info = pending.wait()
+    assert store.staging_bytes == reserved.result()  # the commit allocated nothing more
+    assert_bit_exact(store.checkout(info.id), state)
+    assert store.reserve(state).result() == 0  # everything is there already
+    grown = {**state, "w": torch.randn(300_000, 4)}  # a new shape: a buffer of its own later
+    assert store.reserve(grown).result() == 300_000 * 4 * 4  # float32
+    assert_bit_exact(store.checkout(store.commit_async(grown).wait().id), grown)
+
+
 @pytest.mark.every_backend
 def test_staged_snapshot_is_taken_as_is(store):
     snap = {"w": torch.randn(100_000)}
@@ -147,6 +162,17 @@ def test_cuda_snapshot_is_captured(store):
     pending = store.commit_async({"w": w})
     w.add_(1.0)  # queued after the copy on the training stream
     info = pending.wait()
+    assert torch.equal(store.checkout(info.id)["w"], expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_reserve_pins_the_buffers_ahead(store):
+    w = torch.randn(1_000_000, device="cuda")
+    assert store.reserve({"w": w}).result() == w.numel() * 4
+    held = store.staging_bytes
+    expected = w.cpu()
+    info = store.commit_async({"w": w}).wait()
+    assert store.staging_bytes == held
     assert torch.equal(store.checkout(info.id)["w"], expected)
 
 
