@@ -4,6 +4,7 @@ Usage::
 
     .venv/bin/python benchmarks/lossless.py                 # all tables (~3 minutes)
     .venv/bin/python benchmarks/lossless.py --steps 1       # shorter fine-tune
+    .venv/bin/python benchmarks/lossless.py --tables snapshot,versions  # only these tables
 
 What is measured
 ----------------
@@ -353,6 +354,9 @@ def plot_commits(path: str, commits: int, rows: int) -> list[list[str]]:
     return out
 
 
+TABLES = ("snapshot", "versions", "partial", "sparse")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=3, help="fine-tune steps between versions")
@@ -360,24 +364,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", default=None,
                     help="draw bytes per commit over --commits commits for each policy here")
     ap.add_argument("--commits", type=int, default=20)
+    ap.add_argument("--tables", default=",".join(TABLES),
+                    help=f"comma-separated tables to run, of {', '.join(TABLES)} (default: all)")
     args = ap.parse_args(argv)
+    tables = set(args.tables.split(","))
+    if not tables <= set(TABLES):
+        ap.error(f"--tables: unknown {', '.join(sorted(tables - set(TABLES)))}")
     torch.set_num_threads(1)
     print(f"# {command_line(__file__, argv)}\n# {machine_description()}\n")
-    versions, moments = finetune(6, args.steps)
-    w = list(versions[0].values())
-    bf16 = [torch.from_numpy(a).to(torch.bfloat16).view(torch.uint16).numpy() for a in w]
-    snap = (codec_rows("MiniLM fp32", w) + codec_rows("MiniLM bf16", bf16)
-            + codec_rows("AdamW moments (fp32)", moments))
-    print("## One snapshot, lossless\n")
-    print(markdown_table(["data", "codec", "ratio", "encode MB/s", "decode MB/s"], snap,
-                         "llrrr"))
-    print(f"\n## {len(versions) - 1} consecutive fine-tune versions (per version)\n")
-    print(markdown_table(["encoding", "ratio", "commit MB/s"], version_rows(versions), "lrr"))
-    partial, _ = finetune(10, 1, partial=True)
-    print("\n## A parameter-efficient fine-tune: all commits / one full copy\n")
-    print(markdown_table(["encoding", "stored / one copy"], partial_rows(partial), "lr"))
-    print(f"\n## Sparse embedding updates ({args.rows:,} x 64 fp32, 4 intervals)\n")
-    print(markdown_table(["encoding", "ratio per interval"], sparse_rows(args.rows), "lr"))
+    if tables & {"snapshot", "versions"}:
+        versions, moments = finetune(6, args.steps)
+    if "snapshot" in tables:
+        w = list(versions[0].values())
+        bf16 = [torch.from_numpy(a).to(torch.bfloat16).view(torch.uint16).numpy() for a in w]
+        snap = (codec_rows("MiniLM fp32", w) + codec_rows("MiniLM bf16", bf16)
+                + codec_rows("AdamW moments (fp32)", moments))
+        print("## One snapshot, lossless\n")
+        print(markdown_table(["data", "codec", "ratio", "encode MB/s", "decode MB/s"], snap,
+                             "llrrr"))
+    if "versions" in tables:
+        print(f"\n## {len(versions) - 1} consecutive fine-tune versions (per version)\n")
+        print(markdown_table(["encoding", "ratio", "commit MB/s"], version_rows(versions),
+                             "lrr"))
+    if "partial" in tables:
+        partial, _ = finetune(10, 1, partial=True)
+        print("\n## A parameter-efficient fine-tune: all commits / one full copy\n")
+        print(markdown_table(["encoding", "stored / one copy"], partial_rows(partial), "lr"))
+    if "sparse" in tables:
+        print(f"\n## Sparse embedding updates ({args.rows:,} x 64 fp32, 4 intervals)\n")
+        print(markdown_table(["encoding", "ratio per interval"], sparse_rows(args.rows), "lr"))
     if args.plot:
         rows = plot_commits(args.plot, args.commits, args.rows)
         print(f"\n## Bytes per commit over {args.commits} commits (plot: {args.plot})\n")

@@ -1,54 +1,69 @@
 """Compiled byte grouping and plane sampling of BytePlanes.
 
 Element ``i`` of an ``itemsize``-byte integer view, rotated left by one bit when ``rotate`` (so
-the sign bit of a float leaves the exponent byte), puts its byte ``p`` at ``planes[p, i]``;
-:func:`merge_planes` is the inverse; :func:`sample_plane` gathers what the choice of a plane's
-coding looks at."""
+the sign bit of a float leaves the exponent byte), puts its byte ``p`` at row ``p``, column ``i``
+of the planes: :func:`split_rows` writes the rows into one buffer, where the encoder lays them out
+(a raw plane is then already in place); :func:`merge_planes` is the inverse, from a
+``planes[itemsize, n]`` array; :func:`sample_rows` gathers, in one pass over strided samples,
+what the choice of each plane's coding looks at."""
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-__all__ = ["merge_planes", "sample_plane", "split_planes"]
+__all__ = ["merge_planes", "sample_rows", "split_rows"]
 
 
 @njit(cache=True, nogil=True)
-def split_planes(src, itemsize, rotate, planes):  # pragma: no cover - compiled
-    """Byte planes of ``src`` (uint8, a multiple of ``itemsize`` bytes) into ``planes``."""
+def _split2(u2, rotate, p0, p1):  # pragma: no cover - compiled
+    for i in range(u2.size):  # one row per argument: LLVM vectorizes the loop
+        x = u2[i]
+        if rotate:
+            x = (x << np.uint16(1)) | (x >> np.uint16(15))
+        p0[i] = x & 0xFF
+        p1[i] = x >> np.uint16(8)
+
+
+@njit(cache=True, nogil=True)
+def _split4(u4, rotate, p0, p1, p2, p3):  # pragma: no cover - compiled
+    for i in range(u4.size):
+        x = u4[i]
+        if rotate:
+            x = (x << np.uint32(1)) | (x >> np.uint32(31))
+        p0[i] = x & 0xFF
+        p1[i] = (x >> np.uint32(8)) & 0xFF
+        p2[i] = (x >> np.uint32(16)) & 0xFF
+        p3[i] = x >> np.uint32(24)
+
+
+@njit(cache=True, nogil=True)
+def split_rows(src, itemsize, rotate, out, base, stride):  # pragma: no cover - compiled
+    """Byte planes of ``src`` (uint8, a multiple of ``itemsize`` bytes) into ``out``: plane
+    ``p`` at ``out[base + p * stride:][:n]`` (``stride >= n``)."""
     n = src.size // itemsize
-    bits = 8 * itemsize
-    if itemsize == 4:
-        u4 = src.view(np.uint32)
-        for i in range(n):
-            x = u4[i]
-            if rotate:
-                x = (x << np.uint32(1)) | (x >> np.uint32(31))
-            planes[0, i] = x & 0xFF
-            planes[1, i] = (x >> np.uint32(8)) & 0xFF
-            planes[2, i] = (x >> np.uint32(16)) & 0xFF
-            planes[3, i] = x >> np.uint32(24)
+    if itemsize == 1:
+        out[base:base + n] = src
     elif itemsize == 2:
-        u2 = src.view(np.uint16)
-        for i in range(n):
-            x = u2[i]
-            if rotate:
-                x = (x << np.uint16(1)) | (x >> np.uint16(15))
-            planes[0, i] = x & 0xFF
-            planes[1, i] = x >> np.uint16(8)
+        _split2(src.view(np.uint16), rotate, out[base:base + n],
+                out[base + stride:base + stride + n])
+    elif itemsize == 4:
+        _split4(src.view(np.uint32), rotate, out[base:base + n],
+                out[base + stride:base + stride + n], out[base + 2 * stride:base + 2 * stride + n],
+                out[base + 3 * stride:base + 3 * stride + n])
     else:
         u8 = src.view(np.uint64)
         for i in range(n):
             x = u8[i]
             if rotate:
-                x = (x << np.uint64(1)) | (x >> np.uint64(bits - 1))
+                x = (x << np.uint64(1)) | (x >> np.uint64(63))
             for p in range(itemsize):
-                planes[p, i] = (x >> np.uint64(8 * p)) & np.uint64(0xFF)
+                out[base + p * stride + i] = (x >> np.uint64(8 * p)) & np.uint64(0xFF)
 
 
 @njit(cache=True, nogil=True)
 def merge_planes(planes, itemsize, rotate, dst):  # pragma: no cover - compiled
-    """Inverse of :func:`split_planes`: ``planes`` back into ``dst`` (uint8)."""
+    """Inverse of :func:`split_rows`: ``planes[itemsize, n]`` back into ``dst`` (uint8)."""
     n = dst.size // itemsize
     if itemsize == 4:
         u4 = dst.view(np.uint32)
@@ -78,26 +93,38 @@ def merge_planes(planes, itemsize, rotate, dst):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def sample_plane(plane, step, start, length, piece):  # pragma: no cover - compiled
-    """What the choice of a plane's coding looks at, in one pass: the order-0 entropy (a share
-    of a byte) of the strided sample ``plane[::step]``; the histogram of the contiguous sample
-    ``plane[start:start + length]`` (into ``piece``) and how many of its bytes equal their
-    predecessor. Returns (entropy share, repeats)."""
-    strided = np.zeros(256, np.int64)
+def sample_rows(out, base, stride, n, itemsize, step, start, length, freq, near,
+                repeats):  # pragma: no cover - compiled
+    """What the choice of each plane's coding looks at, for the planes that :func:`split_rows`
+    wrote: the histogram of the strided sample ``plane[::step]`` into ``freq[p]``; the histogram
+    of the contiguous sample ``plane[start:start + length]`` into ``near[p]``, and how many of its
+    bytes equal their predecessor into ``repeats[p]``. Returns the size of the strided sample."""
     count = 0
-    for i in range(0, plane.size, step):
-        strided[plane[i]] += 1
-        count += 1
-    entropy = 0.0
-    for v in range(256):
-        if strided[v]:
-            p = strided[v] / count
-            entropy -= p * np.log2(p)
-    repeats = 0
-    prev = -1
-    for i in range(start, start + length):
-        v = plane[i]
-        piece[v] += 1
-        repeats += v == prev
-        prev = v
-    return entropy / 8.0, repeats
+    lanes = np.zeros((4, 256), np.int64)  # 4 counters a byte: a run does not wait on itself
+    for p in range(itemsize):
+        row = out[base + p * stride:base + p * stride + n]
+        h = freq[p]
+        count = same = 0
+        for i in range(0, n, step):
+            h[row[i]] += 1
+            count += 1
+        lanes[:] = 0
+        i = start
+        while i + 4 <= start + length:
+            a, b, c, d = row[i], row[i + 1], row[i + 2], row[i + 3]
+            lanes[0, a] += 1
+            lanes[1, b] += 1
+            lanes[2, c] += 1
+            lanes[3, d] += 1
+            same += (a == b) + (b == c) + (c == d)
+            if i + 4 < start + length:
+                same += d == row[i + 4]
+            i += 4
+        for k in range(i, start + length):
+            lanes[0, row[k]] += 1
+            if k + 1 < start + length:
+                same += row[k] == row[k + 1]
+        for v in range(256):
+            near[p, v] += lanes[0, v] + lanes[1, v] + lanes[2, v] + lanes[3, v]
+        repeats[p] = same
+    return count

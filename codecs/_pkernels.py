@@ -1,5 +1,5 @@
-"""Compiled kernels of BytePlanes: a block-adaptive byte Huffman coder (the byte grouping is in
-:mod:`ckptcodecs._bytegroup`).
+"""Compiled kernels of BytePlanes: a block-adaptive byte Huffman coder, and the choice and layout
+of each plane's coding (the byte grouping is in :mod:`ckptcodecs._bytegroup`).
 
 Huffman: a plane is cut into blocks of ``block`` bytes, each with its own canonical code of at most
 ``MAX_LEN`` bits: a complete prefix code, codes ordered by (length, symbol) and written most
@@ -15,6 +15,12 @@ decoder follows four independent chains of table lookups at once. Block layout::
 
 Every kernel checks what it reads against the buffer, so a corrupted payload yields an error code,
 never a read or write out of bounds.
+
+Encoding is split so that a plane's cost is known before it is coded: :func:`plane_stats` (block
+histograms), :func:`huffman_lengths` (each block's code lengths, and a bound on the bytes the code
+takes), :func:`huffman_encode_lengths` (the bit streams). A block of at most ``PAIRS_MAX`` symbols
+is coded two bytes per table lookup (a table of the codes of every pair of its symbols); the bits
+are the same as one byte at a time.
 """
 
 from __future__ import annotations
@@ -22,10 +28,18 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["ERR_CODE", "ERR_TRUNCATED", "MAX_LEN", "huffman_decode", "huffman_encode",
-           "huffman_bound", "plane_stats"]
+__all__ = ["ERR_CODE", "ERR_TRUNCATED", "HUFFMAN", "MAX_LEN", "PAIRS_MAX", "RAW", "ZSTD",
+           "choose_methods", "huffman_bound", "huffman_decode", "huffman_encode",
+           "huffman_encode_lengths", "huffman_lengths", "huffman_size", "pack_planes",
+           "plane_stats"]
+
+RAW, HUFFMAN, ZSTD = 0, 1, 2  # how a plane of the BytePlanes layout is coded
+_PLANE = 9  # bytes of a plane's head in that layout: u8 method, u64 size
 
 MAX_LEN = 12
+#: blocks of at most this many distinct bytes are coded a pair of bytes per lookup (filling the
+#: pair table costs PAIRS_MAX**2 stores a block)
+PAIRS_MAX = 64
 ERR_TRUNCATED = -1  # a table or bit stream runs past the end of the payload
 ERR_CODE = -2       # a code table that is no complete prefix code, or bits that are no code
 
@@ -135,14 +149,6 @@ def _canonical(lens, order):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def huffman_bound(n, block):  # pragma: no cover - compiled
-    """Bytes :func:`huffman_encode` may write for ``n`` bytes (full tables, longest codes, and
-    the 8-byte store that ends the last stream)."""
-    nblocks = (n + block - 1) // block
-    return nblocks * (2 + 128 + 16 + 4) + (n * MAX_LEN + 7) // 8 + 8
-
-
-@njit(cache=True, nogil=True)
 def _put(codes, lens, x, acc, nbits):  # pragma: no cover - compiled
     """Append the (left-aligned) code of byte ``x`` to the ``nbits`` bits of the bit buffer."""
     return acc | (codes[x] >> nbits), nbits + lens[x]
@@ -157,17 +163,30 @@ def _flush(buf, o, acc, nbits):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _encode_stream(plane, i, stop, codes, lens, buf, o):  # pragma: no cover - compiled
+def _encode_stream(plane, i, stop, codes, lens, pcodes, plens, pairs, buf,
+                   o):  # pragma: no cover - compiled
     """Code ``plane[i:stop]`` as one bit stream at ``buf[o]`` (four bytes, <= 48 bits, per flush);
-    returns where it ends (up to 8 bytes past that are overwritten). One stream at a time runs
-    faster than four interleaved: their state does not fit in registers."""
+    returns where it ends (up to 8 bytes past that are overwritten). With ``pairs``, two bytes
+    per lookup of ``pcodes``/``plens`` (indexed by the little-endian u16 of the two bytes). One
+    stream at a time runs faster than several interleaved: their state does not fit in
+    registers."""
     i, o = np.uint64(i), np.uint64(o)
     acc = nbits = np.uint64(0)
-    for _ in range((stop - np.int64(i)) // 4):
-        for k in range(4):
-            acc, nbits = _put(codes, lens, plane[i + np.uint64(k)], acc, nbits)
-        o, acc, nbits = _flush(buf, o, acc, nbits)
-        i += _4
+    if pairs:
+        for _ in range((stop - np.int64(i)) // 4):
+            for k in range(2):
+                x = (np.uint64(plane[i + np.uint64(2 * k)])
+                     | (np.uint64(plane[i + np.uint64(2 * k + 1)]) << np.uint64(8)))
+                acc |= pcodes[x] >> nbits
+                nbits += np.uint64(plens[x])
+            o, acc, nbits = _flush(buf, o, acc, nbits)
+            i += _4
+    else:
+        for _ in range((stop - np.int64(i)) // 4):
+            for k in range(4):
+                acc, nbits = _put(codes, lens, plane[i + np.uint64(k)], acc, nbits)
+            o, acc, nbits = _flush(buf, o, acc, nbits)
+            i += _4
     for k in range(np.int64(i), stop):
         acc, nbits = _put(codes, lens, plane[k], acc, nbits)
         o, acc, nbits = _flush(buf, o, acc, nbits)
@@ -176,41 +195,176 @@ def _encode_stream(plane, i, stop, codes, lens, buf, o):  # pragma: no cover - c
 
 
 @njit(cache=True, nogil=True)
-def huffman_encode(plane, block, freq, out):  # pragma: no cover - compiled
-    """Encode ``plane`` with the block histograms ``freq`` (from :func:`plane_stats`) into
-    ``out``; returns the bytes written."""
+def _used_range(lens):  # pragma: no cover - compiled
+    """(lo, hi): the lowest and highest symbol of nonzero length (lo > hi if none)."""
+    lo, hi = 0, 255
+    while lo < 255 and lens[lo] == 0:
+        lo += 1
+    while hi > 0 and lens[hi] == 0:
+        hi -= 1
+    return lo, hi
+
+
+@njit(cache=True, nogil=True)
+def huffman_lengths(freq, lens):  # pragma: no cover - compiled
+    """Code lengths of each block histogram ``freq[b]`` (from :func:`plane_stats`) into
+    ``lens[b]``; returns a bound on the bytes :func:`huffman_encode_lengths` writes with them (at
+    most 3 bytes a block over: each of the four streams is rounded up to a byte on its own)."""
+    size = 0
+    for b in range(freq.shape[0]):
+        _code_lengths(freq[b], lens[b])
+        lo, hi = _used_range(lens[b])
+        size += 2
+        if lo < hi:
+            bits = 0
+            for s in range(lo, hi + 1):
+                bits += freq[b, s] * lens[b, s]
+            size += (hi - lo + 2) // 2 + 16 + (bits + 4 * 7) // 8
+    return size
+
+
+@njit(cache=True, nogil=True)
+def huffman_size(plane, block):  # pragma: no cover - compiled
+    """The bound of :func:`huffman_lengths` on the Huffman code of ``plane``."""
+    nblocks = (plane.size + block - 1) // block
+    freq, lens = np.empty((nblocks, 256), np.int64), np.empty((nblocks, 256), np.int64)
+    plane_stats(plane, block, freq)
+    return huffman_lengths(freq, lens)
+
+
+@njit(cache=True, nogil=True)
+def huffman_bound(n, block):  # pragma: no cover - compiled
+    """Bytes :func:`huffman_encode` may write for ``n`` bytes (full tables, longest codes, and
+    the 8-byte store that ends the last stream)."""
+    nblocks = (n + block - 1) // block
+    return nblocks * (2 + 128 + 16 + 4) + (n * MAX_LEN + 7) // 8 + 8
+
+
+@njit(cache=True, nogil=True)
+def huffman_encode_lengths(plane, block, lens, out):  # pragma: no cover - compiled
+    """Encode ``plane`` with the code lengths ``lens[nblocks, 256]`` of
+    :func:`huffman_lengths` into ``out`` (at least its bound + 8 bytes); returns the bytes
+    written."""
     n, pos = plane.size, 0
-    lens, order = np.zeros(256, np.int64), np.zeros(256, np.int64)
+    order = np.zeros(256, np.int64)
     codes, ulens = np.zeros(256, np.uint64), np.zeros(256, np.uint64)  # codes left-aligned
+    pcodes, plens = np.empty(1 << 16, np.uint64), np.empty(1 << 16, np.uint8)
     for b in range((n + block - 1) // block):
         start, stop = b * block, min(n, (b + 1) * block)
-        _code_lengths(freq[b], lens)
-        lo, hi = 0, 255
-        while lo < 255 and lens[lo] == 0:  # (an empty histogram gives lo > hi: a bad block)
-            lo += 1
-        while hi > 0 and lens[hi] == 0:
-            hi -= 1
+        blens = lens[b]
+        lo, hi = _used_range(blens)  # (an empty histogram gives lo > hi: a bad block)
         out[pos], out[pos + 1] = lo, hi
         pos += 2
         if lo >= hi:
             continue
         for s in range(lo, hi + 1, 2):
-            out[pos] = lens[s] | (lens[s + 1] << 4 if s < hi else 0)
+            out[pos] = blens[s] | (blens[s + 1] << 4 if s < hi else 0)
             pos += 1
         window = 0
-        for k in range(_canonical(lens, order)):
+        m = _canonical(blens, order)
+        for k in range(m):
             s = order[k]
-            codes[s] = np.uint64(window >> (MAX_LEN - lens[s])) << np.uint64(64 - lens[s])
-            ulens[s] = lens[s]
-            window += 1 << (MAX_LEN - lens[s])
+            codes[s] = np.uint64(window >> (MAX_LEN - blens[s])) << np.uint64(64 - blens[s])
+            ulens[s] = blens[s]
+            window += 1 << (MAX_LEN - blens[s])
+        pairs = m <= PAIRS_MAX
+        if pairs:  # only the entries of used pairs are written, and only they are read
+            for a in range(m):
+                s1 = order[a]
+                for c in range(m):
+                    s2 = order[c]
+                    pcodes[s1 | (s2 << 8)] = codes[s1] | (codes[s2] >> ulens[s1])
+                    plens[s1 | (s2 << 8)] = ulens[s1] + ulens[s2]
         q = (stop - start + 3) // 4
         end = pos + 16  # the streams follow each other: each starts where the last ended
         for k in range(4):
             begin = end
             end = _encode_stream(plane, min(stop, start + k * q), min(stop, start + k * q + q),
-                                 codes, ulens, out, begin)
+                                 codes, ulens, pcodes, plens, pairs, out, begin)
             _store(out, pos + 4 * k, end - begin, 4, False)
         pos = end
+    return pos
+
+
+@njit(cache=True, nogil=True)
+def huffman_encode(plane, block, freq, out):  # pragma: no cover - compiled
+    """Encode ``plane`` with the block histograms ``freq`` (from :func:`plane_stats`) into
+    ``out`` (at least :func:`huffman_bound` bytes); returns the bytes written."""
+    lens = np.zeros((freq.shape[0], 256), np.int64)
+    huffman_lengths(freq, lens)
+    return huffman_encode_lengths(plane, block, lens, out)
+
+
+@njit(cache=True, nogil=True)
+def _entropy(freq, count):  # pragma: no cover - compiled
+    """(entropy in bits, sum of squared shares, largest share) of a histogram of ``count``."""
+    entropy = same = most = 0.0
+    for v in range(256):
+        if freq[v]:
+            share = freq[v] / count
+            entropy -= share * np.log2(share)
+            same += share * share
+            most = max(most, share)
+    return entropy, same, most
+
+
+@njit(cache=True, nogil=True)
+def choose_methods(freq, near, repeats, count, length, below, extra,
+                   methods):  # pragma: no cover - compiled
+    """What the samples of :func:`ckptcodecs._bytegroup.sample_rows` say of each plane:
+    ``methods[p]`` is HUFFMAN when the entropy of the strided sample (``count`` bytes, histogram
+    ``freq[p]``) is below ``below`` of a byte, else RAW. Returns the bitmask of the planes where
+    zstd may beat both: in the contiguous sample (``length`` bytes, histogram ``near[p]``), more
+    bytes equal their predecessor (``repeats[p]``) than its histogram predicts, by ``extra``,
+    or one byte is more than half of them."""
+    trials = 0
+    for p in range(freq.shape[0]):
+        methods[p] = HUFFMAN if _entropy(freq[p], count)[0] / 8 < below else RAW
+        _, same, most = _entropy(near[p], length)
+        if repeats[p] / (length - 1) > same + extra or most > 0.5:
+            trials |= 1 << p
+    return trials
+
+
+@njit(cache=True, nogil=True)
+def pack_planes(out, base, n, itemsize, block, methods, zbuf, zoff):  # pragma: no cover
+    """Lay out the planes that :func:`ckptcodecs._bytegroup.split_rows` wrote at
+    ``out[base + p * (9 + n)]`` as the planes of the BytePlanes layout, from ``base - 9`` on: u8
+    method, u64 size, payload. ``methods[p]``: RAW; HUFFMAN, which stays RAW unless its code is
+    smaller; ZSTD, payload ``zbuf[zoff[p]:zoff[p + 1]]`` (fewer than ``n`` bytes). Sets
+    ``methods`` to what was written; returns where the last plane ends. Payloads only move
+    towards lower addresses and end before the next plane's row."""
+    stride, pos = _PLANE + n, base - _PLANE
+    nblocks = (n + block - 1) // block
+    freq, lens = np.empty((nblocks, 256), np.int64), np.empty((nblocks, 256), np.int64)
+    scratch = np.empty(0, np.uint8)  # the code of a plane would overwrite its own row
+    for p in range(itemsize):
+        row, method, size = base + p * stride, methods[p], n
+        at = pos + _PLANE
+        if method == ZSTD:
+            size = zoff[p + 1] - zoff[p]
+            out[at:at + size] = zbuf[zoff[p]:zoff[p + 1]]
+        elif method == HUFFMAN:
+            plane = out[row:row + n]
+            plane_stats(plane, block, freq)
+            bound = huffman_lengths(freq, lens)
+            if bound - 3 * nblocks < n:  # the code may be smaller than the plane
+                if scratch.size < bound + 8:
+                    scratch = np.empty(bound + 8, np.uint8)
+                size = huffman_encode_lengths(plane, block, lens, scratch)
+                if size < n:
+                    out[at:at + size] = scratch[:size]
+                else:
+                    method, size = RAW, n
+            else:
+                method = RAW
+        if method == RAW and at != row:
+            for k in range(n):  # to a lower address: a forward copy is safe
+                out[at + k] = out[row + k]
+        out[pos] = method
+        _store(out, pos + 1, size, 8, False)
+        methods[p] = method
+        pos = at + size
     return pos
 
 

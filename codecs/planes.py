@@ -12,6 +12,13 @@ its lowest mantissa byte. Each plane is then coded on its own with what pays for
   beats Huffman on a sample;
 * **raw**: planes that neither shrinks (a float's low mantissa bytes).
 
+Encoding makes one pass that writes the planes where the layout below puts raw planes, then
+looks at two samples of each plane: the byte histogram of a strided one, and of a contiguous one
+how often a byte equals the next. A plane of high entropy stays where it is, untouched; a skewed
+one is counted block by block, so that its code's size is known before the code is written, and
+the code replaces it only if smaller; zstd is tried, on a sample first, only where the contiguous
+sample shows runs or one dominant byte, and kept only if smaller than the Huffman code.
+
 Encoded layout (little-endian), version 1::
 
     u8  version (1)
@@ -37,15 +44,16 @@ from numcodecs.compat import ensure_contiguous_ndarray
 
 from . import _pkernels as PK
 from ._buffers import as_input, check_bool, check_int, out_array, payload
-from ._bytegroup import merge_planes, sample_plane, split_planes
+from ._bytegroup import merge_planes, sample_rows, split_rows
+from ._pkernels import HUFFMAN, RAW, ZSTD
 from .errors import CodecError
 
 __all__ = ["BytePlanes", "planes_decode", "planes_encode"]
 
 VERSION = 1
-RAW, HUFFMAN, ZSTD = 0, 1, 2
 _HEAD = struct.Struct("<BBBBQI")
 _PLANE = struct.Struct("<BQ")
+assert _PLANE.size == PK._PLANE
 _ITEMSIZES = (1, 2, 4, 8)
 _ZSTD = Zstd(level=1)
 #: zstd expands at most ~32768x (an RLE block of 128 KiB in 4 bytes)
@@ -54,13 +62,22 @@ _ZSTD_MAX_RATIO = 1 << 15
 HUFFMAN_BELOW = 0.985
 #: zstd replaces Huffman when, on a contiguous sample, it beats Huffman's size by this share
 ZSTD_GAIN = 0.01
-#: zstd is tried when this share of a sample's bytes more than its histogram predicts equal their
-#: neighbour
+#: zstd is tried when this share of the contiguous sample more than its histogram predicts equal
+#: their neighbour
 EXTRA_REPEATS = 0.01
-#: bytes of each sample the choice is made on
-SAMPLE = 1 << 16
-#: planes of at most this many bytes skip the sampling (Huffman, else raw)
+#: bytes of the strided sample of each plane whose entropy says whether Huffman pays
+STRIDED = 1 << 14
+#: bytes of the contiguous sample of each plane whose repeated neighbours say whether to try zstd
+NEAR = 1 << 14
+#: the strided sample holds at most one byte in this many of a plane
+SPARSE = 32
+#: bytes of the contiguous samples zstd is tried on: a quick look, and the decisive sample when
+#: the quick look misses the ``ZSTD_GAIN`` by less than ``CLOSE`` (or at once, on a plane that
+#: one byte dominates: there zstd's matches are long, and a short sample undersells them)
+QUICK, SAMPLE, CLOSE = 1 << 14, 1 << 16, 0.02
+#: planes of at most this many bytes skip the sampling (Huffman if it pays, else raw)
 SMALL = 4096
+_NO_ZSTD = np.zeros(0, np.uint8)
 
 
 def _check_config(itemsize: int, block: int) -> None:
@@ -82,43 +99,45 @@ def _huffman_share(freq: np.ndarray) -> float:
     return float((freq * lens).sum() / 8 / freq.sum())
 
 
-def _encode_plane(plane: np.ndarray, block: int, out: np.ndarray) -> tuple[int, int]:
-    """Write the cheapest of raw, Huffman and zstd for one plane into ``out``; returns
-    (method, bytes written). The choice is made on samples, so that a plane that stays raw
-    costs almost nothing: the entropy of a strided sample says whether Huffman pays; where a
-    contiguous sample shows what order-0 Huffman misses (more equal neighbours than the histogram
-    predicts, or one byte so common that Huffman's one bit a byte is most of the cost), zstd on
-    the sample says whether it beats Huffman's size by more than ``ZSTD_GAIN``."""
-    n = plane.size
-    if n <= SMALL:  # too small for sampling to pay: Huffman it, or keep it raw
-        return _huffman_or_raw(plane, block, out)
-    start, length = (n - min(n, SAMPLE)) // 2, min(n, SAMPLE)
-    freq = np.zeros(256, np.int64)
-    strided, repeats = sample_plane(plane, max(1, n // SAMPLE), start, length, freq)
-    piece = plane[start:start + length]
-    p = freq / length
-    if length >= 64 and (repeats / (length - 1) > float(p @ p) + EXTRA_REPEATS or p.max() > 0.5):
-        z = _ZSTD.encode(piece)
-        huff = _huffman_share(freq)
-        if len(z) < (min(huff, 1.0) - ZSTD_GAIN) * piece.size:
-            z = _ZSTD.encode(plane) if piece.size < n else z
-            if len(z) < n:
-                out[:len(z)] = np.frombuffer(z, np.uint8)
-                return ZSTD, len(z)
-    return _huffman_or_raw(plane, block, out) if strided < HUFFMAN_BELOW else _raw(plane, out)
+def _zstd_pays(row: np.ndarray, quick: bool) -> bool:
+    """Whether zstd, on a contiguous sample from the middle of ``row``, beats the Huffman code
+    of the sample's histogram by ``ZSTD_GAIN`` of its bytes (zstd runs at ~150 MB/s on an
+    exponent plane: a quick look settles most of those)."""
+    for size in (QUICK, SAMPLE) if quick else (SAMPLE,):
+        start, length = (row.size - min(row.size, size)) // 2, min(row.size, size)
+        sample, freq = row[start:start + length], np.empty((1, 256), np.int64)
+        PK.plane_stats(sample, length, freq)
+        share = min(_huffman_share(freq[0]), 1.0)
+        coded = len(_ZSTD.encode(sample))
+        if coded < (share - ZSTD_GAIN) * length:
+            return True
+        if coded >= (share - ZSTD_GAIN + CLOSE) * length or length == row.size:
+            return False
+    return False
 
 
-def _huffman_or_raw(plane: np.ndarray, block: int, out: np.ndarray) -> tuple[int, int]:
-    n = plane.size
-    freq = np.zeros(((n + block - 1) // block, 256), np.int64)
-    PK.plane_stats(plane, block, freq)
-    size = PK.huffman_encode(plane, block, freq, out)
-    return (HUFFMAN, size) if size < n else _raw(plane, out)
-
-
-def _raw(plane: np.ndarray, out: np.ndarray) -> tuple[int, int]:
-    out[:plane.size] = plane
-    return RAW, plane.size
+def _zstd_trials(rows: list[np.ndarray], freq: np.ndarray, near: np.ndarray, trials: int,
+                 methods: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """zstd for the planes in the bitmask ``trials`` where it beats Huffman on a sample, and on
+    the whole plane both the plane and its Huffman code (counted only when zstd is not below 3/4
+    of the size the strided sample's histogram ``freq[p]`` predicts): sets ``methods[p] = ZSTD``;
+    returns the payloads, one after the other, and their offsets (``zoff[p]:zoff[p + 1]``,
+    empty for the others). ``near[p]``: the histogram of the contiguous sample, which says
+    whether one byte dominates."""
+    parts, zoff = [], np.zeros(len(rows) + 1, np.int64)
+    for p, row in enumerate(rows):
+        z, n = b"", row.size
+        if trials >> p & 1 and _zstd_pays(row, quick=2 * near[p].max() <= near[p].sum()):
+            z = _ZSTD.encode(row)
+            # a close call is settled by the size of the Huffman code (counted, not written)
+            if len(z) < n and (len(z) < 0.75 * _huffman_share(freq[p]) * n
+                               or len(z) < PK.huffman_size(row, block)):
+                methods[p] = ZSTD
+            else:
+                z = b""
+        parts.append(z)
+        zoff[p + 1] = zoff[p] + len(z)
+    return np.frombuffer(b"".join(parts), np.uint8), zoff
 
 
 def planes_encode(data, itemsize: int = 4, rotate: bool = True,
@@ -131,19 +150,33 @@ def planes_encode(data, itemsize: int = 4, rotate: bool = True,
                          f"{itemsize}-byte items")
     n = src.size // itemsize
     rotate = bool(rotate) and itemsize > 1
-    if itemsize == 1:
-        planes = src.reshape(1, -1)
-    else:
-        planes = np.empty((itemsize, n), np.uint8)
-        split_planes(src, itemsize, rotate, planes)
-    out = np.empty(_HEAD.size + itemsize * (_PLANE.size + PK.huffman_bound(n, block)), np.uint8)
+    stride, base = _PLANE.size + n, _HEAD.size + _PLANE.size
+    out = np.empty(_HEAD.size + itemsize * stride, np.uint8)  # every plane raw, at most
     _HEAD.pack_into(out, 0, VERSION, itemsize, int(rotate), 0, src.size, block)
-    pos = _HEAD.size
-    for p in range(itemsize):
-        method, size = _encode_plane(planes[p], block, out[pos + _PLANE.size:])
-        _PLANE.pack_into(out, pos, method, size)
-        pos += _PLANE.size + size
-    return out[:pos]
+    split_rows(src, itemsize, rotate, out, base, stride)
+    methods, zbuf, zoff = _choose(out, base, stride, n, itemsize, block)
+    return out[:PK.pack_planes(out, base, n, itemsize, block, methods, zbuf, zoff)]
+
+
+def _choose(out: np.ndarray, base: int, stride: int, n: int, itemsize: int,
+            block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The coding of each plane of ``out`` (:func:`ckptcodecs._pkernels.pack_planes` settles
+    HUFFMAN against RAW), with the payloads of the zstd planes and their offsets."""
+    methods = np.full(itemsize, HUFFMAN, np.int64)  # small planes: Huffman where it pays
+    zbuf, zoff = _NO_ZSTD, np.zeros(itemsize + 1, np.int64)
+    if n > SMALL:  # too small for sampling to pay
+        freq, near = np.zeros((2, itemsize, 256), np.int64)
+        repeats, length = np.zeros(itemsize, np.int64), min(n, NEAR)
+        step = max(SPARSE, n // STRIDED)
+        step += (1, 0, 3, 2, 1, 0)[step % 6]  # prime to 6: rows of 2**k * 3 numbers do not alias
+        count = sample_rows(out, base, stride, n, itemsize, step, (n - length) // 2, length,
+                            freq, near, repeats)
+        trials = PK.choose_methods(freq, near, repeats, count, length, HUFFMAN_BELOW,
+                                   EXTRA_REPEATS, methods)
+        if trials:
+            rows = [out[base + p * stride:base + p * stride + n] for p in range(itemsize)]
+            zbuf, zoff = _zstd_trials(rows, freq, near, trials, methods, block)
+    return methods, zbuf, zoff
 
 
 def planes_decode(buf, out: np.ndarray | None = None) -> np.ndarray:

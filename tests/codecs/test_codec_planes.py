@@ -95,6 +95,75 @@ def test_huffman_kernel_limits_code_lengths():
     np.testing.assert_array_equal(back, data)
 
 
+@pytest.mark.parametrize("symbols", [2, 5, PK.PAIRS_MAX, PK.PAIRS_MAX + 1, 256])
+def test_huffman_size_is_known_before_coding(symbols):
+    # blocks of up to PAIRS_MAX symbols are coded two bytes per lookup, larger ones one at a time;
+    # lengths not a multiple of 4 leave a tail in every stream; the counted size bounds the code
+    block = 4096
+    data = RNG.zipf(1.3, 3 * block + 4 * 7 + 3) % symbols
+    data = data.astype(np.uint8)
+    data[:symbols] = np.arange(symbols)
+    nblocks = -(-data.size // block)
+    freq, lens = np.zeros((nblocks, 256), np.int64), np.zeros((nblocks, 256), np.int64)
+    PK.plane_stats(data, block, freq)
+    bound = PK.huffman_lengths(freq, lens)
+    out = np.empty(bound + 8, np.uint8)
+    size = PK.huffman_encode_lengths(data, block, lens, out)
+    assert size <= bound <= size + 3 * nblocks
+    assert bound == PK.huffman_size(data, block)
+    again = np.empty(PK.huffman_bound(data.size, block), np.uint8)
+    assert PK.huffman_encode(data, block, freq, again) == size
+    np.testing.assert_array_equal(again[:size], out[:size])
+    back = np.empty_like(data)
+    assert PK.huffman_decode(out[:size], block, back) == size
+    np.testing.assert_array_equal(back, data)
+
+
+def test_raw_planes_move_down_behind_a_coded_plane():
+    # the planes are split where raw planes go; a Huffman plane before raw ones shrinks, and the
+    # raw planes after it are moved down into place
+    x = RNG.integers(0, 1 << 32, 50_000, dtype=np.uint64).astype(np.uint32)
+    x = (x & np.uint32(0xFFFFFF00)) | RNG.integers(0, 3, x.size).astype(np.uint32)
+    enc = planes_encode(x, 4, rotate=False)
+    assert _methods(enc) == [HUFFMAN, RAW, RAW, RAW]
+    np.testing.assert_array_equal(planes_decode(enc).view(np.uint32), x)
+
+
+def test_incompressible_planes_cost_only_their_headers():
+    x = RNG.integers(0, 256, 80_000, dtype=np.uint8)
+    enc = planes_encode(x, 4)
+    assert _methods(enc) == [RAW] * 4
+    assert len(enc) == _HEAD.size + 4 * _PLANE.size + x.size
+
+
+def test_zstd_is_kept_only_where_it_beats_huffman():
+    # zero rows: zstd is tried on the planes; whatever is chosen is no larger than the plane's
+    # Huffman code, and zstd is chosen somewhere
+    x = _zero_rows(np.tile(W, 5))
+    enc = planes_encode(x, 4)
+    u = x.view(np.uint32)
+    planes = ((u << np.uint32(1)) | (u >> np.uint32(31))).view(np.uint8).reshape(-1, 4).T
+    methods, pos = [], _HEAD.size
+    for p in range(4):
+        method, size = _PLANE.unpack_from(enc, pos)
+        methods.append(method)
+        plane = np.ascontiguousarray(planes[p])
+        assert size <= min(x.size, PK.huffman_size(plane, 1 << 17))
+        pos += _PLANE.size + size
+    assert ZSTD in methods
+    np.testing.assert_array_equal(planes_decode(enc).view(np.float32), x)
+
+
+def test_zstd_is_tried_where_the_middle_of_a_plane_is_constant():
+    # the contiguous samples come from the middle; all zeros there say nothing of the rest, and
+    # zstd must still be weighed against Huffman's one bit a byte, not a constant block's 2 bytes
+    x = _zero_rows(np.tile(W, 10))
+    x[x.size // 4:3 * x.size // 4] = 0
+    enc = planes_encode(x, 4)
+    assert _methods(enc).count(ZSTD) >= 3
+    np.testing.assert_array_equal(planes_decode(enc).view(np.float32), x)
+
+
 @pytest.mark.parametrize("bad", [
     b"",
     b"\x02" + bytes(_HEAD.size - 1),                                    # newer version
