@@ -74,6 +74,14 @@ class StagingPool:
         t = t.detach()
         if t.device.type == "cuda":
             return self._stage_cuda(key, t)
+        if t.device.type == "cpu" and t.layout == torch.strided and not (t.is_conj() or t.is_neg()):
+            # torch's copy_ runs on its intra-op threads and reads any strides: one pass into
+            # the C-ordered buffer (np.copyto is one thread, and strided sources needed a copy)
+            shape, dtype = tuple(t.shape), storage_dtype(t.dtype)
+            buf = self._buffer(("cpu", key, shape, dtype.str), lambda: np.empty(shape, dtype))
+            dst = torch.from_numpy(buf)
+            (dst.view(t.dtype) if _is_bit_view(t.dtype) else dst).copy_(t)
+            return buf, None
         src = tensor_to_host(t)
         buf = self._buffer(("cpu", key, src.shape, src.dtype.str),
                            lambda: np.empty(src.shape, src.dtype))

@@ -73,6 +73,27 @@ def test_staging_buffers_are_reused(store):
     assert store.staging_bytes == held == w.numel() * 4
 
 
+def test_staging_copies_every_dtype_and_layout_bit_exactly(store):
+    from tests.store.test_roundtrip import DTYPES, _random_tensor
+    state = {}
+    for i, dtype in enumerate(DTYPES):
+        state[str(dtype)] = {  # each its own storage: staged one by one, not as a shared span
+            "c": _random_tensor(dtype, (40, 30), i),
+            "t": _random_tensor(dtype, (40, 30), i + 100).t(),
+            "step": _random_tensor(dtype, (40, 90), i + 200)[:, ::3],
+            "0d": _random_tensor(dtype, (), i + 300)}
+    state["conj"] = torch.randn(20, 3, dtype=torch.complex64).conj()
+    state["neg"] = torch.randn(20, 3, dtype=torch.complex64).conj().imag
+    expected = {k: ({n: t.clone() for n, t in v.items()} if isinstance(v, dict) else v.clone())
+                for k, v in state.items()}
+    pending = store.commit_async(state)
+    for v in state.values():  # training goes on at once
+        for t in (v.values() if isinstance(v, dict) else [v]):
+            if t.dtype != torch.bool and not t.is_conj():
+                t.add_(1)
+    assert_bit_exact(store.checkout(pending.wait().id), expected)
+
+
 def test_reserve_allocates_the_buffers_the_first_commit_uses(store):
     state = {"w": torch.randn(200_000, 4), "b": torch.randn(3, 5, dtype=torch.bfloat16).t(),
              "small": [torch.randn(7) for _ in range(20)], "step": 3}
