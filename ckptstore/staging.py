@@ -22,19 +22,40 @@ __all__ = ["Buffer", "StagingPool"]
 Buffer = np.ndarray | torch.Tensor  # host numpy buffer, or pinned torch buffer for CUDA tensors
 
 
+def _nbytes(b: Buffer) -> int:
+    return b.nbytes if isinstance(b, np.ndarray) else b.numel() * b.element_size()
+
+
 class StagingPool:
-    """Host buffers keyed by (path, shape, dtype), reused across commits."""
+    """Host buffers keyed by (path, shape, dtype), reused across commits.
+
+    Each snapshot keeps only the buffers it used (:meth:`begin` / :meth:`release_unused`): a
+    tensor that changes shape, or leaves the state, does not leave its old buffer behind, so the
+    pool holds at most one copy of the latest committed state (plus what :meth:`reserve` added
+    for the next one)."""
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[object, ...], Buffer] = {}
+        self._used: set[tuple[object, ...]] = set()
         self._lock = threading.Lock()
         self._stream = None
+
+    def begin(self) -> None:
+        """A snapshot starts: count the buffers it uses."""
+        with self._lock:
+            self._used.clear()
+
+    def release_unused(self) -> int:
+        """A snapshot ended: drop the buffers it did not use; returns the bytes released."""
+        with self._lock:
+            stale = [k for k in self._buffers if k not in self._used]
+            freed = sum(_nbytes(self._buffers.pop(k)) for k in stale)
+        return freed
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the pool."""
-        return sum(b.nbytes if isinstance(b, np.ndarray) else b.numel() * b.element_size()
-                   for b in self._buffers.values())
+        return sum(_nbytes(b) for b in self._buffers.values())
 
     def clear(self) -> None:
         with self._lock:
@@ -108,6 +129,7 @@ class StagingPool:
 
     def _buffer(self, k: tuple[object, ...], make: Callable[[], Buffer]) -> Buffer:
         with self._lock:
+            self._used.add(k)
             buf = self._buffers.get(k)
             if buf is None:
                 buf = self._buffers[k] = make()

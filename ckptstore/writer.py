@@ -74,6 +74,8 @@ def snapshot(plan: CommitPlan, pool: StagingPool | None = None) -> Snapshot:
     arrays: dict[int, np.ndarray] = {}
     events: list[torch.cuda.Event] = []
     packed = None
+    if pool is not None:
+        pool.begin()
     if plan.packed_nbytes:
         packed = (np.zeros(plan.packed_nbytes, dtype=np.uint8) if pool is None
                   else pool.packed(plan.packed_nbytes))
@@ -90,6 +92,8 @@ def snapshot(plan: CommitPlan, pool: StagingPool | None = None) -> Snapshot:
         arrays[p.index], event = pool.stage(p.array, p.source)
         if event is not None:
             events.append(event)
+    if pool is not None:
+        pool.release_unused()  # buffers of tensors that changed shape or left the state
     return Snapshot(arrays, packed, events)
 
 

@@ -73,6 +73,16 @@ def test_staging_buffers_are_reused(store):
     assert store.staging_bytes == held == w.numel() * 4
 
 
+def test_staging_holds_only_the_latest_state(store):
+    store.commit_async({"w": torch.randn(1000, 8), "gone": torch.randn(5000)}).wait()
+    assert store.staging_bytes == (8000 + 5000) * 4
+    store.commit_async({"w": torch.randn(2000, 8)}).wait()  # w grew, "gone" left
+    assert store.staging_bytes == 16000 * 4
+    for n in range(3000, 3005):  # a tensor whose shape changes every commit
+        store.commit_async({"w": torch.randn(n, 8)}).wait()
+        assert store.staging_bytes == n * 8 * 4
+
+
 def test_staging_copies_every_dtype_and_layout_bit_exactly(store):
     from tests.store.test_roundtrip import DTYPES, _random_tensor
     state = {}
