@@ -18,6 +18,7 @@ import subprocess
 import sys
 import termios
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -154,24 +155,37 @@ def test_ctrl_c_exits_130_without_a_traceback(small):
     os.mkfifo(marker)
     proc = subprocess.Popen([sys.executable, "-m", "ckptstore", "log", small],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    writer = None
+    writers: list[int] = []
+
+    def waiting_on_the_marker() -> bool:  # a writer opens once ckpt waits to read the marker
+        try:
+            writers.append(os.open(marker, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            return False
+        return True
+
     try:
-        deadline = time.monotonic() + 60
-        while writer is None:  # opens once ckpt waits to read the marker
-            try:
-                writer = os.open(marker, os.O_WRONLY | os.O_NONBLOCK)
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.poll()
-                time.sleep(0.02)
-        time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        out, err = _interrupt_when(proc, waiting_on_the_marker, timeout=60, settle=0.2)
     finally:
-        if writer is not None:
-            os.close(writer)
-        proc.kill()
+        for w in writers:
+            os.close(w)
     assert proc.returncode == EXIT_INTERRUPTED == 130
     assert out == "" and one_error_line(err) == "ckpt: interrupted"
+
+
+def _interrupt_when(proc: subprocess.Popen, ready: Callable[[], bool], timeout: float,
+                    settle: float) -> tuple[str, str]:
+    """Send SIGINT to ``proc`` once ``ready()`` (polled), ``settle`` seconds later; its output."""
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.poll()
+            time.sleep(0.02)
+        time.sleep(settle)
+        proc.send_signal(signal.SIGINT)
+        return proc.communicate(timeout=30)
+    finally:
+        proc.kill()
 
 
 def _waiting_on_a_fifo(pid: int) -> bool:
@@ -194,16 +208,8 @@ def test_ctrl_c_during_an_import(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "ckptstore", "import", str(url), str(source),
                              "--format", "torch"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not _waiting_on_a_fifo(proc.pid):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.poll()
-            time.sleep(0.05)
-        time.sleep(0.3)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
+    out, err = _interrupt_when(proc, lambda: _waiting_on_a_fifo(proc.pid), timeout=120,
+                               settle=0.3)
     assert proc.returncode == EXIT_INTERRUPTED
     assert out == "" and one_error_line(err) == "ckpt: interrupted"
     with ckptstore.open(url, create=False) as store:  # the store was started; nothing committed
@@ -390,14 +396,20 @@ print(json.dumps({"rc": rc, "torch": "torch" in sys.modules}), file=sys.stderr)
 """
 
 
-@pytest.mark.parametrize("argv", [["log", "{url}"], ["log", "{url}", "--json"], ["tag", "{url}"],
-                                  ["branch", "{url}", "exp", "first"]])
-def test_history_and_ref_verbs_do_not_import_torch(small, argv):
-    argv = [a.format(url=small) for a in argv]
+def _run_without_torch(argv: list[str]) -> subprocess.CompletedProcess:
+    """Run ``ckpt argv`` in a fresh interpreter; assert it succeeded without importing torch."""
     done = subprocess.run([sys.executable, "-c", _PROBE, *argv], capture_output=True,
                           text=True, timeout=120, check=False)
     probe = json.loads(done.stderr.strip().splitlines()[-1])
     assert probe == {"rc": 0, "torch": False}, done.stderr
+    return done
+
+
+@pytest.mark.parametrize("argv", [["log", "{url}"], ["log", "{url}", "--json"], ["tag", "{url}"],
+                                  ["branch", "{url}", "exp", "first"]])
+def test_history_and_ref_verbs_do_not_import_torch(small, argv):
+    argv = [a.format(url=small) for a in argv]
+    done = _run_without_torch(argv)
     if argv[0] == "log":
         assert "step 2" in done.stdout
 
@@ -408,10 +420,7 @@ def test_history_and_ref_verbs_do_not_import_torch(small, argv):
 def test_show_and_du_do_not_import_torch(chained, argv):
     """They read manifests and listings only; sizes come from dtype names (ckptstore.dtypes)."""
     argv = [a.format(url=chained) for a in argv]
-    done = subprocess.run([sys.executable, "-c", _PROBE, *argv], capture_output=True,
-                          text=True, timeout=120, check=False)
-    probe = json.loads(done.stderr.strip().splitlines()[-1])
-    assert probe == {"rc": 0, "torch": False}, done.stderr
+    done = _run_without_torch(argv)
     if argv[0] == "show" and "--json" not in argv:
         assert "consecutive on" in done.stdout and "model.emb" in done.stdout
     if argv[-1] == "--json":
