@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from .chains.memory import ChainMemory
 from .dedup import Dedup
-from .errors import RefExists, StorageError, StorageFullError
+from .errors import RefExists, StagingBudgetError, StorageError, StorageFullError
 from .ids import new_commit_id
 from .info import CommitInfo
 from .layout import check_ref_name, tag_key
@@ -70,11 +70,12 @@ class CommitJob:
 class Committer:
     """At most one commit in flight, the staging pool, the persist thread, the chain memory."""
 
-    def __init__(self, repo: Repository, options: EncodingOptions):
+    def __init__(self, repo: Repository, options: EncodingOptions,
+                 staging_budget: int | None = None):
         self.repo = repo
         self.options = options
         self.chains = ChainMemory()
-        self.staging = StagingPool()
+        self.staging = StagingPool(staging_budget)
         # encoded chunks in memory at once: enough to keep the workers busy, at most ~64 MiB
         self.max_inflight = max(2, min(2 * repo.io_workers, (64 << 20) // options.chunk_bytes))
         self._persister = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-persist")
@@ -138,6 +139,8 @@ class Committer:
         t0 = time.perf_counter()  # the stall includes waiting for the previous persist
         self.wait()
         job = self.prepare(state, message, branch, tags, metadata, policy, tracker)
+        if not staged:
+            _check_staging_budget(job.plan, self.staging.budget)
         snap = snapshot(job.plan, None if staged else self.staging)
         if tracker is not None:
             tracker.clear()
@@ -245,6 +248,18 @@ def _write_failed(error: OSError, job: CommitJob, commit_id: str, unknown: bool)
                 "removes the partial data once older than its grace period.",
                 key=getattr(error, "key", None) or getattr(error, "filename", None),
                 errno=getattr(error, "errno", None))
+
+
+def _check_staging_budget(plan: CommitPlan, budget: int | None) -> None:
+    """Refuse, before anything is copied, a snapshot whose buffers would exceed ``budget``."""
+    if budget is None:
+        return
+    need = plan.packed_nbytes + sum(p.nbytes for p in plan.stored() if isinstance(p, ArrayItem))
+    if need > budget:
+        raise StagingBudgetError(
+            f"commit_async needs {need} bytes of host staging buffers, more than "
+            f"staging_budget={budget}: raise the budget, commit the state in parts, or use "
+            "commit() (it copies nothing); nothing was copied or written")
 
 
 def _plain_metadata(metadata: Metadata, state: object) -> Metadata:

@@ -18,6 +18,7 @@ input)::
     │   ├── ManifestError                        truncated / invalid commit manifest or ref file
     │   └── CorruptedChunkError                  a chunk failed its checksum or is missing
     ├── PendingCommitError (RuntimeError)        a background persist failed
+    ├── StagingBudgetError (MemoryError)         commit_async would need more staging than allowed
     ├── StorageError (OSError)                   the back-end failed a request, after retries
     │   └── StorageFullError                     no space left (ENOSPC, EDQUOT)
     ├── InvalidRetry (ValueError)                a Retry policy with values out of range
@@ -44,6 +45,7 @@ __all__ = [
     "RefError",
     "RefExists",
     "RefNotFound",
+    "StagingBudgetError",
     "StorageError",
     "StorageFullError",
     "UnsupportedLeafError",
@@ -120,6 +122,11 @@ class CorruptedChunkError(CorruptionError):
 
 class PendingCommitError(CkptStoreError, RuntimeError):
     """A background persist failed; the commit was not made."""
+
+
+class StagingBudgetError(CkptStoreError, MemoryError):
+    """``commit_async`` would hold more host staging memory than ``ckptstore.open(...,
+    staging_budget=...)`` allows; nothing was copied or written."""
 
 
 class StorageError(CkptStoreError, OSError):

@@ -34,7 +34,10 @@ class StagingPool:
     pool holds at most one copy of the latest committed state (plus what :meth:`reserve` added
     for the next one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: int | None = None) -> None:
+        if budget is not None and budget < 0:
+            raise ValueError(f"staging_budget must be >= 0 bytes, not {budget!r}")
+        self.budget = budget  # bytes of buffers a snapshot may hold (None: no bound)
         self._buffers: dict[tuple[object, ...], Buffer] = {}
         self._used: set[tuple[object, ...]] = set()
         self._lock = threading.Lock()

@@ -40,13 +40,13 @@ class Store:
 
     def __init__(self, storage: Storage, options: EncodingOptions | None = None,
                  io_workers: int | None = None, policy: Policy | None = None,
-                 collective: bool = True):
+                 collective: bool = True, staging_budget: int | None = None):
         self.repo = Repository(storage, io_workers)
         self.storage = storage
         self.refs = self.repo.refs
         self.options = options or EncodingOptions()
         self.policy = policy or Policy()
-        self._committer = Committer(self.repo, self.options)
+        self._committer = Committer(self.repo, self.options, staging_budget)
         self.collective = collective
         self._async_group: object = None  # a gloo group for collective commit_async
 
@@ -322,7 +322,7 @@ def _has_dtensor(into: Any) -> bool:
 def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions | None = None,
          policy: Policy | None = None, io_workers: int | None = None, durable: bool = False,
          collective: bool = True, retry: Retry | None = None,
-         **storage_options: Any) -> Store:
+         staging_budget: int | None = None, **storage_options: Any) -> Store:
     """Open the store at ``url`` (a local path or any fsspec URL), creating it unless
     ``create=False``. ``durable=True`` fsyncs every chunk file of a local store before the
     manifest is written (survives power loss, at a cost in write throughput). ``io_workers`` bounds the threads that encode and write chunks (default:
@@ -334,6 +334,11 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
 
     ``collective=False`` keeps ``commit`` a single-process call under ``torch.distributed``
     (e.g. when only rank 0 commits).
+
+    ``staging_budget`` bounds (in bytes) the host staging buffers ``commit_async`` copies the
+    state into (pinned for CUDA tensors): a commit that would need more raises
+    :class:`StagingBudgetError` before anything is copied (default: no bound; the pool holds
+    one copy of the latest state).
 
     ``retry`` (a :class:`ckptstore.Retry`) sets how object-store requests that fail with a
     transient error are repeated after the client's own retries (default ``Retry()``: 4
@@ -355,4 +360,5 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
                 "choose an empty location") from None
         storage.put_if_absent(MARKER, encode_marker())
         decode_marker(storage.read(MARKER), storage.path(MARKER))
-    return Store(storage, options, io_workers=io_workers, policy=policy, collective=collective)
+    return Store(storage, options, io_workers=io_workers, policy=policy, collective=collective,
+                 staging_budget=staging_budget)

@@ -83,6 +83,21 @@ def test_staging_holds_only_the_latest_state(store):
         assert store.staging_bytes == n * 8 * 4
 
 
+def test_staging_budget_refuses_a_commit_before_copying(tmp_path):
+    from ckptstore.errors import StagingBudgetError
+    store = ckptstore.open(tmp_path / "s", staging_budget=100_000)
+    small = {"w": torch.randn(20_000)}  # 80 KB
+    store.commit_async(small).wait()
+    with pytest.raises(StagingBudgetError, match="staging_budget=100000"):
+        store.commit_async({"w": torch.randn(30_000)})  # 120 KB
+    assert store.staging_bytes == 80_000 and len(store.log()) == 1
+    store.commit({"w": torch.randn(30_000)})  # a synchronous commit stages nothing
+    store.commit_async({"w": torch.randn(30_000)}, staged=True).wait()  # nor a staged one
+    assert len(store.log()) == 3
+    with pytest.raises(ValueError, match="staging_budget"):
+        ckptstore.open(tmp_path / "t", staging_budget=-1)
+
+
 def test_staging_copies_every_dtype_and_layout_bit_exactly(store):
     from tests.store.test_roundtrip import DTYPES, _random_tensor
     state = {}
