@@ -45,6 +45,7 @@ from numcodecs.compat import ensure_contiguous_ndarray
 from . import _pkernels as PK
 from ._buffers import as_input, check_bool, check_int, out_array, payload
 from ._bytegroup import merge_planes, sample_rows, split_rows
+from ._pdecode import huffman_decode
 from ._pkernels import HUFFMAN, RAW, ZSTD
 from .errors import CodecError
 
@@ -246,7 +247,7 @@ def _decode_plane(method: int, payload: np.ndarray, block: int, plane: np.ndarra
                              f"{plane.size}")
         plane[...] = payload
     elif method == HUFFMAN:
-        used = PK.huffman_decode(payload, block, plane)
+        used = huffman_decode(payload, block, plane)
         if used != payload.size:
             raise CodecError(f"BytePlanes Huffman plane {p} is corrupted "
                              f"({'bad code' if used == PK.ERR_CODE else 'truncated'})")
