@@ -26,6 +26,7 @@ __all__ = [
     "CHUNK_BYTES",
     "ChunkGrid",
     "array_metadata",
+    "chunk_view",
     "dtype_name",
     "host_to_tensor",
     "read_array",
@@ -37,6 +38,7 @@ __all__ = [
     "writable_host_view",
     "torch_dtype",
     "write_array",
+    "write_chunks",
 ]
 
 
@@ -141,7 +143,7 @@ def array_metadata(grid: ChunkGrid, np_dtype: np.dtype, codec: ChunkCodec,
     return json.dumps(meta).encode()
 
 
-def _chunk_view(a: np.ndarray, grid: ChunkGrid, lo: int, hi: int) -> np.ndarray:
+def chunk_view(a: np.ndarray, grid: ChunkGrid, lo: int, hi: int) -> np.ndarray:
     if not grid.shape:
         return a.reshape(())
     part = a[lo:hi]
@@ -165,14 +167,27 @@ def write_array(storage: Storage, prefix: str, a: np.ndarray, grid: ChunkGrid, c
     if tuple(a.shape) != grid.shape:
         raise ValueError(f"array of shape {a.shape} written with a grid for {grid.shape}")
 
+    def encoded(i: int, lo: int, hi: int) -> Encoded:
+        chunk = chunk_view(a, grid, lo, hi)
+        return codec.encode(chunk) if encode is None else encode(i, chunk)
+
+    return write_chunks(storage, prefix, grid, a.dtype, codec, attributes, submit, encoded)
+
+
+def write_chunks(storage: Storage, prefix: str, grid: ChunkGrid, dtype: np.dtype,
+                 codec: ChunkCodec, attributes: dict[str, object] | None,
+                 submit: Callable[..., Future],
+                 encoded: Callable[[int, int, int], Encoded]) -> list[Future]:
+    """:func:`write_array` for an array that is not on the host: ``encoded(chunk index, first
+    row, end row)`` makes each chunk's stored bytes (in a worker: it may encode on a device)."""
+
     def put_chunk(i: int, key: str, lo: int, hi: int) -> int:
-        chunk = _chunk_view(a, grid, lo, hi)
-        data = codec.encode(chunk) if encode is None else encode(i, chunk)
+        data = encoded(i, lo, hi)
         storage.put_chunk(chunk_key(prefix, key), data)
         return encoded_size(data)
 
     def put_meta() -> int:
-        meta = array_metadata(grid, a.dtype, codec, attributes or {})
+        meta = array_metadata(grid, dtype, codec, attributes or {})
         storage.put_chunk(chunk_key(prefix, ZARR_JSON), meta)
         return len(meta)
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from .chains.memory import ChainMemory
 from .dedup import Dedup
+from .devquant import device_items
 from .errors import RefExists, StagingBudgetError, StorageError, StorageFullError
 from .ids import new_commit_id
 from .info import CommitInfo
@@ -42,7 +43,8 @@ from .shrinking import shrink_snapshot
 from .staging import StagingPool
 from .state import Tree, check_text, flatten
 from .tracking import RowTracker
-from .writer import Snapshot, persist, snapshot
+from .snapshot import Snapshot, snapshot
+from .writer import persist
 
 __all__ = ["CommitJob", "Committer", "Metadata"]
 
@@ -127,7 +129,7 @@ class Committer:
         """Steps 1-7 in the caller's thread."""
         self.wait()
         job = self.prepare(state, message, branch, tags, metadata, policy, tracker)
-        snap = snapshot(job.plan)
+        snap = snapshot(job.plan, on_device=self._on_device(job))
         if tracker is not None:
             tracker.clear()  # rows seen so far are in the plan (kept as unsaved until the ref moves)
         return self.finish(job, snap)
@@ -141,7 +143,7 @@ class Committer:
         job = self.prepare(state, message, branch, tags, metadata, policy, tracker)
         if not staged:
             _check_staging_budget(job.plan, self.staging.budget)
-        snap = snapshot(job.plan, None if staged else self.staging)
+        snap = snapshot(job.plan, None if staged else self.staging, self._on_device(job))
         if tracker is not None:
             tracker.clear()
         pending = PendingCommit(time.perf_counter() - t0, snap.nbytes)
@@ -157,6 +159,13 @@ class Committer:
         self._inflight = pending
         self._persister.submit(run)
         return pending
+
+    def _on_device(self, job: CommitJob) -> frozenset[int]:
+        """Items quantized on their device (none where the values on the host are needed:
+        Shrink and sensitivity rework the snapshot's arrays)."""
+        if job.shrink is not None or job.gradients is not None:
+            return frozenset()
+        return device_items(job.plan, self.options.device_encode, self.options.dedup)
 
     def resolve_bits(self, policy: Policy) -> Policy:
         """The policy with a restore-driven bit width fixed from the store's restore records."""

@@ -40,6 +40,8 @@ __all__ = ["FULL_LOSSLESS", "AliasItem", "ArrayItem", "ChainItem", "CodesItem", 
            "TensorDecision", "ViewItem", "XorItem", "plan_commit"]
 
 PACK_ALIGN = 16
+#: ``EncodingOptions.device_encode`` values.
+DEVICE_ENCODE_MODES = ("auto", "off", "always")
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
 
@@ -64,12 +66,26 @@ class EncodingOptions:
         out 2x faster), ``"lz4"`` (blosc lz4 + bit-shuffle, the default before format 3:
         ~1.16x on fp32) or ``"none"`` (raw bits: the fastest synchronous commit on a local
         disk, no smaller).
+    device_encode
+        Where quantized tensors are quantized (:mod:`ckptstore.devquant`): ``"auto"`` (the
+        default) quantizes CUDA tensors on their GPU, with torch ops on a stream of their own,
+        so only the codes and parameters cross to the host -- ``commit_async`` stages them in
+        spare device memory when at least 10 % of it stays free, else in pinned host memory as
+        lossless tensors; ``"off"`` moves every tensor to the host first; ``"always"`` also
+        runs the device path on CPU tensors (the same bytes; for tests). Encodings it does not
+        reproduce bit for bit (adaptive and k-means ranges, protect, prune) take the host path.
     """
 
     pack_below: int = 64 * 1024
     chunk_bytes: int = CHUNK_BYTES
     compression: str = "entropy"
     dedup: bool = False
+    device_encode: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.device_encode not in DEVICE_ENCODE_MODES:
+            raise ValueError(f"device_encode must be one of {DEVICE_ENCODE_MODES}, not "
+                             f"{self.device_encode!r}")
 
     def codec(self) -> ChunkCodec:
         """The lossless chunk codec named by ``compression``."""

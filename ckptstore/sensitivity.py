@@ -31,7 +31,7 @@ import torch
 
 from .chunkcodec import QuantizedLossy
 from .plan import ArrayItem, CodesItem, CommitPlan
-from .writer import Snapshot
+from .snapshot import Snapshot
 
 __all__ = ["GradientEMA", "Gradients", "capture_gradients", "score_snapshot"]
 

@@ -34,7 +34,8 @@ from .policy import Policy
 from .records import plan_entries, plan_packed_info
 from .state import Leaf, Tree
 from .tracking import RowTracker
-from .writer import persist, snapshot
+from .snapshot import snapshot
+from .writer import persist
 
 __all__ = ["LocalTensor", "PartEntry", "assemble_manifest", "commit_shards", "pack_name",
            "shard_path", "write_part"]

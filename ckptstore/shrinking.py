@@ -13,7 +13,7 @@ import numpy as np
 from .chunkcodec import QuantizedLossy
 from .plan import ArrayItem, CommitPlan, ResidualItem
 from .policy.shrink import Shrink, fisher_threshold, residual_mask, shrink_moments
-from .writer import Snapshot
+from .snapshot import Snapshot
 
 __all__ = ["ShrinkStats", "shrink_snapshot"]
 

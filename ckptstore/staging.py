@@ -5,6 +5,10 @@ shape and dtype, so steady-state commits allocate nothing. CUDA tensors are copi
 buffers with non-blocking copies on a side stream; the training stream then waits for those
 copies on the GPU (not on the CPU), so the caller returns at once and later kernels cannot modify
 a tensor before it was copied. The persist thread waits for the copies' event before reading.
+
+Tensors the writer quantizes on their device (:mod:`ckptstore.devquant`) are staged on that
+device instead, while it has room (a device-to-device copy), so that only their codes ever cross
+to the host.
 """
 
 from __future__ import annotations
@@ -17,9 +21,14 @@ import torch
 
 from .arrays import _STORAGE, _VIEW, _is_bit_view, storage_dtype, tensor_to_host
 
-__all__ = ["Buffer", "StagingPool"]
+__all__ = ["DEVICE_FREE_FLOOR", "Buffer", "StagingPool"]
 
-Buffer = np.ndarray | torch.Tensor  # host numpy buffer, or pinned torch buffer for CUDA tensors
+#: Device staging (:meth:`StagingPool.stage_device`) leaves at least this share of the device's
+#: memory free; past it, tensors are staged in pinned host memory.
+DEVICE_FREE_FLOOR = 0.10
+
+# host numpy buffer, pinned torch buffer for CUDA tensors, or a device buffer (device encoding)
+Buffer = np.ndarray | torch.Tensor
 
 
 def _nbytes(b: Buffer) -> int:
@@ -112,6 +121,28 @@ class StagingPool:
         np.copyto(buf, src)
         return buf, None
 
+    def stage_device(self, key: str, t: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.cuda.Event | None] | None:
+        """Copy ``t`` into a buffer on its own device, to be quantized there
+        (:mod:`ckptstore.devquant`); None when the device lacks room: the copy would leave
+        less than :data:`DEVICE_FREE_FLOOR` of its memory free. A device-to-device copy on the
+        side stream (~TB/s on a GPU); CPU tensors (``device_encode="always"``) get a torch
+        buffer."""
+        t = t.detach()
+        k = ("device", key, tuple(t.shape), t.dtype, t.device)
+        if t.device.type != "cuda":
+            buf = self._buffer(k, lambda: torch.empty(t.shape, dtype=t.dtype))
+            buf.copy_(t)
+            return buf, None
+        with self._lock:
+            have = k in self._buffers
+        if not have:
+            free, total = torch.cuda.mem_get_info(t.device)
+            if free - t.numel() * t.element_size() < DEVICE_FREE_FLOOR * total:
+                return None
+        buf = self._buffer(k, lambda: torch.empty(t.shape, dtype=t.dtype, device=t.device))
+        return buf, self._copy_on_side_stream(buf, t)
+
     def reserve_packed(self, nbytes: int) -> int:
         """Allocate the packed buffer of :meth:`packed` ahead of time (pages faulted in)."""
         def make() -> np.ndarray:
@@ -142,15 +173,21 @@ class StagingPool:
         storage_dtype(t.dtype)
         pinned = self._buffer(("cuda", key, tuple(t.shape), t.dtype),
                               lambda: torch.empty(t.shape, dtype=t.dtype, pin_memory=True))
+        event = self._copy_on_side_stream(pinned, t)
+        host = pinned.view(_VIEW[_STORAGE[t.dtype]]) if _is_bit_view(t.dtype) else pinned
+        return host.numpy(), event
+
+    def _copy_on_side_stream(self, dst: torch.Tensor, t: torch.Tensor) -> torch.cuda.Event:
+        """``dst.copy_(t)`` on the side stream, after what training queued so far; training's
+        later kernels wait for it on the GPU (not on the CPU). Returns the copy's event."""
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=t.device)
         current = torch.cuda.current_stream(t.device)
         self._stream.wait_stream(current)          # copy what training computed so far
         with torch.cuda.stream(self._stream):
-            pinned.copy_(t, non_blocking=True)
+            dst.copy_(t, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self._stream)
         t.record_stream(self._stream)
         current.wait_stream(self._stream)          # later kernels wait for the copy (on the GPU)
-        host = pinned.view(_VIEW[_STORAGE[t.dtype]]) if _is_bit_view(t.dtype) else pinned
-        return host.numpy(), event
+        return event

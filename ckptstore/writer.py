@@ -1,6 +1,6 @@
-"""Snapshot (state -> host buffers) and persist (host buffers -> chunks on the store).
+"""Persist: a commit's snapshot (:mod:`ckptstore.snapshot`) -> chunks on the store.
 
-``snapshot`` is the only step that must happen while training waits; ``persist`` finds changed
+``persist`` finds changed
 rows, encodes (lossless, quantized, code deltas) and writes chunks on a thread pool, at most
 ``max_inflight`` encoded chunks in memory at once. Both key what they produce by the plan item's
 ``index`` (:class:`Snapshot.arrays`, :class:`Persisted.results`).
@@ -13,88 +13,35 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from .arrays import ChunkGrid, tensor_to_host, write_array
+from .arrays import ChunkGrid, chunk_view, storage_dtype, write_array, write_chunks
 from .chains.decide import CodesBase
 from .chains.replay import changed_rows, xor_bits
 from .chunkcodec import LOSSLESS_IDS, BloscLossless, CodeDelta, Encoded, PlanesLossless, \
     QuantizedLossy
 from .dedup import Dedup, Reused, content_digest
+from .devquant import ChunkCodes, device_chunk_codes
 from .layout import PACKED_ARRAY, ZARR_JSON, array_dir, data_dir, part_array
 from .manifest import Blob
 from .pending import Progress
 from .plan import ArrayItem, CodesItem, CommitPlan, PackedItem, PlanItem, ResidualItem, RowsItem, \
     XorItem
-from .staging import StagingPool
+from .snapshot import Snapshot
 from .storage import Storage
 
-__all__ = ["GROUP_METADATA", "Persisted", "Snapshot", "WriteResult", "bounded_submit", "persist",
-           "snapshot"]
+if TYPE_CHECKING:
+    from ckptcodecs import QuantParams
+
+__all__ = ["GROUP_METADATA", "Persisted", "WriteResult", "bounded_submit", "persist"]
 
 GROUP_METADATA = json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}).encode()
 _ROWS_CODEC = BloscLossless()
 Submit = Callable[..., Future]
-
-
-@dataclass
-class Snapshot:
-    """Host copies of everything a commit writes: one array per stored item (by index), plus the
-    packed bytes of all small tensors."""
-
-    arrays: dict[int, np.ndarray]
-    packed: np.ndarray | None
-    events: list[torch.cuda.Event] = field(default_factory=list)  # CUDA copies to wait for
-    # per item, one importance value per element ranking protect/prune of quantized arrays
-    # (DynaQuant's sensitivity, :mod:`ckptstore.sensitivity`); shaped like the item's array
-    scores: dict[int, np.ndarray] = field(default_factory=dict)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.arrays.values()) + (
-            self.packed.nbytes if self.packed is not None else 0)
-
-    def ready(self) -> None:
-        """Wait until asynchronous device-to-host copies have landed."""
-        for e in self.events:
-            e.synchronize()
-        self.events.clear()
-
-
-def snapshot(plan: CommitPlan, pool: StagingPool | None = None) -> Snapshot:
-    """Capture the bits of every stored tensor on the host.
-
-    Without ``pool`` CPU tensors that are already contiguous are referenced, not copied (the
-    synchronous commit path, where training waits anyway). With a
-    :class:`~ckptstore.staging.StagingPool` every tensor is copied into a reusable buffer (pinned,
-    asynchronously for CUDA tensors) so training may modify it as soon as this returns.
-    """
-    arrays: dict[int, np.ndarray] = {}
-    events: list[torch.cuda.Event] = []
-    packed = None
-    if pool is not None:
-        pool.begin()
-    if plan.packed_nbytes:
-        packed = (np.zeros(plan.packed_nbytes, dtype=np.uint8) if pool is None
-                  else pool.packed(plan.packed_nbytes))
-    for p in plan.stored():
-        if isinstance(p, PackedItem):
-            if p.nbytes:
-                host = tensor_to_host(p.source)
-                packed[p.offset: p.offset + p.nbytes] = host.reshape(-1).view(np.uint8)
-            continue
-        assert isinstance(p, ArrayItem)
-        if pool is None:
-            arrays[p.index] = tensor_to_host(p.source)
-            continue
-        arrays[p.index], event = pool.stage(p.array, p.source)
-        if event is not None:
-            events.append(event)
-    if pool is not None:
-        pool.release_unused()  # buffers of tensors that changed shape or left the state
-    return Snapshot(arrays, packed, events)
+Staged = np.ndarray | torch.Tensor  # an item's snapshot: host bits, or a tensor on its device
 
 
 def bounded_submit(executor: Executor, max_inflight: int) -> Submit:
@@ -180,9 +127,11 @@ def _attrs(p: PlanItem, part: str | None = None) -> dict[str, dict[str, object]]
     return array_attributes(p.dtype, p.path, part)
 
 
-def _blob(a: np.ndarray, commit: str, name: str, grid: ChunkGrid, codec: dict[str, object]
-          ) -> Blob:
-    return Blob(dtype=a.dtype.name, shape=list(a.shape), commit=commit, array=name,
+def _blob(a: np.ndarray, commit: str, name: str, grid: ChunkGrid, codec: dict[str, object],
+          dtype: np.dtype | None = None) -> Blob:
+    """The manifest record of array ``name`` holding ``a`` (``dtype``: of a staged tensor's
+    host bits, when ``a`` is not on the host)."""
+    return Blob(dtype=(dtype or a.dtype).name, shape=list(grid.shape), commit=commit, array=name,
                 chunks=list(grid.chunks), codec=codec)
 
 
@@ -199,12 +148,33 @@ def _score_chunk(score: np.ndarray | None, grid: ChunkGrid, i: int) -> np.ndarra
     return part
 
 
-def _write_full(storage: Storage, commit_id: str, p: ArrayItem, host: np.ndarray,
+def _quantized_chunks(p: ArrayItem, staged: Staged, score: np.ndarray | None
+                      ) -> ChunkCodes:
+    """``codes(chunk index, first row, end row) -> (codes, params)`` of a quantized item,
+    computed on its device (``staged`` a tensor there) or on the host."""
+    codec = p.codec
+    assert isinstance(codec, QuantizedLossy)
+    if isinstance(staged, torch.Tensor):
+        return device_chunk_codes(staged, p.grid, codec)
+
+    def codes(i: int, lo: int, hi: int) -> tuple[np.ndarray, QuantParams]:
+        return codec.quantize_chunk(chunk_view(staged, p.grid, lo, hi),
+                                    _score_chunk(score, p.grid, i))
+
+    return codes
+
+
+def _host_dtype(staged: Staged) -> np.dtype:
+    return staged.dtype if isinstance(staged, np.ndarray) else storage_dtype(staged.dtype)
+
+
+def _write_full(storage: Storage, commit_id: str, p: ArrayItem, host: Staged,
                 submit: Submit, dedup: Dedup | None, score: np.ndarray | None = None
                 ) -> _Pending:
     prefix = array_dir(commit_id, p.array)
     scored = score is not None and isinstance(p.codec, QuantizedLossy)
-    if not (p.keep_codes and isinstance(p.codec, QuantizedLossy)) and not scored:
+    if not (p.keep_codes and isinstance(p.codec, QuantizedLossy)) and not scored and not \
+            isinstance(host, torch.Tensor):
         if dedup is None:
             return _Pending(p.index, write_array(storage, prefix, host, p.grid, p.codec,
                                                  _attrs(p), submit))
@@ -215,34 +185,38 @@ def _write_full(storage: Storage, commit_id: str, p: ArrayItem, host: np.ndarray
         return _Pending(p.index, futures, digest=digest, reused=reused)
     codes: CodesBase = {}
     codec = p.codec
+    assert isinstance(codec, QuantizedLossy)
+    quantized = _quantized_chunks(p, host, score)
 
-    def encode(i: int, chunk: np.ndarray) -> Encoded:
-        data, chunk_codes, params = codec.encode_codes(chunk, _score_chunk(score, p.grid, i))
+    def encoded(i: int, lo: int, hi: int) -> Encoded:
+        chunk_codes, params = quantized(i, lo, hi)
         if p.keep_codes:
             codes[i] = (chunk_codes, params)
-        return data
+        return codec.pack(chunk_codes, params)
 
-    futures = write_array(storage, prefix, host, p.grid, codec, _attrs(p), submit, encode)
+    futures = write_chunks(storage, prefix, p.grid, _host_dtype(host), codec, _attrs(p), submit,
+                           encoded)
     return _Pending(p.index, futures, codes=codes if p.keep_codes else None)
 
 
-def _write_code_deltas(storage: Storage, commit_id: str, p: CodesItem, host: np.ndarray,
+def _write_code_deltas(storage: Storage, commit_id: str, p: CodesItem, host: Staged,
                        submit: Submit, score: np.ndarray | None = None) -> _Pending:
     base = p.start.base_codes
     codec = p.codec
     assert isinstance(codec, QuantizedLossy) and base is not None
     codes: CodesBase = {}
+    quantized = _quantized_chunks(p, host, score)
 
-    def encode(i: int, chunk: np.ndarray) -> Encoded:
-        data, new_codes, params = codec.encode_delta(chunk, *base[i],
-                                                     _score_chunk(score, p.grid, i))
+    def encoded(i: int, lo: int, hi: int) -> Encoded:
+        new_codes, params = quantized(i, lo, hi)
         codes[i] = (new_codes, params)
-        return data
+        return codec.pack_delta(new_codes, params, *base[i])
 
     name = part_array(p.array, "codes")
-    futures = write_array(storage, array_dir(commit_id, name), host, p.grid, codec, None, submit,
-                          encode)
-    parts = {"codes": _blob(host, commit_id, name, p.grid, CodeDelta().config())}
+    dtype = _host_dtype(host)
+    futures = write_chunks(storage, array_dir(commit_id, name), p.grid, dtype, codec, None,
+                           submit, encoded)
+    parts = {"codes": _blob(host, commit_id, name, p.grid, CodeDelta().config(), dtype)}
     return _Pending(p.index, futures, parts, fraction=1.0, codes=codes)
 
 
@@ -329,7 +303,9 @@ def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
     for p in plan.stored():
         if isinstance(p, PackedItem):
             continue
-        host = snap.arrays[p.index]
+        host = snap.device.get(p.index)
+        if host is None:
+            host = snap.arrays[p.index]
         if isinstance(p, CodesItem):
             pending.append(_write_code_deltas(storage, commit_id, p, host, submit,
                                               snap.scores.get(p.index)))

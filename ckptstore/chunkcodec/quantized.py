@@ -64,8 +64,9 @@ class QuantizedLossy(ChunkCodec):
             chain.append({"name": "ckpt.rle_huffman", "configuration": {}})
         return chain + [{"name": "crc32c"}]
 
-    def _quantize(self, chunk: np.ndarray, score: np.ndarray | None = None
-                  ) -> tuple[np.ndarray, QuantParams]:
+    def quantize_chunk(self, chunk: np.ndarray, score: np.ndarray | None = None
+                       ) -> tuple[np.ndarray, QuantParams]:
+        """``(codes, params)`` of one chunk (its bits as stored: bfloat16 as uint16)."""
         from ckptcodecs import quantize
 
         kw = dict(self.quantize)
@@ -82,11 +83,16 @@ class QuantizedLossy(ChunkCodec):
                      ) -> tuple[Encoded, np.ndarray, QuantParams]:
         """``(stored bytes, codes, params)`` of one chunk; ``score`` ranks its values for
         protect and prune (see :func:`ckptcodecs.quantize`)."""
+        codes, params = self.quantize_chunk(chunk, score)
+        return self.pack(codes, params), codes, params
+
+    def pack(self, codes: np.ndarray, params: QuantParams) -> Encoded:
+        """Stored bytes of a chunk's ``codes`` and ``params`` (computed on the host or, by
+        :mod:`ckptstore.devquant`, on the tensor's device)."""
         from ckptcodecs import encode_chunk, rle_huffman_encode
 
-        codes, params = self._quantize(chunk, score)
         body = encode_chunk(codes, params)
-        return add_crc(rle_huffman_encode(body) if self.entropy else body), codes, params
+        return add_crc(rle_huffman_encode(body) if self.entropy else body)
 
     def encode(self, chunk: np.ndarray) -> Encoded:
         return self.encode_codes(chunk)[0]
@@ -118,10 +124,16 @@ class QuantizedLossy(ChunkCodec):
         """``(stored bytes, codes, params)`` of one chunk stored as code deltas against the codes
         of the same chunk in the previous version (DynaQuant; :mod:`ckptcodecs.qdelta`). The
         stored array's codec is :class:`CodeDelta`."""
+        codes, params = self.quantize_chunk(chunk, score)
+        return self.pack_delta(codes, params, base_codes, base_params), codes, params
+
+    @staticmethod
+    def pack_delta(codes: np.ndarray, params: QuantParams, base_codes: np.ndarray,
+                   base_params: QuantParams) -> Encoded:
+        """Stored bytes of a chunk's codes as code deltas against its base version's."""
         from ckptcodecs import qdelta_encode
 
-        codes, params = self._quantize(chunk, score)
-        return add_crc(qdelta_encode(codes, params, base_codes, base_params)), codes, params
+        return add_crc(qdelta_encode(codes, params, base_codes, base_params))
 
     def decode_delta(self, data: bytes, base_codes: np.ndarray, base_params: QuantParams,
                      where: str) -> tuple[np.ndarray, QuantParams]:

@@ -1,0 +1,184 @@
+"""Quantization with torch ops, on the tensor's own device: the codes and parameters
+:func:`ckptcodecs.quantize` computes, bit for bit, for the encodings it reproduces exactly.
+
+This is the device half of issue 11's GPU writer: a CUDA tensor is quantized where it lives, and
+only its codes (1 byte a value, against 2-4) and per-segment parameters cross to the host, where
+they are packed, entropy coded and written as the host path writes them -- the same chunks, so a
+commit made from a GPU and one made from the CPU are interchangeable. The same functions run on
+CPU tensors (the tests compare them with the host path there; CI has no GPU).
+
+Exactness. Every step is an IEEE operation in the dtype the host path uses: segment minima and
+maxima (exact), parameters from float64 rounded to float32, ``(x - zero) * inv + 0.5`` as three
+separately rounded float32 operations (torch launches them as separate kernels, so nothing fuses
+them into an FMA), clamped and truncated to uint8. A chunk holding a non-finite value takes the
+host path (NaN and +-inf are protected values there, a variable-length list).
+
+Reproduced: ``uniform-asymmetric`` and ``uniform-symmetric``, any granularity, float32, float64,
+float16 and bfloat16 data, float32 parameters, no ``protect``/``prune``/``score``.
+:func:`device_quantizable` says whether a codec's configuration is one of those.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from contextlib import nullcontext
+from typing import Any
+
+import numpy as np
+import torch
+
+from .arrays import tensor_to_host
+from .chunkcodec import QuantizedLossy
+from .grid import ChunkGrid
+from .plan import ArrayItem, CodesItem, CommitPlan
+
+__all__ = ["device_chunk_codes", "device_items", "device_quantizable", "quantize_on_device"]
+
+_METHODS = ("uniform-asymmetric", "uniform-symmetric")
+_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
+           torch.bfloat16: "bfloat16"}
+
+
+def device_quantizable(quantize: Mapping[str, Any]) -> bool:
+    """True when :func:`quantize_on_device` reproduces ``ckptcodecs.quantize(**quantize)``."""
+    return (quantize.get("method") in _METHODS
+            and not quantize.get("protect") and not quantize.get("prune")
+            and quantize.get("param_dtype", "float32") == "float32"
+            and quantize.get("protect_mode", "level") == "level")
+
+
+def _segments(x: torch.Tensor, seg: int) -> torch.Tensor:
+    """``x`` (flat) as ``(nseg, seg)``; a short last segment is padded with its own first value
+    (which changes no minimum or maximum)."""
+    n = x.numel()
+    nseg = -(-n // seg)
+    short = nseg * seg - n
+    if short:
+        x = torch.cat([x, x[(nseg - 1) * seg].expand(short)])
+    return x.view(nseg, seg)
+
+
+def quantize_on_device(chunk: torch.Tensor, quantize: Mapping[str, Any]
+                       ) -> tuple[torch.Tensor, Any] | None:
+    """``(codes, params)`` of one chunk as :func:`ckptcodecs.quantize` computes them, the codes
+    a flat uint8 tensor on the chunk's device and the :class:`ckptcodecs.QuantParams` on the
+    host; None when the chunk holds a non-finite value (the caller quantizes it on the host).
+
+    ``chunk``: the chunk as stored (edge chunks already padded), any float dtype;
+    ``quantize``: the codec's :class:`ckptcodecs.Quantize` keyword arguments, for which
+    :func:`device_quantizable` is true.
+    """
+    from ckptcodecs import QuantParams
+    from ckptcodecs.qparams import segment_length
+
+    method, bits = quantize["method"], int(quantize["bits"])
+    name = _DTYPES[chunk.dtype]
+    seg = segment_length(tuple(chunk.shape), quantize.get("granularity", "row"),
+                         quantize.get("group_size"))
+    work = torch.float64 if name == "float64" else torch.float32
+    x = chunk.detach().reshape(-1).to(work)
+    n = x.numel()
+    if not bool(torch.isfinite(x).all()):
+        return None
+    nq = 1 << bits
+    params = QuantParams(method, bits, nq, False, False, seg, n, name)
+    if n == 0:
+        return torch.empty(0, dtype=torch.uint8, device=chunk.device), params
+    xs = _segments(x, seg)
+    if method == "uniform-symmetric":
+        hi = xs.abs().amax(dim=1).double()
+        lo = -hi
+    else:
+        lo, hi = (v.double() for v in torch.aminmax(xs, dim=1))
+    if nq == 1:
+        zero = (lo / 2 + hi / 2).to(work)
+        scale = torch.zeros_like(zero)
+    else:
+        zero = lo.to(work)
+        scale = ((hi - zero.double()) / (nq - 1)).to(work)
+        scale = torch.where(torch.isfinite(scale), scale, torch.finfo(work).max)
+    inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+    if not bool(torch.isfinite(inv).all()):  # subnormal scales: 1/scale needs float64
+        xs = xs.double()
+        zero_w = zero.double()
+        s64 = scale.double()
+        inv = torch.where(s64 > 0, 1.0 / s64, torch.zeros_like(s64))
+    else:
+        zero_w = zero
+    t = (xs - zero_w[:, None]) * inv[:, None] + 0.5
+    codes = t.clamp_(0.0, float(nq - 1)).to(torch.uint8).reshape(-1)[:n]
+    params.zero = zero.cpu().numpy()
+    params.scale = scale.cpu().numpy()
+    return codes, params
+
+
+ChunkCodes = Callable[[int, int, int], tuple[np.ndarray, Any]]
+
+
+def device_chunk_codes(staged: torch.Tensor, grid: ChunkGrid, codec: QuantizedLossy
+                       ) -> ChunkCodes:
+    """``codes(chunk index, first row, end row) -> (codes, params)`` of the chunks of
+    ``staged`` (a tensor on its device: a CUDA tensor, or a CPU tensor in tests), quantized
+    there on a stream of their own (CUDA) so that training's stream never waits for them.
+    Called from the writer's worker threads; a chunk holding a non-finite value is quantized on
+    the host from its bits, exactly as the host path does."""
+    stream = _side_stream(staged.device)
+
+    def codes(i: int, lo: int, hi: int) -> tuple[np.ndarray, Any]:
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            chunk = _padded_chunk(staged, grid, lo, hi)
+            got = quantize_on_device(chunk, codec.quantize)
+            if got is None:
+                return codec.quantize_chunk(tensor_to_host(chunk))
+            return got[0].cpu().numpy(), got[1]
+
+    return codes
+
+
+def _padded_chunk(t: torch.Tensor, grid: ChunkGrid, lo: int, hi: int) -> torch.Tensor:
+    """Rows ``lo:hi`` of ``t``, zero-padded to the full chunk as zarr stores edge chunks."""
+    if not grid.shape:
+        return t.reshape(())
+    part = t[lo:hi]
+    if hi - lo < grid.chunks[0]:
+        full = torch.zeros(grid.chunks, dtype=t.dtype, device=t.device)
+        full[: hi - lo] = part
+        return full
+    return part
+
+
+_STREAMS: dict[torch.device, Any] = {}
+_STREAMS_LOCK = threading.Lock()
+
+
+def _side_stream(device: torch.device) -> Any:
+    """One CUDA stream per device for device encoding (None for CPU tensors)."""
+    if device.type != "cuda":
+        return None
+    with _STREAMS_LOCK:
+        if device not in _STREAMS:
+            _STREAMS[device] = torch.cuda.Stream(device=device)
+        return _STREAMS[device]
+
+
+def device_items(plan: CommitPlan, mode: str, dedup: bool) -> frozenset[int]:
+    """Indices of the plan items a snapshot stages on their device, to be quantized there:
+    full arrays and code deltas whose quantization :func:`device_quantizable` reproduces, of
+    CUDA tensors (``mode="auto"``) or of any tensor (``"always"``); none with ``"off"``.
+    Arrays ``dedup`` digests are left on the host path (the digest is of the bits)."""
+    if mode == "off":
+        return frozenset()
+    out = set()
+    for p in plan.stored():
+        if type(p) not in (ArrayItem, CodesItem) or p.want not in ("full", "codes"):
+            continue
+        codec = p.codec
+        if not (isinstance(codec, QuantizedLossy) and not codec.prune_zeros
+                and device_quantizable(codec.quantize)):
+            continue
+        if dedup and type(p) is ArrayItem and not p.keep_codes:
+            continue
+        if p.source.device.type == "cuda" or mode == "always":
+            out.add(p.index)
+    return frozenset(out)

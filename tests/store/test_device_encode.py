@@ -1,0 +1,167 @@
+"""Quantization on the tensor's device (issue 11, :mod:`ckptstore.devquant`): the torch path
+computes the codes and parameters of the host path bit for bit, so a commit quantized on a GPU
+and one quantized on the CPU store the same chunks. CI has no GPU: ``device_encode="always"``
+runs the very same code on CPU tensors, and every test compares it with the host path."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import ckptstore
+from ckptcodecs import quantize
+from ckptstore import EncodingOptions, Policy, QuantSpec
+from ckptstore.devquant import device_items, device_quantizable, quantize_on_device
+from ckptstore.plan import plan_commit
+from ckptstore.state import flatten
+
+UNIFORM = ("uniform-asymmetric", "uniform-symmetric")
+
+
+def _bits(t: torch.Tensor) -> np.ndarray:
+    return t.view(torch.uint16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_codes_and_parameters_equal_the_host_path(dtype):
+    rng = np.random.default_rng(0)
+    for method, bits, gran, shape, scale in itertools.product(
+            UNIFORM, [1, 2, 3, 4, 8], ["row", "tensor", "group"], [(64, 33), (1000,), (7, 5, 64)],
+            [1.0, 1e-30, 1e30, 1e-37, 0.0]):
+        if dtype == torch.float16 and scale not in (1.0, 0.0):
+            continue
+        x = torch.from_numpy(rng.standard_normal(shape) * scale).to(dtype)
+        kw = {"method": method, "bits": bits, "granularity": gran}
+        if gran == "group":
+            kw["group_size"] = 48
+        if dtype == torch.bfloat16:
+            kw["dtype"] = "bfloat16"
+        want_codes, want = quantize(_bits(x), **kw)
+        codes, got = quantize_on_device(x, kw)
+        case = (method, bits, gran, shape, scale)
+        np.testing.assert_array_equal(codes.numpy(), want_codes, err_msg=str(case))
+        for name in ("zero", "scale"):
+            a, b = getattr(got, name), getattr(want, name)
+            assert a.dtype == b.dtype and np.array_equal(a, b), case
+        assert (got.nq, got.seg_len, got.count, got.dtype) == (want.nq, want.seg_len,
+                                                                 want.count, want.dtype)
+
+
+def test_a_chunk_with_non_finite_values_is_left_to_the_host():
+    x = torch.randn(10, 10)
+    x[3, 3] = float("nan")
+    assert quantize_on_device(x, {"method": "uniform-asymmetric", "bits": 4}) is None
+
+
+@pytest.mark.parametrize("kw, ok", [
+    ({"method": "uniform-asymmetric", "bits": 4}, True),
+    ({"method": "uniform-symmetric", "bits": 8, "granularity": "tensor"}, True),
+    ({"method": "adaptive-asymmetric", "bits": 4}, False),
+    ({"method": "kmeans", "bits": 4}, False),
+    ({"method": "uniform-asymmetric", "bits": 4, "protect": 0.01}, False),
+    ({"method": "uniform-asymmetric", "bits": 4, "prune": 0.1}, False),
+    ({"method": "uniform-asymmetric", "bits": 4, "param_dtype": "float16"}, False),
+])
+def test_which_encodings_the_device_reproduces(kw, ok):
+    assert device_quantizable(kw) is ok
+
+
+def _state(seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(1000, 96, generator=g)
+    w[5, 7] = float("inf")  # this chunk takes the host path
+    return {"w": w, "b": torch.randn(300, 257, generator=g).to(torch.bfloat16),
+            "t": torch.randn(512, 64, generator=g).t(),     # strided: C order of the shape
+            "h": torch.randn(4096, generator=g).half(),
+            "small": torch.randn(10, generator=g), "step": 3}
+
+
+def _chunks(store: ckptstore.Store, root: Path) -> dict[str, bytes]:
+    """Every chunk file of the store by its path, the commit id replaced by its position."""
+    position = {info.id: n for n, info in enumerate(reversed(store.log()))}
+    out = {}
+    for f in sorted((root / "data").rglob("*")):
+        if f.is_file():
+            commit, *rest = f.relative_to(root / "data").parts
+            out["/".join([str(position[commit]), *rest])] = f.read_bytes()
+    return out
+
+
+SPECS = [QuantSpec("uniform-asymmetric", 4), QuantSpec("uniform-symmetric", 8, "tensor"),
+         QuantSpec("uniform-asymmetric", 3, "group", group_size=100, entropy=False)]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.method}-{s.bits}-{s.granularity}")
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["commit", "commit_async"])
+def test_device_encoded_commits_store_the_host_paths_chunks(tmp_path, monkeypatch, spec,
+                                                           asynchronous):
+    import ckptstore.writer as writer_module
+
+    calls = []
+    real = writer_module.device_chunk_codes
+    monkeypatch.setattr(writer_module, "device_chunk_codes",
+                        lambda t, *a: calls.append(t.dtype) or real(t, *a))
+    stored = {}
+    for mode in ("off", "always"):
+        store = ckptstore.open(tmp_path / mode, options=EncodingOptions(
+            device_encode=mode, chunk_bytes=64 << 10))
+        policy = Policy(quantize=spec, delta=True, max_chain=3, min_quant_bytes=1)
+        for seed in range(3):  # a full commit, then two code-delta links
+            state = _state(seed)
+            if asynchronous:
+                store.commit_async(state, policy=policy).wait()
+            else:
+                store.commit(state, policy=policy)
+        assert store.verify().ok
+        stored[mode] = (_chunks(store, tmp_path / mode), store.checkout("main"))
+    # every quantized tensor of the three commits went through the device path
+    assert sorted(map(str, calls)) == sorted(map(str, 3 * [torch.float32, torch.bfloat16,
+                                                            torch.float32, torch.float16,
+                                                            torch.float32]))
+    (chunks_off, out_off), (chunks_dev, out_dev) = stored["off"], stored["always"]
+    assert chunks_dev.keys() == chunks_off.keys()
+    assert any(".codes" in k for k in chunks_dev)  # code deltas were written
+    for k in chunks_off:
+        assert chunks_dev[k] == chunks_off[k], k
+    for k, v in out_off.items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(out_dev[k], v), k
+
+
+def test_which_items_go_to_the_device():
+    state = {"w": torch.randn(512, 64), "emb": torch.randn(4096, 16), "i": torch.arange(20000)}
+    _, leaves = flatten(state)
+    for spec, mode, want in [
+            (QuantSpec("uniform-asymmetric", 4), "always", {"w", "emb"}),
+            (QuantSpec("uniform-asymmetric", 4), "auto", set()),       # CPU tensors: the host
+            (QuantSpec("uniform-asymmetric", 4), "off", set()),
+            (QuantSpec(bits=4), "always", set())]:                      # adaptive: the host
+        from ckptstore.chains.memory import ChainMemory
+
+        decide = ChainMemory().decider(Policy(quantize=spec, min_quant_bytes=1), "main", None,
+                                       None)
+        plan = plan_commit(leaves, EncodingOptions(), decide)
+        got = {plan.items[i].path for i in device_items(plan, mode, dedup=False)}
+        assert got == want, (spec, mode)
+
+
+def test_device_encode_option_is_checked():
+    with pytest.raises(ValueError, match="device_encode"):
+        EncodingOptions(device_encode="gpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
+def test_cuda_commit_equals_the_cpu_commit(tmp_path):
+    state = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in _state().items()}
+    policy = Policy(quantize=QuantSpec("uniform-asymmetric", 4), min_quant_bytes=1)
+    chunks = []
+    for name, mode, s in (("gpu", "auto", state), ("cpu", "off", _state())):
+        store = ckptstore.open(tmp_path / name, options=EncodingOptions(device_encode=mode))
+        store.commit_async(s, policy=policy).wait()
+        chunks.append(_chunks(store, tmp_path / name))
+        store.close()
+    assert chunks[0] == chunks[1]
