@@ -21,7 +21,7 @@ import torch.distributed as dist
 from .committer import _plain_metadata
 from .dcp import StorageReader, StorageWriter
 from .dcp.reader import _tensor_paths
-from .errors import CkptStoreError, DistributedError
+from .errors import CkptStoreError, DistributedError, StagingBudgetError
 from .info import CommitInfo
 from .manifest import Manifest
 from .pending import PendingCommit
@@ -104,11 +104,11 @@ def commit_async_collective(store: Any, state: object, message: str, branch: str
     writer = StorageWriter(store, message, branch, tags, policy, _plain_metadata(
         metadata or {}, state))
     writer._tree, writer._order = tree, [leaf.path for leaf in leaves]
+    nbytes = sum(_local_nbytes(leaf.value) for leaf in leaves)
+    _check_staging_budget(nbytes, store._committer.staging.budget, store._async_group)
     sd = _dcp_state(leaves)
     with _unwrapped():
         fut = dcp.async_save(sd, storage_writer=writer, process_group=store._async_group)
-    nbytes = sum(leaf.value.nbytes if not isinstance(leaf.value, torch.Tensor) else
-                 leaf.value.numel() * leaf.value.element_size() for leaf in leaves)
     pending = PendingCommit(time.perf_counter() - t0, nbytes)
     future = getattr(fut, "upload_completion", fut)
 
@@ -125,6 +125,35 @@ def commit_async_collective(store: Any, state: object, message: str, branch: str
     store._committer._inflight = pending
     future.add_done_callback(done)
     return pending
+
+
+def _local_nbytes(value: Any) -> int:
+    """Bytes DCP's staging copies of a leaf on this rank (a DTensor: its local shard)."""
+    if not isinstance(value, torch.Tensor):
+        return int(getattr(value, "nbytes", 0))
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        value = value.to_local()
+    return value.numel() * value.element_size()
+
+
+def _check_staging_budget(nbytes: int, budget: int | None, group: Any) -> None:
+    """``staging_budget`` for a collective ``commit_async``: every rank learns whether any rank's
+    staging copy would exceed its budget (one all-reduce, always run, so ranks opened with
+    different budgets cannot disagree into a hang) and all raise
+    :class:`StagingBudgetError` before anything is staged or written."""
+    over = torch.tensor([nbytes if budget is not None and nbytes > budget else 0,
+                         nbytes], dtype=torch.int64)
+    dist.all_reduce(over, op=dist.ReduceOp.MAX, group=group)
+    if over[0] > 0:
+        mine = (f"this rank needs {nbytes} bytes against staging_budget={budget}"
+                if budget is not None else "this rank has no budget")
+        raise StagingBudgetError(
+            f"commit_async would stage {int(over[0])} bytes on one rank, more than its "
+            f"staging_budget ({mine}; the largest rank needs {int(over[1])}): raise the budget, "
+            "shard the state over more ranks, or use commit(); nothing was staged or written "
+            "on any rank")
 
 
 def checkout_local(store: Any, m: Manifest, into: Any, paths: Sequence[str] | None) -> Any:

@@ -310,7 +310,8 @@ def tracked_shards(rank: int, world: int, url: str, opts: dict) -> None:
 
 def async_errors(rank: int, world: int, url: str, opts: dict) -> None:
     """Failures of a collective commit_async come out as ckptstore errors, not DCP's
-    CheckpointException (a BaseException)."""
+    CheckpointException (a BaseException); a staging budget over on one rank is refused on
+    all."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
@@ -326,6 +327,17 @@ def async_errors(rank: int, world: int, url: str, opts: dict) -> None:
             pass
         else:
             raise AssertionError("a second commit with tag 't' went through")
+        assert store.resolve("main") == first.id
+    # staging_budget: rank 0's shard (512 bytes) is over its budget, rank 1 has none; both
+    # refuse before staging anything (no rank is left waiting in DCP's collectives)
+    from ckptstore.errors import StagingBudgetError
+    with ckptstore.open(url, staging_budget=100 if rank == 0 else None, **opts) as store:
+        try:
+            store.commit_async(state)
+        except StagingBudgetError as e:
+            assert "nothing was staged or written on any rank" in str(e), e
+        else:
+            raise AssertionError("commit_async went over rank 0's staging budget")
         assert store.resolve("main") == first.id
 
 
