@@ -13,9 +13,16 @@ separately rounded float32 operations (torch launches them as separate kernels, 
 them into an FMA), clamped and truncated to uint8. A chunk holding a non-finite value takes the
 host path (NaN and +-inf are protected values there, a variable-length list).
 
-Reproduced: ``uniform-asymmetric`` and ``uniform-symmetric``, any granularity, float32, float64,
-float16 and bfloat16 data, float32 parameters, no ``protect``/``prune``/``score``.
-:func:`device_quantizable` says whether a codec's configuration is one of those.
+Check-N-Run's adaptive search (``adaptive-asymmetric``) is split where it is exact: the device
+counts each segment's histogram (integers), the host runs its own compiled search on those
+counts (:func:`ckptcodecs.adaptive.histogram_ranges_from_counts`, microseconds a row) and sends
+the ranges back. Segments short enough for the host's value-by-value search (up to about twice the
+number of levels: rows of <= 46 values at 4 bits, <= 524 at 8) stay on the host path.
+
+Reproduced: ``uniform-asymmetric``, ``uniform-symmetric`` and ``adaptive-asymmetric`` (histogram
+search), any granularity, float32, float64, float16 and bfloat16 data, float32 parameters, no
+``protect``/``prune``/``score``. :func:`device_quantizable` says whether a codec's configuration
+is one of those.
 """
 
 from __future__ import annotations
@@ -35,17 +42,34 @@ from .plan import ArrayItem, CodesItem, CommitPlan
 
 __all__ = ["device_chunk_codes", "device_items", "device_quantizable", "quantize_on_device"]
 
-_METHODS = ("uniform-asymmetric", "uniform-symmetric")
+_METHODS = ("uniform-asymmetric", "uniform-symmetric", "adaptive-asymmetric")
 _DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
            torch.bfloat16: "bfloat16"}
 
 
-def device_quantizable(quantize: Mapping[str, Any]) -> bool:
-    """True when :func:`quantize_on_device` reproduces ``ckptcodecs.quantize(**quantize)``."""
-    return (quantize.get("method") in _METHODS
+def device_quantizable(quantize: Mapping[str, Any],
+                       chunk_shape: tuple[int, ...] | None = None) -> bool:
+    """True when :func:`quantize_on_device` reproduces ``ckptcodecs.quantize(**quantize)`` (on
+    chunks of ``chunk_shape``: the adaptive search runs on the device only where the host
+    searches a histogram, not the values themselves)."""
+    if not (quantize.get("method") in _METHODS
             and not quantize.get("protect") and not quantize.get("prune")
             and quantize.get("param_dtype", "float32") == "float32"
-            and quantize.get("protect_mode", "level") == "level")
+            and quantize.get("protect_mode", "level") == "level"):
+        return False
+    return chunk_shape is None or not _direct_search(quantize, chunk_shape)
+
+
+def _direct_search(quantize: Mapping[str, Any], chunk_shape: tuple[int, ...]) -> bool:
+    """True for an adaptive encoding whose segments the host searches value by value."""
+    from ckptcodecs.adaptive import use_direct
+    from ckptcodecs.qparams import segment_length
+
+    if quantize["method"] != "adaptive-asymmetric":
+        return False
+    seg = segment_length(chunk_shape, quantize.get("granularity", "row"),
+                         quantize.get("group_size"))
+    return use_direct(seg, 1 << int(quantize["bits"]))
 
 
 def _segments(x: torch.Tensor, seg: int) -> torch.Tensor:
@@ -79,7 +103,7 @@ def quantize_on_device(chunk: torch.Tensor, quantize: Mapping[str, Any]
     work = torch.float64 if name == "float64" else torch.float32
     x = chunk.detach().reshape(-1).to(work)
     n = x.numel()
-    if not bool(torch.isfinite(x).all()):
+    if not bool(torch.isfinite(x).all()) or _direct_search(quantize, tuple(chunk.shape)):
         return None
     nq = 1 << bits
     params = QuantParams(method, bits, nq, False, False, seg, n, name)
@@ -91,6 +115,8 @@ def quantize_on_device(chunk: torch.Tensor, quantize: Mapping[str, Any]
         lo = -hi
     else:
         lo, hi = (v.double() for v in torch.aminmax(xs, dim=1))
+        if method == "adaptive-asymmetric":
+            lo, hi = _adaptive_ranges(xs, n, lo, hi, nq, quantize)
     if nq == 1:
         zero = (lo / 2 + hi / 2).to(work)
         scale = torch.zeros_like(zero)
@@ -111,6 +137,36 @@ def quantize_on_device(chunk: torch.Tensor, quantize: Mapping[str, Any]
     params.zero = zero.cpu().numpy()
     params.scale = scale.cpu().numpy()
     return codes, params
+
+
+def _adaptive_ranges(xs: torch.Tensor, n: int, lo: torch.Tensor, hi: torch.Tensor, nq: int,
+                     quantize: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check-N-Run's greedy range search: each segment's histogram is counted on the device
+    (integers: exact), only the histograms and ranges cross to the host, where
+    :func:`ckptcodecs.adaptive.histogram_ranges_from_counts` runs the host path's very search."""
+    from ckptcodecs.adaptive import (
+        HIST_PER_BIN,
+        default_num_bins,
+        histogram_ranges_from_counts,
+    )
+
+    bins = int(quantize.get("num_bins") or default_num_bins(int(quantize["bits"])))
+    cells = bins * HIST_PER_BIN
+    nseg, seg = xs.shape
+    rg = hi - lo
+    ok = (rg > 0) & (rg != float("inf"))
+    f = torch.where(ok, cells / torch.where(ok, rg, 1.0), 0.0)
+    # the host's cell index: int((float64(v) - lo) * f) clipped to [0, cells - 1]
+    cell = ((xs.double() - lo[:, None]) * f[:, None]).trunc_().clamp_(0, cells - 1).long()
+    if nseg * seg > n:  # the padding of a short last segment goes to a spare cell
+        cell[-1, seg - (nseg * seg - n):] = cells
+    cell += torch.arange(nseg, device=xs.device)[:, None] * (cells + 1)
+    counts = torch.bincount(cell.reshape(-1), minlength=nseg * (cells + 1))
+    counts = counts.view(nseg, cells + 1)[:, :cells].to(torch.int32).cpu().numpy()
+    lo_h, hi_h = lo.cpu().numpy(), hi.cpu().numpy()
+    histogram_ranges_from_counts(counts, lo_h, hi_h, nq, bins,
+                                 float(quantize.get("ratio", 1.0)))
+    return torch.from_numpy(lo_h).to(xs.device), torch.from_numpy(hi_h).to(xs.device)
 
 
 ChunkCodes = Callable[[int, int, int], tuple[np.ndarray, Any]]
@@ -175,7 +231,7 @@ def device_items(plan: CommitPlan, mode: str, dedup: bool) -> frozenset[int]:
             continue
         codec = p.codec
         if not (isinstance(codec, QuantizedLossy) and not codec.prune_zeros
-                and device_quantizable(codec.quantize)):
+                and device_quantizable(codec.quantize, tuple(p.grid.chunks))):
             continue
         if dedup and type(p) is ArrayItem and not p.keep_codes:
             continue

@@ -42,8 +42,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["DIRECT_SLACK", "HIST_PER_BIN", "adaptive_ranges", "default_num_bins",
-           "direct_ranges", "histogram_ranges", "use_direct"]
+__all__ = ["DIRECT_SLACK", "HIST_PER_BIN", "adaptive_ranges", "cell_counts_shape",
+           "default_num_bins", "direct_ranges", "histogram_ranges",
+           "histogram_ranges_from_counts", "use_direct"]
 
 #: Histogram cells per greedy step (candidate end points are cell edges in both searches).
 HIST_PER_BIN = 4
@@ -58,16 +59,13 @@ def default_num_bins(bits: int) -> int:
 
 
 @njit(cache=True, nogil=True)
-def _prefix_histogram(x, a0, b0, mask, has_mask, lo0, rg, H, cnt, ics, idx, C, S1,
-                      o):  # pragma: no cover - compiled
-    # histogram in cell units (values measured in cells from the minimum); a value counts at its
-    # cell centre. Prefix sums of count and value at C/S1[o:o + H + 1]. The sum of squares is
-    # the same for every candidate, so it is left out (errors are compared, never reported).
+def _count_cells(x, a0, b0, mask, has_mask, lo0, rg, H, cnt, idx):  # pragma: no cover - compiled
+    # histogram in cell units (values measured in cells from the minimum): cnt[j] counts the
+    # values of x[a0:b0] in cell j; masked values go to the spare cell H
     cnt[:] = 0
     if rg > 0.0:
         f = H / rg
-        # cell indices first (a loop that vectorises), then the increments; masked values go
-        # to the spare cell H
+        # cell indices first (a loop that vectorises), then the increments
         for i0 in range(a0, b0, _IDX_BLOCK):
             i1 = min(i0 + _IDX_BLOCK, b0)
             for i in range(i0, i1):
@@ -78,8 +76,15 @@ def _prefix_histogram(x, a0, b0, mask, has_mask, lo0, rg, H, cnt, ics, idx, C, S
                         idx[i - i0] = H
             for i in range(i1 - i0):
                 cnt[idx[i]] += 1
-    # integer prefix sums (1-cycle adds), converted in a second, dependency-free loop;
-    # S1 counts values at cell centres j + 1/2, kept doubled to stay integral
+
+
+@njit(cache=True, nogil=True)
+def _prefix_sums(cnt, H, ics, C, S1, o):  # pragma: no cover - compiled
+    # prefix sums of count and value at C/S1[o:o + H + 1]; a value counts at its cell centre.
+    # The sum of squares is the same for every candidate, so it is left out (errors are
+    # compared, never reported). Integer prefix sums (1-cycle adds), converted in a second,
+    # dependency-free loop; S1 counts values at cell centres j + 1/2, kept doubled to stay
+    # integral. ``cnt`` is overwritten.
     c = 0
     s1 = 0
     for j in range(H):
@@ -92,6 +97,12 @@ def _prefix_histogram(x, a0, b0, mask, has_mask, lo0, rg, H, cnt, ics, idx, C, S
     for j in range(H):
         C[o + j + 1] = cnt[j]
         S1[o + j + 1] = 0.5 * ics[j]
+
+
+def cell_counts_shape(nseg: int, num_bins: int) -> tuple[int, int]:
+    """Shape of the histograms :func:`histogram_ranges_from_counts` takes: one row of
+    ``num_bins * HIST_PER_BIN`` cells per segment."""
+    return nseg, num_bins * HIST_PER_BIN
 
 
 def use_direct(seg: int, nq: int) -> bool:
@@ -112,16 +123,43 @@ def adaptive_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio) -> None:
     fn(x, seg, mask, lo, hi, nq, num_bins, ratio)
 
 
-@njit(cache=True, nogil=True, fastmath=True)
-def histogram_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio):  # pragma: no cover - compiled
+def histogram_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio) -> None:
     """Refine ``lo``/``hi`` (per-segment min/max of the unmasked values) in place.
 
     ``x``: flat float array; ``seg``: segment length; ``mask``: uint8 array of x.size (nonzero =
     value excluded) or of size 0; ``nq``: number of uniform levels.
+    """
+    _histogram_search(x, seg, mask, _NO_COUNTS, lo, hi, nq, num_bins, ratio)
+
+
+def histogram_ranges_from_counts(counts, lo, hi, nq, num_bins, ratio) -> None:
+    """:func:`histogram_ranges` from the segments' cell counts instead of their values:
+    ``counts[s, j]`` is the number of unmasked values ``v`` of segment ``s`` with
+    ``min(max(int((float64(v) - lo[s]) * (H / (hi[s] - lo[s]))), 0), H - 1) == j``, ``H`` the
+    row length (:func:`cell_counts_shape`). The same search, so the same ranges: the counts may
+    come from elsewhere (a GPU, :mod:`ckptstore.devquant`)."""
+    counts = np.ascontiguousarray(counts)
+    if counts.shape != cell_counts_shape(lo.size, num_bins):
+        raise ValueError(f"counts of shape {counts.shape}, expected "
+                         f"{cell_counts_shape(lo.size, num_bins)}")
+    _histogram_search(_NO_VALUES, 1, _NO_MASK, counts, lo, hi, nq, num_bins, ratio)
+
+
+_NO_COUNTS = np.zeros((0, 0), np.int64)
+_NO_VALUES = np.zeros(0, np.float64)
+_NO_MASK = np.zeros(0, np.uint8)
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _histogram_search(x, seg, mask, counts, lo, hi, nq, num_bins,
+                      ratio):  # pragma: no cover - compiled
+    """The search of :func:`histogram_ranges`: each segment's histogram is counted from ``x``,
+    or copied from ``counts`` when it has rows.
 
     Segments are searched two at a time in one loop: a greedy iteration is a chain of dependent
     steps, and two independent chains keep the CPU's units busy.
     """
+    given = counts.shape[0] > 0
     n = x.size
     nseg = lo.size
     H = num_bins * HIST_PER_BIN
@@ -150,10 +188,17 @@ def histogram_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio):  # pragma: no c
             ok1 = rg1 > 0.0 and rg1 != np.inf
         if not (ok0 or ok1):
             continue
-        _prefix_histogram(x, s * seg, min(s * seg + seg, n), mask, has_mask, lo0,
-                          rg0 if ok0 else 0.0, H, cnt, ics, idx, C, S1, 0)
-        _prefix_histogram(x, (s + 1) * seg, min((s + 1) * seg + seg, n), mask, has_mask, lo1,
-                          rg1 if ok1 else 0.0, H, cnt, ics, idx, C, S1, W)
+        for t in range(2):
+            ok = ok0 if t == 0 else ok1
+            if given and ok:
+                cnt[:H] = counts[s + t]
+            elif given or not ok:
+                cnt[:] = 0
+            else:
+                a0 = (s + t) * seg
+                _count_cells(x, a0, min(a0 + seg, n), mask, has_mask, lo0 if t == 0 else lo1,
+                             rg0 if t == 0 else rg1, H, cnt, idx)
+            _prefix_sums(cnt, H, ics, C, S1, t * W)
         A0 = 0.0
         B0 = float(H)
         A1 = 0.0

@@ -694,3 +694,37 @@ def test_float16_large_offset_rows_fall_back():
     _, p = decode_chunk(np.frombuffer(codec.encode(x), np.uint8))
     assert p.param_dtype == "float32"
     np.testing.assert_allclose(codec.decode(codec.encode(x)).reshape(x.shape), x, atol=0.05)
+
+
+@pytest.mark.parametrize("bits,dim,ratio", [(4, 200, 1.0), (3, 1000, 0.5), (8, 3000, 1.0)])
+def test_adaptive_search_from_counts_equals_the_search_of_values(bits, dim, ratio):
+    """The histogram search fed with cell counts made elsewhere (a GPU counts them,
+    ckptstore.devquant) finds exactly the ranges it finds from the values."""
+    from ckptcodecs.adaptive import (
+        HIST_PER_BIN,
+        default_num_bins,
+        histogram_ranges,
+        histogram_ranges_from_counts,
+    )
+
+    nq = 1 << bits
+    x = (RNG.standard_t(3, size=(41, dim)) * 0.05).astype(np.float32)
+    x[3] = 0.25  # constant row: no search
+    flat = x.reshape(-1)
+    lo0 = x.min(axis=1).astype(np.float64)
+    hi0 = x.max(axis=1).astype(np.float64)
+    nb = default_num_bins(bits)
+    cells = nb * HIST_PER_BIN
+    rg = hi0 - lo0
+    f = np.where(rg > 0, cells / np.where(rg > 0, rg, 1.0), 0.0)
+    idx = np.clip(((x.astype(np.float64) - lo0[:, None]) * f[:, None]).astype(np.int64), 0,
+                  cells - 1)
+    counts = np.stack([np.bincount(r, minlength=cells) for r in idx]).astype(np.int32)
+    lo, hi = lo0.copy(), hi0.copy()
+    histogram_ranges(flat, dim, np.zeros(0, np.uint8), lo, hi, nq, nb, ratio)
+    lc, hc = lo0.copy(), hi0.copy()
+    histogram_ranges_from_counts(counts, lc, hc, nq, nb, ratio)
+    assert np.array_equal(lo, lc) and np.array_equal(hi, hc)
+    assert (lo != lo0).any()  # the search moved ranges
+    with pytest.raises(ValueError, match="counts of shape"):
+        histogram_ranges_from_counts(counts[:, 1:], lc, hc, nq, nb, ratio)

@@ -51,6 +51,35 @@ def test_codes_and_parameters_equal_the_host_path(dtype):
                                                                  want.count, want.dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_adaptive_ranges_equal_the_host_search(dtype):
+    """Check-N-Run's greedy search: histograms counted on the device, searched by the host's
+    kernel, give the host path's ranges and codes; segments the host searches value by value
+    are left to it."""
+    rng = np.random.default_rng(1)
+    on_device = 0
+    for bits, gran, shape, ratio, bins in itertools.product(
+            [2, 3, 4, 8], ["row", "tensor", "group"], [(64, 64), (3000,), (9, 5, 700)],
+            [1.0, 0.6], [None, 10]):
+        x = torch.from_numpy(rng.standard_normal(shape) ** 3).to(dtype)
+        kw = {"method": "adaptive-asymmetric", "bits": bits, "granularity": gran,
+              "ratio": ratio, "group_size": 1000 if gran == "group" else None}
+        if bins:
+            kw["num_bins"] = bins
+        if dtype == torch.bfloat16:
+            kw["dtype"] = "bfloat16"
+        got = quantize_on_device(x, kw)
+        assert (got is None) is (not device_quantizable(kw, shape))
+        if got is None:
+            continue
+        on_device += 1
+        want_codes, want = quantize(_bits(x), **kw)
+        np.testing.assert_array_equal(got[0].numpy(), want_codes)
+        assert np.array_equal(got[1].zero, want.zero) and np.array_equal(got[1].scale,
+                                                                         want.scale)
+    assert on_device >= 100
+
+
 def test_a_chunk_with_non_finite_values_is_left_to_the_host():
     x = torch.randn(10, 10)
     x[3, 3] = float("nan")
@@ -60,7 +89,7 @@ def test_a_chunk_with_non_finite_values_is_left_to_the_host():
 @pytest.mark.parametrize("kw, ok", [
     ({"method": "uniform-asymmetric", "bits": 4}, True),
     ({"method": "uniform-symmetric", "bits": 8, "granularity": "tensor"}, True),
-    ({"method": "adaptive-asymmetric", "bits": 4}, False),
+    ({"method": "adaptive-asymmetric", "bits": 4}, True),
     ({"method": "kmeans", "bits": 4}, False),
     ({"method": "uniform-asymmetric", "bits": 4, "protect": 0.01}, False),
     ({"method": "uniform-asymmetric", "bits": 4, "prune": 0.1}, False),
@@ -68,6 +97,12 @@ def test_a_chunk_with_non_finite_values_is_left_to_the_host():
 ])
 def test_which_encodings_the_device_reproduces(kw, ok):
     assert device_quantizable(kw) is ok
+
+
+def test_adaptive_rows_searched_value_by_value_stay_on_the_host():
+    kw = {"method": "adaptive-asymmetric", "bits": 4}  # rows of up to 46 values: direct
+    assert device_quantizable(kw, (100, 64)) and not device_quantizable(kw, (100, 46))
+    assert not device_quantizable({**kw, "bits": 8}, (100, 384))
 
 
 def _state(seed: int = 0) -> dict:
@@ -92,7 +127,8 @@ def _chunks(store: ckptstore.Store, root: Path) -> dict[str, bytes]:
 
 
 SPECS = [QuantSpec("uniform-asymmetric", 4), QuantSpec("uniform-symmetric", 8, "tensor"),
-         QuantSpec("uniform-asymmetric", 3, "group", group_size=100, entropy=False)]
+         QuantSpec("uniform-asymmetric", 3, "group", group_size=100, entropy=False),
+         QuantSpec(bits=4)]  # adaptive: "small" (10 values a row) is searched on the host
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.method}-{s.bits}-{s.granularity}")
@@ -119,9 +155,10 @@ def test_device_encoded_commits_store_the_host_paths_chunks(tmp_path, monkeypatc
         assert store.verify().ok
         stored[mode] = (_chunks(store, tmp_path / mode), store.checkout("main"))
     # every quantized tensor of the three commits went through the device path
-    assert sorted(map(str, calls)) == sorted(map(str, 3 * [torch.float32, torch.bfloat16,
-                                                            torch.float32, torch.float16,
-                                                            torch.float32]))
+    dtypes = [torch.float32, torch.bfloat16, torch.float32, torch.float16]
+    if spec.method != "adaptive-asymmetric":
+        dtypes.append(torch.float32)  # "small"
+    assert sorted(map(str, calls)) == sorted(map(str, 3 * dtypes))
     (chunks_off, out_off), (chunks_dev, out_dev) = stored["off"], stored["always"]
     assert chunks_dev.keys() == chunks_off.keys()
     assert any(".codes" in k for k in chunks_dev)  # code deltas were written
@@ -139,7 +176,8 @@ def test_which_items_go_to_the_device():
             (QuantSpec("uniform-asymmetric", 4), "always", {"w", "emb"}),
             (QuantSpec("uniform-asymmetric", 4), "auto", set()),       # CPU tensors: the host
             (QuantSpec("uniform-asymmetric", 4), "off", set()),
-            (QuantSpec(bits=4), "always", set())]:                      # adaptive: the host
+            (QuantSpec(bits=4), "always", {"w"}),       # adaptive: rows of 16 on the host
+            (QuantSpec(bits=8), "always", set())]:      # 8 bits: rows of 64 on the host
         from ckptstore.chains.memory import ChainMemory
 
         decide = ChainMemory().decider(Policy(quantize=spec, min_quant_bytes=1), "main", None,
