@@ -15,10 +15,12 @@ import numpy as np
 import torch
 
 from .arrays import host_to_tensor, read_array, read_chunk, start_read_array, torch_dtype
-from .chains.replay import apply_residuals, apply_rows, apply_xors, replay_code_deltas
+from .chains.replay import apply_residuals, apply_rows, apply_xors, chain_codes, \
+    replay_code_deltas
 from .chains.walk import StoredArray, Walk, blob_array, entry_array, entry_dtype, \
     entry_packed_array, needed_entries
-from .chunkcodec import codec_from_config
+from .chunkcodec import QuantizedLossy, codec_from_config
+from .devdecode import start_read_to_device, stored_codes, wants_device_decode
 from .dimorder import with_dim_order
 from .errors import CorruptedChunkError, ManifestError
 from .manifest import Blob, Kind, Layout, Manifest, ShardPiece, TensorEntry
@@ -149,6 +151,25 @@ class Reader:
             buf = self._packed[(e.commit, e.array)] = self._read_stored(entry_packed_array(m, e))
         return buf[e.offset: e.offset + e.nbytes].view(dt).reshape(e.shape).copy()
 
+    def _start_to_device(self, e: TensorEntry, device: torch.device | str
+                         ) -> tuple[torch.Tensor, list[Future]] | None:
+        """Queue the reads of a quantized entry (full, or a chain of code deltas) dequantized
+        on ``device`` (:mod:`ckptstore.devdecode`); None for an entry the host decodes."""
+        if e.container != "torch" or e.dim_order is not None:
+            return None
+        if e.layout == Layout.ARRAY:
+            a = entry_array(e)
+            codec = codec_from_config(a.codec)
+            if not isinstance(codec, QuantizedLossy):
+                return None
+            grid, codes_of = a.grid, stored_codes(self.repo.storage, a.prefix, codec)
+        elif e.layout == Layout.CHAIN and e.kind == Kind.DELTA:
+            self.check_stored(self.walk.entry_arrays(e))
+            _, grid, codes_of = chain_codes(self.walk.chain_of(e), self._read)
+        else:
+            return None
+        return start_read_to_device(grid, e.dtype, codes_of, self.repo.executor, device)
+
     # -- a whole selection -----------------------------------------------------------------
     def read_tensors(self, m: Manifest, wanted: Iterable[int],
                      map_location: torch.device | str | None = None) -> dict[int, Restored]:
@@ -160,7 +181,16 @@ class Reader:
         arrays = {i: entry_array(m.tensors[i]) for i in t_idx
                   if m.tensors[i].layout == Layout.ARRAY}
         self.check_stored(arrays.values())
+        on_device: dict[int, torch.Tensor] = {}
+        if wants_device_decode(map_location):
+            for i in t_idx:
+                got = self._start_to_device(m.tensors[i], map_location)
+                if got is not None:
+                    on_device[i], fs = got
+                    futures += fs
         for i, a in arrays.items():
+            if i in on_device:
+                continue
             pending[i], fs = start_read_array(self.repo.storage, a.prefix, a.grid, a.dtype,
                                               codec_from_config(a.codec), self.repo.executor)
             futures += fs
@@ -171,7 +201,9 @@ class Reader:
         out: dict[int, Restored] = {}
         for i in t_idx:
             e = m.tensors[i]
-            if e.layout in (Layout.ARRAY, Layout.PACKED, Layout.CHAIN, Layout.SHARDED):
+            if i in on_device:
+                out[i] = on_device[i]
+            elif e.layout in (Layout.ARRAY, Layout.PACKED, Layout.CHAIN, Layout.SHARDED):
                 host = pending[i] if i in pending else self.host(e)
                 out[i] = _to_container(host, e, map_location)
         for i in t_idx:

@@ -35,6 +35,10 @@ def _nbytes(b: Buffer) -> int:
     return b.nbytes if isinstance(b, np.ndarray) else b.numel() * b.element_size()
 
 
+def _on_device(b: Buffer) -> bool:
+    return isinstance(b, torch.Tensor) and b.device.type != "cpu"
+
+
 class StagingPool:
     """Host buffers keyed by (path, shape, dtype), reused across commits.
 
@@ -66,8 +70,13 @@ class StagingPool:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the pool."""
-        return sum(_nbytes(b) for b in self._buffers.values())
+        """Host bytes held by the pool (pinned buffers included)."""
+        return sum(_nbytes(b) for b in self._buffers.values() if not _on_device(b))
+
+    @property
+    def device_nbytes(self) -> int:
+        """Accelerator bytes held by the pool (device staging, :meth:`stage_device`)."""
+        return sum(_nbytes(b) for b in self._buffers.values() if _on_device(b))
 
     def clear(self) -> None:
         with self._lock:

@@ -74,6 +74,12 @@ class Store:
         """Host bytes held by the reusable staging buffers of ``commit_async``."""
         return self._committer.staging.nbytes
 
+    @property
+    def staging_device_bytes(self) -> int:
+        """Accelerator bytes held by ``commit_async``'s device staging buffers (tensors
+        quantized on their GPU, ``EncodingOptions(device_encode=...)``)."""
+        return self._committer.staging.device_nbytes
+
     # -- commit ----------------------------------------------------------------------------
     def commit(self, state: object, message: str = "", branch: str = "main",
                tags: Sequence[str] = (), metadata: Metadata | None = None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Executor
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,7 +16,14 @@ from ..errors import CorruptedChunkError, ManifestError
 from ..layout import array_dir, chunk_key
 from ..manifest import Blob, Kind, Layout, TensorEntry
 
-__all__ = ["apply_residuals", "apply_rows", "apply_xors", "changed_rows", "replay_code_deltas", "xor_bits"]
+if TYPE_CHECKING:
+    from ckptcodecs import QuantParams
+
+__all__ = ["apply_residuals", "apply_rows", "apply_xors", "chain_codes", "changed_rows",
+           "replay_code_deltas", "xor_bits"]
+
+# a chunk key -> its codes and parameters, and the stored chunk they were decoded from last
+ChunkCodesOf = Callable[[str], tuple[np.ndarray, "QuantParams", str]]
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -95,12 +103,11 @@ def apply_rows(out: np.ndarray, increments: list[TensorEntry],
     return out
 
 
-def replay_code_deltas(chain: list[TensorEntry], dtype: np.dtype, read: Callable[[str], bytes],
-                       executor: Executor) -> np.ndarray:
-    """Rebuild a tensor from a quantized full baseline and its code deltas, chunk by chunk in
-    parallel: codes of each version from the previous one's, then one dequantization."""
-    from ckptcodecs import dequantize
-
+def chain_codes(chain: list[TensorEntry], read: Callable[[str], bytes]
+                ) -> tuple[QuantizedLossy, ChunkGrid, ChunkCodesOf]:
+    """``(codec, grid, codes_of)`` of a quantized full baseline and its code deltas:
+    ``codes_of(chunk key) -> (codes, params, where)`` rebuilds one chunk's codes of the last
+    version from the baseline's, delta by delta."""
     base = chain[0]
     codec = codec_from_config(base.codec)
     if base.layout != Layout.ARRAY or not isinstance(codec, QuantizedLossy):
@@ -109,15 +116,30 @@ def replay_code_deltas(chain: list[TensorEntry], dtype: np.dtype, read: Callable
     for d in chain[1:]:
         if d.kind != Kind.DELTA or list(grid.chunks) != d.chunks:
             raise ManifestError(f"delta chain of {base.path!r} mixes kinds or chunk grids")
-    out = np.empty(base.shape, dtype=dtype)
 
-    def one(key: str, lo: int, hi: int) -> None:
+    def codes_of(key: str) -> tuple[np.ndarray, QuantParams, str]:
         where = chunk_key(array_dir(base.commit, base.array), key)
         codes, params = codec.decode_codes(read(where), where)
         for d in chain[1:]:
             blob = d.parts["codes"]
             where = chunk_key(array_dir(blob.commit, blob.array), key)
             codes, params = codec.decode_delta(read(where), codes, params, where)
+        return codes, params, where
+
+    return codec, grid, codes_of
+
+
+def replay_code_deltas(chain: list[TensorEntry], dtype: np.dtype, read: Callable[[str], bytes],
+                       executor: Executor) -> np.ndarray:
+    """Rebuild a tensor from a quantized full baseline and its code deltas, chunk by chunk in
+    parallel: codes of each version from the previous one's, then one dequantization."""
+    from ckptcodecs import dequantize
+
+    _, grid, codes_of = chain_codes(chain, read)
+    out = np.empty(chain[0].shape, dtype=dtype)
+
+    def one(key: str, lo: int, hi: int) -> None:
+        codes, params, where = codes_of(key)
         values = dequantize(codes, params)
         full = values.view(dtype) if values.dtype != dtype else values
         if full.size != int(np.prod(grid.chunks)):
