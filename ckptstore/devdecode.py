@@ -27,6 +27,7 @@ import torch
 from .arrays import read_chunk, torch_dtype
 from .chains.replay import ChunkCodesOf
 from .chunkcodec import QuantizedLossy
+from .devbits import PackedCodes, unpack_on_device
 from .errors import CorruptedChunkError
 from .grid import ChunkGrid
 from .layout import chunk_key
@@ -48,16 +49,26 @@ def wants_device_decode(map_location: torch.device | str | None) -> bool:
     return map_location is not None and torch.device(map_location).type != "cpu"
 
 
-def dequantize_on_device(codes: np.ndarray, p: QuantParams, device: torch.device | str
-                         ) -> torch.Tensor:
-    """The values of a chunk's ``codes`` (flat, uint8) as a flat tensor of the chunk's dtype on
-    ``device``, bit for bit those of :func:`ckptcodecs.dequantize`."""
+def dequantize_on_device(codes: np.ndarray | PackedCodes, p: QuantParams,
+                         device: torch.device | str) -> torch.Tensor:
+    """The values of a chunk's ``codes`` (flat uint8, or still packed: unpacked on the device)
+    as a flat tensor of the chunk's dtype on ``device``, bit for bit those of
+    :func:`ckptcodecs.dequantize`; ValueError for codes the parameters do not allow."""
     from ckptcodecs._floats import from_bf16_bits, from_float
 
     work = _WORK.get(p.dtype, torch.float32)
-    c = torch.from_numpy(np.ascontiguousarray(codes, dtype=np.uint8)).to(device).long()
+    if isinstance(codes, PackedCodes):
+        if (codes.bits, codes.count) != (p.bits, p.count):
+            raise ValueError(f"{codes.count} codes of {codes.bits} bits for parameters of "
+                             f"{p.count} of {p.bits}")
+        c = unpack_on_device(torch.from_numpy(np.ascontiguousarray(codes.data)).to(device),
+                             p.bits, p.count)
+    else:
+        c = torch.from_numpy(np.ascontiguousarray(codes, dtype=np.uint8)).to(device).long()
     if c.numel() != p.count:
         raise ValueError(f"got {c.numel()} codes for parameters of {p.count} values")
+    if p.count and int(c.max()) >= p.levels:
+        raise ValueError("a code is outside the level range")
     seg = torch.arange(p.count, device=device) // max(p.seg_len, 1)
     level = c < p.nq  # int64: nq may be 256
     ci = torch.where(level, c, 0)
@@ -131,11 +142,13 @@ def start_read_to_device(grid: ChunkGrid, dtype: str, codes_of: ChunkCodesOf,
 
 
 def stored_codes(storage: Storage, prefix: str, codec: QuantizedLossy) -> ChunkCodesOf:
-    """``codes_of`` of :func:`start_read_to_device` for a quantized array stored whole."""
+    """``codes_of`` of :func:`start_read_to_device` for a quantized array stored whole: the
+    codes stay packed (half a byte a value crosses at 4 bits), checked on the device."""
 
-    def codes_of(key: str) -> tuple[np.ndarray, QuantParams, str]:
+    def codes_of(key: str) -> tuple[PackedCodes, QuantParams, str]:
         where = chunk_key(prefix, key)
-        return (*codec.decode_codes(read_chunk(storage, where), where), where)
+        packed, params = codec.decode_packed(read_chunk(storage, where), where)
+        return PackedCodes(packed, params.count, params.bits), params, where
 
     return codes_of
 

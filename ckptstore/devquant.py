@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from .arrays import tensor_to_host
+from .devbits import PackedCodes, pack_on_device
 from .chunkcodec import QuantizedLossy
 from .grid import ChunkGrid
 from .plan import ArrayItem, CodesItem, CommitPlan
@@ -162,32 +163,38 @@ def _adaptive_ranges(xs: torch.Tensor, n: int, lo: torch.Tensor, hi: torch.Tenso
         cell[-1, seg - (nseg * seg - n):] = cells
     cell += torch.arange(nseg, device=xs.device)[:, None] * (cells + 1)
     counts = torch.bincount(cell.reshape(-1), minlength=nseg * (cells + 1))
-    counts = counts.view(nseg, cells + 1)[:, :cells].to(torch.int32).cpu().numpy()
+    narrow = torch.uint8 if seg < 256 else torch.int16 if seg < 32768 else torch.int32
+    counts = counts.view(nseg, cells + 1)[:, :cells].to(narrow).cpu().numpy()
     lo_h, hi_h = lo.cpu().numpy(), hi.cpu().numpy()
     histogram_ranges_from_counts(counts, lo_h, hi_h, nq, bins,
                                  float(quantize.get("ratio", 1.0)))
     return torch.from_numpy(lo_h).to(xs.device), torch.from_numpy(hi_h).to(xs.device)
 
 
-ChunkCodes = Callable[[int, int, int], tuple[np.ndarray, Any]]
+ChunkCodes = Callable[[int, int, int], tuple[np.ndarray | PackedCodes, Any]]
 
 
-def device_chunk_codes(staged: torch.Tensor, grid: ChunkGrid, codec: QuantizedLossy
-                       ) -> ChunkCodes:
+def device_chunk_codes(staged: torch.Tensor, grid: ChunkGrid, codec: QuantizedLossy,
+                       packed: bool = False) -> ChunkCodes:
     """``codes(chunk index, first row, end row) -> (codes, params)`` of the chunks of
     ``staged`` (a tensor on its device: a CUDA tensor, or a CPU tensor in tests), quantized
     there on a stream of their own (CUDA) so that training's stream never waits for them.
-    Called from the writer's worker threads; a chunk holding a non-finite value is quantized on
-    the host from its bits, exactly as the host path does."""
+    With ``packed`` the codes are bit-packed there too and come as :class:`PackedCodes` (half
+    a byte a value crosses at 4 bits). Called from the writer's worker threads; a chunk holding
+    a non-finite value is quantized on the host from its bits, exactly as the host path does."""
     stream = _side_stream(staged.device)
 
-    def codes(i: int, lo: int, hi: int) -> tuple[np.ndarray, Any]:
+    def codes(i: int, lo: int, hi: int) -> tuple[np.ndarray | PackedCodes, Any]:
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
             chunk = _padded_chunk(staged, grid, lo, hi)
             got = quantize_on_device(chunk, codec.quantize)
             if got is None:
                 return codec.quantize_chunk(tensor_to_host(chunk))
-            return got[0].cpu().numpy(), got[1]
+            c, params = got
+            if packed:
+                return PackedCodes(pack_on_device(c, params.bits).cpu().numpy(), params.count,
+                                   params.bits), params
+            return c.cpu().numpy(), params
 
     return codes
 

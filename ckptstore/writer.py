@@ -24,6 +24,7 @@ from .chains.replay import changed_rows, xor_bits
 from .chunkcodec import LOSSLESS_IDS, BloscLossless, CodeDelta, Encoded, PlanesLossless, \
     QuantizedLossy
 from .dedup import Dedup, Reused, content_digest
+from .devbits import PackedCodes
 from .devquant import ChunkCodes, device_chunk_codes
 from .layout import PACKED_ARRAY, ZARR_JSON, array_dir, data_dir, part_array
 from .manifest import Blob
@@ -148,14 +149,15 @@ def _score_chunk(score: np.ndarray | None, grid: ChunkGrid, i: int) -> np.ndarra
     return part
 
 
-def _quantized_chunks(p: ArrayItem, staged: Staged, score: np.ndarray | None
-                      ) -> ChunkCodes:
+def _quantized_chunks(p: ArrayItem, staged: Staged, score: np.ndarray | None,
+                      packed: bool = False) -> ChunkCodes:
     """``codes(chunk index, first row, end row) -> (codes, params)`` of a quantized item,
-    computed on its device (``staged`` a tensor there) or on the host."""
+    computed on its device (``staged`` a tensor there; ``packed``: bit-packed there too, as
+    :class:`~ckptstore.devbits.PackedCodes`) or on the host."""
     codec = p.codec
     assert isinstance(codec, QuantizedLossy)
     if isinstance(staged, torch.Tensor):
-        return device_chunk_codes(staged, p.grid, codec)
+        return device_chunk_codes(staged, p.grid, codec, packed)
 
     def codes(i: int, lo: int, hi: int) -> tuple[np.ndarray, QuantParams]:
         return codec.quantize_chunk(chunk_view(staged, p.grid, lo, hi),
@@ -186,10 +188,12 @@ def _write_full(storage: Storage, commit_id: str, p: ArrayItem, host: Staged,
     codes: CodesBase = {}
     codec = p.codec
     assert isinstance(codec, QuantizedLossy)
-    quantized = _quantized_chunks(p, host, score)
+    quantized = _quantized_chunks(p, host, score, packed=not p.keep_codes)
 
     def encoded(i: int, lo: int, hi: int) -> Encoded:
         chunk_codes, params = quantized(i, lo, hi)
+        if isinstance(chunk_codes, PackedCodes):
+            return codec.pack(None, params, chunk_codes.data)
         if p.keep_codes:
             codes[i] = (chunk_codes, params)
         return codec.pack(chunk_codes, params)

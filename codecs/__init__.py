@@ -21,7 +21,7 @@ the same for processes that never import it).
 
 from numcodecs.registry import register_codec
 
-from ._qformat import HEADER_SIZE, decode_chunk, encode_chunk
+from ._qformat import HEADER_SIZE, decode_chunk, decode_chunk_packed, encode_chunk
 from .bitpack import pack_bits, packed_size, unpack_bits
 from .planes import BytePlanes, planes_decode, planes_encode
 from .delta import BucketDelta, delta_decode, delta_encode
@@ -53,6 +53,7 @@ __all__ = [
     "Quantize",
     "RLEHuffman",
     "decode_chunk",
+    "decode_chunk_packed",
     "delta_decode",
     "delta_encode",
     "dequantize",

@@ -63,7 +63,7 @@ from .errors import CodecError
 from .qparams import METHODS, PARAM_DTYPES, QuantParams
 
 __all__ = ["HEADER_SIZE", "HEADER_SIZE_V2", "VERSION", "VERSION_SPARSE", "decode_chunk",
-           "encode_chunk", "varint_decode", "varint_encode"]
+           "decode_chunk_packed", "encode_chunk", "varint_decode", "varint_encode"]
 
 #: Version of level-mode chunks (``protect_mode='level'``).
 VERSION = 1
@@ -119,8 +119,16 @@ def varint_decode(b: np.ndarray, n: int) -> np.ndarray:
     return np.add.reduceat(parts, starts)
 
 
-def encode_chunk(codes: np.ndarray, p: QuantParams) -> bytes:
-    """Serialise codes and their parameters into one self-contained chunk (codes last)."""
+def encode_chunk(codes: np.ndarray | None, p: QuantParams,
+                 packed: np.ndarray | None = None) -> bytes:
+    """Serialise codes and their parameters into one self-contained chunk (codes last).
+
+    ``packed``: the codes already packed (:func:`ckptcodecs.pack_bits`'s layout, e.g. packed
+    on a GPU), in place of ``codes``."""
+    if packed is not None:
+        packed = np.ascontiguousarray(packed, dtype=np.uint8).reshape(-1)
+        if packed.size != packed_size(p.count, p.bits):
+            raise CodecError(f"{packed.size} packed bytes for {p.count} codes of {p.bits} bits")
     nprot = p.protected.size
     if p.param_dtype not in PARAM_DTYPES:
         raise CodecError(f"param_dtype must be one of {PARAM_DTYPES}, got {p.param_dtype!r}")
@@ -153,12 +161,29 @@ def encode_chunk(codes: np.ndarray, p: QuantParams) -> bytes:
         raise CodecError("param_dtype='float16' needs parameters exactly representable in "
                          "float16 (quantize() rounds them before computing the codes)")
     params = b"".join(s.tobytes() for s in stored)
+    body = pack_bits(codes, p.bits) if packed is None else packed
     return b"".join([head, params, posbytes, p.protected.astype("<u2").tobytes(),
-                     pack_bits(codes, p.bits).tobytes()])
+                     body.tobytes()])
 
 
 def decode_chunk(buf: np.ndarray) -> tuple[np.ndarray, QuantParams]:
     """Parse a chunk (version 1 or 2) into ``(codes, params)``; CodecError on any inconsistency."""
+    packed, p = decode_chunk_packed(buf)
+    codes = unpack_bits(packed, p.bits, p.count)
+    if p.count:
+        if int(codes.max()) >= p.levels:
+            raise CodecError("Quantize chunk corrupted: a code is outside the level range")
+        if p.has_protect and np.count_nonzero(codes == p.protect_code) != p.protected.size:
+            raise CodecError("Quantize chunk corrupted: protected codes and values disagree")
+    return codes, p
+
+
+def decode_chunk_packed(buf: np.ndarray) -> tuple[np.ndarray, QuantParams]:
+    """:func:`decode_chunk` without unpacking the codes: ``(packed codes, params)``, every size
+    and parameter checked but not the codes themselves -- the caller unpacks them (on a GPU,
+    say) and must check that each is below ``params.levels`` and that the protect codes are as
+    many as ``params.protected``, as :func:`decode_chunk` does. The packed codes are a view of
+    ``buf``."""
     b = np.ascontiguousarray(buf).reshape(-1).view(np.uint8)
     if b.size < _HEAD.size:
         raise CodecError(f"Quantize chunk truncated: {b.size} bytes, header needs {_HEAD.size}")
@@ -227,10 +252,4 @@ def decode_chunk(buf: np.ndarray) -> tuple[np.ndarray, QuantParams]:
             p.protect_positions = positions.astype(np.int64)
     p.protected = b[pos:pos + 2 * nprot].copy().view("<u2").astype(np.uint16)
     pos += 2 * nprot
-    codes = unpack_bits(b[pos:], bits, count)
-    if count:
-        if int(codes.max()) >= levels:
-            raise CodecError("Quantize chunk corrupted: a code is outside the level range")
-        if has_protect and np.count_nonzero(codes == p.protect_code) != nprot:
-            raise CodecError("Quantize chunk corrupted: protected codes and values disagree")
-    return codes, p
+    return b[pos:], p

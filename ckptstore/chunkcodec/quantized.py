@@ -86,12 +86,14 @@ class QuantizedLossy(ChunkCodec):
         codes, params = self.quantize_chunk(chunk, score)
         return self.pack(codes, params), codes, params
 
-    def pack(self, codes: np.ndarray, params: QuantParams) -> Encoded:
+    def pack(self, codes: np.ndarray | None, params: QuantParams,
+             packed: np.ndarray | None = None) -> Encoded:
         """Stored bytes of a chunk's ``codes`` and ``params`` (computed on the host or, by
-        :mod:`ckptstore.devquant`, on the tensor's device)."""
+        :mod:`ckptstore.devquant`, on the tensor's device); ``packed``: the codes already
+        bit-packed, in place of ``codes``."""
         from ckptcodecs import encode_chunk, rle_huffman_encode
 
-        body = encode_chunk(codes, params)
+        body = encode_chunk(codes, params, packed)
         return add_crc(rle_huffman_encode(body) if self.entropy else body)
 
     def encode(self, chunk: np.ndarray) -> Encoded:
@@ -105,6 +107,18 @@ class QuantizedLossy(ChunkCodec):
         try:
             raw = rle_huffman_decode(body) if self.entropy else np.frombuffer(body, np.uint8)
             return decode_chunk(raw)
+        except ValueError as e:  # ckptcodecs.CodecError
+            raise CorruptedChunkError(f"chunk {where} does not decode: {e}", where) from e
+
+    def decode_packed(self, data: bytes, where: str) -> tuple[np.ndarray, QuantParams]:
+        """``(packed codes, params)`` of a stored chunk, the codes left packed and unchecked
+        (see :func:`ckptcodecs.decode_chunk_packed`): for a device that unpacks them."""
+        from ckptcodecs import decode_chunk_packed, rle_huffman_decode
+
+        body = check_crc(data, where)
+        try:
+            raw = rle_huffman_decode(body) if self.entropy else np.frombuffer(body, np.uint8)
+            return decode_chunk_packed(raw)
         except ValueError as e:  # ckptcodecs.CodecError
             raise CorruptedChunkError(f"chunk {where} does not decode: {e}", where) from e
 

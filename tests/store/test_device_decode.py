@@ -58,6 +58,23 @@ def test_values_equal_the_host_dequantization(dtype):
     assert checked >= 120
 
 
+def test_packed_codes_are_checked_on_the_device():
+    from ckptcodecs import pack_bits
+
+    from ckptstore.devbits import PackedCodes
+
+    codes, params = quantize(np.linspace(-1, 1, 64, dtype=np.float32), "kmeans", 3, levels=5)
+    packed = PackedCodes(pack_bits(codes, 3), 64, 3)
+    want = dequantize(codes, params)
+    assert np.array_equal(dequantize_on_device(packed, params, "cpu").numpy(), want)
+    bad = codes.copy()
+    bad[5] = 7  # 5 levels in 3 bits: codes 5-7 are not levels
+    with pytest.raises(ValueError, match="outside the level range"):
+        dequantize_on_device(PackedCodes(pack_bits(bad, 3), 64, 3), params, "cpu")
+    with pytest.raises(ValueError, match="codes of 3 bits"):
+        dequantize_on_device(PackedCodes(pack_bits(codes, 3), 63, 3), params, "cpu")
+
+
 def test_only_accelerators_decode_on_the_device():
     assert not wants_device_decode(None) and not wants_device_decode("cpu")
     assert wants_device_decode("cuda") and wants_device_decode(torch.device("cuda", 1))

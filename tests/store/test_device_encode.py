@@ -132,21 +132,27 @@ SPECS = [QuantSpec("uniform-asymmetric", 4), QuantSpec("uniform-symmetric", 8, "
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.method}-{s.bits}-{s.granularity}")
-@pytest.mark.parametrize("asynchronous", [False, True], ids=["commit", "commit_async"])
+@pytest.mark.parametrize("asynchronous, delta", [(False, True), (True, True), (True, False)],
+                         ids=["commit-deltas", "commit_async-deltas", "commit_async-full"])
 def test_device_encoded_commits_store_the_host_paths_chunks(tmp_path, monkeypatch, spec,
-                                                           asynchronous):
+                                                           asynchronous, delta):
+    """Full commits send packed codes from the device; code-delta chains keep their codes."""
     import ckptstore.writer as writer_module
 
-    calls = []
-    real = writer_module.device_chunk_codes
+    import ckptstore.devquant as devquant_module
+
+    calls, packs = [], []
+    real, real_pack = writer_module.device_chunk_codes, devquant_module.pack_on_device
     monkeypatch.setattr(writer_module, "device_chunk_codes",
                         lambda t, *a: calls.append(t.dtype) or real(t, *a))
+    monkeypatch.setattr(devquant_module, "pack_on_device",
+                        lambda *a: packs.append(1) or real_pack(*a))
     stored = {}
     for mode in ("off", "always"):
         store = ckptstore.open(tmp_path / mode, options=EncodingOptions(
             device_encode=mode, chunk_bytes=64 << 10))
-        policy = Policy(quantize=spec, delta=True, max_chain=3, min_quant_bytes=1)
-        for seed in range(3):  # a full commit, then two code-delta links
+        policy = Policy(quantize=spec, delta=delta, max_chain=3, min_quant_bytes=1)
+        for seed in range(3):  # a full commit, then two code-delta links (or two full commits)
             state = _state(seed)
             if asynchronous:
                 store.commit_async(state, policy=policy).wait()
@@ -159,9 +165,10 @@ def test_device_encoded_commits_store_the_host_paths_chunks(tmp_path, monkeypatc
     if spec.method != "adaptive-asymmetric":
         dtypes.append(torch.float32)  # "small"
     assert sorted(map(str, calls)) == sorted(map(str, 3 * dtypes))
+    assert bool(packs) is not delta  # full arrays cross packed; delta chains keep their codes
     (chunks_off, out_off), (chunks_dev, out_dev) = stored["off"], stored["always"]
     assert chunks_dev.keys() == chunks_off.keys()
-    assert any(".codes" in k for k in chunks_dev)  # code deltas were written
+    assert any(".codes" in k for k in chunks_dev) is delta  # code deltas were written
     for k in chunks_off:
         assert chunks_dev[k] == chunks_off[k], k
     for k, v in out_off.items():
@@ -203,3 +210,17 @@ def test_cuda_commit_equals_the_cpu_commit(tmp_path):
         chunks.append(_chunks(store, tmp_path / name))
         store.close()
     assert chunks[0] == chunks[1]
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_bit_packing_on_the_device_is_ckptcodecs_layout(bits):
+    from ckptcodecs import pack_bits
+
+    from ckptstore.devbits import pack_on_device, unpack_on_device
+
+    rng = np.random.default_rng(bits)
+    for n in (0, 1, 7, 8, 9, 1001):
+        codes = rng.integers(0, 1 << bits, n).astype(np.uint8)
+        packed = pack_on_device(torch.from_numpy(codes), bits)
+        np.testing.assert_array_equal(packed.numpy(), pack_bits(codes, bits))
+        np.testing.assert_array_equal(unpack_on_device(packed, bits, n).numpy(), codes)
