@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from .chains.memory import ChainMemory
 from .dedup import Dedup
-from .devquant import device_items
+from .devquant import device_items, staged_items
 from .errors import RefExists, StagingBudgetError, StorageError, StorageFullError
 from .ids import new_commit_id
 from .info import CommitInfo
@@ -129,7 +129,7 @@ class Committer:
         """Steps 1-7 in the caller's thread."""
         self.wait()
         job = self.prepare(state, message, branch, tags, metadata, policy, tracker)
-        snap = snapshot(job.plan, on_device=self._on_device(job))
+        snap = snapshot(job.plan, encode=self._on_device(job))
         if tracker is not None:
             tracker.clear()  # rows seen so far are in the plan (kept as unsaved until the ref moves)
         return self.finish(job, snap)
@@ -143,7 +143,8 @@ class Committer:
         job = self.prepare(state, message, branch, tags, metadata, policy, tracker)
         if not staged:
             _check_staging_budget(job.plan, self.staging.budget)
-        snap = snapshot(job.plan, None if staged else self.staging, self._on_device(job))
+        snap = snapshot(job.plan, None if staged else self.staging, self._on_device(job),
+                        staged_items(job.plan, self.options.device_encode))
         if tracker is not None:
             tracker.clear()
         pending = PendingCommit(time.perf_counter() - t0, snap.nbytes)
@@ -212,6 +213,7 @@ class Committer:
         """Steps 4-7: persist, manifest, ref, then remember the chains and tag."""
         commit_id = new_commit_id()
         dedup = Dedup.against(job.parent) if self.options.dedup else None
+        snap.settle(self.staging)  # device-staged tensors not quantized there: to the host
         if job.shrink is not None:
             shrink_snapshot(job.plan, snap, job.shrink)
         if job.gradients is not None and job.gradients.averages:

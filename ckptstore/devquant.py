@@ -41,7 +41,8 @@ from .chunkcodec import QuantizedLossy
 from .grid import ChunkGrid
 from .plan import ArrayItem, CodesItem, CommitPlan
 
-__all__ = ["device_chunk_codes", "device_items", "device_quantizable", "quantize_on_device"]
+__all__ = ["device_chunk_codes", "device_items", "device_quantizable", "quantize_on_device",
+           "staged_items"]
 
 _METHODS = ("uniform-asymmetric", "uniform-symmetric", "adaptive-asymmetric")
 _DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
@@ -245,3 +246,13 @@ def device_items(plan: CommitPlan, mode: str, dedup: bool) -> frozenset[int]:
         if p.source.device.type == "cuda" or mode == "always":
             out.add(p.index)
     return frozenset(out)
+
+
+def staged_items(plan: CommitPlan, mode: str) -> frozenset[int]:
+    """Indices of the array items ``commit_async`` stages on their device (a device-to-device
+    copy while it has room; :meth:`ckptstore.snapshot.Snapshot.settle` moves those not quantized
+    there to the host in the background): those of CUDA tensors, any with ``"always"``."""
+    if mode == "off":
+        return frozenset()
+    return frozenset(p.index for p in plan.stored() if isinstance(p, ArrayItem) and (
+        mode == "always" or p.source.device.type == "cuda"))

@@ -13,7 +13,7 @@ import torch
 
 from .arrays import tensor_to_host
 from .plan import ArrayItem, CommitPlan, PackedItem
-from .staging import StagingPool
+from .staging import PACKED_KEY, StagingPool
 
 __all__ = ["Snapshot", "snapshot"]
 
@@ -29,9 +29,16 @@ class Snapshot:
     # per item, one importance value per element ranking protect/prune of quantized arrays
     # (DynaQuant's sensitivity, :mod:`ckptstore.sensitivity`); shaped like the item's array
     scores: dict[int, np.ndarray] = field(default_factory=dict)
-    # per item, a copy on its own device (or the tensor itself in a synchronous commit), to be
-    # quantized there (:mod:`ckptstore.devquant`); such items are not in ``arrays``
+    # per item, a copy on its own device (or the tensor itself in a synchronous commit): to be
+    # quantized there (:mod:`ckptstore.devquant`) if in ``encode``, else to be moved to the host
+    # by :meth:`settle`; such items are not in ``arrays``
     device: dict[int, torch.Tensor] = field(default_factory=dict)
+    encode: frozenset[int] = frozenset()
+    names: dict[int, str] = field(default_factory=dict)  # array names of ``device`` items
+    # the packed bytes of small CUDA tensors, gathered on their device, and their
+    # ``(offset, nbytes)`` in ``packed``
+    device_packed: torch.Tensor | None = None
+    device_ranges: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
@@ -45,23 +52,45 @@ class Snapshot:
             e.synchronize()
         self.events.clear()
 
+    def settle(self, pool: StagingPool) -> None:
+        """On the persist thread: copy what was staged on a device but is not quantized there
+        to (pinned, reused) host buffers -- the device-to-host copies that the snapshot's
+        device-to-device copies took off training's path."""
+        self.ready()
+        for i in [i for i in self.device if i not in self.encode]:
+            self.arrays[i] = pool.to_host(self.names[i], self.device.pop(i))
+        if self.device_packed is not None:
+            host = pool.to_host(PACKED_KEY, self.device_packed)
+            for offset, n in self.device_ranges:
+                self.packed[offset: offset + n] = host[offset: offset + n]
+            self.device_packed = None
+
 
 def snapshot(plan: CommitPlan, pool: StagingPool | None = None,
-             on_device: frozenset[int] = frozenset()) -> Snapshot:
+             encode: frozenset[int] = frozenset(), stage: frozenset[int] = frozenset()
+             ) -> Snapshot:
     """Capture the bits of every stored tensor on the host.
 
     Without ``pool`` CPU tensors that are already contiguous are referenced, not copied (the
     synchronous commit path, where training waits anyway). With a
     :class:`~ckptstore.staging.StagingPool` every tensor is copied into a reusable buffer (pinned,
     asynchronously for CUDA tensors) so training may modify it as soon as this returns.
-    The items of ``on_device`` (:func:`ckptstore.devquant.device_items`) stay on their device
-    instead -- referenced without a pool, copied into a device buffer with one while the
-    device has room -- to be quantized there by :func:`persist`.
+
+    The items of ``encode`` (:func:`ckptstore.devquant.device_items`) stay on their device, to
+    be quantized there by :func:`~ckptstore.writer.persist`: referenced without a pool, copied
+    into a device buffer with one while the device has room. With a pool, the items of
+    ``stage`` (every CUDA tensor, :func:`ckptstore.devquant.staged_items`) are copied into
+    device buffers too, and small CUDA tensors into one device buffer of packed bytes: the
+    snapshot is then device-to-device copies only, and :meth:`Snapshot.settle` moves what is not
+    quantized there to the host on the persist thread.
     """
     arrays: dict[int, np.ndarray] = {}
     device: dict[int, torch.Tensor] = {}
+    names: dict[int, str] = {}
     events: list[torch.cuda.Event] = []
     packed = None
+    dev_packed: torch.Tensor | None = None
+    ranges: list[tuple[int, int]] = []
     if pool is not None:
         pool.begin()
     if plan.packed_nbytes:
@@ -69,15 +98,24 @@ def snapshot(plan: CommitPlan, pool: StagingPool | None = None,
                   else pool.packed(plan.packed_nbytes))
     for p in plan.stored():
         if isinstance(p, PackedItem):
-            if p.nbytes:
-                host = tensor_to_host(p.source)
-                packed[p.offset: p.offset + p.nbytes] = host.reshape(-1).view(np.uint8)
+            if not p.nbytes:
+                continue
+            if pool is not None and stage and p.source.device.type == "cuda":
+                if dev_packed is None:
+                    dev_packed = pool.packed_device(plan.packed_nbytes, p.source.device)
+                if dev_packed is not None:
+                    pool.stage_bytes(dev_packed[p.offset: p.offset + p.nbytes], p.source)
+                    ranges.append((p.offset, p.nbytes))
+                    continue
+            host = tensor_to_host(p.source)
+            packed[p.offset: p.offset + p.nbytes] = host.reshape(-1).view(np.uint8)
             continue
         assert isinstance(p, ArrayItem)
-        if p.index in on_device:
+        if p.index in encode or (pool is not None and p.index in stage):
             staged = _stage_on_device(p, pool)
             if staged is not None:
                 device[p.index], event = staged
+                names[p.index] = p.array
                 if event is not None:
                     events.append(event)
                 continue
@@ -87,9 +125,14 @@ def snapshot(plan: CommitPlan, pool: StagingPool | None = None,
         arrays[p.index], event = pool.stage(p.array, p.source)
         if event is not None:
             events.append(event)
+    if dev_packed is not None and ranges:
+        events.append(pool.record_side_stream(dev_packed.device))
     if pool is not None:
         pool.release_unused()  # buffers of tensors that changed shape or left the state
-    return Snapshot(arrays, packed, events, device=device)
+    return Snapshot(arrays, packed, events, device=device,
+                    encode=frozenset(i for i in encode if i in device),
+                    names=names, device_packed=dev_packed if ranges else None,
+                    device_ranges=ranges)
 
 
 def _stage_on_device(p: ArrayItem, pool: StagingPool | None

@@ -21,7 +21,11 @@ import torch
 
 from .arrays import _STORAGE, _VIEW, _is_bit_view, storage_dtype, tensor_to_host
 
-__all__ = ["DEVICE_FREE_FLOOR", "Buffer", "StagingPool"]
+__all__ = ["DEVICE_FREE_FLOOR", "PACKED_KEY", "Buffer", "StagingPool"]
+
+#: :meth:`StagingPool.to_host`'s key of the packed small tensors gathered on a device (no array
+#: is named so: array names start with a letter or digit).
+PACKED_KEY = "\0packed"
 
 #: Device staging (:meth:`StagingPool.stage_device`) leaves at least this share of the device's
 #: memory free; past it, tensors are staged in pinned host memory.
@@ -54,7 +58,8 @@ class StagingPool:
         self._buffers: dict[tuple[object, ...], Buffer] = {}
         self._used: set[tuple[object, ...]] = set()
         self._lock = threading.Lock()
-        self._stream = None
+        self._stream = None  # the snapshot's side stream
+        self._d2h = None      # the persist thread's stream for device-to-host copies
 
     def begin(self) -> None:
         """A snapshot starts: count the buffers it uses."""
@@ -139,6 +144,8 @@ class StagingPool:
         buffer."""
         t = t.detach()
         k = ("device", key, tuple(t.shape), t.dtype, t.device)
+        with self._lock:  # the host buffer :meth:`to_host` fills later is this snapshot's too
+            self._used.add(self._host_key(key, t))
         if t.device.type != "cuda":
             buf = self._buffer(k, lambda: torch.empty(t.shape, dtype=t.dtype))
             buf.copy_(t)
@@ -151,6 +158,76 @@ class StagingPool:
                 return None
         buf = self._buffer(k, lambda: torch.empty(t.shape, dtype=t.dtype, device=t.device))
         return buf, self._copy_on_side_stream(buf, t)
+
+    def packed_device(self, nbytes: int, device: torch.device) -> torch.Tensor | None:
+        """A zeroed byte buffer on ``device`` for the packed small tensors that live there
+        (:meth:`stage_bytes`), zeroed on the side stream; None when the device lacks room."""
+        k = ("packed-device", nbytes, device)
+        with self._lock:
+            have = k in self._buffers
+            self._used.add(("cuda", PACKED_KEY, (nbytes,), torch.uint8))  # to_host's buffer
+        if not have:
+            free, total = torch.cuda.mem_get_info(device)
+            if free - nbytes < DEVICE_FREE_FLOOR * total:
+                return None
+        buf = self._buffer(k, lambda: torch.empty(nbytes, dtype=torch.uint8, device=device))
+        stream = self._side_stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            buf.zero_()
+        return buf
+
+    def stage_bytes(self, dst: torch.Tensor, t: torch.Tensor) -> None:
+        """Copy the bits of CUDA tensor ``t`` (C order) into the byte range ``dst`` of a
+        :meth:`packed_device` buffer, on the side stream; training's stream waits for it on the
+        GPU. :meth:`record_side_stream` marks the end of such copies."""
+        t = t.detach()
+        if t.is_conj():
+            t = t.resolve_conj()
+        if t.is_neg():
+            t = t.resolve_neg()
+        stream = self._side_stream(t.device)
+        current = torch.cuda.current_stream(t.device)
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            dst.copy_(t.contiguous().reshape(-1).view(torch.uint8))
+        t.record_stream(stream)
+        current.wait_stream(stream)
+
+    def record_side_stream(self, device: torch.device) -> torch.cuda.Event:
+        """An event after every copy queued so far on the side stream of ``device``."""
+        event = torch.cuda.Event()
+        event.record(self._side_stream(device))
+        return event
+
+    def to_host(self, key: str, t: torch.Tensor) -> np.ndarray:
+        """On the persist thread: the bits of ``t`` (a device staging buffer) copied into a
+        reused host buffer (pinned for CUDA) on a stream of its own that training's stream never
+        waits for; returns once the copy has landed."""
+        dtype = storage_dtype(t.dtype)
+        if t.device.type != "cuda":
+            buf = self._buffer(self._host_key(key, t), lambda: np.empty(t.shape, dtype))
+            dst = torch.from_numpy(buf)
+            (dst.view(t.dtype) if _is_bit_view(t.dtype) else dst).copy_(t)
+            return buf
+        pinned = self._buffer(self._host_key(key, t),
+                              lambda: torch.empty(t.shape, dtype=t.dtype, pin_memory=True))
+        with self._lock:
+            if self._d2h is None:
+                self._d2h = torch.cuda.Stream(device=t.device)
+            stream = self._d2h
+        with torch.cuda.stream(stream):
+            pinned.copy_(t, non_blocking=True)
+        stream.synchronize()
+        host = pinned.view(_VIEW[_STORAGE[t.dtype]]) if _is_bit_view(t.dtype) else pinned
+        return host.numpy()
+
+    @staticmethod
+    def _host_key(key: str, t: torch.Tensor) -> tuple[object, ...]:
+        """The key of the host buffer of ``t``: pinned for CUDA tensors, as :meth:`stage`."""
+        if t.device.type == "cuda":
+            return ("cuda", key, tuple(t.shape), t.dtype)
+        return ("cpu", key, tuple(t.shape), storage_dtype(t.dtype).str)
 
     def reserve_packed(self, nbytes: int) -> int:
         """Allocate the packed buffer of :meth:`packed` ahead of time (pages faulted in)."""
@@ -189,14 +266,19 @@ class StagingPool:
     def _copy_on_side_stream(self, dst: torch.Tensor, t: torch.Tensor) -> torch.cuda.Event:
         """``dst.copy_(t)`` on the side stream, after what training queued so far; training's
         later kernels wait for it on the GPU (not on the CPU). Returns the copy's event."""
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(device=t.device)
+        stream = self._side_stream(t.device)
         current = torch.cuda.current_stream(t.device)
-        self._stream.wait_stream(current)          # copy what training computed so far
-        with torch.cuda.stream(self._stream):
+        stream.wait_stream(current)                # copy what training computed so far
+        with torch.cuda.stream(stream):
             dst.copy_(t, non_blocking=True)
             event = torch.cuda.Event()
-            event.record(self._stream)
-        t.record_stream(self._stream)
-        current.wait_stream(self._stream)          # later kernels wait for the copy (on the GPU)
+            event.record(stream)
+        t.record_stream(stream)
+        current.wait_stream(stream)                # later kernels wait for the copy (on the GPU)
         return event
+
+    def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
+        """The snapshot's side stream (one device per pool: a process trains on one GPU)."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=device)
+        return self._stream

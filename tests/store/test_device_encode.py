@@ -201,10 +201,13 @@ def test_device_encode_option_is_checked():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
 def test_cuda_commit_equals_the_cpu_commit(tmp_path):
-    state = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in _state().items()}
+    """Quantized on the GPU, lossless arrays and packed small tensors staged device-to-device
+    and moved to the host by the persist thread: the chunks of a CPU commit."""
+    cpu = {**_state(), "ints": torch.arange(100), "big_ints": torch.arange(100_000)}
+    state = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in cpu.items()}
     policy = Policy(quantize=QuantSpec("uniform-asymmetric", 4), min_quant_bytes=1)
     chunks = []
-    for name, mode, s in (("gpu", "auto", state), ("cpu", "off", _state())):
+    for name, mode, s in (("gpu", "auto", state), ("cpu", "off", cpu)):
         store = ckptstore.open(tmp_path / name, options=EncodingOptions(device_encode=mode))
         store.commit_async(s, policy=policy).wait()
         chunks.append(_chunks(store, tmp_path / name))
@@ -224,3 +227,26 @@ def test_bit_packing_on_the_device_is_ckptcodecs_layout(bits):
         packed = pack_on_device(torch.from_numpy(codes), bits)
         np.testing.assert_array_equal(packed.numpy(), pack_bits(codes, bits))
         np.testing.assert_array_equal(unpack_on_device(packed, bits, n).numpy(), codes)
+
+
+def test_device_staging_buffers_are_reused_across_commits(tmp_path):
+    """commit_async stages every tensor on its device ("always": CPU tensors too), and the
+    persist thread moves the lossless ones to host buffers: both kinds of buffer are allocated
+    once and reused, and the commits store what the host path stores."""
+    state = {"a": torch.randn(1000, 100), "q": torch.randn(500, 64), "bias": torch.randn(10)}
+    policy = Policy(overrides=(("q", QuantSpec("uniform-asymmetric", 4)),), min_quant_bytes=1)
+    kept = []
+    for mode in ("always", "off"):
+        store = ckptstore.open(tmp_path / mode, options=EncodingOptions(device_encode=mode))
+        for _ in range(3):
+            store.commit_async(state, policy=policy).wait()
+            kept.append({k: id(b) for k, b in store._committer.staging._buffers.items()})
+        out = store.checkout("main")
+        assert torch.equal(out["a"], state["a"]) and torch.equal(out["bias"], state["bias"])
+        assert _chunks(store, tmp_path / mode).keys()
+    assert kept[0] == kept[1] == kept[2]  # "always": no buffer made twice
+    assert {k[0] for k in kept[0]} == {"cpu", "device", "packed"}
+    assert {k[0] for k in kept[3]} == {"cpu", "packed"}  # "off": host staging only
+    stores = [ckptstore.open(tmp_path / m) for m in ("always", "off")]
+    chunks = [_chunks(s, tmp_path / m) for s, m in zip(stores, ("always", "off"))]
+    assert chunks[0] == chunks[1]
