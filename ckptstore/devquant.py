@@ -19,10 +19,17 @@ counts (:func:`ckptcodecs.adaptive.histogram_ranges_from_counts`, microseconds a
 the ranges back. Segments short enough for the host's value-by-value search (up to about twice the
 number of levels: rows of <= 46 values at 4 bits, <= 524 at 8) stay on the host path.
 
-Reproduced: ``uniform-asymmetric``, ``uniform-symmetric`` and ``adaptive-asymmetric`` (histogram
-search), any granularity, float32, float64, float16 and bfloat16 data, float32 parameters, no
-``protect``/``prune``/``score``. :func:`device_quantizable` says whether a codec's configuration
-is one of those.
+DynaQuant's k-means likewise: the device makes each segment's buckets (the count and the float64
+sum of the values sharing sign, exponent and 7 mantissa bits; such a sum is exact, so the order of
+the device's atomic adds does not matter), the host fits the levels with its own compiled fit
+(:func:`ckptcodecs.kmeans.fit_from_buckets`), and the device finds each value's nearest level --
+for segments of at least :data:`KMEANS_MIN_SEGMENT` values, where the buckets are far fewer
+bytes than the values.
+
+Reproduced: ``uniform-asymmetric``, ``uniform-symmetric``, ``adaptive-asymmetric`` (histogram
+search) and ``kmeans`` (long segments; not float64), any granularity, float32, float64, float16
+and bfloat16 data, float32 parameters, no ``protect``/``prune``/``score``.
+:func:`device_quantizable` says whether a codec's configuration is one of those.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from .plan import ArrayItem, CodesItem, CommitPlan
 __all__ = ["device_chunk_codes", "device_items", "device_quantizable", "quantize_on_device",
            "staged_items"]
 
-_METHODS = ("uniform-asymmetric", "uniform-symmetric", "adaptive-asymmetric")
+_METHODS = ("uniform-asymmetric", "uniform-symmetric", "adaptive-asymmetric", "kmeans")
 _DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
            torch.bfloat16: "bfloat16"}
 
@@ -59,18 +66,28 @@ def device_quantizable(quantize: Mapping[str, Any],
             and quantize.get("param_dtype", "float32") == "float32"
             and quantize.get("protect_mode", "level") == "level"):
         return False
-    return chunk_shape is None or not _direct_search(quantize, chunk_shape)
+    return chunk_shape is None or not _left_to_host(quantize, chunk_shape)
 
 
-def _direct_search(quantize: Mapping[str, Any], chunk_shape: tuple[int, ...]) -> bool:
-    """True for an adaptive encoding whose segments the host searches value by value."""
+#: k-means runs on the device for segments of at least this many values: a segment's buckets
+#: (at most 65,536 of 24 bytes) then cross PCIe instead of its values (a tensor-wide segment of
+#: a chunk of 1 M fp32 values: ~0.2 MB of buckets against 4 MB).
+KMEANS_MIN_SEGMENT = 1 << 16
+
+
+def _left_to_host(quantize: Mapping[str, Any], chunk_shape: tuple[int, ...]) -> bool:
+    """True for segments the host quantizes better: adaptive ones it searches value by value,
+    k-means ones too short for their buckets to be smaller than their values."""
     from ckptcodecs.adaptive import use_direct
     from ckptcodecs.qparams import segment_length
 
-    if quantize["method"] != "adaptive-asymmetric":
+    method = quantize["method"]
+    if method not in ("adaptive-asymmetric", "kmeans"):
         return False
     seg = segment_length(chunk_shape, quantize.get("granularity", "row"),
                          quantize.get("group_size"))
+    if method == "kmeans":
+        return seg < KMEANS_MIN_SEGMENT
     return use_direct(seg, 1 << int(quantize["bits"]))
 
 
@@ -105,12 +122,17 @@ def quantize_on_device(chunk: torch.Tensor, quantize: Mapping[str, Any]
     work = torch.float64 if name == "float64" else torch.float32
     x = chunk.detach().reshape(-1).to(work)
     n = x.numel()
-    if not bool(torch.isfinite(x).all()) or _direct_search(quantize, tuple(chunk.shape)):
+    if not bool(torch.isfinite(x).all()) or _left_to_host(quantize, tuple(chunk.shape)) or (
+            method == "kmeans" and name == "float64"):  # float64 bucket sums are not exact
         return None
     nq = 1 << bits
+    if method == "kmeans" and quantize.get("levels") is not None:
+        nq = int(quantize["levels"])
     params = QuantParams(method, bits, nq, False, False, seg, n, name)
     if n == 0:
         return torch.empty(0, dtype=torch.uint8, device=chunk.device), params
+    if method == "kmeans":
+        return _kmeans(x, seg, params, quantize)
     xs = _segments(x, seg)
     if method == "uniform-symmetric":
         hi = xs.abs().amax(dim=1).double()
@@ -170,6 +192,38 @@ def _adaptive_ranges(xs: torch.Tensor, n: int, lo: torch.Tensor, hi: torch.Tenso
     histogram_ranges_from_counts(counts, lo_h, hi_h, nq, bins,
                                  float(quantize.get("ratio", 1.0)))
     return torch.from_numpy(lo_h).to(xs.device), torch.from_numpy(hi_h).to(xs.device)
+
+
+def _kmeans(x: torch.Tensor, seg: int, params: Any, quantize: Mapping[str, Any]
+            ) -> tuple[torch.Tensor, Any]:
+    """DynaQuant's k-means: each segment's buckets (count and float64 sum of the values of one
+    sign, exponent and 7 mantissa bits: exact sums) made on the device, the levels fitted on
+    the host by the host's own compiled fit (:func:`ckptcodecs.kmeans.fit_from_buckets`), the
+    nearest level of every value found on the device (ties to the lower)."""
+    from ckptcodecs.kmeans import MANTISSA_BITS, fit_from_buckets
+
+    n, nq = x.numel(), params.nq
+    nseg = -(-n // seg)
+    bits = x.view(torch.int32).long() & 0xFFFFFFFF  # float32 bit patterns as unsigned
+    ordered = torch.where(bits >= 1 << 31, ~bits & 0xFFFFFFFF, bits | 1 << 31)
+    keys = (torch.arange(n, device=x.device) // seg << 16) | (ordered >> 23 - MANTISSA_BITS)
+    uniq, inverse, counts = torch.unique(keys, sorted=True, return_inverse=True,
+                                         return_counts=True)
+    sums = torch.zeros(uniq.numel(), dtype=torch.float64, device=x.device)
+    sums.index_add_(0, inverse, x.double())
+    owner = (uniq >> 16).cpu().numpy()
+    offsets = np.searchsorted(owner, np.arange(nseg + 1))
+    book = np.empty((nseg, nq))
+    fit_from_buckets(counts.cpu().numpy(), sums.cpu().numpy(), offsets, nq,
+                     float(quantize.get("lam", 1.0)), int(quantize.get("seed", 0)), book)
+    params.codebook = book.astype(np.float32)
+    if nq == 1:
+        return torch.zeros(n, dtype=torch.uint8, device=x.device), params
+    levels = torch.from_numpy(params.codebook).to(x.device).double()
+    midpoints = 0.5 * (levels[:, :-1] + levels[:, 1:])
+    xs = _segments(x, seg).double()
+    codes = torch.searchsorted(midpoints.contiguous(), xs.contiguous(), right=False)
+    return codes.to(torch.uint8).reshape(-1)[:n], params
 
 
 ChunkCodes = Callable[[int, int, int], tuple[np.ndarray | PackedCodes, Any]]
@@ -242,6 +296,8 @@ def device_items(plan: CommitPlan, mode: str, dedup: bool) -> frozenset[int]:
                 and device_quantizable(codec.quantize, tuple(p.grid.chunks))):
             continue
         if dedup and type(p) is ArrayItem and not p.keep_codes:
+            continue
+        if codec.quantize["method"] == "kmeans" and p.dtype == "float64":
             continue
         if p.source.device.type == "cuda" or mode == "always":
             out.add(p.index)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["MANTISSA_BITS", "fit_codebooks", "nearest_codes"]
+__all__ = ["MANTISSA_BITS", "fit_codebooks", "fit_from_buckets", "nearest_codes"]
 
 MANTISSA_BITS = 7
 _NKEYS = 1 << (9 + MANTISSA_BITS)
@@ -144,32 +144,55 @@ def fit_codebooks(x, xbits, seg, mask, k, lam, seed, out):  # pragma: no cover -
                 nt += 1
             cnt[key] += 1
             sums[key] += v
-        if nt == 0:
-            out[s, :] = 0.0
-            continue
         keys = np.sort(touched[:nt])
-        vals = np.empty(nt)
-        w = np.empty(nt)
-        total = 0.0
-        mag = 0.0
+        kc = np.empty(nt, np.int64)
+        ks = np.empty(nt)
         for i in range(nt):
-            kk = keys[i]
-            vals[i] = sums[kk] / cnt[kk]
-            total += cnt[kk]
-            mag += abs(vals[i])
-        for i in range(nt):
-            kk = keys[i]
-            wf = cnt[kk] / total
-            wm = abs(vals[i]) / mag if mag > 0.0 else 1.0 / nt
-            w[i] = lam * wf + (1.0 - lam) * wm
-            if w[i] <= 0.0:
-                w[i] = 1e-300
-            cnt[kk] = 0
-            sums[kk] = 0.0
-        centers = np.empty(k)
-        _weighted_kmeans(vals, w, k, seed + s, centers)
-        for c in range(k):
-            out[s, c] = centers[c]
+            kc[i] = cnt[keys[i]]
+            ks[i] = sums[keys[i]]
+            cnt[keys[i]] = 0
+            sums[keys[i]] = 0.0
+        _fit_segment(kc, ks, k, lam, seed + s, out[s])
+
+
+@njit(cache=True, nogil=True)
+def fit_from_buckets(counts, sums, offsets, k, lam, seed, out):  # pragma: no cover - compiled
+    """:func:`fit_codebooks` from the segments' buckets instead of their values: segment ``s``
+    has the buckets ``offsets[s]:offsets[s + 1]`` of ``counts``/``sums`` (the number and the
+    float64 sum of its unmasked values in each non-empty bucket, buckets in ascending key
+    order). The same fit, so the same levels: the buckets may be counted elsewhere (a GPU,
+    ``ckptstore.devquant``; a bucket's sum is exact in float64 whatever the order of its terms,
+    its values sharing one exponent)."""
+    for s in range(out.shape[0]):
+        a, b = offsets[s], offsets[s + 1]
+        _fit_segment(counts[a:b], sums[a:b], k, lam, seed + s, out[s])
+
+
+@njit(cache=True, nogil=True)
+def _fit_segment(cnt, sums, k, lam, seed, out):  # pragma: no cover - compiled
+    # the k levels of one segment from its non-empty buckets (ascending keys)
+    nt = cnt.size
+    if nt == 0:
+        out[:] = 0.0
+        return
+    vals = np.empty(nt)
+    w = np.empty(nt)
+    total = 0.0
+    mag = 0.0
+    for i in range(nt):
+        vals[i] = sums[i] / cnt[i]
+        total += cnt[i]
+        mag += abs(vals[i])
+    for i in range(nt):
+        wf = cnt[i] / total
+        wm = abs(vals[i]) / mag if mag > 0.0 else 1.0 / nt
+        w[i] = lam * wf + (1.0 - lam) * wm
+        if w[i] <= 0.0:
+            w[i] = 1e-300
+    centers = np.empty(k)
+    _weighted_kmeans(vals, w, k, seed, centers)
+    for c in range(k):
+        out[c] = centers[c]
 
 
 @njit(cache=True, nogil=True)

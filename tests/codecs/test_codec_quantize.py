@@ -728,3 +728,27 @@ def test_adaptive_search_from_counts_equals_the_search_of_values(bits, dim, rati
     assert (lo != lo0).any()  # the search moved ranges
     with pytest.raises(ValueError, match="counts of shape"):
         histogram_ranges_from_counts(counts[:, 1:], lc, hc, nq, nb, ratio)
+
+
+@pytest.mark.parametrize("k,lam", [(4, 1.0), (16, 0.3), (255, 0.1)])
+def test_kmeans_fit_from_buckets_equals_the_fit_of_values(k, lam):
+    """The k-means fit fed with bucket counts and sums made elsewhere (a GPU makes them,
+    ckptstore.devquant) gives exactly the levels it fits from the values."""
+    from ckptcodecs.kmeans import MANTISSA_BITS, fit_codebooks, fit_from_buckets
+
+    seg = 3000
+    x = (RNG.standard_t(3, size=4 * seg) * 0.05).astype(np.float32)
+    x[seg: 2 * seg] = 0.5  # a constant segment: one bucket
+    bits = x.view(np.uint32)
+    want = np.empty((4, k))
+    fit_codebooks(x, bits, seg, np.zeros(0, np.uint8), k, lam, 7, want)
+    ordered = np.where(bits >> 31 == 1, ~bits, bits | np.uint32(1 << 31))
+    keys = (np.arange(x.size) // seg << 16) | (ordered >> (23 - MANTISSA_BITS)).astype(np.int64)
+    uniq, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    sums = np.zeros(uniq.size)
+    np.add.at(sums, inverse, x.astype(np.float64))
+    offsets = np.searchsorted(uniq >> 16, np.arange(5))
+    got = np.empty((4, k))
+    fit_from_buckets(counts, sums, offsets, k, lam, 7, got)
+    assert np.array_equal(got, want)
+    assert len(np.unique(got[1])) == 1  # the constant segment

@@ -80,6 +80,40 @@ def test_adaptive_ranges_equal_the_host_search(dtype):
     assert on_device >= 100
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_kmeans_levels_and_codes_equal_the_host_fit(dtype, monkeypatch):
+    """DynaQuant's k-means: buckets (counts, exact float64 sums) made on the device, fitted by
+    the host's kernel, nearest levels found on the device: the host path's codebook and codes."""
+    import ckptstore.devquant as devquant_module
+
+    monkeypatch.setattr(devquant_module, "KMEANS_MIN_SEGMENT", 1)  # short segments too
+    rng = np.random.default_rng(2)
+    for bits, gran, levels, lam, shape in itertools.product(
+            [1, 2, 4, 8], ["tensor", "row", "group"], [None, 5], [1.0, 0.3],
+            [(300, 64), (5000,), (7, 9, 33)]):
+        if levels and levels > 1 << bits:
+            continue
+        x = torch.from_numpy(rng.standard_normal(shape) ** 3).clamp(-6e4, 6e4).to(dtype)
+        kw = {"method": "kmeans", "bits": bits, "granularity": gran, "lam": lam,
+              "group_size": 100 if gran == "group" else None}
+        if levels:
+            kw["levels"] = levels
+        if dtype == torch.bfloat16:
+            kw["dtype"] = "bfloat16"
+        codes, got = quantize_on_device(x, kw)
+        want_codes, want = quantize(_bits(x), **kw)
+        case = (bits, gran, levels, lam, shape)
+        np.testing.assert_array_equal(codes.numpy(), want_codes, err_msg=str(case))
+        assert got.codebook.dtype == want.codebook.dtype, case
+        assert np.array_equal(got.codebook, want.codebook), case
+
+
+def test_kmeans_float64_and_short_segments_stay_on_the_host():
+    kw = {"method": "kmeans", "bits": 4, "granularity": "tensor"}
+    assert device_quantizable(kw, (1 << 16,)) and not device_quantizable(kw, (4096,))
+    assert quantize_on_device(torch.randn(1 << 16, dtype=torch.float64), kw) is None
+
+
 def test_a_chunk_with_non_finite_values_is_left_to_the_host():
     x = torch.randn(10, 10)
     x[3, 3] = float("nan")
@@ -90,7 +124,7 @@ def test_a_chunk_with_non_finite_values_is_left_to_the_host():
     ({"method": "uniform-asymmetric", "bits": 4}, True),
     ({"method": "uniform-symmetric", "bits": 8, "granularity": "tensor"}, True),
     ({"method": "adaptive-asymmetric", "bits": 4}, True),
-    ({"method": "kmeans", "bits": 4}, False),
+    ({"method": "kmeans", "bits": 4}, True),
     ({"method": "uniform-asymmetric", "bits": 4, "protect": 0.01}, False),
     ({"method": "uniform-asymmetric", "bits": 4, "prune": 0.1}, False),
     ({"method": "uniform-asymmetric", "bits": 4, "param_dtype": "float16"}, False),
@@ -128,7 +162,8 @@ def _chunks(store: ckptstore.Store, root: Path) -> dict[str, bytes]:
 
 SPECS = [QuantSpec("uniform-asymmetric", 4), QuantSpec("uniform-symmetric", 8, "tensor"),
          QuantSpec("uniform-asymmetric", 3, "group", group_size=100, entropy=False),
-         QuantSpec(bits=4)]  # adaptive: "small" (10 values a row) is searched on the host
+         QuantSpec(bits=4),  # adaptive: "small" (10 values a row) is searched on the host
+         QuantSpec("kmeans", 4, "tensor", levels=12, lam=0.5)]  # "small" fitted on the host
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.method}-{s.bits}-{s.granularity}")
@@ -141,6 +176,7 @@ def test_device_encoded_commits_store_the_host_paths_chunks(tmp_path, monkeypatc
 
     import ckptstore.devquant as devquant_module
 
+    monkeypatch.setattr(devquant_module, "KMEANS_MIN_SEGMENT", 1024)  # the test's small chunks
     calls, packs = [], []
     real, real_pack = writer_module.device_chunk_codes, devquant_module.pack_on_device
     monkeypatch.setattr(writer_module, "device_chunk_codes",
@@ -162,7 +198,7 @@ def test_device_encoded_commits_store_the_host_paths_chunks(tmp_path, monkeypatc
         stored[mode] = (_chunks(store, tmp_path / mode), store.checkout("main"))
     # every quantized tensor of the three commits went through the device path
     dtypes = [torch.float32, torch.bfloat16, torch.float32, torch.float16]
-    if spec.method != "adaptive-asymmetric":
+    if spec.method not in ("adaptive-asymmetric", "kmeans"):
         dtypes.append(torch.float32)  # "small"
     assert sorted(map(str, calls)) == sorted(map(str, 3 * dtypes))
     assert bool(packs) is not delta  # full arrays cross packed; delta chains keep their codes
