@@ -26,14 +26,20 @@ the device's atomic adds does not matter), the host fits the levels with its own
 for segments of at least :data:`KMEANS_MIN_SEGMENT` values, where the buckets are far fewer
 bytes than the values.
 
+``protect`` and ``prune`` select the largest and smallest magnitudes with a stable sort, ties to
+the lowest indices as the host's selection breaks them; the selected values are left out of every
+range, histogram and fit, and protected values are rounded to bfloat16 on the host.
+
 Reproduced: ``uniform-asymmetric``, ``uniform-symmetric``, ``adaptive-asymmetric`` (histogram
 search) and ``kmeans`` (long segments; not float64), any granularity, float32, float64, float16
-and bfloat16 data, float32 parameters, no ``protect``/``prune``/``score``.
-:func:`device_quantizable` says whether a codec's configuration is one of those.
+and bfloat16 data, ``protect``/``prune`` in both protect modes, float32 parameters (no
+sensitivity ``score``: it lives on the host). :func:`device_quantizable` says whether a codec's
+configuration is one of those.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
@@ -62,9 +68,7 @@ def device_quantizable(quantize: Mapping[str, Any],
     chunks of ``chunk_shape``: the adaptive search runs on the device only where the host
     searches a histogram, not the values themselves)."""
     if not (quantize.get("method") in _METHODS
-            and not quantize.get("protect") and not quantize.get("prune")
-            and quantize.get("param_dtype", "float32") == "float32"
-            and quantize.get("protect_mode", "level") == "level"):
+            and quantize.get("param_dtype", "float32") == "float32"):
         return False
     return chunk_shape is None or not _left_to_host(quantize, chunk_shape)
 
@@ -91,28 +95,53 @@ def _left_to_host(quantize: Mapping[str, Any], chunk_shape: tuple[int, ...]) -> 
     return use_direct(seg, 1 << int(quantize["bits"]))
 
 
-def _segments(x: torch.Tensor, seg: int) -> torch.Tensor:
-    """``x`` (flat) as ``(nseg, seg)``; a short last segment is padded with its own first value
-    (which changes no minimum or maximum)."""
+def _segments(x: torch.Tensor, seg: int, fill: float | bool = 0) -> torch.Tensor:
+    """``x`` (flat) as ``(nseg, seg)``, a short last segment padded with ``fill``."""
     n = x.numel()
     nseg = -(-n // seg)
     short = nseg * seg - n
     if short:
-        x = torch.cat([x, x[(nseg - 1) * seg].expand(short)])
+        x = torch.cat([x, torch.full((short,), fill, dtype=x.dtype, device=x.device)])
     return x.view(nseg, seg)
+
+
+def _select(mag: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
+    """Indices of the ``k`` largest (smallest) of ``mag``, ties to the lowest indices -- the
+    host's :func:`ckptcodecs._select.select_magnitudes`."""
+    order = torch.sort(-mag if largest else mag, stable=True).indices
+    return order[:k]
+
+
+def _partition(x: torch.Tensor, protect: float, prune: float
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted indices of the protected (largest magnitudes) and pruned (smallest of the rest)
+    values of a chunk of finite values, as the host path chooses them."""
+    n = x.numel()
+    none = torch.zeros(0, dtype=torch.int64, device=x.device)
+    mag = x.abs()
+    n_prot = min(math.ceil(protect * n), n) if protect > 0 else 0
+    prot = _select(mag, n_prot, largest=True) if n_prot else none
+    n_prune = min(math.ceil(prune * n), n - prot.numel()) if prune > 0 else 0
+    pruned = none
+    if n_prune:
+        mag = mag.clone()
+        mag[prot] = float("inf")  # protected values are not pruned
+        pruned = _select(mag, n_prune, largest=False)
+    return torch.sort(prot).values, torch.sort(pruned).values
 
 
 def quantize_on_device(chunk: torch.Tensor, quantize: Mapping[str, Any]
                        ) -> tuple[torch.Tensor, Any] | None:
     """``(codes, params)`` of one chunk as :func:`ckptcodecs.quantize` computes them, the codes
     a flat uint8 tensor on the chunk's device and the :class:`ckptcodecs.QuantParams` on the
-    host; None when the chunk holds a non-finite value (the caller quantizes it on the host).
+    host; None when the chunk is left to the host (a non-finite value, a configuration
+    :func:`device_quantizable` refuses, or one the host refuses with an error).
 
     ``chunk``: the chunk as stored (edge chunks already padded), any float dtype;
-    ``quantize``: the codec's :class:`ckptcodecs.Quantize` keyword arguments, for which
-    :func:`device_quantizable` is true.
+    ``quantize``: the codec's :class:`ckptcodecs.Quantize` keyword arguments.
     """
     from ckptcodecs import QuantParams
+    from ckptcodecs._floats import to_bf16_bits
     from ckptcodecs.qparams import segment_length
 
     method, bits = quantize["method"], int(quantize["bits"])
@@ -122,25 +151,57 @@ def quantize_on_device(chunk: torch.Tensor, quantize: Mapping[str, Any]
     work = torch.float64 if name == "float64" else torch.float32
     x = chunk.detach().reshape(-1).to(work)
     n = x.numel()
-    if not bool(torch.isfinite(x).all()) or _left_to_host(quantize, tuple(chunk.shape)) or (
-            method == "kmeans" and name == "float64"):  # float64 bucket sums are not exact
-        return None
-    nq = 1 << bits
+    if not device_quantizable(quantize, tuple(chunk.shape)) or (
+            method == "kmeans" and name == "float64") or not bool(torch.isfinite(x).all()):
+        return None  # (float64 bucket sums are not exact)
+    protect, prune = float(quantize.get("protect") or 0), float(quantize.get("prune") or 0)
+    sparse = quantize.get("protect_mode", "level") == "sparse"
+    has_protect, has_prune = not sparse and protect > 0, prune > 0
+    nspecial = int(has_protect) + int(has_prune)
+    nq = (1 << bits) - nspecial
     if method == "kmeans" and quantize.get("levels") is not None:
         nq = int(quantize["levels"])
-    params = QuantParams(method, bits, nq, False, False, seg, n, name)
+    if nq < 1 or nq + nspecial > 1 << bits:
+        return None  # the host raises the error that says why
+    params = QuantParams(method, bits, nq, has_prune, has_protect, seg, n, name,
+                         protect_mode="sparse" if sparse else "level")
     if n == 0:
         return torch.empty(0, dtype=torch.uint8, device=chunk.device), params
+    prot, pruned = _partition(x, protect, prune)
+    valid = torch.ones(n, dtype=torch.bool, device=x.device)
+    valid[prot] = False
+    valid[pruned] = False
     if method == "kmeans":
-        return _kmeans(x, seg, params, quantize)
-    xs = _segments(x, seg)
+        codes = _kmeans(x, valid, seg, params, quantize)
+    else:
+        codes = _uniform(x, valid, seg, params, quantize, work)
+    if has_prune:
+        codes[pruned] = params.prune_code
+    if prot.numel():
+        if not sparse:  # sparse: the code keeps its nearest level
+            codes[prot] = params.protect_code
+        params.protected = to_bf16_bits(x[prot].float().cpu().numpy())
+        if sparse:
+            params.protect_positions = prot.cpu().numpy()
+    return codes, params
+
+
+def _uniform(x: torch.Tensor, valid: torch.Tensor, seg: int, params: Any,
+             quantize: Mapping[str, Any], work: torch.dtype) -> torch.Tensor:
+    """Codes of the uniform methods (the adaptive one over the searched ranges); sets the
+    parameters. Only ``valid`` values (not protected, pruned or padding) set the ranges."""
+    n, nq, method = x.numel(), params.nq, params.method
+    xs, vs = _segments(x, seg), _segments(valid, seg, False)
     if method == "uniform-symmetric":
-        hi = xs.abs().amax(dim=1).double()
+        hi = torch.where(vs, xs.abs(), 0.0).amax(dim=1).double()
         lo = -hi
     else:
-        lo, hi = (v.double() for v in torch.aminmax(xs, dim=1))
+        lo = torch.where(vs, xs, float("inf")).amin(dim=1).double()
+        hi = torch.where(vs, xs, float("-inf")).amax(dim=1).double()
+        empty = lo > hi  # a segment without values
+        lo, hi = torch.where(empty, 0.0, lo), torch.where(empty, 0.0, hi)
         if method == "adaptive-asymmetric":
-            lo, hi = _adaptive_ranges(xs, n, lo, hi, nq, quantize)
+            lo, hi = _adaptive_ranges(xs, vs, lo, hi, nq, quantize)
     if nq == 1:
         zero = (lo / 2 + hi / 2).to(work)
         scale = torch.zeros_like(zero)
@@ -157,14 +218,13 @@ def quantize_on_device(chunk: torch.Tensor, quantize: Mapping[str, Any]
     else:
         zero_w = zero
     t = (xs - zero_w[:, None]) * inv[:, None] + 0.5
-    codes = t.clamp_(0.0, float(nq - 1)).to(torch.uint8).reshape(-1)[:n]
     params.zero = zero.cpu().numpy()
     params.scale = scale.cpu().numpy()
-    return codes, params
+    return t.clamp_(0.0, float(nq - 1)).to(torch.uint8).reshape(-1)[:n]
 
 
-def _adaptive_ranges(xs: torch.Tensor, n: int, lo: torch.Tensor, hi: torch.Tensor, nq: int,
-                     quantize: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+def _adaptive_ranges(xs: torch.Tensor, vs: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
+                     nq: int, quantize: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """Check-N-Run's greedy range search: each segment's histogram is counted on the device
     (integers: exact), only the histograms and ranges cross to the host, where
     :func:`ckptcodecs.adaptive.histogram_ranges_from_counts` runs the host path's very search."""
@@ -182,8 +242,7 @@ def _adaptive_ranges(xs: torch.Tensor, n: int, lo: torch.Tensor, hi: torch.Tenso
     f = torch.where(ok, cells / torch.where(ok, rg, 1.0), 0.0)
     # the host's cell index: int((float64(v) - lo) * f) clipped to [0, cells - 1]
     cell = ((xs.double() - lo[:, None]) * f[:, None]).trunc_().clamp_(0, cells - 1).long()
-    if nseg * seg > n:  # the padding of a short last segment goes to a spare cell
-        cell[-1, seg - (nseg * seg - n):] = cells
+    cell = torch.where(vs, cell, cells)  # masked values and padding: a spare cell
     cell += torch.arange(nseg, device=xs.device)[:, None] * (cells + 1)
     counts = torch.bincount(cell.reshape(-1), minlength=nseg * (cells + 1))
     narrow = torch.uint8 if seg < 256 else torch.int16 if seg < 32768 else torch.int32
@@ -194,8 +253,8 @@ def _adaptive_ranges(xs: torch.Tensor, n: int, lo: torch.Tensor, hi: torch.Tenso
     return torch.from_numpy(lo_h).to(xs.device), torch.from_numpy(hi_h).to(xs.device)
 
 
-def _kmeans(x: torch.Tensor, seg: int, params: Any, quantize: Mapping[str, Any]
-            ) -> tuple[torch.Tensor, Any]:
+def _kmeans(x: torch.Tensor, valid: torch.Tensor, seg: int, params: Any,
+            quantize: Mapping[str, Any]) -> torch.Tensor:
     """DynaQuant's k-means: each segment's buckets (count and float64 sum of the values of one
     sign, exponent and 7 mantissa bits: exact sums) made on the device, the levels fitted on
     the host by the host's own compiled fit (:func:`ckptcodecs.kmeans.fit_from_buckets`), the
@@ -204,13 +263,15 @@ def _kmeans(x: torch.Tensor, seg: int, params: Any, quantize: Mapping[str, Any]
 
     n, nq = x.numel(), params.nq
     nseg = -(-n // seg)
-    bits = x.view(torch.int32).long() & 0xFFFFFFFF  # float32 bit patterns as unsigned
+    where = torch.nonzero(valid).reshape(-1)  # protected and pruned values are not fitted
+    xv = x[where]
+    bits = xv.view(torch.int32).long() & 0xFFFFFFFF  # float32 bit patterns as unsigned
     ordered = torch.where(bits >= 1 << 31, ~bits & 0xFFFFFFFF, bits | 1 << 31)
-    keys = (torch.arange(n, device=x.device) // seg << 16) | (ordered >> 23 - MANTISSA_BITS)
+    keys = (where // seg << 16) | (ordered >> 23 - MANTISSA_BITS)
     uniq, inverse, counts = torch.unique(keys, sorted=True, return_inverse=True,
                                          return_counts=True)
     sums = torch.zeros(uniq.numel(), dtype=torch.float64, device=x.device)
-    sums.index_add_(0, inverse, x.double())
+    sums.index_add_(0, inverse, xv.double())
     owner = (uniq >> 16).cpu().numpy()
     offsets = np.searchsorted(owner, np.arange(nseg + 1))
     book = np.empty((nseg, nq))
@@ -218,12 +279,12 @@ def _kmeans(x: torch.Tensor, seg: int, params: Any, quantize: Mapping[str, Any]
                      float(quantize.get("lam", 1.0)), int(quantize.get("seed", 0)), book)
     params.codebook = book.astype(np.float32)
     if nq == 1:
-        return torch.zeros(n, dtype=torch.uint8, device=x.device), params
+        return torch.zeros(n, dtype=torch.uint8, device=x.device)
     levels = torch.from_numpy(params.codebook).to(x.device).double()
     midpoints = 0.5 * (levels[:, :-1] + levels[:, 1:])
     xs = _segments(x, seg).double()
     codes = torch.searchsorted(midpoints.contiguous(), xs.contiguous(), right=False)
-    return codes.to(torch.uint8).reshape(-1)[:n], params
+    return codes.to(torch.uint8).reshape(-1)[:n]
 
 
 ChunkCodes = Callable[[int, int, int], tuple[np.ndarray | PackedCodes, Any]]

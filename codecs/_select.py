@@ -3,7 +3,8 @@
 The magnitude's bit pattern, cut to exponent and 7 mantissa bits, is a bucket key that orders
 values by magnitude (``|x|`` bits of an IEEE float compare like the floats). One counting pass
 finds the bucket holding the k-th value; a second pass takes every value beyond it and the
-candidates inside it, of which a partial sort over the (few) candidates picks the rest.
+candidates inside it, of which a stable sort over the (few) candidates picks the rest: ties at
+the k-th magnitude go to the lowest indices.
 """
 
 from __future__ import annotations
@@ -78,8 +79,10 @@ def select_magnitudes(x: np.ndarray, k: int, largest: bool,
     cand = np.empty(int(counts[b]), np.int64)
     _collect(xb, excl, shift, inf_bits, b, largest, sure, cand)
     need = k - before
-    mag = np.abs(x[cand].astype(np.float64))
     if need < cand.size:
-        part = np.argpartition(-mag if largest else mag, need - 1)[:need]
-        cand = cand[part]
+        # ties at the k-th magnitude go to the lowest indices (``cand`` is ascending and the
+        # sort stable): the selection is a function of the values alone, which a GPU's stable
+        # sort reproduces (ckptstore.devquant)
+        mag = np.abs(x[cand].astype(np.float64))
+        cand = cand[np.argsort(-mag if largest else mag, kind="stable")[:need]]
     return np.concatenate([sure, cand])

@@ -114,6 +114,50 @@ def test_kmeans_float64_and_short_segments_stay_on_the_host():
     assert quantize_on_device(torch.randn(1 << 16, dtype=torch.float64), kw) is None
 
 
+@pytest.mark.parametrize("method", ["uniform-asymmetric", "uniform-symmetric",
+                                    "adaptive-asymmetric", "kmeans"])
+def test_protect_and_prune_equal_the_host_path(method, monkeypatch):
+    """Protected (largest magnitudes, kept in bfloat16) and pruned (smallest) values chosen on
+    the device, ties to the lowest indices as on the host -- many exact zeros included -- and
+    left out of every range, histogram and fit: the host path's codes and parameters."""
+    import ckptstore.devquant as devquant_module
+
+    monkeypatch.setattr(devquant_module, "KMEANS_MIN_SEGMENT", 1)
+    rng = np.random.default_rng(3)
+    checked = 0
+    for dtype, bits, extra, gran, ties in itertools.product(
+            [torch.float32, torch.bfloat16], [2, 4, 8],
+            [{"protect": 0.01}, {"prune": 0.3}, {"protect": 0.02, "prune": 0.2},
+             {"protect": 0.05, "protect_mode": "sparse"},
+             {"protect": 0.01, "prune": 0.1, "protect_mode": "sparse"}],
+            ["row", "tensor"], [False, True]):
+        x = torch.from_numpy(rng.standard_normal((60, 100)) * 2).to(dtype)
+        if ties:
+            x[:, ::3] = 0
+            x[5] = 1.0  # a constant row: every value ties
+        kw = {"method": method, "bits": bits, "granularity": gran, **extra}
+        if dtype == torch.bfloat16:
+            kw["dtype"] = "bfloat16"
+        got = quantize_on_device(x, kw)
+        try:
+            want_codes, want = quantize(_bits(x), **kw)
+        except ValueError:  # no level left next to the special ones: the host says why
+            assert got is None
+            continue
+        if got is None:  # adaptive rows the host searches value by value
+            assert method == "adaptive-asymmetric" and gran == "row"
+            continue
+        codes, params = got
+        case = (dtype, bits, extra, gran, ties)
+        np.testing.assert_array_equal(codes.numpy(), want_codes, err_msg=str(case))
+        for name in ("zero", "scale", "codebook", "protected", "protect_positions"):
+            assert np.array_equal(getattr(params, name), getattr(want, name)), (name, case)
+        assert (params.nq, params.has_prune, params.has_protect) == (
+            want.nq, want.has_prune, want.has_protect), case
+        checked += 1
+    assert checked >= 80
+
+
 def test_a_chunk_with_non_finite_values_is_left_to_the_host():
     x = torch.randn(10, 10)
     x[3, 3] = float("nan")
@@ -125,8 +169,8 @@ def test_a_chunk_with_non_finite_values_is_left_to_the_host():
     ({"method": "uniform-symmetric", "bits": 8, "granularity": "tensor"}, True),
     ({"method": "adaptive-asymmetric", "bits": 4}, True),
     ({"method": "kmeans", "bits": 4}, True),
-    ({"method": "uniform-asymmetric", "bits": 4, "protect": 0.01}, False),
-    ({"method": "uniform-asymmetric", "bits": 4, "prune": 0.1}, False),
+    ({"method": "uniform-asymmetric", "bits": 4, "protect": 0.01}, True),
+    ({"method": "kmeans", "bits": 4, "prune": 0.1, "protect_mode": "sparse"}, True),
     ({"method": "uniform-asymmetric", "bits": 4, "param_dtype": "float16"}, False),
 ])
 def test_which_encodings_the_device_reproduces(kw, ok):
@@ -163,7 +207,8 @@ def _chunks(store: ckptstore.Store, root: Path) -> dict[str, bytes]:
 SPECS = [QuantSpec("uniform-asymmetric", 4), QuantSpec("uniform-symmetric", 8, "tensor"),
          QuantSpec("uniform-asymmetric", 3, "group", group_size=100, entropy=False),
          QuantSpec(bits=4),  # adaptive: "small" (10 values a row) is searched on the host
-         QuantSpec("kmeans", 4, "tensor", levels=12, lam=0.5)]  # "small" fitted on the host
+         QuantSpec("kmeans", 4, "tensor", levels=12, lam=0.5),  # "small" fitted on the host
+         QuantSpec("uniform-asymmetric", 4, protect=0.01, prune=0.2)]
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.method}-{s.bits}-{s.granularity}")
