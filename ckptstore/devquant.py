@@ -32,8 +32,8 @@ range, histogram and fit, and protected values are rounded to bfloat16 on the ho
 
 Reproduced: ``uniform-asymmetric``, ``uniform-symmetric``, ``adaptive-asymmetric`` (histogram
 search) and ``kmeans`` (long segments; not float64), any granularity, float32, float64, float16
-and bfloat16 data, ``protect``/``prune`` in both protect modes, float32 parameters (no
-sensitivity ``score``: it lives on the host). :func:`device_quantizable` says whether a codec's
+and bfloat16 data, ``protect``/``prune`` in both protect modes, float32 or float16 parameters
+(no sensitivity ``score``: it lives on the host). :func:`device_quantizable` says whether a codec's
 configuration is one of those.
 """
 
@@ -67,8 +67,7 @@ def device_quantizable(quantize: Mapping[str, Any],
     """True when :func:`quantize_on_device` reproduces ``ckptcodecs.quantize(**quantize)`` (on
     chunks of ``chunk_shape``: the adaptive search runs on the device only where the host
     searches a histogram, not the values themselves)."""
-    if not (quantize.get("method") in _METHODS
-            and quantize.get("param_dtype", "float32") == "float32"):
+    if quantize.get("method") not in _METHODS:
         return False
     return chunk_shape is None or not _left_to_host(quantize, chunk_shape)
 
@@ -202,13 +201,16 @@ def _uniform(x: torch.Tensor, valid: torch.Tensor, seg: int, params: Any,
         lo, hi = torch.where(empty, 0.0, lo), torch.where(empty, 0.0, hi)
         if method == "adaptive-asymmetric":
             lo, hi = _adaptive_ranges(xs, vs, lo, hi, nq, quantize)
-    if nq == 1:
-        zero = (lo / 2 + hi / 2).to(work)
-        scale = torch.zeros_like(zero)
-    else:
-        zero = lo.to(work)
-        scale = ((hi - zero.double()) / (nq - 1)).to(work)
-        scale = torch.where(torch.isfinite(scale), scale, torch.finfo(work).max)
+    zero, scale = _half_params(lo, hi, nq, params, work) if quantize.get(
+        "param_dtype") == "float16" else (None, None)
+    if zero is None:
+        if nq == 1:
+            zero = (lo / 2 + hi / 2).to(work)
+            scale = torch.zeros_like(zero)
+        else:
+            zero = lo.to(work)
+            scale = ((hi - zero.double()) / (nq - 1)).to(work)
+            scale = torch.where(torch.isfinite(scale), scale, torch.finfo(work).max)
     inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
     if not bool(torch.isfinite(inv).all()):  # subnormal scales: 1/scale needs float64
         xs = xs.double()
@@ -221,6 +223,22 @@ def _uniform(x: torch.Tensor, valid: torch.Tensor, seg: int, params: Any,
     params.zero = zero.cpu().numpy()
     params.scale = scale.cpu().numpy()
     return t.clamp_(0.0, float(nq - 1)).to(torch.uint8).reshape(-1)[:n]
+
+
+def _half_params(lo: torch.Tensor, hi: torch.Tensor, nq: int, params: Any, work: torch.dtype
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``param_dtype="float16"``: zero points rounded down and scales up to float16 by the
+    host's own kernel (per segment: small); ``(None, None)`` where one is beyond the float16
+    range, and the chunk keeps float32 parameters, as on the host."""
+    from ckptcodecs import _qkernels
+
+    zero, scale = np.empty(lo.numel()), np.empty(lo.numel())
+    if not _qkernels.uniform_params_f16(lo.cpu().numpy(), hi.cpu().numpy(), nq, zero, scale):
+        return None, None
+    params.param_dtype = "float16"
+    pdt = np.float64 if work == torch.float64 else np.float32
+    return (torch.from_numpy(zero.astype(pdt)).to(lo.device),
+            torch.from_numpy(scale.astype(pdt)).to(lo.device))
 
 
 def _adaptive_ranges(xs: torch.Tensor, vs: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
@@ -278,6 +296,12 @@ def _kmeans(x: torch.Tensor, valid: torch.Tensor, seg: int, params: Any,
     fit_from_buckets(counts.cpu().numpy(), sums.cpu().numpy(), offsets, nq,
                      float(quantize.get("lam", 1.0)), int(quantize.get("seed", 0)), book)
     params.codebook = book.astype(np.float32)
+    if quantize.get("param_dtype") == "float16":
+        with np.errstate(over="ignore"):
+            half = book.astype(np.float16)
+        if np.isfinite(half).all():  # else (a level beyond +-65504): float32 parameters
+            params.codebook = half.astype(np.float32)
+            params.param_dtype = "float16"
     if nq == 1:
         return torch.zeros(n, dtype=torch.uint8, device=x.device)
     levels = torch.from_numpy(params.codebook).to(x.device).double()

@@ -73,9 +73,9 @@ class EncodingOptions:
         spare device memory when at least 10 % of it stays free, else in pinned host memory as
         lossless tensors; ``"off"`` moves every tensor to the host first; ``"always"`` also
         runs the device path on CPU tensors (the same bytes; for tests). Encodings it does not
-        reproduce bit for bit or that would cross as more bytes (float16 parameters, adaptive
-        rows short enough for the host's value-by-value search, k-means on segments under 65,536
-        values or of float64 data) take the host path.
+        reproduce bit for bit or that would cross as more bytes (adaptive rows short enough for
+        the host's value-by-value search, k-means on segments under 65,536 values or of float64
+        data, sensitivity scores) take the host path.
     """
 
     pack_below: int = 64 * 1024

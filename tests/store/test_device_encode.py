@@ -116,10 +116,11 @@ def test_kmeans_float64_and_short_segments_stay_on_the_host():
 
 @pytest.mark.parametrize("method", ["uniform-asymmetric", "uniform-symmetric",
                                     "adaptive-asymmetric", "kmeans"])
-def test_protect_and_prune_equal_the_host_path(method, monkeypatch):
+def test_protect_prune_and_half_parameters_equal_the_host_path(method, monkeypatch):
     """Protected (largest magnitudes, kept in bfloat16) and pruned (smallest) values chosen on
     the device, ties to the lowest indices as on the host -- many exact zeros included -- and
-    left out of every range, histogram and fit: the host path's codes and parameters."""
+    left out of every range, histogram and fit; float16 parameters rounded by the host's kernel
+    (float32 kept where they overflow float16): the host path's codes and parameters."""
     import ckptstore.devquant as devquant_module
 
     monkeypatch.setattr(devquant_module, "KMEANS_MIN_SEGMENT", 1)
@@ -129,9 +130,11 @@ def test_protect_and_prune_equal_the_host_path(method, monkeypatch):
             [torch.float32, torch.bfloat16], [2, 4, 8],
             [{"protect": 0.01}, {"prune": 0.3}, {"protect": 0.02, "prune": 0.2},
              {"protect": 0.05, "protect_mode": "sparse"},
-             {"protect": 0.01, "prune": 0.1, "protect_mode": "sparse"}],
+             {"protect": 0.01, "prune": 0.1, "protect_mode": "sparse"},
+             {"param_dtype": "float16"}, {"param_dtype": "float16", "scale": 1e6}],
             ["row", "tensor"], [False, True]):
-        x = torch.from_numpy(rng.standard_normal((60, 100)) * 2).to(dtype)
+        extra = dict(extra)
+        x = torch.from_numpy(rng.standard_normal((60, 100)) * extra.pop("scale", 2)).to(dtype)
         if ties:
             x[:, ::3] = 0
             x[5] = 1.0  # a constant row: every value ties
@@ -152,10 +155,10 @@ def test_protect_and_prune_equal_the_host_path(method, monkeypatch):
         np.testing.assert_array_equal(codes.numpy(), want_codes, err_msg=str(case))
         for name in ("zero", "scale", "codebook", "protected", "protect_positions"):
             assert np.array_equal(getattr(params, name), getattr(want, name)), (name, case)
-        assert (params.nq, params.has_prune, params.has_protect) == (
-            want.nq, want.has_prune, want.has_protect), case
+        assert (params.nq, params.has_prune, params.has_protect, params.param_dtype) == (
+            want.nq, want.has_prune, want.has_protect, want.param_dtype), case
         checked += 1
-    assert checked >= 80
+    assert checked >= 110
 
 
 def test_a_chunk_with_non_finite_values_is_left_to_the_host():
@@ -171,7 +174,8 @@ def test_a_chunk_with_non_finite_values_is_left_to_the_host():
     ({"method": "kmeans", "bits": 4}, True),
     ({"method": "uniform-asymmetric", "bits": 4, "protect": 0.01}, True),
     ({"method": "kmeans", "bits": 4, "prune": 0.1, "protect_mode": "sparse"}, True),
-    ({"method": "uniform-asymmetric", "bits": 4, "param_dtype": "float16"}, False),
+    ({"method": "uniform-asymmetric", "bits": 4, "param_dtype": "float16"}, True),
+    ({"method": "no-such-method", "bits": 4}, False),
 ])
 def test_which_encodings_the_device_reproduces(kw, ok):
     assert device_quantizable(kw) is ok
