@@ -43,7 +43,7 @@ from .shrinking import shrink_snapshot
 from .staging import StagingPool
 from .state import Tree, check_text, flatten
 from .tracking import RowTracker
-from .snapshot import Snapshot, snapshot
+from .snapshot import Snapshot, snapshot, tracked_rows
 from .writer import persist
 
 __all__ = ["CommitJob", "Committer", "Metadata"]
@@ -265,7 +265,11 @@ def _check_staging_budget(plan: CommitPlan, budget: int | None) -> None:
     """Refuse, before anything is copied, a snapshot whose buffers would exceed ``budget``."""
     if budget is None:
         return
-    need = plan.packed_nbytes + sum(p.nbytes for p in plan.stored() if isinstance(p, ArrayItem))
+    need = plan.packed_nbytes
+    for p in plan.stored():
+        if isinstance(p, ArrayItem):
+            rows = tracked_rows(p)  # a tracked increment stages its rows only
+            need += p.nbytes if rows is None else p.nbytes // max(p.shape[0], 1) * rows.size
     if need > budget:
         raise StagingBudgetError(
             f"commit_async needs {need} bytes of host staging buffers, more than "

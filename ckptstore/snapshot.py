@@ -12,10 +12,10 @@ import numpy as np
 import torch
 
 from .arrays import tensor_to_host
-from .plan import ArrayItem, CommitPlan, PackedItem
+from .plan import ArrayItem, CommitPlan, PackedItem, RowsItem
 from .staging import PACKED_KEY, StagingPool
 
-__all__ = ["Snapshot", "snapshot"]
+__all__ = ["Snapshot", "snapshot", "tracked_rows"]
 
 
 @dataclass
@@ -39,6 +39,8 @@ class Snapshot:
     # ``(offset, nbytes)`` in ``packed``
     device_packed: torch.Tensor | None = None
     device_ranges: list[tuple[int, int]] = field(default_factory=list)
+    # per item, the rows ``arrays`` holds when it holds only them (a tracker's changed rows)
+    gathered: dict[int, np.ndarray] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -80,13 +82,15 @@ def snapshot(plan: CommitPlan, pool: StagingPool | None = None,
     be quantized there by :func:`~ckptstore.writer.persist`: referenced without a pool, copied
     into a device buffer with one while the device has room. With a pool, the items of
     ``stage`` (every CUDA tensor, :func:`ckptstore.devquant.staged_items`) are copied into
-    device buffers too, and small CUDA tensors into one device buffer of packed bytes: the
+    device buffers too (but increments whose rows a tracker named: only those rows are staged,
+    :attr:`Snapshot.gathered`), and small CUDA tensors into one device buffer of packed bytes: the
     snapshot is then device-to-device copies only, and :meth:`Snapshot.settle` moves what is not
     quantized there to the host on the persist thread.
     """
     arrays: dict[int, np.ndarray] = {}
     device: dict[int, torch.Tensor] = {}
     names: dict[int, str] = {}
+    gathered: dict[int, np.ndarray] = {}
     events: list[torch.cuda.Event] = []
     packed = None
     dev_packed: torch.Tensor | None = None
@@ -111,6 +115,13 @@ def snapshot(plan: CommitPlan, pool: StagingPool | None = None,
             packed[p.offset: p.offset + p.nbytes] = host.reshape(-1).view(np.uint8)
             continue
         assert isinstance(p, ArrayItem)
+        rows = tracked_rows(p) if pool is not None else None
+        if rows is not None:  # only the rows the increment stores
+            arrays[p.index], event = pool.stage_rows(p.array, p.source, rows)
+            gathered[p.index] = rows
+            if event is not None:
+                events.append(event)
+            continue
         if p.index in encode or (pool is not None and p.index in stage):
             staged = _stage_on_device(p, pool)
             if staged is not None:
@@ -132,7 +143,16 @@ def snapshot(plan: CommitPlan, pool: StagingPool | None = None,
     return Snapshot(arrays, packed, events, device=device,
                     encode=frozenset(i for i in encode if i in device),
                     names=names, device_packed=dev_packed if ranges else None,
-                    device_ranges=ranges)
+                    device_ranges=ranges, gathered=gathered)
+
+
+def tracked_rows(p: ArrayItem) -> np.ndarray | None:
+    """The rows an increment stores, when a tracker named them and nothing else of the table
+    is needed (no reference to XOR the old rows against)."""
+    if not isinstance(p, RowsItem) or p.start.tracked_rows is None or (
+            p.start.reference is not None):
+        return None
+    return np.flatnonzero(p.start.tracked_rows).astype(np.int64)
 
 
 def _stage_on_device(p: ArrayItem, pool: StagingPool | None

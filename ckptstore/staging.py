@@ -159,6 +159,47 @@ class StagingPool:
         buf = self._buffer(k, lambda: torch.empty(t.shape, dtype=t.dtype, device=t.device))
         return buf, self._copy_on_side_stream(buf, t)
 
+    def stage_rows(self, key: str, t: torch.Tensor, rows: np.ndarray
+                   ) -> tuple[np.ndarray, torch.cuda.Event | None]:
+        """Copy rows ``rows`` of ``t`` (a tracker's changed rows of a table) into a host buffer
+        kept for the table, grown as needed and reused; return ``(those rows, event or
+        None)`` like :meth:`stage`. A table whose 5 % rows changed stages 5 % of its bytes."""
+        t = t.detach()
+        n, row_shape = int(rows.size), tuple(t.shape[1:])
+        cuda = t.device.type == "cuda"
+        k = ("rows", key, row_shape, t.dtype, cuda)
+        dtype = storage_dtype(t.dtype)
+        with self._lock:
+            self._used.add(k)
+            buf = self._buffers.get(k)
+        if buf is None or buf.shape[0] < n:  # grown by a quarter at least: few regrowths
+            cap = max(n, int(1.25 * buf.shape[0]) if buf is not None else n)
+            if cuda:
+                buf = torch.empty((cap, *row_shape), dtype=t.dtype, pin_memory=True)
+            else:
+                buf = torch.from_numpy(np.empty((cap, *row_shape), dtype))
+                buf = buf.view(t.dtype) if _is_bit_view(t.dtype) else buf
+            with self._lock:
+                self._buffers[k] = buf
+        dst = buf[:n]
+        index = torch.from_numpy(rows.astype(np.int64, copy=False))
+        event = None
+        if cuda:
+            stream = self._side_stream(t.device)
+            current = torch.cuda.current_stream(t.device)
+            stream.wait_stream(current)
+            with torch.cuda.stream(stream):
+                gathered = t.index_select(0, index.to(t.device, non_blocking=True))
+                dst.copy_(gathered, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(stream)
+            t.record_stream(stream)
+            current.wait_stream(stream)
+        else:
+            torch.index_select(t, 0, index, out=dst)
+        host = dst.view(_VIEW[_STORAGE[t.dtype]]) if _is_bit_view(t.dtype) else dst
+        return host.numpy(), event
+
     def packed_device(self, nbytes: int, device: torch.device) -> torch.Tensor | None:
         """A zeroed byte buffer on ``device`` for the packed small tensors that live there
         (:meth:`stage_bytes`), zeroed on the side stream; None when the device lacks room."""

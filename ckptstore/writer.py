@@ -265,17 +265,21 @@ def _write_residual(storage: Storage, commit_id: str, p: ResidualItem, residual:
 
 
 def _write_rows(storage: Storage, commit_id: str, p: RowsItem, host: np.ndarray,
-                submit: Submit, chunk_bytes: int) -> _Pending:
+                submit: Submit, chunk_bytes: int, gathered: np.ndarray | None = None
+                ) -> _Pending:
+    """``gathered``: the rows ``host`` holds when the snapshot staged only them."""
     start = p.start
-    if start.tracked_rows is not None:
-        rows = np.flatnonzero(start.tracked_rows).astype(np.int64)
+    if gathered is not None:
+        rows, values = gathered, host
     else:
-        rows = changed_rows(host, start.reference)
-    values, part, codec = host[rows], "values", p.codec
+        rows = (np.flatnonzero(start.tracked_rows).astype(np.int64)
+                if start.tracked_rows is not None else changed_rows(host, start.reference))
+        values = host[rows]
+    part, codec = "values", p.codec
     if start.reference is not None and start.exact and codec.codec_id in LOSSLESS_IDS:
         # lossless rows whose old values are at hand: store what changed in their bits
         values, part, codec = xor_bits(values, start.reference[rows]), "xvalues", PlanesLossless()
-    pending = _Pending(p.index, [], fraction=len(rows) / max(host.shape[0], 1))
+    pending = _Pending(p.index, [], fraction=len(rows) / max(p.shape[0], 1))
     rgrid = ChunkGrid.for_array(rows.shape, 8, chunk_bytes)
     vgrid = ChunkGrid.for_array(values.shape, values.dtype.itemsize, chunk_bytes)
     for part, arr, grid, codec in (("rows", rows, rgrid, _ROWS_CODEC),
@@ -318,7 +322,8 @@ def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
         elif isinstance(p, ResidualItem):
             pending.append(_write_residual(storage, commit_id, p, host, submit))
         elif isinstance(p, RowsItem):
-            pending.append(_write_rows(storage, commit_id, p, host, submit, chunk_bytes))
+            pending.append(_write_rows(storage, commit_id, p, host, submit, chunk_bytes,
+                                       snap.gathered.get(p.index)))
         else:
             assert isinstance(p, ArrayItem)
             pending.append(_write_full(storage, commit_id, p, host, submit, dedup,
