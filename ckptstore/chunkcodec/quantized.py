@@ -7,7 +7,7 @@ ckptcodecs (numba) is imported on first use, not with ckptstore.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -101,24 +101,26 @@ class QuantizedLossy(ChunkCodec):
 
     def decode_codes(self, data: bytes, where: str) -> tuple[np.ndarray, QuantParams]:
         """``(codes, params)`` of a stored chunk."""
-        from ckptcodecs import decode_chunk, rle_huffman_decode
+        from ckptcodecs import decode_chunk
 
-        body = check_crc(data, where)
-        try:
-            raw = rle_huffman_decode(body) if self.entropy else np.frombuffer(body, np.uint8)
-            return decode_chunk(raw)
-        except ValueError as e:  # ckptcodecs.CodecError
-            raise CorruptedChunkError(f"chunk {where} does not decode: {e}", where) from e
+        return self._parse(data, where, decode_chunk)
 
     def decode_packed(self, data: bytes, where: str) -> tuple[np.ndarray, QuantParams]:
         """``(packed codes, params)`` of a stored chunk, the codes left packed and unchecked
         (see :func:`ckptcodecs.decode_chunk_packed`): for a device that unpacks them."""
-        from ckptcodecs import decode_chunk_packed, rle_huffman_decode
+        from ckptcodecs import decode_chunk_packed
+
+        return self._parse(data, where, decode_chunk_packed)
+
+    def _parse(self, data: bytes, where: str,
+               parse: Callable[[np.ndarray], tuple[np.ndarray, QuantParams]]
+               ) -> tuple[np.ndarray, QuantParams]:
+        from ckptcodecs import rle_huffman_decode
 
         body = check_crc(data, where)
         try:
             raw = rle_huffman_decode(body) if self.entropy else np.frombuffer(body, np.uint8)
-            return decode_chunk_packed(raw)
+            return parse(raw)
         except ValueError as e:  # ckptcodecs.CodecError
             raise CorruptedChunkError(f"chunk {where} does not decode: {e}", where) from e
 
