@@ -105,18 +105,22 @@ class Committer:
 
     def reserve(self, state: object) -> Future[int]:
         """Allocate, on the persist thread, the staging buffers ``commit_async(state)`` will
-        copy into (pinned for CUDA tensors, every page faulted in), so that the first commit
-        stalls no longer than the next ones. The next commit waits for it; resolves to the
-        bytes allocated."""
+        copy into (pinned for CUDA tensors, every page faulted in; on the GPU too where it has
+        room), so that the first commit stalls no longer than the next ones. The next commit
+        waits for it; resolves to the bytes allocated."""
         self.wait()
         _, leaves = flatten(state)
         plan = plan_commit(leaves, self.options)
+
+        on_device = staged_items(plan, self.options.device_encode)
 
         def run() -> int:
             done = self.staging.reserve_packed(plan.packed_nbytes) if plan.packed_nbytes else 0
             for p in plan.stored():
                 if isinstance(p, ArrayItem):
                     done += self.staging.reserve(p.array, p.source)
+                    if p.index in on_device:  # the device-to-device snapshot's buffer
+                        done += self.staging.reserve_device(p.array, p.source)
             return done
 
         self._reserving = self._persister.submit(run)

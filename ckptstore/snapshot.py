@@ -123,7 +123,7 @@ def snapshot(plan: CommitPlan, pool: StagingPool | None = None,
                 events.append(event)
             continue
         if p.index in encode or (pool is not None and p.index in stage):
-            staged = _stage_on_device(p, pool)
+            staged = _stage_on_device(p, pool, to_host=p.index not in encode)
             if staged is not None:
                 device[p.index], event = staged
                 names[p.index] = p.array
@@ -155,12 +155,13 @@ def tracked_rows(p: ArrayItem) -> np.ndarray | None:
     return np.flatnonzero(p.start.tracked_rows).astype(np.int64)
 
 
-def _stage_on_device(p: ArrayItem, pool: StagingPool | None
+def _stage_on_device(p: ArrayItem, pool: StagingPool | None, to_host: bool
                      ) -> tuple[torch.Tensor, torch.cuda.Event | None] | None:
-    """A copy of the item's tensor on its device (None: no room there), or, in a synchronous
-    commit, the tensor itself with an event marking what training queued so far."""
+    """A copy of the item's tensor on its device (None: no room there; ``to_host``: it goes
+    to the host later), or, in a synchronous commit, the tensor itself with an event marking
+    what training queued so far."""
     if pool is not None:
-        return pool.stage_device(p.array, p.source)
+        return pool.stage_device(p.array, p.source, to_host)
     t = p.source.detach()
     if t.device.type != "cuda":
         return t, None

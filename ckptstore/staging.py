@@ -135,29 +135,60 @@ class StagingPool:
         np.copyto(buf, src)
         return buf, None
 
-    def stage_device(self, key: str, t: torch.Tensor
+    def stage_device(self, key: str, t: torch.Tensor, to_host: bool = False
                      ) -> tuple[torch.Tensor, torch.cuda.Event | None] | None:
         """Copy ``t`` into a buffer on its own device, to be quantized there
-        (:mod:`ckptstore.devquant`); None when the device lacks room: the copy would leave
-        less than :data:`DEVICE_FREE_FLOOR` of its memory free. A device-to-device copy on the
-        side stream (~TB/s on a GPU); CPU tensors (``device_encode="always"``) get a torch
-        buffer."""
+        (:mod:`ckptstore.devquant`) or, with ``to_host``, moved to the host later by
+        :meth:`to_host` (whose host buffer is then this snapshot's too); None when the device
+        lacks room: the copy would leave less than :data:`DEVICE_FREE_FLOOR` of its memory
+        free. A device-to-device copy on the side stream (~TB/s on a GPU); CPU tensors
+        (``device_encode="always"``) get a torch buffer."""
         t = t.detach()
+        if to_host:
+            with self._lock:
+                self._used.add(self._host_key(key, t))
+        buf = self._device_buffer(key, t)
+        if buf is None:
+            return None
         k = ("device", key, tuple(t.shape), t.dtype, t.device)
-        with self._lock:  # the host buffer :meth:`to_host` fills later is this snapshot's too
-            self._used.add(self._host_key(key, t))
+        with self._lock:
+            self._used.add(k)
+            buf = self._buffers.setdefault(k, buf)
         if t.device.type != "cuda":
-            buf = self._buffer(k, lambda: torch.empty(t.shape, dtype=t.dtype))
             buf.copy_(t)
             return buf, None
+        return buf, self._copy_on_side_stream(buf, t)
+
+    def reserve_device(self, key: str, t: torch.Tensor) -> int:
+        """Allocate ahead of the first commit the device buffer :meth:`stage_device` copies
+        ``t`` into, if the device has room; returns the bytes newly allocated."""
+        k = ("device", key, tuple(t.shape), t.dtype, t.device)
         with self._lock:
-            have = k in self._buffers
-        if not have:
+            if k in self._buffers:
+                return 0
+        buf = self._device_buffer(key, t)
+        if buf is None:
+            return 0
+        with self._lock:
+            if k in self._buffers:
+                return 0
+            self._buffers[k] = buf
+        return t.numel() * t.element_size()
+
+    def _device_buffer(self, key: str, t: torch.Tensor) -> torch.Tensor | None:
+        """The existing device buffer for ``t``, else a new one if the device keeps
+        :data:`DEVICE_FREE_FLOOR` of its memory free with it (not yet in the pool); None: no
+        room."""
+        k = ("device", key, tuple(t.shape), t.dtype, t.device)
+        with self._lock:
+            have = self._buffers.get(k)
+        if have is not None:
+            return have
+        if t.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(t.device)
             if free - t.numel() * t.element_size() < DEVICE_FREE_FLOOR * total:
                 return None
-        buf = self._buffer(k, lambda: torch.empty(t.shape, dtype=t.dtype, device=t.device))
-        return buf, self._copy_on_side_stream(buf, t)
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
     def stage_rows(self, key: str, t: torch.Tensor, rows: np.ndarray
                    ) -> tuple[np.ndarray, torch.cuda.Event | None]:

@@ -331,7 +331,20 @@ def test_device_staging_buffers_are_reused_across_commits(tmp_path):
         assert _chunks(store, tmp_path / mode).keys()
     assert kept[0] == kept[1] == kept[2]  # "always": no buffer made twice
     assert {k[0] for k in kept[0]} == {"cpu", "device", "packed"}
+    # "q" is quantized where it was staged: it holds no host buffer
+    assert {k[1] for k in kept[0] if k[0] == "cpu"} == {"a"}
     assert {k[0] for k in kept[3]} == {"cpu", "packed"}  # "off": host staging only
     stores = [ckptstore.open(tmp_path / m) for m in ("always", "off")]
     chunks = [_chunks(s, tmp_path / m) for s, m in zip(stores, ("always", "off"))]
     assert chunks[0] == chunks[1]
+
+
+def test_reserve_allocates_the_device_buffers_the_first_commit_uses(tmp_path):
+    state = {"a": torch.randn(1000, 100), "b": torch.randn(300, 64)}
+    store = ckptstore.open(tmp_path / "s", options=EncodingOptions(device_encode="always"))
+    assert store.reserve(state).result() == 2 * sum(t.numel() * 4 for t in state.values())
+    before = {k: id(b) for k, b in store._committer.staging._buffers.items()}
+    assert {k[0] for k in before} == {"cpu", "device"}
+    store.commit_async(state).wait()
+    after = {k: id(b) for k, b in store._committer.staging._buffers.items()}
+    assert after == before  # nothing allocated by the commit, nothing dropped
