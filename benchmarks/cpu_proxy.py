@@ -15,7 +15,8 @@ What is measured
   tables, a dense matrix, 300 small tensors). Every ``--interval`` seconds of loop time the loop
   calls ``store.commit_async(state)``; the persist runs in the background while the loop goes
   on. Configurations: no checkpoint; the lossless default (byte planes); raw bits
-  (``compression="none"``); ``Policy(quantize=QuantSpec(bits=8))``.
+  (``compression="none"``); ``Policy(quantize=QuantSpec(bits=8))``; each at the
+  ``background_priority`` values of ``--priority`` (default: the store's default, ``idle``).
 * Steps per second over ``--seconds`` of loop time (after one untimed warm-up commit), each
   configuration ``--repeat`` times, interleaved; the slowdown is relative to the median rate
   without checkpoints. Goals (issue 11): lossless <= 15 %, 8-bit <= 20 % on the 2-core VM.
@@ -49,16 +50,17 @@ CONFIGS = {
 
 
 def run(config: tuple | None, state: dict, seconds: float, interval: float, root: str,
-        io_workers: int | None = None) -> tuple[float, int]:
+        io_workers: int | None = None, priority: str = "idle") -> tuple[float, int]:
     """Steps per second of the loop, and the commits it made."""
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(32, 32, generator=g), torch.randn(32, 32, generator=g) * 0.1
     store = None
+    folder = tempfile.mkdtemp(dir=root)
     if config is not None:
         options, policy = config
-        store = ckptstore.open(tempfile.mkdtemp(dir=root), options=options, policy=policy,
-                               io_workers=io_workers)
+        store = ckptstore.open(folder, options=options, policy=policy,
+                               io_workers=io_workers, background_priority=priority)
         store.commit_async(state).wait()  # warm: staging buffers, compiled kernels
     steps, commits = 0, 0
     t0 = last = time.perf_counter()
@@ -78,6 +80,7 @@ def run(config: tuple | None, state: dict, seconds: float, interval: float, root
     rate = steps / (time.perf_counter() - t0)
     if store is not None:
         store.close()  # waits for the last persist (not timed)
+    shutil.rmtree(folder, ignore_errors=True)  # ~1 GB a run: the disk would fill
     return rate, commits
 
 
@@ -89,22 +92,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--io-workers", type=int, nargs="+", default=[0],
                     help="store worker threads to compare (0: the store's default)")
+    ap.add_argument("--priority", nargs="+", default=["idle"],
+                    choices=["idle", "low", "normal"],
+                    help="background_priority values to compare (default: the store's default)")
     args = ap.parse_args(argv)
     print(f"# {command_line(__file__, argv)}\n# {machine_description()}\n")
     state = build_state(args.size << 20)
     root = tempfile.mkdtemp(prefix="cpu-proxy-")
-    configs = {"no checkpoint": (None, None)}
+    configs = {"no checkpoint": (None, None, "idle")}
     for workers in args.io_workers:
-        suffix = "" if len(args.io_workers) == 1 else (
-            ", default workers" if not workers else f", {workers} worker(s)")
-        configs |= {name + suffix: (c, workers or None) for name, c in CONFIGS.items() if c}
+        for priority in args.priority:
+            suffix = "" if len(args.io_workers) == 1 else (
+                ", default workers" if not workers else f", {workers} worker(s)")
+            suffix += "" if len(args.priority) == 1 else f", {priority} priority"
+            configs |= {name + suffix: (c, workers or None, priority)
+                        for name, c in CONFIGS.items() if c}
     rates: dict[str, list[float]] = {k: [] for k in configs}
     commits: dict[str, list[int]] = {k: [] for k in configs}
     try:
         for r in range(args.repeat):
-            for name, (config, workers) in (configs.items() if r % 2 == 0
-                                            else reversed(list(configs.items()))):
-                rate, n = run(config, state, args.seconds, args.interval, root, workers)
+            for name, (config, workers, priority) in (configs.items() if r % 2 == 0
+                                                      else reversed(list(configs.items()))):
+                rate, n = run(config, state, args.seconds, args.interval, root, workers,
+                              priority)
                 rates[name].append(rate)
                 commits[name].append(n)
                 print(f"round {r + 1}: {name}: {rate:.0f} steps/s, {n} commits",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -53,8 +54,8 @@ def measure(size_mb: int, rounds: int, strided: bool) -> dict[str, float]:
         for k, v in state.items():
             np.copyto(host[k], v.numpy())
 
-    store = ckptstore.open(tempfile.mkdtemp(prefix="staging-"),
-                           options=ckptstore.EncodingOptions(compression="none"))
+    folder = tempfile.mkdtemp(prefix="staging-")
+    store = ckptstore.open(folder, options=ckptstore.EncodingOptions(compression="none"))
     store.commit_async(state).wait()
     torch_copy()
     numpy_copy()
@@ -71,6 +72,7 @@ def measure(size_mb: int, rounds: int, strided: bool) -> dict[str, float]:
             pending.wait()
     finally:
         store.close()
+        shutil.rmtree(folder, ignore_errors=True)  # a GB per size and round otherwise
     return {k: statistics.median(v) for k, v in out.items()}
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import errno
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from .chains.memory import ChainMemory
@@ -36,6 +36,7 @@ from .plan import ArrayItem, CommitPlan, EncodingOptions, plan_commit
 from .policy import Policy
 from .records import build_manifest
 from .policy.shrink import Shrink
+from .priority import background_executor, check_priority
 from .refs import Tip
 from .repository import Repository
 from .sensitivity import Gradients, capture_gradients, score_snapshot
@@ -73,14 +74,18 @@ class Committer:
     """At most one commit in flight, the staging pool, the persist thread, the chain memory."""
 
     def __init__(self, repo: Repository, options: EncodingOptions,
-                 staging_budget: int | None = None):
+                 staging_budget: int | None = None, background_priority: str = "idle"):
         self.repo = repo
         self.options = options
         self.chains = ChainMemory()
         self.staging = StagingPool(staging_budget)
         # encoded chunks in memory at once: enough to keep the workers busy, at most ~64 MiB
         self.max_inflight = max(2, min(2 * repo.io_workers, (64 << 20) // options.chunk_bytes))
-        self._persister = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-persist")
+        self.background_priority = check_priority(background_priority)
+        self._persister = background_executor(1, background_priority, "ckptstore-persist")
+        # the I/O threads of commit_async's persist (made on first use): at the background
+        # priority, apart from the store's pool that callers wait on
+        self._background_io: ThreadPoolExecutor | None = None
         self._inflight: PendingCommit | None = None
         self._reserving: Future[int] | None = None
 
@@ -90,7 +95,18 @@ class Committer:
             self.wait()
         finally:
             self._persister.shutdown(wait=True)
+            if self._background_io is not None:
+                self._background_io.shutdown(wait=True)
             self.staging.clear()
+
+    def _persist_executor(self) -> Executor:
+        """The I/O pool of a background persist (the store's own at ``"normal"`` priority)."""
+        if self.background_priority == "normal":
+            return self.repo.executor
+        if self._background_io is None:
+            self._background_io = background_executor(
+                self.repo.io_workers, self.background_priority, "ckptstore-bg-io")
+        return self._background_io
 
     def wait(self) -> None:
         """Wait for the commit in flight (and a reservation of staging buffers); raise
@@ -153,9 +169,11 @@ class Committer:
             tracker.clear()
         pending = PendingCommit(time.perf_counter() - t0, snap.nbytes)
 
+        executor = self._persist_executor()
+
         def run() -> None:
             try:
-                info = self.finish(job, snap, pending.progress)
+                info = self.finish(job, snap, pending.progress, executor)
             except BaseException as e:  # noqa: BLE001 - handed to the caller through wait()
                 pending._finish(None, e)
             else:
@@ -212,9 +230,10 @@ class Committer:
             return None
         return tip is not None and tip[1] == commit_id
 
-    def finish(self, job: CommitJob, snap: Snapshot, progress: Progress | None = None
-               ) -> CommitInfo:
-        """Steps 4-7: persist, manifest, ref, then remember the chains and tag."""
+    def finish(self, job: CommitJob, snap: Snapshot, progress: Progress | None = None,
+               executor: Executor | None = None) -> CommitInfo:
+        """Steps 4-7: persist, manifest, ref, then remember the chains and tag; ``executor``:
+        the I/O pool (default: the store's)."""
         commit_id = new_commit_id()
         dedup = Dedup.against(job.parent) if self.options.dedup else None
         snap.settle(self.staging)  # device-staged tensors not quantized there: to the host
@@ -225,7 +244,8 @@ class Committer:
         moving = False
         try:
             done = persist(self.repo.storage, commit_id, job.plan, snap,      # 4. persist
-                           self.repo.executor, self.max_inflight, self.options.chunk_bytes,
+                           executor or self.repo.executor, self.max_inflight,
+                           self.options.chunk_bytes,
                            progress, dedup=dedup)
             manifest = build_manifest(commit_id, job.parent, job.message, job.metadata,
                                       job.tree, job.plan, done)

@@ -23,6 +23,7 @@ from .manifest import Manifest, decode_marker, encode_marker
 from .pending import PendingCommit
 from .plan import EncodingOptions
 from .policy import Policy
+from .priority import check_priority
 from .progress import bar
 from .reader import Reader
 from .repository import Repository
@@ -40,13 +41,16 @@ class Store:
 
     def __init__(self, storage: Storage, options: EncodingOptions | None = None,
                  io_workers: int | None = None, policy: Policy | None = None,
-                 collective: bool = True, staging_budget: int | None = None):
+                 collective: bool = True, staging_budget: int | None = None,
+                 background_priority: str = "idle"):
+        check_priority(background_priority)
         self.repo = Repository(storage, io_workers)
         self.storage = storage
         self.refs = self.repo.refs
         self.options = options or EncodingOptions()
         self.policy = policy or Policy()
-        self._committer = Committer(self.repo, self.options, staging_budget)
+        self._committer = Committer(self.repo, self.options, staging_budget,
+                                    background_priority)
         self.collective = collective
         self._async_group: object = None  # a gloo group for collective commit_async
 
@@ -328,7 +332,8 @@ def _has_dtensor(into: Any) -> bool:
 def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions | None = None,
          policy: Policy | None = None, io_workers: int | None = None, durable: bool = False,
          collective: bool = True, retry: Retry | None = None,
-         staging_budget: int | None = None, **storage_options: Any) -> Store:
+         staging_budget: int | None = None, background_priority: str = "idle",
+         **storage_options: Any) -> Store:
     """Open the store at ``url`` (a local path or any fsspec URL), creating it unless
     ``create=False``. ``durable=True`` fsyncs every chunk file of a local store before the
     manifest is written (survives power loss, at a cost in write throughput). ``io_workers`` bounds the threads that encode and write chunks (default:
@@ -346,11 +351,17 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
     :class:`StagingBudgetError` before anything is copied (default: no bound; the pool holds
     one copy of the latest state).
 
+    ``background_priority`` is the CPU priority of ``commit_async``'s persist and of the threads
+    that encode and write its chunks: ``"idle"`` (the default: Linux ``SCHED_IDLE``, a core only
+    when training leaves one free), ``"low"`` (nice 19) or ``"normal"``; see
+    :mod:`ckptstore.priority`.
+
     ``retry`` (a :class:`ckptstore.Retry`) sets how object-store requests that fail with a
     transient error are repeated after the client's own retries (default ``Retry()``: 4
     attempts, backoff from 0.2 s capped at 5 s); local disks and ``memory://`` are not retried.
     Other keywords (``storage_options``) go to fsspec.
     """
+    check_priority(background_priority)  # before anything is created
     storage = open_storage(url, durable=durable, retry=retry, **storage_options)
     try:
         decode_marker(storage.read(MARKER), storage.path(MARKER))
@@ -367,4 +378,4 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
         storage.put_if_absent(MARKER, encode_marker())
         decode_marker(storage.read(MARKER), storage.path(MARKER))
     return Store(storage, options, io_workers=io_workers, policy=policy, collective=collective,
-                 staging_budget=staging_budget)
+                 staging_budget=staging_budget, background_priority=background_priority)

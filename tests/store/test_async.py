@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import random
 import threading
 import time
@@ -354,3 +355,33 @@ def test_tracked_increments_stage_only_their_rows(tmp_path):
     # (grown by at least a quarter when it must grow), never the 2.6 MB table
     assert all(rows_bytes <= s <= 1.25 * rows_bytes + 4096 for s, rows_bytes in staged), staged
     assert all(s < table / 3 for s, _ in staged)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux-only")
+def test_background_persist_runs_at_idle_priority(tmp_path):
+    """commit_async's persist thread and the I/O threads that write its chunks run at
+    SCHED_IDLE by default; synchronous work keeps the store's normal pool; "normal" persists on
+    that pool; a wrong value is refused before anything is created."""
+    state = {"w": torch.randn(300, 300)}
+
+    def policies(prefix: str) -> set[int]:
+        return {os.sched_getscheduler(t.native_id) for t in threading.enumerate()
+                if t.name.startswith(prefix)}
+
+    with ckptstore.open(tmp_path / "idle") as store:
+        store.commit(state)
+        store.commit_async(state).wait()
+        assert policies("ckptstore-persist") == {os.SCHED_IDLE}
+        assert policies("ckptstore-bg-io") == {os.SCHED_IDLE}
+        assert policies("ckptstore-io") == {os.SCHED_OTHER}
+    with ckptstore.open(tmp_path / "normal", background_priority="normal") as store:
+        store.commit_async(state).wait()
+        assert policies("ckptstore-persist") == {os.SCHED_OTHER}
+        assert store._committer._background_io is None
+    with ckptstore.open(tmp_path / "low", background_priority="low") as store:
+        store.commit_async(state).wait()
+        persist = [t for t in threading.enumerate() if t.name.startswith("ckptstore-persist")]
+        assert all(os.getpriority(os.PRIO_PROCESS, t.native_id) == 19 for t in persist)
+    with pytest.raises(ValueError, match="background_priority"):
+        ckptstore.open(tmp_path / "bad", background_priority="high")
+    assert not (tmp_path / "bad").exists()
