@@ -15,7 +15,9 @@ What is measured
   tables, a dense matrix, 300 small tensors). Every ``--interval`` seconds of loop time the loop
   calls ``store.commit_async(state)``; the persist runs in the background while the loop goes
   on. Configurations: no checkpoint; the lossless default (byte planes); raw bits
-  (``compression="none"``); ``Policy(quantize=QuantSpec(bits=8))``; each at the
+  (``compression="none"``); ``Policy(quantize=QuantSpec(bits=8))`` (``method="auto"``: plain
+  uniform asymmetric at 8 bits, as Check-N-Run) and the same with Check-N-Run's adaptive range
+  search forced (``"adaptive-asymmetric"``, the default before); each at the
   ``background_priority`` values of ``--priority`` (default: the store's default, ``idle``).
 * Steps per second over ``--seconds`` of loop time (after one untimed warm-up commit), each
   configuration ``--repeat`` times, interleaved; the slowdown is relative to the median rate
@@ -46,6 +48,8 @@ CONFIGS = {
     "commit_async, lossless (default)": (EncodingOptions(), Policy()),
     "commit_async, raw bits": (EncodingOptions(compression="none"), Policy()),
     "commit_async, 8-bit": (EncodingOptions(), Policy(quantize=QuantSpec(bits=8))),
+    "commit_async, 8-bit adaptive search": (
+        EncodingOptions(), Policy(quantize=QuantSpec("adaptive-asymmetric", bits=8))),
 }
 
 

@@ -20,6 +20,9 @@ __all__ = ["Decision", "Policy", "QuantSpec", "Want"]
 IncrementalMode = Literal["off", "one-shot", "consecutive", "intermittent"]
 # a whole tensor, changed rows, code deltas, the lossless XOR with the previous commit, or a
 # pruned quantized residual against the previous commit (Shrink)
+#: the widest codes ``QuantSpec(method="auto")`` searches ranges for (Check-N-Run section 5.2)
+ADAPTIVE_MAX_BITS = 4
+
 Want = Literal["full", "rows", "codes", "xor", "residual"]
 
 
@@ -34,9 +37,14 @@ class QuantSpec:
     (Check-N-Run section 5.2: None picks 25 bins up to 3 bits, 45 above; ``ratio`` the share of
     the range searched); :func:`ckptstore.policy.autotune` chooses them from a sample of rows.
     ``prune_zeros`` gives exact zeros a code of their own (sparse tensors, see :class:`Shrink`).
+
+    ``method="auto"`` (the default) is Check-N-Run's choice (section 5.2): the adaptive
+    asymmetric search up to 4 bits, plain uniform asymmetric above ("for 8-bit quantization,
+    naive asymmetric quantization is sufficient"), unless ``num_bins`` or ``ratio`` tune the
+    search. The stored codec configuration names the method used.
     """
 
-    method: str = "adaptive-asymmetric"
+    method: str = "auto"
     bits: int = 4
     granularity: str = "row"
     group_size: int | None = None
@@ -54,9 +62,18 @@ class QuantSpec:
     def with_bits(self, bits: int) -> QuantSpec:
         return replace(self, bits=bits)
 
+    @property
+    def resolved_method(self) -> str:
+        """The quantization method ``method`` stands for at ``bits`` (see ``"auto"``)."""
+        if self.method != "auto":
+            return self.method
+        searched = self.bits <= ADAPTIVE_MAX_BITS or self.num_bins is not None or (
+            self.ratio != 1.0)
+        return "adaptive-asymmetric" if searched else "uniform-asymmetric"
+
     def codec_kwargs(self, dtype: str) -> dict[str, Any]:
         """Keyword arguments of ``ckptcodecs.Quantize`` for a tensor of torch dtype ``dtype``."""
-        kw: dict[str, Any] = {"method": self.method, "bits": self.bits,
+        kw: dict[str, Any] = {"method": self.resolved_method, "bits": self.bits,
                               "granularity": self.granularity, "protect": self.protect,
                               "prune": self.prune, "lam": self.lam}
         if self.group_size is not None:

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import ckptstore
-from ckptstore.policy import QuantSpec, autotune
+from ckptcodecs import Quantize
+from ckptstore.policy import Policy, QuantSpec, autotune
 from ckptstore.policy.autotune import relative_error
 
 
@@ -62,3 +63,22 @@ def test_quant_spec_passes_search_settings_to_the_codec():
     kw = QuantSpec(num_bins=12, ratio=0.5).codec_kwargs("float32")
     assert kw["num_bins"] == 12 and kw["ratio"] == 0.5
     assert "num_bins" not in QuantSpec().codec_kwargs("float32")
+
+
+def test_auto_method_is_check_n_runs_choice(tmp_path):
+    """``method="auto"``: the adaptive search up to 4 bits, plain uniform asymmetric above (Check-N-
+    Run section 5.2) unless the search is tuned; the stored codec config names the method used."""
+    assert [QuantSpec(bits=b).resolved_method for b in (2, 3, 4, 5, 8)] == [
+        "adaptive-asymmetric"] * 3 + ["uniform-asymmetric"] * 2
+    assert QuantSpec(bits=8, num_bins=60).resolved_method == "adaptive-asymmetric"
+    assert QuantSpec(bits=8, ratio=0.5).resolved_method == "adaptive-asymmetric"
+    assert QuantSpec("kmeans", bits=8).resolved_method == "kmeans"
+    w = torch.randn(256, 64)
+    for bits, method in ((4, "adaptive-asymmetric"), (8, "uniform-asymmetric")):
+        store = ckptstore.open(tmp_path / str(bits))
+        store.commit({"w": w}, policy=Policy(quantize=QuantSpec(bits=bits), min_quant_bytes=1))
+        entry = store.manifest(store.resolve("main")).tensors[0]
+        assert entry.codec["quantize"]["method"] == method
+        ref = Quantize(method=method, bits=bits)
+        want = np.frombuffer(ref.decode(ref.encode(w.numpy())), np.float32).reshape(256, 64)
+        assert torch.equal(store.checkout("main")["w"], torch.from_numpy(want.copy()))

@@ -210,12 +210,12 @@ def _chunks(store: ckptstore.Store, root: Path) -> dict[str, bytes]:
 
 SPECS = [QuantSpec("uniform-asymmetric", 4), QuantSpec("uniform-symmetric", 8, "tensor"),
          QuantSpec("uniform-asymmetric", 3, "group", group_size=100, entropy=False),
-         QuantSpec(bits=4),  # adaptive: "small" (10 values a row) is searched on the host
+         QuantSpec(bits=4),  # "auto" (adaptive): "small" (10 values a row) searched on the host
          QuantSpec("kmeans", 4, "tensor", levels=12, lam=0.5),  # "small" fitted on the host
          QuantSpec("uniform-asymmetric", 4, protect=0.01, prune=0.2)]
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.method}-{s.bits}-{s.granularity}")
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.resolved_method}-{s.bits}-{s.granularity}")
 @pytest.mark.parametrize("asynchronous, delta", [(False, True), (True, True), (True, False)],
                          ids=["commit-deltas", "commit_async-deltas", "commit_async-full"])
 def test_device_encoded_commits_store_the_host_paths_chunks(tmp_path, monkeypatch, spec,
@@ -247,7 +247,7 @@ def test_device_encoded_commits_store_the_host_paths_chunks(tmp_path, monkeypatc
         stored[mode] = (_chunks(store, tmp_path / mode), store.checkout("main"))
     # every quantized tensor of the three commits went through the device path
     dtypes = [torch.float32, torch.bfloat16, torch.float32, torch.float16]
-    if spec.method not in ("adaptive-asymmetric", "kmeans"):
+    if spec.resolved_method not in ("adaptive-asymmetric", "kmeans"):
         dtypes.append(torch.float32)  # "small"
     assert sorted(map(str, calls)) == sorted(map(str, 3 * dtypes))
     assert bool(packs) is not delta  # full arrays cross packed; delta chains keep their codes
@@ -269,7 +269,8 @@ def test_which_items_go_to_the_device():
             (QuantSpec("uniform-asymmetric", 4), "auto", set()),       # CPU tensors: the host
             (QuantSpec("uniform-asymmetric", 4), "off", set()),
             (QuantSpec(bits=4), "always", {"w"}),       # adaptive: rows of 16 on the host
-            (QuantSpec(bits=8), "always", set())]:      # 8 bits: rows of 64 on the host
+            (QuantSpec("adaptive-asymmetric", 8), "always", set()),  # rows of 64: the host
+            (QuantSpec(bits=8), "always", {"w", "emb"})]:  # "auto" at 8 bits: uniform
         from ckptstore.chains.memory import ChainMemory
 
         decide = ChainMemory().decider(Policy(quantize=spec, min_quant_bytes=1), "main", None,
