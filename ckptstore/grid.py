@@ -6,9 +6,11 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from .errors import ManifestError
 
-__all__ = ["CHUNK_BYTES", "ChunkGrid"]
+__all__ = ["CHUNK_BYTES", "ChunkGrid", "boxes_overlap"]
 
 CHUNK_BYTES = 8 * 2**20
 
@@ -62,3 +64,22 @@ class ChunkGrid:
     def __iter__(self) -> Iterator[tuple[int, str, int, int]]:
         for i in range(self.nchunks):
             yield (i, self.key(i), *self.rows(i))
+
+
+def boxes_overlap(boxes: list[tuple[list[int], list[int]]], block: int = 1024) -> bool:
+    """Whether two non-empty boxes ``(offsets, shape)`` intersect (pairwise, vectorised in
+    blocks: with equal total volume, no overlap means an exact cover)."""
+    kept = [(o, s) for o, s in boxes if math.prod(s)]
+    if len(kept) < 2:
+        return False
+    lo = np.array([o for o, _ in kept], dtype=np.int64)
+    hi = lo + np.array([s for _, s in kept], dtype=np.int64)
+    n = len(kept)
+    for a in range(0, n, block):
+        meets = np.all((lo[a:a + block, None, :] < hi[None, :, :])
+                       & (lo[None, :, :] < hi[a:a + block, None, :]), axis=2)
+        rows = np.arange(a, min(a + block, n))
+        meets[rows - a, rows] = False  # a box meets itself
+        if meets.any():
+            return True
+    return False

@@ -17,10 +17,10 @@ from enum import Enum
 from typing import Any, Literal
 
 import msgpack
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import FormatVersionError, ManifestError, NotAStoreError
+from .grid import ChunkGrid, boxes_overlap
 from .layout import is_array_name
 
 __all__ = [
@@ -39,12 +39,13 @@ __all__ = [
     "version_needed",
 ]
 
-FORMAT_VERSION = 5   # the newest manifest format this library reads and writes
+FORMAT_VERSION = 6   # the newest manifest format this library reads and writes
 BASE_VERSION = 1     # what a manifest without sharded or xor entries is written as (v1 reads it)
 SHARDED_VERSION = 2  # sharded entries and per-rank packed arrays
 XOR_VERSION = 3      # xor chain entries, changed rows as xor (xvalues), content digests
 RESIDUAL_VERSION = 4  # residual chain entries (pruned, quantized weight residuals: ExCP)
 DIM_ORDER_VERSION = 5  # entries that record a memory layout (channels_last, transposed)
+CHUNK_DIGESTS_VERSION = 6  # full arrays that record the sha256 of each chunk's bits (dedup)
 MARKER_VERSION = 1   # the store marker: a store holds manifests of any version up to ours
 MAGIC = b"CKPT"
 _HEADER = len(MAGIC) + 1 + 32
@@ -167,6 +168,9 @@ class TensorEntry(_Model):
     pieces: list[ShardPiece] | None = None
     digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")  # format 3
     dim_order: list[int] | None = None  # format 5: memory layout, outermost dimension first
+    # format 6: the sha256 of each chunk's bits (as the codec got them: edge chunks padded),
+    # hex, back to back in chunk order -- chunk-level dedup (:mod:`ckptstore.dedup`)
+    chunk_digests: str | None = Field(default=None, pattern=r"^(?:[0-9a-f]{64})*$")
 
     @model_validator(mode="after")
     def _check_layout(self) -> TensorEntry:
@@ -196,6 +200,16 @@ class TensorEntry(_Model):
                 or sorted(self.dim_order) != list(range(len(self.shape)))):
             raise ValueError(f"bad dim_order {self.dim_order} for a {self.layout} entry of "
                              f"shape {self.shape}")
+        if self.chunk_digests is not None:
+            n = -1
+            if self.layout == Layout.ARRAY:
+                try:
+                    n = ChunkGrid.checked(self.shape, self.chunks).nchunks
+                except ManifestError as e:
+                    raise ValueError(str(e)) from None
+            if len(self.chunk_digests) != 64 * n:
+                raise ValueError(f"chunk_digests of {len(self.chunk_digests) // 64} chunks for "
+                                 f"a {self.layout} entry of {max(n, 0)} chunks")
         return self
 
 
@@ -273,7 +287,7 @@ class Manifest(_Model):
                     o + n > g for o, n, g in zip(p.offsets, s.shape, t.shape)):
                 raise ValueError(f"a shard of {t.path!r} does not fit inside the tensor")
             volume += math.prod(s.shape)
-        if volume != math.prod(t.shape) or _overlap(
+        if volume != math.prod(t.shape) or boxes_overlap(
                 [(p.offsets, self.shards[p.entry].shape) for p in t.pieces]):
             raise ValueError(f"the shards of {t.path!r} do not cover the tensor exactly once")
 
@@ -306,28 +320,11 @@ class Manifest(_Model):
         return {t.base_commit for t in (*self.tensors, *self.shards) if t.base_commit}
 
 
-def _overlap(boxes: list[tuple[list[int], list[int]]], block: int = 1024) -> bool:
-    """Whether two non-empty boxes ``(offsets, shape)`` intersect (pairwise, vectorised in
-    blocks: with equal total volume, no overlap means an exact cover)."""
-    kept = [(o, s) for o, s in boxes if math.prod(s)]
-    if len(kept) < 2:
-        return False
-    lo = np.array([o for o, _ in kept], dtype=np.int64)
-    hi = lo + np.array([s for _, s in kept], dtype=np.int64)
-    n = len(kept)
-    for a in range(0, n, block):
-        meets = np.all((lo[a:a + block, None, :] < hi[None, :, :])
-                       & (lo[None, :, :] < hi[a:a + block, None, :]), axis=2)
-        rows = np.arange(a, min(a + block, n))
-        meets[rows - a, rows] = False  # a box meets itself
-        if meets.any():
-            return True
-    return False
-
-
 def version_needed(entries: list[TensorEntry], sharded: bool) -> int:
     """The oldest manifest format that holds these entries: older readers refuse what they
     cannot rebuild instead of misreading it."""
+    if any(e.chunk_digests is not None for e in entries):
+        return CHUNK_DIGESTS_VERSION
     if any(e.dim_order is not None for e in entries):
         return DIM_ORDER_VERSION
     if any(e.kind == Kind.RESIDUAL for e in entries):
@@ -343,7 +340,8 @@ def encode_manifest(m: Manifest) -> bytes:
         if not raw[key]:
             del raw[key]
     for e in (*raw["tensors"], *raw["storages"], *raw.get("shards", ())):
-        for key in ("pieces", "digest", "dim_order"):  # absent, not None: earlier formats' layout
+        # absent, not None: earlier formats' layout
+        for key in ("pieces", "digest", "dim_order", "chunk_digests"):
             if e[key] is None:
                 del e[key]
     payload = msgpack.packb(raw, use_bin_type=True)

@@ -30,7 +30,8 @@ def _entry(p: PlanItem, commit_id: str, done: WriteResult | None,
         return TensorEntry(**common, commit=reused.commit if reused else commit_id,
                            array=reused.array if reused else p.array, codec=p.codec.config(),
                            chunks=list(p.grid.chunks), nbytes=p.nbytes,
-                           digest=done.digest if done is not None else None)
+                           digest=done.digest if done is not None else None,
+                           chunk_digests=done.chunk_digests if done is not None else None)
     if isinstance(p, PackedItem):
         return TensorEntry(**common, commit=commit_id, offset=p.offset, nbytes=p.nbytes,
                            array=pack)

@@ -23,7 +23,7 @@ from .chains.decide import CodesBase
 from .chains.replay import changed_rows, xor_bits
 from .chunkcodec import LOSSLESS_IDS, BloscLossless, CodeDelta, Encoded, PlanesLossless, \
     QuantizedLossy
-from .dedup import Dedup, Reused, content_digest
+from .dedup import Dedup, Reused, chunk_digest, content_digest
 from .devbits import PackedCodes
 from .devquant import ChunkCodes, device_chunk_codes
 from .layout import PACKED_ARRAY, ZARR_JSON, array_dir, data_dir, part_array
@@ -80,6 +80,7 @@ class WriteResult:
     digest: str | None = None     # sha256 of the bits (dedup)
     reused: Reused | None = None  # the bits were already stored there: nothing written
     rebuilt: np.ndarray | None = None  # residual: the values a checkout rebuilds
+    chunk_digests: str | None = None  # each chunk's hex sha256, back to back (dedup)
 
 
 @dataclass(frozen=True, eq=False)
@@ -106,10 +107,14 @@ class _Pending:
     digest: str | None = None
     reused: Reused | None = None
     rebuilt: np.ndarray | None = None
+    chunk_digests: list[str] | str | None = None  # filled by the chunk writers
 
     def result(self) -> WriteResult:
-        return WriteResult(self.index, sum(f.result() for f in self.futures), self.parts,
-                           self.fraction, self.codes, self.digest, self.reused, self.rebuilt)
+        written = sum(f.result() for f in self.futures)
+        chunks = self.chunk_digests
+        return WriteResult(self.index, written, self.parts, self.fraction, self.codes,
+                           self.digest, self.reused, self.rebuilt,
+                           "".join(chunks) if isinstance(chunks, list) else chunks)
 
 
 # the ``attributes`` of the zarr.json of the packed array of small tensors
@@ -182,9 +187,19 @@ def _write_full(storage: Storage, commit_id: str, p: ArrayItem, host: Staged,
                                                  _attrs(p), submit))
         digest = content_digest(host)
         reused = dedup.find(p, digest)
-        futures = [] if reused else write_array(storage, prefix, host, p.grid, p.codec,
-                                                _attrs(p), submit)
-        return _Pending(p.index, futures, digest=digest, reused=reused)
+        if reused:
+            return _Pending(p.index, [], digest=digest, reused=reused,
+                            chunk_digests=dedup.chunk_digests_of(p))
+        digests = [""] * p.grid.nchunks
+        stored = dedup.chunk_sources(p)
+
+        def source(i: int, chunk: np.ndarray) -> str | None:
+            digests[i] = chunk_digest(chunk)
+            return stored(digests[i])
+
+        futures = write_array(storage, prefix, host, p.grid, p.codec, _attrs(p), submit,
+                              source=source)
+        return _Pending(p.index, futures, digest=digest, chunk_digests=digests)
     codes: CodesBase = {}
     codec = p.codec
     assert isinstance(codec, QuantizedLossy)

@@ -89,7 +89,8 @@ class Storage(ABC):
     @abstractmethod
     def walk_sizes(self, key: str) -> dict[str, int]:
         """``{key: size}`` of every file under ``key``, recursively (keys relative to the root);
-        empty if it does not exist."""
+        empty if it does not exist. A file hard-linked ``n`` times (a chunk shared by dedup)
+        counts ``size // n`` at each of its names, so sizes add up to the bytes used."""
 
     # -- writes ----------------------------------------------------------------------------
     @abstractmethod
@@ -102,6 +103,13 @@ class Storage(ABC):
         """Write a data chunk, given whole or as buffers to concatenate (one ``writev`` on local
         disks). Not atomic (a chunk is never read before its manifest exists); fsynced when
         :attr:`durable`."""
+
+    def link_chunk(self, source: str, key: str) -> bool:
+        """Make the data chunk ``key`` hold the bytes of the stored chunk ``source`` without
+        sending them again (a hard link on local disks, a server-side copy on object stores);
+        False when the back-end cannot or ``source`` is gone (the caller then writes the chunk).
+        Chunks are never modified in place, so a chunk shared this way stays correct."""
+        return False
 
     @abstractmethod
     def put_if_absent(self, key: str, data: bytes) -> bool:

@@ -122,6 +122,15 @@ class FsspecStorage(Storage):
         # clients take bytes, not memoryviews; a repeated chunk PUT writes the same bytes
         self.retry.call(lambda _: self.fs.pipe_file(self.path(key), whole), "write", key)
 
+    def link_chunk(self, source: str, key: str) -> bool:
+        def copy(_: int) -> bool:
+            try:
+                self.fs.cp_file(self.path(source), self.path(key))
+            except (FileNotFoundError, NotImplementedError):
+                return False
+            return True
+        return self.retry.call(copy, "copy", key)
+
     def put_if_absent(self, key: str, data: bytes) -> bool:
         token = uuid.uuid4().hex
         extra = {"Metadata": {_WRITER: token}} if self._tagged else {}

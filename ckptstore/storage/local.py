@@ -100,7 +100,8 @@ class LocalStorage(Storage):
             for f in files:
                 full = os.path.join(d, f)
                 rel = os.path.relpath(full, self.root).replace(os.sep, "/")
-                out[rel] = os.path.getsize(full)
+                st = os.stat(full)
+                out[rel] = st.st_size // max(st.st_nlink, 1)  # a shared chunk: its share
         return out
 
     # -- writes ----------------------------------------------------------------------------
@@ -114,7 +115,11 @@ class LocalStorage(Storage):
         parts = as_parts(data)
         path = self.path(key)
         self._makedirs(os.path.dirname(path))
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:  # rewritten: a new file, never into one a link may share
+            os.unlink(path)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             total, done = sum(len(p) for p in parts), os.writev(fd, parts)
             if done < total:  # short write: finish the rest plainly
@@ -123,6 +128,17 @@ class LocalStorage(Storage):
                 os.fsync(fd)
         finally:
             os.close(fd)
+
+    def link_chunk(self, source: str, key: str) -> bool:
+        path = self.path(key)
+        self._makedirs(os.path.dirname(path))
+        try:
+            os.link(self.path(source), path)
+        except FileExistsError:  # a retried write of this very chunk: write it anew
+            return False
+        except OSError:  # gone, another file system, no hard links there, too many links
+            return False
+        return True
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         path = self.path(key)

@@ -1,5 +1,6 @@
 """Whole-array dedup (``EncodingOptions(dedup=True)``): unchanged tensors are referenced, not
-written again; gc keeps what a retained commit points into; digests are checked like any field."""
+written again; gc keeps what a retained commit points into; digests are checked like any field.
+Chunk-level dedup: tests/store/test_chunk_dedup.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from helpers import assert_bit_exact
 
 import ckptstore
 from ckptstore import EncodingOptions
-from ckptstore.manifest import BASE_VERSION, XOR_VERSION, TensorEntry
+from ckptstore.manifest import BASE_VERSION, CHUNK_DIGESTS_VERSION, TensorEntry
 
 
 def _frozen(n: int = 8) -> dict[str, torch.Tensor]:
@@ -63,7 +64,7 @@ def test_changed_bits_or_encoding_are_written(tmp_path):
     assert other.manifest(c.id).tensors[0].commit == c.id
     d = other.commit({"w": w})
     assert other.manifest(d.id).tensors[0].commit == c.id and d.stored_bytes < 1000
-    assert store.manifest(a.id).format_version == XOR_VERSION
+    assert store.manifest(a.id).format_version == CHUNK_DIGESTS_VERSION
 
 
 def test_without_dedup_manifests_stay_format_1(tmp_path):
@@ -80,10 +81,13 @@ def test_malformed_digests_are_refused(digest):
                     commit="0" * 32, array="w", codec={"id": "raw"}, chunks=[1], digest=digest)
 
 
-def test_a_digest_never_reuses_data_of_another_path(tmp_path):
+def test_same_bits_under_another_path_get_an_array_of_their_own(tmp_path):
+    """The whole-array reference is by path; the chunks are shared by content (links)."""
     store = ckptstore.open(tmp_path / "s", options=EncodingOptions(dedup=True))
     w = torch.randn(256, 256)
     store.commit({"a": w})
-    info = store.commit({"b": w})  # same bits under a new name: written (dedup is by path)
-    assert store.manifest(info.id).tensors[0].commit == info.id
-    assert info.stored_bytes > 200_000
+    info = store.commit({"b": w})
+    entry = store.manifest(info.id).tensors[0]
+    assert entry.commit == info.id and entry.array != "a"
+    assert info.stored_bytes < 2000  # its zarr.json: the chunk is a link
+    assert_bit_exact(store.checkout("main"), {"b": w})
