@@ -17,7 +17,10 @@ __all__ = [
     "MAX_LEN",
     "MAX_RUN",
     "RUN_BASE",
+    "canonical_codes",
+    "code_lengths",
     "decode_symbols",
+    "encode_stream",
     "rle_scan",
     "write_bits",
 ]
@@ -105,6 +108,100 @@ def write_bits(syms, nsym, codes, lens, out):  # pragma: no cover - compiled
         out[j] = (acc << np.uint64(8 - nbits)) & np.uint64(0xFF)
         j += 1
     return j
+
+
+@njit(cache=True, nogil=True)
+def code_lengths(freq, lens):  # pragma: no cover - compiled
+    """Huffman code lengths (at most MAX_LEN) of the positive frequencies ``freq`` into
+    ``lens``: each node joins the two lightest of the leaves and nodes left, ties going to the
+    leaf and then to the lower index (a binary heap of ``(weight, index)`` pairs, nodes numbered
+    after the leaves as they are made); where the longest code is too long the frequencies are
+    halved, rounding up, and the tree is built again."""
+    n = freq.size
+    if n == 1:
+        lens[0] = 1
+        return
+    f = freq.copy()
+    w = np.empty(2 * n - 1, np.int64)  # weights of the leaves in sorted order, then the nodes
+    parent = np.empty(2 * n - 1, np.int64)  # of each leaf (by index) and node
+    depth = np.zeros(2 * n - 1, np.int64)
+    while True:
+        order = np.argsort(f, kind="mergesort")  # by weight, ties by index
+        for k in range(n):
+            w[k] = f[order[k]]
+        leaf, node = 0, n
+        for nxt in range(n, 2 * n - 1):
+            total = 0
+            for _ in range(2):
+                if leaf < n and (node >= nxt or w[leaf] <= w[node]):
+                    a, leaf = order[leaf], leaf + 1
+                    total += f[a]
+                else:
+                    a, node = node, node + 1
+                    total += w[a]
+                parent[a] = nxt
+            w[nxt] = total
+        longest = 0
+        for k in range(2 * n - 3, -1, -1):  # the root, 2n - 2, has depth 0
+            depth[k] = depth[parent[k]] + 1
+            if k < n:
+                longest = max(longest, depth[k])
+        if longest <= MAX_LEN:
+            break
+        for k in range(n):
+            f[k] = (f[k] + 1) // 2
+    for k in range(n):
+        lens[k] = depth[k]
+
+
+@njit(cache=True, nogil=True)
+def canonical_codes(lens, codes):  # pragma: no cover - compiled
+    """Canonical codes of symbols in increasing order with code lengths ``lens`` into
+    ``codes``: by length, then symbol, each code one more than the last, shifted left by the
+    difference in length."""
+    order = np.argsort(lens, kind="mergesort")
+    code = 0
+    prev = lens[order[0]]
+    for k in range(order.size):
+        i = order[k]
+        if k:
+            code = (code + 1) << (lens[i] - prev)
+        prev = lens[i]
+        codes[i] = code
+
+
+@njit(cache=True, nogil=True)
+def encode_stream(data, head):  # pragma: no cover - compiled
+    """RLE + Huffman code ``data`` in one call: ``(out, end, nsym, used, lens)``, the bit
+    stream at ``out[hlen:end]`` where ``hlen = head + 3 * used.size + 4`` leaves room for the
+    header; ``end`` is -1 (and ``out`` empty) where the code would not be smaller than ``data``
+    stored raw behind a ``head``-byte header (:func:`rle_scan`, :func:`code_lengths`,
+    :func:`canonical_codes`, :func:`write_bits`)."""
+    n = data.size
+    syms = np.empty(max(n, 1), np.uint16)
+    freq = np.zeros(ALPHABET, np.int64)
+    nsym = rle_scan(data, syms, freq)
+    used = np.flatnonzero(freq)
+    fu = freq[used]
+    lens = np.empty(used.size, np.int64)
+    code_lengths(fu, lens)
+    nbits = 0
+    for k in range(used.size):
+        nbits += fu[k] * lens[k]
+    hlen = head + 3 * used.size + 4
+    nbytes = (nbits + 7) // 8
+    if hlen + nbytes >= head + n:  # coding would not make it smaller: stored raw
+        return np.empty(0, np.uint8), -1, nsym, used, lens
+    codes = np.empty(used.size, np.int64)
+    canonical_codes(lens, codes)
+    codes_full = np.zeros(ALPHABET, np.int64)
+    lens_full = np.zeros(ALPHABET, np.int64)
+    for k in range(used.size):
+        codes_full[used[k]] = codes[k]
+        lens_full[used[k]] = lens[k]
+    out = np.empty(hlen + nbytes + 8, np.uint8)  # header, bit stream, slack for flushes
+    end = hlen + write_bits(syms, nsym, codes_full, lens_full, out[hlen:])
+    return out, end, nsym, used, lens
 
 
 @njit(cache=True, nogil=True)

@@ -23,7 +23,6 @@ See :mod:`ckptcodecs._hkernels` for the symbol alphabet.
 
 from __future__ import annotations
 
-import heapq
 import struct
 import zlib
 
@@ -49,73 +48,22 @@ _ERRORS = {
 }
 
 
-def _code_lengths(freq: np.ndarray) -> np.ndarray:
-    """Huffman code lengths (<= MAX_LEN) for the nonzero entries of ``freq``."""
-    f = freq.astype(np.int64)
-    while True:
-        n = f.size
-        if n == 1:
-            return np.ones(1, np.uint8)
-        heap = [(int(w), i) for i, w in enumerate(f)]
-        heapq.heapify(heap)
-        parent = np.zeros(2 * n - 1, np.int64)
-        nxt = n
-        while len(heap) > 1:
-            w1, a = heapq.heappop(heap)
-            w2, b = heapq.heappop(heap)
-            parent[a] = parent[b] = nxt
-            heapq.heappush(heap, (w1 + w2, nxt))
-            nxt += 1
-        depth = np.zeros(2 * n - 1, np.int64)
-        for node in range(2 * n - 3, -1, -1):  # parents have higher ids than children
-            depth[node] = depth[parent[node]] + 1
-        lens = depth[:n]
-        if lens.max() <= HK.MAX_LEN:
-            return lens.astype(np.uint8)
-        f = (f + 1) // 2  # flatten the distribution and retry
-
-
-def _canonical(syms: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Canonical codes for ``syms`` (increasing) with code lengths ``lens``."""
-    order = np.lexsort((syms, lens))
-    codes = np.zeros(syms.size, np.int64)
-    code = 0
-    prev = int(lens[order[0]])
-    for k, i in enumerate(order):
-        ln = int(lens[i])
-        if k:
-            code = (code + 1) << (ln - prev)
-        prev = ln
-        codes[i] = code
-    return codes
-
-
 def rle_huffman_encode(data) -> bytes:
-    """Encode bytes (any contiguous buffer) to the RLEHuffman layout."""
+    """Encode bytes (any contiguous buffer) to the RLEHuffman layout (the coding runs in one
+    compiled call that releases the GIL)."""
     arr = ensure_contiguous_ndarray(as_input(data)).reshape(-1).view(np.uint8)
     n = arr.size
     if n == 0:
         return _HEAD.pack(VERSION, 0, 0)
-    syms = np.empty(n, np.uint16)
-    freq = np.zeros(HK.ALPHABET, np.int64)
-    nsym = HK.rle_scan(arr, syms, freq)
-    used = np.flatnonzero(freq)
-    lens = _code_lengths(freq[used])
-    nbits = int((freq[used] * lens).sum())
-    header = (_HEAD.pack(VERSION, 1, n) + _HUFF.pack(nsym, used.size)
-              + used.astype("<u2").tobytes() + lens.tobytes())
-    header += struct.pack("<I", zlib.crc32(header))
-    nbytes = (nbits + 7) // 8
-    if len(header) + nbytes >= _HEAD.size + n:  # coding would not make it smaller: store raw
+    head = _HEAD.size + _HUFF.size
+    out, end, nsym, used, lens = HK.encode_stream(arr, head)
+    if end < 0:  # coding would not make it smaller: store raw
         return _HEAD.pack(VERSION, 0, n) + arr.tobytes()
-    codes = np.zeros(HK.ALPHABET, np.int64)
-    lens_full = np.zeros(HK.ALPHABET, np.int64)
-    codes[used] = _canonical(used, lens)
-    lens_full[used] = lens
-    out = np.empty(len(header) + nbytes + 8, np.uint8)  # header, bit stream, slack for flushes
+    header = (_HEAD.pack(VERSION, 1, n) + _HUFF.pack(nsym, used.size)
+              + used.astype("<u2").tobytes() + lens.astype(np.uint8).tobytes())
+    header += struct.pack("<I", zlib.crc32(header))
     out[:len(header)] = np.frombuffer(header, np.uint8)
-    written = HK.write_bits(syms, nsym, codes, lens_full, out[len(header):])
-    return out[:len(header) + written].tobytes()
+    return out[:end].tobytes()
 
 
 def rle_huffman_decode(buf) -> np.ndarray:
@@ -167,7 +115,8 @@ def rle_huffman_decode(buf) -> np.ndarray:
 
 
 def _decode_tables(syms: np.ndarray, lens: np.ndarray):
-    codes = _canonical(syms, lens)
+    codes = np.empty(syms.size, np.int64)
+    HK.canonical_codes(lens, codes)
     maxlen = int(lens.max())
     nbits = HK.LUT_BITS
     sym1 = np.zeros(1 << nbits, np.int64)

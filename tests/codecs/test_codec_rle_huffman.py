@@ -79,3 +79,52 @@ def test_bad_version_and_mode():
 def test_config_and_repr():
     check_config(RLEHuffman())
     check_repr("RLEHuffman()")
+
+
+def _heap_code_lengths(freq: np.ndarray) -> np.ndarray:
+    """The reference: Huffman over a binary heap of ``(weight, index)`` pairs, frequencies
+    halved (rounding up) until the longest code fits MAX_LEN (what the encoder did in Python
+    before it was compiled; stored bytes must not change)."""
+    import heapq
+
+    f = freq.astype(np.int64)
+    while True:
+        n = f.size
+        if n == 1:
+            return np.ones(1, np.int64)
+        heap = [(int(w), i) for i, w in enumerate(f)]
+        heapq.heapify(heap)
+        parent = np.zeros(2 * n - 1, np.int64)
+        nxt = n
+        while len(heap) > 1:
+            w1, a = heapq.heappop(heap)
+            w2, b = heapq.heappop(heap)
+            parent[a] = parent[b] = nxt
+            heapq.heappush(heap, (w1 + w2, nxt))
+            nxt += 1
+        depth = np.zeros(2 * n - 1, np.int64)
+        for node in range(2 * n - 3, -1, -1):
+            depth[node] = depth[parent[node]] + 1
+        if depth[:n].max() <= HK.MAX_LEN:
+            return depth[:n]
+        f = (f + 1) // 2
+
+
+def _fibonacci(n: int) -> np.ndarray:
+    fib = [1, 1]
+    while len(fib) < n:
+        fib.append(fib[-1] + fib[-2])
+    return np.array(fib[:n], np.int64)
+
+
+@pytest.mark.parametrize("case", range(40))
+def test_compiled_code_lengths_equal_the_heap_construction(case):
+    rng = np.random.default_rng(case)
+    n = int(rng.integers(1, 600))
+    freq = {0: lambda: rng.integers(1, 1000, n), 1: lambda: rng.integers(1, 4, n),
+            2: lambda: (rng.zipf(1.2, n) * rng.integers(1, 50)).clip(1, 1 << 40),
+            3: lambda: _fibonacci(min(n, 60))}[case % 4]().astype(np.int64)
+    lens = np.empty(freq.size, np.int64)
+    HK.code_lengths(freq, lens)
+    assert np.array_equal(lens, _heap_code_lengths(freq))
+    assert lens.max() <= HK.MAX_LEN and (2.0 ** -lens.astype(float)).sum() <= 1.0
