@@ -22,6 +22,10 @@ What is measured
 * Steps per second over ``--seconds`` of loop time (after one untimed warm-up commit), each
   configuration ``--repeat`` times, interleaved; the slowdown is relative to the median rate
   without checkpoints. Goals (issue 11): lossless <= 15 %, 8-bit <= 20 % on the 2-core VM.
+* ``--gil``: instead, what one persist takes from a thread that only wants the GIL: the main
+  thread spins on ``time.perf_counter()`` while one ``commit_async`` persists, and every pause
+  of more than 0.2 ms between two of its reads counts as time the persist's threads held the
+  GIL (or the OS took the core); persist wall time and those pauses, medians of ``--repeat``.
 """
 
 from __future__ import annotations
@@ -88,6 +92,43 @@ def run(config: tuple | None, state: dict, seconds: float, interval: float, root
     return rate, commits
 
 
+def gil_hold(config: tuple, state: dict, root: str, priority: str = "idle"
+             ) -> tuple[float, int, float]:
+    """One persist of ``state`` while this thread spins: its wall seconds, and the number and
+    total seconds of this thread's pauses longer than 0.2 ms."""
+    options, policy = config
+    folder = tempfile.mkdtemp(dir=root)
+    store = ckptstore.open(folder, options=options, policy=policy, background_priority=priority)
+    store.commit_async(state).wait()  # warm
+    pending = store.commit_async(state)
+    t0 = last = time.perf_counter()
+    pauses: list[float] = []
+    while not pending.done():
+        now = time.perf_counter()
+        if now - last > 2e-4:
+            pauses.append(now - last)
+        last = now
+    wall = time.perf_counter() - t0
+    store.close()
+    shutil.rmtree(folder, ignore_errors=True)
+    return wall, len(pauses), sum(pauses)
+
+
+def gil_table(state: dict, repeat: int) -> list[list[str]]:
+    root = tempfile.mkdtemp(prefix="cpu-proxy-")
+    rows = []
+    try:
+        runs = {name: [gil_hold(c, state, root) for _ in range(repeat)]
+                for name, c in CONFIGS.items() if c}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    for name, r in runs.items():
+        rows.append([name, f"{1e3 * statistics.median(x[0] for x in r):.0f}",
+                     f"{statistics.median(x[1] for x in r):.0f}",
+                     f"{1e3 * statistics.median(x[2] for x in r):.0f}"])
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", type=int, default=256, help="state size in MB")
@@ -99,9 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--priority", nargs="+", default=["idle"],
                     choices=["idle", "low", "normal"],
                     help="background_priority values to compare (default: the store's default)")
+    ap.add_argument("--gil", action="store_true",
+                    help="measure what one persist takes from a thread that wants the GIL")
     args = ap.parse_args(argv)
     print(f"# {command_line(__file__, argv)}\n# {machine_description()}\n")
     state = build_state(args.size << 20)
+    if args.gil:
+        print(markdown_table(["configuration", "persist ms", "pauses > 0.2 ms", "paused ms"],
+                             gil_table(state, args.repeat), "lrrr"))
+        return 0
     root = tempfile.mkdtemp(prefix="cpu-proxy-")
     configs = {"no checkpoint": (None, None, "idle")}
     for workers in args.io_workers:
