@@ -32,6 +32,7 @@ from .manifest import Layout, Manifest, PackedInfo, ShardPiece, TensorEntry, ver
 from .plan import plan_commit
 from .policy import Policy
 from .records import plan_entries, plan_packed_info
+from .shrinking import shrink_snapshot
 from .state import Leaf, Tree
 from .tracking import RowTracker
 from .snapshot import snapshot
@@ -112,13 +113,10 @@ def write_part(committer: Committer, commit_id: str, rank: int, tensors: list[Lo
     row-aligned optimizer state; it is cleared once the snapshot is taken.
     """
     policy = committer.resolve_bits(policy)
-    if policy.shrink is not None:
-        raise DistributedError("Policy(shrink=...) is not supported in sharded commits yet: "
-                               "commit each rank's state with a policy without shrink")
     if policy.sensitivity is not None:
         raise DistributedError("Policy(sensitivity=...) is not supported in sharded commits yet: "
                                "commit each rank's state with a policy without sensitivity")
-    wants_chains = policy.incremental != "off" or policy.delta
+    wants_chains = policy.incremental != "off" or policy.delta or policy.shrink is not None
     dedup = committer.options.dedup
     parent = (committer.repo.manifest(parent_id) if parent_id and (wants_chains or dedup)
               else None)
@@ -131,12 +129,15 @@ def write_part(committer: Committer, commit_id: str, rank: int, tensors: list[Lo
     snap = snapshot(plan)
     if tracker is not None:
         tracker.clear()  # the rows seen so far are in the plan
+    if policy.shrink is not None:  # each rank shrinks its blocks (its own Fisher threshold)
+        shrink_snapshot(plan, snap, policy.shrink, policy_path=lambda path: fqn_of.get(path, path))
     name = pack_name(rank)
     done = persist(committer.repo.storage, commit_id, plan, snap, committer.repo.executor,
                    committer.max_inflight, committer.options.chunk_bytes, packed_name=name,
                    dedup=Dedup.against(parent) if dedup else None)
     committer.chains.commit_done(branch, commit_id, plan, snap.arrays,
-                                 {i: r.codes for i, r in done.results.items()}, tracker)
+                                 {i: r.codes for i, r in done.results.items()}, tracker,
+                                 {i: r.rebuilt for i, r in done.results.items()})
     pack = plan_packed_info(plan, name)
     entries = plan_entries(plan, commit_id, done, name)
     stored = [done.results[p.index].stored_bytes if p.index in done.results else 0

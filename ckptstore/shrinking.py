@@ -6,6 +6,7 @@ snapshot references the live tensors)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,24 +35,52 @@ def _shrinks(p: ArrayItem | None) -> bool:
             and p.codec.prune_zeros)
 
 
-def shrink_snapshot(plan: CommitPlan, snap: Snapshot, shrink: Shrink) -> ShrinkStats:
+def _pair(snap: Snapshot, pw: ArrayItem | None, pm: ArrayItem | None, pv: ArrayItem | None
+          ) -> tuple:
+    """``(pm, pv, first moment, second moment, residual)`` of one weight and its moments; the
+    weight's snapshot becomes its residual (None where there is no second moment to rank it)."""
+    first = snap.arrays[pm.index] if pm is not None else None
+    second = snap.arrays[pv.index] if pv is not None else None
+    residual = None
+    if isinstance(pw, ResidualItem):
+        residual = snap.arrays[pw.index] - pw.start.reference
+        snap.arrays[pw.index] = residual
+        if second is None or second.shape != residual.shape:
+            residual = None  # no second moment (before the first step): kept whole
+    return pm, pv, first, second, residual
+
+
+def _blocks(plan: CommitPlan, policy_path: Callable[[str], str] | None
+            ) -> dict[str, dict[str, ArrayItem]]:
+    """The plan's array items by the path the policy sees, then by what the item's own path adds
+    to it: ``""`` for a whole tensor, ``"@<offsets>"`` for a block of a sharded one."""
+    out: dict[str, dict[str, ArrayItem]] = {}
+    for p in plan.tensors:
+        if isinstance(p, ArrayItem):
+            seen = policy_path(p.path) if policy_path else p.path
+            if not p.path.startswith(seen):
+                seen = p.path
+            out.setdefault(seen, {})[p.path[len(seen):]] = p
+    return out
+
+
+def shrink_snapshot(plan: CommitPlan, snap: Snapshot, shrink: Shrink,
+                    policy_path: Callable[[str], str] | None = None) -> ShrinkStats:
     """Replace, in ``snap``, residual entries by their pruned residuals and shrinking moments by
-    their pruned values; return how much was kept."""
+    their pruned values; return how much was kept.
+
+    ``policy_path`` maps an item's path to the one ``shrink.pairs`` names (a rank's block of a
+    sharded tensor, ``<fqn>@<offsets>``, to ``<fqn>``): a weight's block pairs with the blocks of
+    its moments at the same offsets, and the Fisher threshold is the rank's own (over the
+    blocks it holds)."""
     snap.ready()
-    items = {p.path: p for p in plan.tensors if isinstance(p, ArrayItem)}
+    blocks = _blocks(plan, policy_path)
     stats = ShrinkStats()
     found = []
     for w, m, v in shrink.pairs:
-        pw, pm, pv = items.get(w), items.get(m), items.get(v)
-        first = snap.arrays[pm.index] if pm is not None else None
-        second = snap.arrays[pv.index] if pv is not None else None
-        residual = None
-        if isinstance(pw, ResidualItem):
-            residual = snap.arrays[pw.index] - pw.start.reference
-            snap.arrays[pw.index] = residual
-            if second is None or second.shape != residual.shape:
-                residual = None  # no second moment (before the first step): kept whole
-        found.append((pm, pv, first, second, residual))
+        bw, bm, bv = blocks.get(w, {}), blocks.get(m, {}), blocks.get(v, {})
+        for suffix in dict.fromkeys([*bw, *bm, *bv]):
+            found.append(_pair(snap, bw.get(suffix), bm.get(suffix), bv.get(suffix)))
     if shrink.criterion == "fisher":
         cut = fisher_threshold([(r, v) for *_, v, r in found if r is not None], shrink.keep)
     for pm, pv, first, second, residual in found:
