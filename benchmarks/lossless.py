@@ -32,6 +32,9 @@ What is measured
   prepended to every input, their embedding rows trained (the other 30,522 rows stay bit-exact):
   the word-embedding table (47 MB) changes in its last chunk only. Bytes of all 10 commits over
   the first with chunk dedup, row increments and XOR deltas; seconds per commit (in memory).
+* What dedup costs: ``--dedup-mb`` MB of async_writer.py's synthetic state committed to a local
+  store with and without ``EncodingOptions(dedup=True)``, once after every float tensor changed
+  and once unchanged; medians of ``--repeat`` interleaved rounds.
 * ``--plot FILE``: bytes of every commit of a ``--commits``-commit run (the fine-tune, one step
   between commits; the sparse table, one interval between commits) under each policy, drawn
   on a log scale, with the ratio over all commits.
@@ -315,6 +318,41 @@ def prompt_rows(versions: list[dict[str, np.ndarray]], prompt_tokens: int) -> li
     return rows
 
 
+def dedup_cost_rows(size_mb: int, repeat: int) -> list[list[str]]:
+    """Seconds of a synchronous commit of a ``size_mb`` state to a local store, with and
+    without ``dedup=True``, when every tensor changed and when none did (medians of
+    ``repeat`` interleaved rounds)."""
+    import shutil
+    import tempfile
+
+    import ckptstore
+    from ckptstore import EncodingOptions
+    from async_writer import build_state
+
+    state = build_state(size_mb << 20)
+    floats = [v for v in state.values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    times: dict[tuple[bool, str], list[float]] = {}
+    for _ in range(repeat):
+        for dedup in (False, True):
+            root = tempfile.mkdtemp(prefix="lossless-dedup-")
+            store = ckptstore.open(root, options=EncodingOptions(dedup=dedup))
+            store.commit(state)
+            for case in ("every tensor changed", "nothing changed"):
+                if case == "every tensor changed":
+                    for v in floats:
+                        v.add_(1e-3)
+                t = time.perf_counter()
+                store.commit(state)
+                times.setdefault((dedup, case), []).append(time.perf_counter() - t)
+            store.close()
+            shutil.rmtree(root, ignore_errors=True)
+    rows = []
+    for case in ("every tensor changed", "nothing changed"):
+        off, on = (statistics.median(times[(d, case)]) for d in (False, True))
+        rows.append([case, f"{off:.3f}", f"{on:.3f}", f"{on / off:.2f}×"])
+    return rows
+
+
 def sparse_rows(rows: int, intervals: int = 4) -> list[list[str]]:
     from ckptstore import Policy
 
@@ -393,7 +431,7 @@ def plot_commits(path: str, commits: int, rows: int) -> list[list[str]]:
     return out
 
 
-TABLES = ("snapshot", "versions", "partial", "prompt", "sparse")
+TABLES = ("snapshot", "versions", "partial", "prompt", "dedupcost", "sparse")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", default=None,
                     help="draw bytes per commit over --commits commits for each policy here")
     ap.add_argument("--commits", type=int, default=20)
+    ap.add_argument("--dedup-mb", type=int, default=256, help="state size of the dedup cost")
+    ap.add_argument("--repeat", type=int, default=5, help="rounds of the dedup cost")
     ap.add_argument("--prompt-tokens", type=int, default=8,
                     help="tokens added to the vocabulary and trained in the prompt table")
     ap.add_argument("--tables", default=",".join(TABLES),
@@ -436,6 +476,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n## Prompt tuning: all commits / one full copy\n")
         print(markdown_table(["encoding", "stored / one copy", "s per commit"],
                              prompt_rows(tuned, args.prompt_tokens), "lrr"))
+    if "dedupcost" in tables:
+        print(f"\n## What dedup costs a commit ({args.dedup_mb} MB state, local disk, s)\n")
+        print(markdown_table(["commit", "dedup off", "dedup=True", "on / off"],
+                             dedup_cost_rows(args.dedup_mb, args.repeat), "lrrr"))
     if "sparse" in tables:
         print(f"\n## Sparse embedding updates ({args.rows:,} x 64 fp32, 4 intervals)\n")
         print(markdown_table(["encoding", "ratio per interval"], sparse_rows(args.rows), "lr"))

@@ -1,11 +1,12 @@
 """Deduplication: bits already stored are not written again.
 
-With ``EncodingOptions(dedup=True)`` every full array entry records the sha256 of its bits
-(``TensorEntry.digest``, manifest format 3) and of each of its chunks (``chunk_digests``,
-format 6), as the codec gets them.
+With ``EncodingOptions(dedup=True)`` every full array entry records the sha256 of each of its
+chunks' bits (``chunk_digests``, format 6), as the codec gets them, hashed in one parallel pass
+before anything is written. (Commits of format 3 to 5 recorded one sha256 of the whole array,
+``TensorEntry.digest``; it is computed only to compare with such a parent.)
 
-* **Whole arrays.** When a commit finds the same digest, dtype, shape, chunk grid and codec on the
-  same path of its parent commit, its entry points at the parent's stored array (``commit`` names
+* **Whole arrays.** When a commit finds the same chunk digests, dtype, shape, chunk grid and
+  codec on the same path of its parent commit, its entry points at the parent's stored array (``commit`` names
   the commit that wrote it) and nothing is written: frozen layers, the base model of a LoRA
   fine-tune and unchanged optimizer state cost a manifest entry. ``gc`` keeps a data folder as
   long as any retained commit points into it, so shared arrays live as long as their last user.
@@ -88,18 +89,34 @@ class Dedup:
                 chunks.setdefault(key, chunk_key(prefix, grid.key(i)))
         return cls({e.path: e for e in entries}, chunks)
 
-    def find(self, p: ArrayItem, digest: str) -> Reused | None:
-        """The parent's array holding exactly these bits, encoded the same way, if any."""
+    def _same_array(self, p: ArrayItem) -> TensorEntry | None:
+        """The parent's entry on ``p``'s path if it has the same dtype, shape, grid and codec."""
         e = self.previous.get(p.path)
-        if (e is None or e.digest != digest or e.dtype != p.dtype or e.shape != list(p.shape)
+        if (e is None or e.dtype != p.dtype or e.shape != list(p.shape)
                 or e.chunks != list(p.grid.chunks) or e.codec != p.codec.config()):
+            return None
+        return e
+
+    def find(self, p: ArrayItem, chunk_digests: str) -> Reused | None:
+        """The parent's array holding exactly these chunks (by their digests), encoded the same
+        way, if any."""
+        e = self._same_array(p)
+        if e is None or e.chunk_digests != chunk_digests:
             return None
         return Reused(e.commit, e.array)
 
-    def chunk_digests_of(self, p: ArrayItem) -> str | None:
-        """The chunk digests of the parent's entry on ``p``'s path (what a reused array keeps)."""
-        e = self.previous.get(p.path)
-        return e.chunk_digests if e is not None else None
+    def needs_digest(self, p: ArrayItem) -> bool:
+        """Whether the parent's array on ``p``'s path records only a whole-array digest (a
+        commit before format 6): :meth:`find_digest` compares that one."""
+        e = self._same_array(p)
+        return e is not None and e.chunk_digests is None and e.digest is not None
+
+    def find_digest(self, p: ArrayItem, digest: str) -> Reused | None:
+        """The parent's array whose whole-array ``digest`` (format 3) is ``digest``, if any."""
+        e = self._same_array(p)
+        if e is None or e.digest != digest:
+            return None
+        return Reused(e.commit, e.array)
 
     def chunk_sources(self, p: ArrayItem) -> Callable[[str], str | None]:
         """For a chunk of ``p`` whose bits have hex sha256 ``digest``: the key of a stored chunk

@@ -175,6 +175,21 @@ def _host_dtype(staged: Staged) -> np.dtype:
     return staged.dtype if isinstance(staged, np.ndarray) else storage_dtype(staged.dtype)
 
 
+def _chunk_digests(host: np.ndarray, grid: ChunkGrid, submit: Submit) -> list[str]:
+    """The hex sha256 of each chunk of ``host`` as the grid cuts it (edge chunks padded as
+    stored), hashed by the workers: one parallel pass decides whole-array reuse and which chunks
+    are linked."""
+    digests = [""] * grid.nchunks
+
+    def digest(i: int, lo: int, hi: int) -> int:
+        digests[i] = chunk_digest(chunk_view(host, grid, lo, hi))
+        return 0
+
+    for f in [submit(digest, i, lo, hi) for i, _, lo, hi in grid]:
+        f.result()
+    return digests
+
+
 def _write_full(storage: Storage, commit_id: str, p: ArrayItem, host: Staged,
                 submit: Submit, dedup: Dedup | None, score: np.ndarray | None = None
                 ) -> _Pending:
@@ -185,21 +200,19 @@ def _write_full(storage: Storage, commit_id: str, p: ArrayItem, host: Staged,
         if dedup is None:
             return _Pending(p.index, write_array(storage, prefix, host, p.grid, p.codec,
                                                  _attrs(p), submit))
-        digest = content_digest(host)
-        reused = dedup.find(p, digest)
+        digests = _chunk_digests(host, p.grid, submit)
+        joined = "".join(digests)
+        reused = dedup.find(p, joined)
         if reused:
-            return _Pending(p.index, [], digest=digest, reused=reused,
-                            chunk_digests=dedup.chunk_digests_of(p))
-        digests = [""] * p.grid.nchunks
+            return _Pending(p.index, [], reused=reused, chunk_digests=joined)
+        digest = content_digest(host) if dedup.needs_digest(p) else None  # a parent before v6
+        reused = dedup.find_digest(p, digest) if digest is not None else None
+        if reused:
+            return _Pending(p.index, [], digest=digest, reused=reused, chunk_digests=joined)
         stored = dedup.chunk_sources(p)
-
-        def source(i: int, chunk: np.ndarray) -> str | None:
-            digests[i] = chunk_digest(chunk)
-            return stored(digests[i])
-
         futures = write_array(storage, prefix, host, p.grid, p.codec, _attrs(p), submit,
-                              source=source)
-        return _Pending(p.index, futures, digest=digest, chunk_digests=digests)
+                              source=lambda i, chunk: stored(digests[i]))
+        return _Pending(p.index, futures, chunk_digests=joined)
     codes: CodesBase = {}
     codec = p.codec
     assert isinstance(codec, QuantizedLossy)
