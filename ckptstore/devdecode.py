@@ -113,7 +113,11 @@ def start_read_to_device(grid: ChunkGrid, dtype: str, codes_of: ChunkCodesOf,
     decoded, or a chain of code deltas replayed) and dequantizes them on the device (on a stream
     of its own for CUDA). The tensor is complete once every future is."""
     out = torch.empty(grid.shape, dtype=torch_dtype(dtype), device=device)
-    stream = torch.cuda.Stream(device=device) if out.is_cuda else None
+    stream = None
+    if out.is_cuda:
+        stream = torch.cuda.Stream(device=out.device)
+        # ``out``'s memory may come from blocks the current stream's queued kernels still use
+        stream.wait_stream(torch.cuda.current_stream(out.device))
     size = int(np.prod(grid.chunks, dtype=np.int64)) if grid.shape else 1
 
     def get_chunk(key: str, lo: int, hi: int) -> None:

@@ -209,14 +209,16 @@ def _uniform(x: torch.Tensor, valid: torch.Tensor, seg: int, params: Any,
             scale = torch.zeros_like(zero)
         else:
             zero = lo.to(work)
-            scale = ((hi - zero.double()) / (nq - 1)).to(work)
+            # a tensor divisor: CUDA divides by a Python number as a * (1 / b), not as the host
+            span = hi - zero.double()
+            scale = torch.div(span, torch.full_like(span, float(nq - 1))).to(work)
             scale = torch.where(torch.isfinite(scale), scale, torch.finfo(work).max)
-    inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+    inv = torch.where(scale > 0, torch.div(torch.ones_like(scale), scale), torch.zeros_like(scale))
     if not bool(torch.isfinite(inv).all()):  # subnormal scales: 1/scale needs float64
         xs = xs.double()
         zero_w = zero.double()
         s64 = scale.double()
-        inv = torch.where(s64 > 0, 1.0 / s64, torch.zeros_like(s64))
+        inv = torch.where(s64 > 0, torch.div(torch.ones_like(s64), s64), torch.zeros_like(s64))
     else:
         zero_w = zero
     t = (xs - zero_w[:, None]) * inv[:, None] + 0.5
@@ -257,6 +259,9 @@ def _adaptive_ranges(xs: torch.Tensor, vs: torch.Tensor, lo: torch.Tensor, hi: t
     nseg, seg = xs.shape
     rg = hi - lo
     ok = (rg > 0) & (rg != float("inf"))
+    # ``cells / t`` is t.reciprocal() * cells: what the host's search (compiled with fastmath,
+    # which turns H / rg into H * (1 / rg)) computes; a correctly rounded division moves about
+    # a quarter of grid-aligned rows' values to another cell (test_device_encode's grid test)
     f = torch.where(ok, cells / torch.where(ok, rg, 1.0), 0.0)
     # the host's cell index: int((float64(v) - lo) * f) clipped to [0, cells - 1]
     cell = ((xs.double() - lo[:, None]) * f[:, None]).trunc_().clamp_(0, cells - 1).long()

@@ -27,7 +27,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 __all__ = ["BACKGROUND_PRIORITIES", "background_executor", "check_priority",
-           "lower_thread_priority"]
+           "lower_thread_priority", "started_executor"]
 
 BACKGROUND_PRIORITIES = ("idle", "low", "normal")
 
@@ -59,3 +59,27 @@ def background_executor(workers: int, level: str, name: str) -> ThreadPoolExecut
     """A thread pool whose threads run at priority ``level``."""
     return ThreadPoolExecutor(workers, thread_name_prefix=name,
                               initializer=lower_thread_priority, initargs=(level,))
+
+
+def started_executor(workers: int, name: str) -> ThreadPoolExecutor:
+    """A thread pool whose threads all start now, from the calling thread: on Linux a thread
+    inherits the scheduling policy and nice value of the thread that creates it, and
+    ``ThreadPoolExecutor`` creates its workers lazily, at a submit -- a worker started by a
+    background thread (``SCHED_IDLE``) would run the store's synchronous work at idle
+    priority."""
+    executor = ThreadPoolExecutor(workers, thread_name_prefix=name)
+    barrier = threading.Barrier(workers + 1)
+
+    def hold() -> None:  # each worker waits here, so that every submit starts a new one
+        try:
+            barrier.wait(timeout=30)
+        except threading.BrokenBarrierError:
+            pass
+
+    for _ in range(workers):
+        executor.submit(hold)
+    try:
+        barrier.wait(timeout=30)
+    except threading.BrokenBarrierError:  # a worker could not start: the rest start lazily
+        pass
+    return executor

@@ -11,13 +11,13 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 from .errors import AmbiguousRef, ManifestError, RefNotFound
 from .ids import is_commit_id, new_commit_id
 from .info import CommitInfo
 from .layout import COMMITS, RESTORES, check_ref_name, manifest_id, manifest_key, restore_key
 from .manifest import Manifest, decode_manifest, encode_manifest
+from .priority import started_executor
 from .refs import Refs
 from .revparse import HEX_PREFIX_RE, parse_revision
 from .storage import Storage
@@ -43,7 +43,7 @@ class Repository:
         self.storage = storage
         self.refs = Refs(storage)
         self.io_workers = io_workers or storage.io_threads
-        self.executor = ThreadPoolExecutor(self.io_workers, thread_name_prefix="ckptstore-io")
+        self.executor = started_executor(self.io_workers, "ckptstore-io")
         self._manifests: OrderedDict[str, Manifest] = OrderedDict()
         self._lock = threading.Lock()
 

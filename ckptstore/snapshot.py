@@ -93,7 +93,8 @@ def snapshot(plan: CommitPlan, pool: StagingPool | None = None,
     gathered: dict[int, np.ndarray] = {}
     events: list[torch.cuda.Event] = []
     packed = None
-    dev_packed: torch.Tensor | None = None
+    dev_packed: torch.Tensor | None = None  # the small CUDA tensors of one GPU, packed
+    no_room = False
     ranges: list[tuple[int, int]] = []
     if pool is not None:
         pool.begin()
@@ -104,9 +105,11 @@ def snapshot(plan: CommitPlan, pool: StagingPool | None = None,
         if isinstance(p, PackedItem):
             if not p.nbytes:
                 continue
-            if pool is not None and stage and p.source.device.type == "cuda":
-                if dev_packed is None:
+            if (pool is not None and stage and p.source.device.type == "cuda" and not no_room
+                    and (dev_packed is None or dev_packed.device == p.source.device)):
+                if dev_packed is None:  # asked once a snapshot, on the first such tensor's GPU
                     dev_packed = pool.packed_device(plan.packed_nbytes, p.source.device)
+                    no_room = dev_packed is None
                 if dev_packed is not None:
                     pool.stage_bytes(dev_packed[p.offset: p.offset + p.nbytes], p.source)
                     ranges.append((p.offset, p.nbytes))

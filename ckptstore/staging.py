@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -58,8 +59,8 @@ class StagingPool:
         self._buffers: dict[tuple[object, ...], Buffer] = {}
         self._used: set[tuple[object, ...]] = set()
         self._lock = threading.Lock()
-        self._stream = None  # the snapshot's side stream
-        self._d2h = None      # the persist thread's stream for device-to-host copies
+        self._streams: dict[int, Any] = {}  # the snapshot's side stream of each device
+        self._d2h: dict[int, Any] = {}      # the persist thread's device-to-host copy streams
 
     def begin(self) -> None:
         """A snapshot starts: count the buffers it uses."""
@@ -188,6 +189,10 @@ class StagingPool:
             free, total = torch.cuda.mem_get_info(t.device)
             if free - t.numel() * t.element_size() < DEVICE_FREE_FLOOR * total:
                 return None
+            try:
+                return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+            except torch.cuda.OutOfMemoryError:  # free memory is the driver's: staged on the host
+                return None
         return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
     def stage_rows(self, key: str, t: torch.Tensor, rows: np.ndarray
@@ -242,7 +247,13 @@ class StagingPool:
             free, total = torch.cuda.mem_get_info(device)
             if free - nbytes < DEVICE_FREE_FLOOR * total:
                 return None
-        buf = self._buffer(k, lambda: torch.empty(nbytes, dtype=torch.uint8, device=device))
+            try:
+                buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            except torch.cuda.OutOfMemoryError:
+                return None
+            buf = self._buffer(k, lambda: buf)
+        else:
+            buf = self._buffer(k, lambda: torch.empty(nbytes, dtype=torch.uint8, device=device))
         stream = self._side_stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
@@ -284,11 +295,8 @@ class StagingPool:
             return buf
         pinned = self._buffer(self._host_key(key, t),
                               lambda: torch.empty(t.shape, dtype=t.dtype, pin_memory=True))
-        with self._lock:
-            if self._d2h is None:
-                self._d2h = torch.cuda.Stream(device=t.device)
-            stream = self._d2h
-        with torch.cuda.stream(stream):
+        stream = self._stream_of(self._d2h, t.device)
+        with torch.cuda.stream(stream):  # the current stream of t's device, not of device 0
             pinned.copy_(t, non_blocking=True)
         stream.synchronize()
         host = pinned.view(_VIEW[_STORAGE[t.dtype]]) if _is_bit_view(t.dtype) else pinned
@@ -350,7 +358,14 @@ class StagingPool:
         return event
 
     def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
-        """The snapshot's side stream (one device per pool: a process trains on one GPU)."""
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(device=device)
-        return self._stream
+        """The snapshot's side stream of ``device`` (``torch.cuda.stream(s)`` sets the current
+        stream of ``s``'s own device only: a tensor on another GPU needs a stream there)."""
+        return self._stream_of(self._streams, device)
+
+    def _stream_of(self, streams: dict[int, Any], device: torch.device) -> torch.cuda.Stream:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        with self._lock:
+            stream = streams.get(index)
+            if stream is None:
+                stream = streams[index] = torch.cuda.Stream(device=index)
+            return stream

@@ -385,3 +385,18 @@ def test_background_persist_runs_at_idle_priority(tmp_path):
     with pytest.raises(ValueError, match="background_priority"):
         ckptstore.open(tmp_path / "bad", background_priority="high")
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_store_pool_keeps_normal_priority_when_background_threads_use_it_first(tmp_path):
+    """Linux threads inherit the creator's scheduling policy: the store's I/O threads all start
+    when it opens, so none is first started by an idle-priority persist thread."""
+    before = {t.ident for t in threading.enumerate()}
+    with ckptstore.open(tmp_path / "s", io_workers=3) as store:
+        mine = [t for t in threading.enumerate()
+                if t.ident not in before and t.name.startswith("ckptstore-io")]
+        assert len(mine) == 3
+        store.commit_async({"w": torch.randn(300, 300)}).wait()  # first use: in the background
+        store.commit({"w": torch.randn(300, 300)})
+        assert {os.sched_getscheduler(t.native_id) for t in mine} == {os.SCHED_OTHER}
+        assert all(os.getpriority(os.PRIO_PROCESS, t.native_id) ==
+                   os.getpriority(os.PRIO_PROCESS, 0) for t in mine)

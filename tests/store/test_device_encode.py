@@ -80,6 +80,27 @@ def test_adaptive_ranges_equal_the_host_search(dtype):
     assert on_device >= 100
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_values_on_the_search_grid_fall_in_the_host_cells(dtype):
+    """Rows whose values sit on the edges of the search's histogram cells: the device computes
+    the cell width as the host's search does (its fastmath code multiplies by the reciprocal of
+    the range; a correctly rounded division moves about a quarter of such rows' values across
+    an edge)."""
+    from ckptcodecs.adaptive import HIST_PER_BIN, default_num_bins
+
+    cells = default_num_bins(4) * HIST_PER_BIN
+    rng = np.random.default_rng(7)
+    rows = np.stack([rng.uniform(-5, 0) + np.arange(cells + 1) * (rng.uniform(0.1, 10) / cells)
+                     for _ in range(256)])
+    x = torch.from_numpy(rows).to(dtype)
+    kw = {"method": "adaptive-asymmetric", "bits": 4, "granularity": "row"}
+    assert device_quantizable(kw, tuple(x.shape))
+    codes, got = quantize_on_device(x, kw)
+    want_codes, want = quantize(x.numpy(), **kw)
+    np.testing.assert_array_equal(codes.numpy(), want_codes)
+    assert np.array_equal(got.zero, want.zero) and np.array_equal(got.scale, want.scale)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_kmeans_levels_and_codes_equal_the_host_fit(dtype, monkeypatch):
     """DynaQuant's k-means: buckets (counts, exact float64 sums) made on the device, fitted by
