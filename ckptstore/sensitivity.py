@@ -21,7 +21,7 @@ bound the cost the same way.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -67,9 +67,8 @@ class GradientEMA:
             return
         with torch.no_grad():
             ema = self._ema.get(path)
-            if ema is None:
-                ema = self._ema[path] = torch.zeros(param.shape, dtype=torch.float32,
-                                                    device=param.device)
+            if ema is None:  # a DTensor's average is a DTensor of the same placement
+                ema = self._ema[path] = torch.zeros_like(param, dtype=torch.float32)
             ema.mul_(self.beta)
             if g.is_sparse:
                 g = g.coalesce()
@@ -130,14 +129,46 @@ class Gradients:
     score: str
 
 
-def capture_gradients(plan: CommitPlan, ema: GradientEMA) -> Gradients:
+# where a plan item's values sit in the state's tensor: (path, offsets, global shape)
+Block = tuple[str, tuple[int, ...], tuple[int, ...]]
+
+
+def _local_block(g: torch.Tensor, offsets: tuple[int, ...], shape: tuple[int, ...],
+                 global_shape: tuple[int, ...]) -> torch.Tensor | None:
+    """The part of average ``g`` at ``offsets`` of size ``shape`` (a rank's block of a sharded
+    tensor): a DTensor's local shard if it is that block, a slice of a whole tensor; None where
+    this rank does not hold it (no collective: the block is then ranked by magnitude)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(g, DTensor):
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        local, offset = compute_local_shape_and_global_offset(g.shape, g.device_mesh,
+                                                              g.placements)
+        ok = tuple(local) == shape and tuple(offset) == offsets
+        return g.to_local() if ok else None
+    if tuple(g.shape) != global_shape:
+        return None
+    return g[tuple(slice(o, o + n) for o, n in zip(offsets, shape))]
+
+
+def capture_gradients(plan: CommitPlan, ema: GradientEMA,
+                      block_of: Callable[[str], Block] | None = None) -> Gradients:
     """Host copies of the averages of the plan's quantized tensors that protect or prune
-    (taken with the snapshot: training may go on updating them)."""
+    (taken with the snapshot: training may go on updating them). ``block_of`` maps an item's
+    path to the state path, offsets and global shape of its values (a rank's block of a sharded
+    tensor, ``<fqn>@<offsets>``)."""
     out: dict[int, np.ndarray] = {}
     for p in plan.tensors:
-        g = ema.average(p.path) if _scored(p) else None
+        if not _scored(p):
+            continue
+        path, offsets, whole = (block_of(p.path) if block_of is not None
+                                else (p.path, (0,) * len(p.shape), tuple(p.shape)))
+        g = ema.average(path)
+        if g is not None:
+            g = _local_block(g.detach(), tuple(offsets), tuple(p.shape), tuple(whole))
         if g is not None and tuple(g.shape) == tuple(p.shape):
-            out[p.index] = g.detach().to("cpu", copy=True).numpy()
+            out[p.index] = g.to("cpu", copy=True).numpy()
     return Gradients(out, ema.score)
 
 

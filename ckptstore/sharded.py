@@ -32,6 +32,7 @@ from .manifest import Layout, Manifest, PackedInfo, ShardPiece, TensorEntry, ver
 from .plan import plan_commit
 from .policy import Policy
 from .records import plan_entries, plan_packed_info
+from .sensitivity import capture_gradients, score_snapshot
 from .shrinking import shrink_snapshot
 from .state import Leaf, Tree
 from .tracking import RowTracker
@@ -113,9 +114,6 @@ def write_part(committer: Committer, commit_id: str, rank: int, tensors: list[Lo
     row-aligned optimizer state; it is cleared once the snapshot is taken.
     """
     policy = committer.resolve_bits(policy)
-    if policy.sensitivity is not None:
-        raise DistributedError("Policy(sensitivity=...) is not supported in sharded commits yet: "
-                               "commit each rank's state with a policy without sensitivity")
     wants_chains = policy.incremental != "off" or policy.delta or policy.shrink is not None
     dedup = committer.options.dedup
     parent = (committer.repo.manifest(parent_id) if parent_id and (wants_chains or dedup)
@@ -126,11 +124,16 @@ def write_part(committer: Committer, commit_id: str, rank: int, tensors: list[Lo
     decide = committer.chains.decider(policy, branch, parent, tracker,
                                       policy_path=lambda path: fqn_of.get(path, path))
     plan = plan_commit(leaves, committer.options, decide, array_prefix=f"r{rank}.")
+    blocks = {t.path: (t.fqn, t.offsets, t.global_shape) for t in tensors}
+    gradients = (capture_gradients(plan, policy.sensitivity, blocks.__getitem__)
+                 if policy.sensitivity is not None else None)
     snap = snapshot(plan)
     if tracker is not None:
         tracker.clear()  # the rows seen so far are in the plan
     if policy.shrink is not None:  # each rank shrinks its blocks (its own Fisher threshold)
         shrink_snapshot(plan, snap, policy.shrink, policy_path=lambda path: fqn_of.get(path, path))
+    if gradients is not None and gradients.averages:  # each rank ranks its blocks' values
+        score_snapshot(snap, gradients)
     name = pack_name(rank)
     done = persist(committer.repo.storage, commit_id, plan, snap, committer.repo.executor,
                    committer.max_inflight, committer.options.chunk_bytes, packed_name=name,

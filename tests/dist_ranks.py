@@ -253,6 +253,51 @@ def fsdp_shrink_commits(rank: int, world: int, url: str, opts: dict) -> None:
         dist.barrier()
 
 
+def fsdp_sensitivity_commit(rank: int, world: int, url: str, opts: dict) -> None:
+    """GradientEMA on an FSDP2 model (DTensor averages of the DTensor parameters) and a
+    collective Store.commit with Policy(sensitivity=...): each rank prunes the smallest
+    w**2 * E[g**2] of its block."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    import ckptstore
+    from ckptstore import GradientEMA
+    from ckptstore.policy import Policy, QuantSpec
+
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4))
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    ema = GradientEMA(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(5):
+        opt.zero_grad()
+        model(torch.randn(64, 32, generator=g)).pow(2).mean().backward()
+        opt.step()
+    avg = ema.average("model.0.weight")
+    assert isinstance(avg, DTensor), type(avg)
+    spec = QuantSpec("kmeans", 4, "tensor", prune=0.3)
+    with ckptstore.open(url, **opts) as store:
+        info = store.commit({"model": model}, policy=Policy(quantize=spec, min_quant_bytes=0,
+                                                             sensitivity=ema))
+        w = model.state_dict()["0.weight"].full_tensor()
+        score = w * w * avg.full_tensor()
+        dist.barrier()
+        if rank == 0:
+            got = store.checkout(info.id)["model"]["0.weight"]
+            rows = got.shape[0] // world
+            for r in range(world):
+                pruned, s = got[r * rows:(r + 1) * rows] == 0, score[r * rows:(r + 1) * rows]
+                assert abs(pruned.float().mean().item() - 0.3) < 0.01
+                assert s[pruned].max() <= s[~pruned].min() + 1e-9, r
+        dist.barrier()
+
+
 def policy_commits(rank: int, world: int, url: str, opts: dict) -> None:
     """Per-rank policies through the collective Store.commit: one-shot increments of each
     rank's shard (exact), then an 8-bit commit."""

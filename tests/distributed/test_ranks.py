@@ -11,9 +11,9 @@ import torch.distributed.checkpoint as dcp
 import ckptstore
 from ckptstore.dcp import StorageReader
 from dist_ranks import (async_errors, check_ranks, die_while_writing, fsdp_commit_checkout,
-                        fsdp_shrink_commits, load_tables, one_rank_recovers, policy_commits,
-                        run_ranks, save_tables, sharded_tensor_round_trip, tables,
-                        tracked_shards)
+                        fsdp_sensitivity_commit, fsdp_shrink_commits, load_tables,
+                        one_rank_recovers, policy_commits, run_ranks, save_tables,
+                        sharded_tensor_round_trip, tables, tracked_shards)
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -56,6 +56,11 @@ def test_fsdp2_collective_commit_and_local_checkout(tmp_path):
 
 def test_fsdp2_shrink_stores_residual_blocks_per_rank(tmp_path):
     check_ranks(run_ranks(fsdp_shrink_commits, 2, tmp_path / "ranks", str(tmp_path / "s"), {}))
+
+
+def test_fsdp2_sensitivity_ranks_each_rank_block(tmp_path):
+    check_ranks(run_ranks(fsdp_sensitivity_commit, 2, tmp_path / "ranks", str(tmp_path / "s"),
+                          {}))
 
 
 def test_policies_per_rank(tmp_path):

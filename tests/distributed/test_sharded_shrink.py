@@ -92,3 +92,29 @@ def test_sharded_shrink_stores_residual_blocks_that_rebuild_without_drift(tmp_pa
     assert 0.3 < float((m == 0).float().mean()) < 1.0
     assert last.stored_bytes < plain.stored_bytes / 4
     assert sharded.verify().ok
+
+
+def test_sharded_sensitivity_ranks_each_block_by_its_own_scores(tmp_path):
+    """``Policy(sensitivity=GradientEMA(model))`` in a sharded commit: each rank's block of a
+    weight prunes the smallest ``w**2 * E[g**2]`` of that block (the average sliced at the
+    block's offsets), not the smallest magnitudes."""
+    from ckptstore import GradientEMA, QuantSpec
+
+    model, opt = _model()
+    ema = GradientEMA(model)
+    _train(model, opt, 0)
+    spec = QuantSpec("kmeans", 4, "tensor", prune=0.3)
+    store = ckptstore.open(tmp_path / "s")
+    state = {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
+    by_mag = commit_shards(store, _shards(state), policy=Policy(quantize=spec, min_quant_bytes=0))
+    policy = Policy(quantize=spec, min_quant_bytes=0, sensitivity=ema)
+    by_sens = commit_shards(store, _shards(state), policy=policy)
+    w, g = state["model.0.weight"], ema.average("model.0.weight")
+    score = w * w * g
+    got = store.checkout(by_sens.id)["model.0.weight"]
+    magnitude = store.checkout(by_mag.id)["model.0.weight"]
+    for lo, hi in ((0, 128), (128, 256)):  # the two ranks' blocks
+        pruned, s = got[lo:hi] == 0, score[lo:hi]
+        assert pruned.float().mean().item() == pytest.approx(0.3, abs=0.01)
+        assert s[pruned].max() <= s[~pruned].min() + 1e-9
+        assert not torch.equal(pruned, magnitude[lo:hi] == 0)
