@@ -6,10 +6,11 @@ before anything is written. (Commits of format 3 to 5 recorded one sha256 of the
 ``TensorEntry.digest``; it is computed only to compare with such a parent.)
 
 * **Whole arrays.** When a commit finds the same chunk digests, dtype, shape, chunk grid and
-  codec on the same path of its parent commit, its entry points at the parent's stored array (``commit`` names
-  the commit that wrote it) and nothing is written: frozen layers, the base model of a LoRA
-  fine-tune and unchanged optimizer state cost a manifest entry. ``gc`` keeps a data folder as
-  long as any retained commit points into it, so shared arrays live as long as their last user.
+  codec on the same path of its parent commit, its entry points at the parent's stored array
+  (``commit`` names the commit that wrote it) and nothing is written: frozen layers, the base
+  model of a LoRA fine-tune and unchanged optimizer state cost a manifest entry. ``gc`` keeps
+  a data folder as long as any retained commit points into it, so shared arrays live as long
+  as their last user.
 * **Chunks.** Any other full array is written chunk by chunk; a chunk whose digest, dtype, chunk
   shape and codec equal those of a chunk of any full array of the parent commit (any path: a
   table whose untouched rows fill whole chunks, a tensor equal to another one) is not encoded or

@@ -208,10 +208,8 @@ def _uniform(x: torch.Tensor, valid: torch.Tensor, seg: int, params: Any,
             zero = (lo / 2 + hi / 2).to(work)
             scale = torch.zeros_like(zero)
         else:
-            zero = lo.to(work)
-            # a tensor divisor: CUDA divides by a Python number as a * (1 / b), not as the host
-            span = hi - zero.double()
-            scale = torch.div(span, torch.full_like(span, float(nq - 1))).to(work)
+            zero = lo.to(work)  # divided by a tensor: CUDA takes a * (1 / b) for a number b
+            scale = torch.div(hi - zero.double(), torch.full_like(hi, nq - 1.0)).to(work)
             scale = torch.where(torch.isfinite(scale), scale, torch.finfo(work).max)
     inv = torch.where(scale > 0, torch.div(torch.ones_like(scale), scale), torch.zeros_like(scale))
     if not bool(torch.isfinite(inv).all()):  # subnormal scales: 1/scale needs float64
@@ -259,10 +257,7 @@ def _adaptive_ranges(xs: torch.Tensor, vs: torch.Tensor, lo: torch.Tensor, hi: t
     nseg, seg = xs.shape
     rg = hi - lo
     ok = (rg > 0) & (rg != float("inf"))
-    # ``cells / t`` is t.reciprocal() * cells: what the host's search (compiled with fastmath,
-    # which turns H / rg into H * (1 / rg)) computes; a correctly rounded division moves about
-    # a quarter of grid-aligned rows' values to another cell (test_device_encode's grid test)
-    f = torch.where(ok, cells / torch.where(ok, rg, 1.0), 0.0)
+    f = torch.where(ok, cells / torch.where(ok, rg, 1.0), 0.0)  # = cells * (1/rg), as on the host
     # the host's cell index: int((float64(v) - lo) * f) clipped to [0, cells - 1]
     cell = ((xs.double() - lo[:, None]) * f[:, None]).trunc_().clamp_(0, cells - 1).long()
     cell = torch.where(vs, cell, cells)  # masked values and padding: a spare cell
@@ -365,7 +360,7 @@ def _side_stream(device: torch.device) -> Any:
     if device.type != "cuda":
         return None
     with _STREAMS_LOCK:
-        if device not in _STREAMS:
+        if device not in _STREAMS:  # created once: setdefault would make one every call
             _STREAMS[device] = torch.cuda.Stream(device=device)
         return _STREAMS[device]
 

@@ -210,24 +210,31 @@ def fsdp_commit_checkout(rank: int, world: int, url: str, opts: dict) -> None:
         assert info2.parent == info.id and store.resolve("main") == info2.id
 
 
-def fsdp_shrink_commits(rank: int, world: int, url: str, opts: dict) -> None:
-    """ExCP's Shrink through the collective Store.commit of an FSDP2 model and AdamW: each rank
-    stores its blocks of the weights as residual chains, moments pruned with them; a whole
-    checkout on rank 0 is close to the live weights."""
-    import torch.distributed as dist
+def _fsdp_mlp(world: int, seed: int) -> torch.nn.Module:
+    """A 32-128-4 MLP whose layers FSDP2 shards over the ``world`` CPU ranks."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    import ckptstore
-    from ckptstore.manifest import Kind
-    from ckptstore.policy import Policy, Shrink
-
-    torch.manual_seed(2)
+    torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4))
     mesh = init_device_mesh("cpu", (world,))
     for layer in (model[0], model[2]):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    return model
+
+
+def fsdp_shrink_commits(rank: int, world: int, url: str, opts: dict) -> None:
+    """ExCP's Shrink through the collective Store.commit of an FSDP2 model and AdamW: each rank
+    stores its blocks of the weights as residual chains, moments pruned with them; a whole
+    checkout on rank 0 is close to the live weights."""
+    import torch.distributed as dist
+
+    import ckptstore
+    from ckptstore.manifest import Kind
+    from ckptstore.policy import Policy, Shrink
+
+    model = _fsdp_mlp(world, seed=2)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     policy = Policy(shrink=Shrink.of(model, opt, keep=0.5))
     g = torch.Generator().manual_seed(rank)
@@ -258,20 +265,13 @@ def fsdp_sensitivity_commit(rank: int, world: int, url: str, opts: dict) -> None
     collective Store.commit with Policy(sensitivity=...): each rank prunes the smallest
     w**2 * E[g**2] of its block."""
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
     import ckptstore
     from ckptstore import GradientEMA
     from ckptstore.policy import Policy, QuantSpec
 
-    torch.manual_seed(3)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4))
-    mesh = init_device_mesh("cpu", (world,))
-    for layer in (model[0], model[2]):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = _fsdp_mlp(world, seed=3)
     ema = GradientEMA(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(rank)

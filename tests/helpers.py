@@ -64,3 +64,18 @@ def write_golden_once(path, make) -> None:
     make(tmp)
     tmp.rename(path)
     print(f"wrote {path}")
+
+
+def assert_older_reader_refuses(manifest: Any, reader_version: int) -> None:
+    """A reader of manifest format ``reader_version`` refuses ``manifest`` (a newer one) with a
+    FormatVersionError that says to upgrade."""
+    import pytest
+
+    import ckptstore.manifest as manifest_module
+    from ckptstore.errors import FormatVersionError
+
+    raw = manifest_module.encode_manifest(manifest)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(manifest_module, "FORMAT_VERSION", reader_version)
+        with pytest.raises(FormatVersionError, match="upgrade"):
+            manifest_module.decode_manifest(raw)
