@@ -322,9 +322,9 @@ def device_chunk_codes(staged: torch.Tensor, grid: ChunkGrid, codec: QuantizedLo
     With ``packed`` the codes are bit-packed there too and come as :class:`PackedCodes` (half
     a byte a value crosses at 4 bits). Called from the writer's worker threads; a chunk holding
     a non-finite value is quantized on the host from its bits, exactly as the host path does."""
-    stream = _side_stream(staged.device)
 
     def codes(i: int, lo: int, hi: int) -> tuple[np.ndarray | PackedCodes, Any]:
+        stream = _side_stream(staged.device)  # the worker's own: its syncs wait for its work only
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
             chunk = _padded_chunk(staged, grid, lo, hi)
             got = quantize_on_device(chunk, codec.quantize)
@@ -351,18 +351,17 @@ def _padded_chunk(t: torch.Tensor, grid: ChunkGrid, lo: int, hi: int) -> torch.T
     return part
 
 
-_STREAMS: dict[torch.device, Any] = {}
-_STREAMS_LOCK = threading.Lock()
+_STREAMS = threading.local()  # each thread's CUDA stream per device
 
 
 def _side_stream(device: torch.device) -> Any:
-    """One CUDA stream per device for device encoding (None for CPU tensors)."""
+    """The calling thread's CUDA stream on ``device`` for device encoding (None for CPU)."""
     if device.type != "cuda":
         return None
-    with _STREAMS_LOCK:
-        if device not in _STREAMS:  # created once: setdefault would make one every call
-            _STREAMS[device] = torch.cuda.Stream(device=device)
-        return _STREAMS[device]
+    streams = _STREAMS.__dict__.setdefault("by_device", {})
+    if device not in streams:
+        streams[device] = torch.cuda.Stream(device=device)
+    return streams[device]
 
 
 def device_items(plan: CommitPlan, mode: str, dedup: bool) -> frozenset[int]:
