@@ -240,12 +240,14 @@ def fsdp_shrink_commits(rank: int, world: int, url: str, opts: dict) -> None:
     g = torch.Generator().manual_seed(rank)
     with ckptstore.open(url, **opts) as store:
         first = store.commit({"model": model, "optim": opt}, policy=policy)
-        for _ in range(3):
+        for step in range(3):
             for _ in range(5):
                 opt.zero_grad()
                 model(torch.randn(64, 32, generator=g)).pow(2).mean().backward()
                 opt.step()
-            info = store.commit({"model": model, "optim": opt}, policy=policy)
+            state = {"model": model, "optim": opt}
+            info = (store.commit_async(state, policy=policy).wait(120) if step == 1
+                    else store.commit(state, policy=policy))  # a collective commit_async too
         m = store.manifest(info.id)
         kinds = {e.path.split("@")[0]: (e.kind, e.chain) for e in m.shards}
         assert kinds["model.0.weight"] == (Kind.RESIDUAL, 3), kinds
