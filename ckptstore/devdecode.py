@@ -137,8 +137,10 @@ def start_read_to_device(grid: ChunkGrid, dtype: str, codes_of: ChunkCodesOf,
                 out[lo:hi] = vals.view(grid.chunks)[: hi - lo]
             else:
                 out.copy_(vals.reshape(()))
-            if stream is not None:
-                stream.synchronize()
+            if stream is not None:  # waited for without spinning a core
+                done = torch.cuda.Event(blocking=True)
+                done.record(stream)
+                done.synchronize()
 
     futures = [executor.submit(get_chunk, key, lo, hi) for _, key, lo, hi in grid] \
         if out.numel() else []

@@ -168,6 +168,6 @@ def _stage_on_device(p: ArrayItem, pool: StagingPool | None, to_host: bool
     t = p.source.detach()
     if t.device.type != "cuda":
         return t, None
-    event = torch.cuda.Event()
+    event = torch.cuda.Event(blocking=True)
     event.record(torch.cuda.current_stream(t.device))
     return t, event

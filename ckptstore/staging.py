@@ -227,7 +227,7 @@ class StagingPool:
             with torch.cuda.stream(stream):
                 gathered = t.index_select(0, index.to(t.device, non_blocking=True))
                 dst.copy_(gathered, non_blocking=True)
-                event = torch.cuda.Event()
+                event = torch.cuda.Event(blocking=True)
                 event.record(stream)
             t.record_stream(stream)
             current.wait_stream(stream)
@@ -279,7 +279,7 @@ class StagingPool:
 
     def record_side_stream(self, device: torch.device) -> torch.cuda.Event:
         """An event after every copy queued so far on the side stream of ``device``."""
-        event = torch.cuda.Event()
+        event = torch.cuda.Event(blocking=True)
         event.record(self._side_stream(device))
         return event
 
@@ -298,7 +298,9 @@ class StagingPool:
         stream = self._stream_of(self._d2h, t.device)
         with torch.cuda.stream(stream):  # the current stream of t's device, not of device 0
             pinned.copy_(t, non_blocking=True)
-        stream.synchronize()
+            landed = torch.cuda.Event(blocking=True)  # waited for without spinning a core
+            landed.record(stream)
+        landed.synchronize()
         host = pinned.view(_VIEW[_STORAGE[t.dtype]]) if _is_bit_view(t.dtype) else pinned
         return host.numpy()
 
@@ -351,7 +353,7 @@ class StagingPool:
         stream.wait_stream(current)                # copy what training computed so far
         with torch.cuda.stream(stream):
             dst.copy_(t, non_blocking=True)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(blocking=True)
             event.record(stream)
         t.record_stream(stream)
         current.wait_stream(stream)                # later kernels wait for the copy (on the GPU)
