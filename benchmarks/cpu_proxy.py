@@ -21,7 +21,9 @@ What is measured
   ``background_priority`` values of ``--priority`` (default: the store's default, ``idle``).
 * Steps per second over ``--seconds`` of loop time (after one untimed warm-up commit), each
   configuration ``--repeat`` times, interleaved; the slowdown is relative to the median rate
-  without checkpoints. Goals (issue 11): lossless <= 15 %, 8-bit <= 20 % on the 2-core VM.
+  without checkpoints. Goals (issue 11): lossless <= 15 %, 8-bit <= 20 % on the 2-core VM,
+  and every policy <= 1.1x the slowdown of a bare copy of the state into preallocated buffers
+  on the loop's thread at the same interval (its own configuration).
 * ``--gil``: instead, what one persist takes from a thread that only wants the GIL: the main
   thread spins on ``time.perf_counter()`` while one ``commit_async`` persists, and every pause
   of more than 0.2 ms between two of its reads counts as time the persist's threads held the
@@ -55,6 +57,9 @@ CONFIGS = {
     "commit_async, 8-bit adaptive search": (
         EncodingOptions(), Policy(quantize=QuantSpec("adaptive-asymmetric", bits=8))),
 }
+#: the issue's yardstick: each tensor copied into a preallocated buffer on the loop's thread
+#: (the stall a snapshot cannot avoid), nothing persisted
+BARE = "bare copy into preallocated buffers"
 
 
 def run(config: tuple | None, state: dict, seconds: float, interval: float, root: str,
@@ -65,7 +70,9 @@ def run(config: tuple | None, state: dict, seconds: float, interval: float, root
     x, w = torch.randn(32, 32, generator=g), torch.randn(32, 32, generator=g) * 0.1
     store = None
     folder = tempfile.mkdtemp(dir=root)
-    if config is not None:
+    tensors = [t for t in state.values() if isinstance(t, torch.Tensor)]
+    buffers = [torch.empty_like(t) for t in tensors] if config == BARE else []
+    if config is not None and config != BARE:
         options, policy = config
         store = ckptstore.open(folder, options=options, policy=policy,
                                io_workers=io_workers, background_priority=priority)
@@ -79,8 +86,11 @@ def run(config: tuple | None, state: dict, seconds: float, interval: float, root
             x = x.clamp(-1, 1)
         steps += 1
         now = time.perf_counter()
-        if store is not None and now - last >= interval:
-            store.commit_async(state)
+        if config is not None and now - last >= interval:
+            if store is not None:
+                store.commit_async(state)
+            for buf, t in zip(buffers, tensors):
+                buf.copy_(t)
             commits += 1
             last = now
         if now - t0 >= seconds:
@@ -150,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                              gil_table(state, args.repeat), "lrrr"))
         return 0
     root = tempfile.mkdtemp(prefix="cpu-proxy-")
-    configs = {"no checkpoint": (None, None, "idle")}
+    configs = {"no checkpoint": (None, None, "idle"), BARE: (BARE, None, "idle")}
     for workers in args.io_workers:
         for priority in args.priority:
             suffix = "" if len(args.io_workers) == 1 else (
