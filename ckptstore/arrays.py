@@ -157,14 +157,14 @@ def chunk_view(a: np.ndarray, grid: ChunkGrid, lo: int, hi: int) -> np.ndarray:
 def write_array(storage: Storage, prefix: str, a: np.ndarray, grid: ChunkGrid, codec: ChunkCodec,
                 attributes: dict[str, object] | None, submit: Callable[..., Future],
                 encode: Callable[[int, np.ndarray], Encoded] | None = None,
-                source: Callable[[int, np.ndarray], str | None] | None = None) -> list[Future]:
+                source: Callable[[int], str | None] | None = None) -> list[Future]:
     """Queue the chunks of ``a`` and its ``zarr.json`` under ``prefix``; returns the futures.
 
     ``submit(fn, *args)`` schedules work (an executor's submit, possibly bounded); each future
     resolves to the number of bytes written. ``encode(chunk index, chunk)`` replaces
     ``codec.encode`` (to keep codes, or to write code deltas); ``attributes=None`` writes no
-    ``zarr.json`` (arrays only ckptstore reads). ``source(chunk index, chunk)`` names a stored
-    chunk with the same bytes, linked instead of encoded and written where the storage can
+    ``zarr.json`` (arrays only ckptstore reads). ``source(chunk index)`` names a stored chunk
+    with the same bytes, linked instead of encoded and written where the storage can
     (:meth:`~ckptstore.storage.base.Storage.link_chunk`; 0 bytes written).
     """
     if tuple(a.shape) != grid.shape:
@@ -174,25 +174,21 @@ def write_array(storage: Storage, prefix: str, a: np.ndarray, grid: ChunkGrid, c
         chunk = chunk_view(a, grid, lo, hi)
         return codec.encode(chunk) if encode is None else encode(i, chunk)
 
-    def linked(i: int, lo: int, hi: int) -> str | None:
-        assert source is not None
-        return source(i, chunk_view(a, grid, lo, hi))
-
     return write_chunks(storage, prefix, grid, a.dtype, codec, attributes, submit, encoded,
-                        linked if source is not None else None)
+                        source)
 
 
 def write_chunks(storage: Storage, prefix: str, grid: ChunkGrid, dtype: np.dtype,
                  codec: ChunkCodec, attributes: dict[str, object] | None,
                  submit: Callable[..., Future],
                  encoded: Callable[[int, int, int], Encoded],
-                 source: Callable[[int, int, int], str | None] | None = None) -> list[Future]:
+                 source: Callable[[int], str | None] | None = None) -> list[Future]:
     """:func:`write_array` for an array that is not on the host: ``encoded(chunk index, first
     row, end row)`` makes each chunk's stored bytes (in a worker: it may encode on a device)."""
 
     def put_chunk(i: int, key: str, lo: int, hi: int) -> int:
         target = chunk_key(prefix, key)
-        same = source(i, lo, hi) if source is not None else None
+        same = source(i) if source is not None else None
         if same is not None and storage.link_chunk(same, target):
             return 0
         data = encoded(i, lo, hi)

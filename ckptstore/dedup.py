@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,15 +72,17 @@ class Dedup:
     chunks: Mapping[_ChunkKey, str] = field(default_factory=dict)
 
     @classmethod
-    def against(cls, parent: Manifest | None) -> Dedup:
+    def against(cls, parent: Manifest | None, paths: Collection[str] | None = None) -> Dedup:
         """The full arrays of ``parent``: whole tensors, and the shards of sharded ones (by
-        their ``<fqn>@<offsets>`` paths: a shard is compared with the same block)."""
+        their ``<fqn>@<offsets>`` paths: a shard is compared with the same block). ``paths``
+        limits the chunk index to the arrays on those paths (a rank indexes its own blocks, not
+        every rank's chunks)."""
         if parent is None:
             return cls({})
         entries = [e for e in (*parent.tensors, *parent.shards) if e.layout == Layout.ARRAY]
         chunks: dict[_ChunkKey, str] = {}
         for e in entries:
-            if not e.chunk_digests:
+            if not e.chunk_digests or paths is not None and e.path not in paths:
                 continue
             assert e.commit is not None and e.array is not None and e.chunks is not None
             grid = ChunkGrid.checked(e.shape, e.chunks)

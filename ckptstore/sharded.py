@@ -137,7 +137,7 @@ def write_part(committer: Committer, commit_id: str, rank: int, tensors: list[Lo
     name = pack_name(rank)
     done = persist(committer.repo.storage, commit_id, plan, snap, committer.repo.executor,
                    committer.max_inflight, committer.options.chunk_bytes, packed_name=name,
-                   dedup=Dedup.against(parent) if dedup else None)
+                   dedup=Dedup.against(parent, set(fqn_of)) if dedup else None)
     committer.chains.commit_done(branch, commit_id, plan, snap.arrays,
                                  {i: r.codes for i, r in done.results.items()}, tracker,
                                  {i: r.rebuilt for i, r in done.results.items()})

@@ -107,14 +107,12 @@ class _Pending:
     digest: str | None = None
     reused: Reused | None = None
     rebuilt: np.ndarray | None = None
-    chunk_digests: list[str] | str | None = None  # filled by the chunk writers
+    chunk_digests: str | None = None
 
     def result(self) -> WriteResult:
-        written = sum(f.result() for f in self.futures)
-        chunks = self.chunk_digests
-        return WriteResult(self.index, written, self.parts, self.fraction, self.codes,
-                           self.digest, self.reused, self.rebuilt,
-                           "".join(chunks) if isinstance(chunks, list) else chunks)
+        return WriteResult(self.index, sum(f.result() for f in self.futures), self.parts,
+                           self.fraction, self.codes, self.digest, self.reused, self.rebuilt,
+                           self.chunk_digests)
 
 
 # the ``attributes`` of the zarr.json of the packed array of small tensors
@@ -211,7 +209,7 @@ def _write_full(storage: Storage, commit_id: str, p: ArrayItem, host: Staged,
             return _Pending(p.index, [], digest=digest, reused=reused, chunk_digests=joined)
         stored = dedup.chunk_sources(p)
         futures = write_array(storage, prefix, host, p.grid, p.codec, _attrs(p), submit,
-                              source=lambda i, chunk: stored(digests[i]))
+                              source=lambda i: stored(digests[i]))
         return _Pending(p.index, futures, chunk_digests=joined)
     codes: CodesBase = {}
     codec = p.codec

@@ -134,10 +134,8 @@ class LocalStorage(Storage):
         self._makedirs(os.path.dirname(path))
         try:
             os.link(self.path(source), path)
-        except FileExistsError:  # a retried write of this very chunk: write it anew
-            return False
-        except OSError:  # gone, another file system, no hard links there, too many links
-            return False
+        except OSError:  # gone, another file system, no hard links, too many, or a retried
+            return False  # write of this very chunk (it exists): the caller writes it anew
         return True
 
     def put_if_absent(self, key: str, data: bytes) -> bool:

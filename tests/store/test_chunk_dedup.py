@@ -172,3 +172,15 @@ def test_verify_finds_a_linked_chunk_with_other_bits(tmp_path):
     os.replace(other, chunks[linked])  # a new file: the first commit's link is untouched
     problems = store.verify(second.id).problems
     assert len(problems) == 1 and linked in problems[0] and "chunk_digests" in problems[0]
+
+
+def test_a_rank_indexes_only_the_chunks_of_its_own_blocks(tmp_path):
+    """Dedup.against(parent, paths): the chunk index of a sharded commit's rank holds its own
+    blocks' chunks, not every rank's (a thousand ranks' manifests hold millions of chunks)."""
+    from ckptstore.dedup import Dedup
+
+    store = ckptstore.open(tmp_path / "s", options=EncodingOptions(dedup=True, chunk_bytes=CHUNK))
+    m = store.manifest(store.commit({"a": _table(0), "b": _table(1)}).id)
+    assert len(Dedup.against(m).chunks) == 32
+    only_a = Dedup.against(m, {"a"})
+    assert len(only_a.chunks) == 16 and set(only_a.previous) == {"a", "b"}
