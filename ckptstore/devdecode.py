@@ -28,6 +28,7 @@ from .arrays import read_chunk, torch_dtype
 from .chains.replay import ChunkCodesOf
 from .chunkcodec import QuantizedLossy
 from .devbits import PackedCodes, unpack_on_device
+from .devquant import worker_stream
 from .errors import CorruptedChunkError
 from .grid import ChunkGrid
 from .layout import chunk_key
@@ -113,11 +114,8 @@ def start_read_to_device(grid: ChunkGrid, dtype: str, codes_of: ChunkCodesOf,
     decoded, or a chain of code deltas replayed) and dequantizes them on the device (on a stream
     of its own for CUDA). The tensor is complete once every future is."""
     out = torch.empty(grid.shape, dtype=torch_dtype(dtype), device=device)
-    stream = None
-    if out.is_cuda:
-        stream = torch.cuda.Stream(device=out.device)
-        # ``out``'s memory may come from blocks the current stream's queued kernels still use
-        stream.wait_stream(torch.cuda.current_stream(out.device))
+    # ``out``'s memory may come from blocks the caller's stream's queued kernels still use
+    caller = torch.cuda.current_stream(out.device) if out.is_cuda else None
     size = int(np.prod(grid.chunks, dtype=np.int64)) if grid.shape else 1
 
     def get_chunk(key: str, lo: int, hi: int) -> None:
@@ -128,6 +126,9 @@ def start_read_to_device(grid: ChunkGrid, dtype: str, codes_of: ChunkCodesOf,
         if params.count != size:
             raise CorruptedChunkError(
                 f"chunk {where} holds {params.count} values, expected {size}", where)
+        stream = worker_stream(out.device)  # the worker's own: it waits for its chunks only
+        if stream is not None:
+            stream.wait_stream(caller)
         with _on(stream):
             try:
                 vals = dequantize_on_device(codes, params, device)

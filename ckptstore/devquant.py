@@ -324,7 +324,7 @@ def device_chunk_codes(staged: torch.Tensor, grid: ChunkGrid, codec: QuantizedLo
     a non-finite value is quantized on the host from its bits, exactly as the host path does."""
 
     def codes(i: int, lo: int, hi: int) -> tuple[np.ndarray | PackedCodes, Any]:
-        stream = _side_stream(staged.device)  # the worker's own: its syncs wait for its work only
+        stream = worker_stream(staged.device)  # the worker's own: its syncs wait for its work only
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
             chunk = _padded_chunk(staged, grid, lo, hi)
             got = quantize_on_device(chunk, codec.quantize)
@@ -354,8 +354,8 @@ def _padded_chunk(t: torch.Tensor, grid: ChunkGrid, lo: int, hi: int) -> torch.T
 _STREAMS = threading.local()  # each thread's CUDA stream per device
 
 
-def _side_stream(device: torch.device) -> Any:
-    """The calling thread's CUDA stream on ``device`` for device encoding (None for CPU)."""
+def worker_stream(device: torch.device) -> Any:
+    """The calling thread's CUDA stream on ``device`` for work on the device (None for CPU)."""
     if device.type != "cuda":
         return None
     streams = _STREAMS.__dict__.setdefault("by_device", {})
