@@ -28,7 +28,7 @@ from .arrays import read_chunk, torch_dtype
 from .chains.replay import ChunkCodesOf
 from .chunkcodec import QuantizedLossy
 from .devbits import PackedCodes, unpack_on_device
-from .devquant import worker_stream
+from .devstream import worker_stream
 from .errors import CorruptedChunkError
 from .grid import ChunkGrid
 from .layout import chunk_key

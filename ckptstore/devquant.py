@@ -40,7 +40,6 @@ configuration is one of those.
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from typing import Any
@@ -50,6 +49,7 @@ import torch
 
 from .arrays import tensor_to_host
 from .devbits import PackedCodes, pack_on_device
+from .devstream import worker_stream
 from .chunkcodec import QuantizedLossy
 from .grid import ChunkGrid
 from .plan import ArrayItem, CodesItem, CommitPlan
@@ -349,19 +349,6 @@ def _padded_chunk(t: torch.Tensor, grid: ChunkGrid, lo: int, hi: int) -> torch.T
         full[: hi - lo] = part
         return full
     return part
-
-
-_STREAMS = threading.local()  # each thread's CUDA stream per device
-
-
-def worker_stream(device: torch.device) -> Any:
-    """The calling thread's CUDA stream on ``device`` for work on the device (None for CPU)."""
-    if device.type != "cuda":
-        return None
-    streams = _STREAMS.__dict__.setdefault("by_device", {})
-    if device not in streams:
-        streams[device] = torch.cuda.Stream(device=device)
-    return streams[device]
 
 
 def device_items(plan: CommitPlan, mode: str, dedup: bool) -> frozenset[int]:
