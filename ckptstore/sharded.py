@@ -121,8 +121,11 @@ def write_part(committer: Committer, commit_id: str, rank: int, tensors: list[Lo
     tensors = _unshared(tensors)
     leaves = [Leaf(t.path, t.tensor) for t in tensors]
     fqn_of = {t.path: t.fqn for t in tensors}
-    decide = committer.chains.decider(policy, branch, parent, tracker,
-                                      policy_path=lambda path: fqn_of.get(path, path))
+
+    def policy_path(path: str) -> str:  # a block's path, <fqn>@<offsets>, is <fqn> to policies
+        return fqn_of.get(path, path)
+
+    decide = committer.chains.decider(policy, branch, parent, tracker, policy_path=policy_path)
     plan = plan_commit(leaves, committer.options, decide, array_prefix=f"r{rank}.")
     blocks = {t.path: (t.fqn, t.offsets, t.global_shape) for t in tensors}
     gradients = (capture_gradients(plan, policy.sensitivity, blocks.__getitem__)
@@ -131,7 +134,7 @@ def write_part(committer: Committer, commit_id: str, rank: int, tensors: list[Lo
     if tracker is not None:
         tracker.clear()  # the rows seen so far are in the plan
     if policy.shrink is not None:  # each rank shrinks its blocks (its own Fisher threshold)
-        shrink_snapshot(plan, snap, policy.shrink, policy_path=lambda path: fqn_of.get(path, path))
+        shrink_snapshot(plan, snap, policy.shrink, policy_path=policy_path)
     if gradients is not None and gradients.averages:  # each rank ranks its blocks' values
         score_snapshot(snap, gradients)
     name = pack_name(rank)
