@@ -271,8 +271,10 @@ def start_read_region(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: 
     in the other dimensions, a view) -- no array of the whole block is ever built.
 
     ``into`` (a writable array of the block's shape, the destination ``put`` copies to) lets a
-    chunk whose rows the block takes whole decode straight into place: whole rows of a
-    C-contiguous destination, the chunk not the padded edge one."""
+    chunk decode straight into place: whole rows of a C-contiguous destination as a whole
+    chunk, other blocks (a column slice, the padded edge chunk) through the codec's
+    :meth:`~ckptstore.chunkcodec.ChunkCodec.decode_region`, whenever the block is whole past its
+    second dimension."""
     if not grid.shape:
         raise ValueError("a 0-d array has no region to read")
     lo_want, hi_want = offsets[0], offsets[0] + lengths[0]
@@ -280,16 +282,23 @@ def start_read_region(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: 
 
     whole_rows = into is not None and into.dtype == np_dtype and all(
         o == 0 and n == s for o, n, s in zip(offsets[1:], lengths[1:], grid.shape[1:]))
+    # a block whole past its second dimension: the codec decodes straight into its place
+    in_place = into is not None and into.dtype == np_dtype and all(
+        o == 0 and n == s for o, n, s in zip(offsets[2:], lengths[2:], grid.shape[2:]))
+    cols = (offsets[1], offsets[1] + lengths[1]) if len(offsets) > 1 else (0, 1)
 
     def get_chunk(key: str, lo: int, hi: int) -> None:
         where = chunk_key(prefix, key)
         data = read_chunk(storage, where)
         a, b = max(lo, lo_want), min(hi, hi_want)
+        dest = into[a - lo_want: b - lo_want] if in_place else None
         if whole_rows and (a, b) == (lo, hi) and hi - lo == grid.chunks[0]:
-            dest = into[a - lo_want: b - lo_want]
             if dest.flags.c_contiguous:
                 codec.decode(data, dest, where)  # straight into place
                 return
+        if dest is not None:
+            codec.decode_region(data, grid.chunks, np_dtype, where, (a - lo, b - lo), cols, dest)
+            return
         chunk = codec.decoded(data, grid.chunks, np_dtype, where)
         put(a - lo_want, chunk[(slice(a - lo, b - lo), *rest)])
 

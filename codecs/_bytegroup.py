@@ -3,16 +3,16 @@
 Element ``i`` of an ``itemsize``-byte integer view, rotated left by one bit when ``rotate`` (so
 the sign bit of a float leaves the exponent byte), puts its byte ``p`` at row ``p``, column ``i``
 of the planes: :func:`split_rows` writes the rows into one buffer, where the encoder lays them out
-(a raw plane is then already in place); :func:`merge_planes` is the inverse, from a
-``planes[itemsize, n]`` array; :func:`sample_rows` gathers, in one pass over strided samples,
-what the choice of each plane's coding looks at."""
+(a raw plane is then already in place); :func:`merge2`, :func:`merge4` and :func:`merge8` are
+the inverse, into the whole array or a block of its rows and columns; :func:`sample_rows`
+gathers, in one pass over strided samples, what the choice of each plane's coding looks at."""
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-__all__ = ["merge_planes", "sample_rows", "split_rows"]
+__all__ = ["merge2", "merge4", "merge8", "sample_rows", "split_rows"]
 
 
 @njit(cache=True, nogil=True)
@@ -62,34 +62,47 @@ def split_rows(src, itemsize, rotate, out, base, stride):  # pragma: no cover - 
 
 
 @njit(cache=True, nogil=True)
-def merge_planes(planes, itemsize, rotate, dst):  # pragma: no cover - compiled
-    """Inverse of :func:`split_rows`: ``planes[itemsize, n]`` back into ``dst`` (uint8)."""
-    n = dst.size // itemsize
-    if itemsize == 4:
-        u4 = dst.view(np.uint32)
-        for i in range(n):
-            x = (np.uint32(planes[0, i]) | (np.uint32(planes[1, i]) << np.uint32(8))
-                 | (np.uint32(planes[2, i]) << np.uint32(16))
-                 | (np.uint32(planes[3, i]) << np.uint32(24)))
-            if rotate:
-                x = (x >> np.uint32(1)) | (x << np.uint32(31))
-            u4[i] = x
-    elif itemsize == 2:
-        u2 = dst.view(np.uint16)
-        for i in range(n):
-            x = np.uint16(planes[0, i]) | (np.uint16(planes[1, i]) << np.uint16(8))
+def merge2(p0, p1, rotate, dst, rows, length, pitch, src, src_pitch):  # pragma: no cover
+    """Inverse of :func:`split_rows` for 2-byte items, run by run: ``rows`` runs of ``length``
+    items, run ``r`` from item ``src + r * src_pitch`` of the planes ``p0``, ``p1`` (each its own
+    buffer: raw planes are read where they are stored) to ``dst[r * pitch:]`` (uint16). Unsigned
+    indices: LLVM vectorizes the runs."""
+    for r in range(np.uint64(rows)):
+        d, s = r * np.uint64(pitch), np.uint64(src) + r * np.uint64(src_pitch)
+        for j in range(np.uint64(length)):
+            x = np.uint16(p0[s + j]) | (np.uint16(p1[s + j]) << np.uint16(8))
             if rotate:
                 x = (x >> np.uint16(1)) | (x << np.uint16(15))
-            u2[i] = x
-    else:
-        u8 = dst.view(np.uint64)
-        for i in range(n):
+            dst[d + j] = x
+
+
+@njit(cache=True, nogil=True)
+def merge4(p0, p1, p2, p3, rotate, dst, rows, length, pitch, src,
+           src_pitch):  # pragma: no cover - compiled
+    """:func:`merge2` for 4-byte items (``dst`` uint32)."""
+    for r in range(np.uint64(rows)):
+        d, s = r * np.uint64(pitch), np.uint64(src) + r * np.uint64(src_pitch)
+        for j in range(np.uint64(length)):
+            i = s + j
+            x = (np.uint32(p0[i]) | (np.uint32(p1[i]) << np.uint32(8))
+                 | (np.uint32(p2[i]) << np.uint32(16)) | (np.uint32(p3[i]) << np.uint32(24)))
+            if rotate:
+                x = (x >> np.uint32(1)) | (x << np.uint32(31))
+            dst[d + j] = x
+
+
+@njit(cache=True, nogil=True)
+def merge8(planes, rotate, dst, rows, length, pitch, src, src_pitch):  # pragma: no cover
+    """:func:`merge2` for 8-byte items, from one ``planes[8, n]`` array (``dst`` uint64)."""
+    for r in range(np.uint64(rows)):
+        d, s = r * np.uint64(pitch), np.uint64(src) + r * np.uint64(src_pitch)
+        for j in range(np.uint64(length)):
             x = np.uint64(0)
-            for p in range(itemsize):
-                x |= np.uint64(planes[p, i]) << np.uint64(8 * p)
+            for p in range(8):
+                x |= np.uint64(planes[p, s + j]) << np.uint64(8 * p)
             if rotate:
                 x = (x >> np.uint64(1)) | (x << np.uint64(63))
-            u8[i] = x
+            dst[d + j] = x
 
 
 @njit(cache=True, nogil=True)

@@ -97,6 +97,15 @@ class ChunkCodec(ABC):
         self.decode(data, out, where)
         return out
 
+    def decode_region(self, data: bytes, shape: tuple[int, ...], dtype: np.dtype, where: str,
+                      rows: tuple[int, int], cols: tuple[int, int], out: np.ndarray) -> None:
+        """Fill ``out`` with the block ``[rows[0]:rows[1], cols[0]:cols[1]]`` (whole in later
+        dimensions) of the chunk of ``shape``; 1-d chunks take ``cols=(0, 1)``. Codecs that can
+        put together only the block's items override this (the default decodes the chunk)."""
+        chunk = self.decoded(data, shape, dtype, where)
+        index = (slice(*rows), slice(*cols)) if chunk.ndim > 1 else (slice(*rows),)
+        np.copyto(out, chunk[index])
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.config().items() if k != "id")
         return f"{type(self).__name__}({args})"

@@ -125,6 +125,22 @@ class PlanesLossless(ChunkCodec):
         except CodecError as e:
             raise CorruptedChunkError(f"chunk {where} does not decode: {e}", where) from e
 
+    def decode_region(self, data: bytes, shape: tuple[int, ...], dtype: np.dtype, where: str,
+                      rows: tuple[int, int], cols: tuple[int, int], out: np.ndarray) -> None:
+        """The planes are decoded; only the block's items are put together, straight into
+        ``out`` (a column slice costs no copy of the whole chunk)."""
+        from ckptcodecs import CodecError
+        from ckptcodecs.planes import planes_decode_region
+
+        body = check_crc(data, where)
+        if dtype.itemsize > 8:  # complex128: two float64 halves an item
+            super().decode_region(data, shape, dtype, where, rows, cols, out)
+            return
+        try:
+            planes_decode_region(body, shape, rows, cols, out)
+        except CodecError as e:
+            raise CorruptedChunkError(f"chunk {where} does not decode: {e}", where) from e
+
 
 #: ``EncodingOptions.compression`` -> the lossless codec it names.
 _LOSSLESS: dict[str, type[ChunkCodec]] = {"lz4": BloscLossless, "entropy": PlanesLossless,
