@@ -24,7 +24,9 @@ What is measured
     (``device_encode="off"``: the whole state crosses PCIe at full precision first);
   - ``dcp.async_save`` (FileSystemWriter) and ``torch.save``.
 
-  Also the median stall (time until ``commit_async`` returns) and the store's staging bytes.
+  Also the median stall -- from the call until the training stream could run its next kernel
+  (the call, then what it made the training stream wait for on the device; the step's own
+  kernels are drained first) -- and the store's staging bytes.
 * Restore to the GPU of the model's weights: ``torch.load`` + ``.cuda()`` of a ``torch.save``
   file against ``store.checkout(ref, map_location=device)`` of a lossless, 8-bit and 4-bit
   commit (quantized commits are dequantized on the GPU, :mod:`ckptstore.devdecode`), medians.
@@ -105,7 +107,14 @@ def _leaves(node: Any) -> list[Any]:
 
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
+
+
+def _training_stream_idle(device: str) -> None:
+    """Wait until the training stream could run its next kernel (what a checkpoint made it wait
+    for on the device included)."""
+    if device.startswith("cuda"):
+        torch.cuda.current_stream(device).synchronize()
 
 
 class BareCopy:
@@ -115,7 +124,7 @@ class BareCopy:
         cuda = tr.device.startswith("cuda")
         self.buffers = [torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda)
                         for t in tr.tensors()]
-        self.stream = torch.cuda.Stream() if cuda else None
+        self.stream = torch.cuda.Stream(tr.device) if cuda else None
         self.tr = tr
 
     def __call__(self) -> None:
@@ -124,11 +133,12 @@ class BareCopy:
             for b, t in zip(self.buffers, tensors, strict=True):
                 b.copy_(t)
             return
-        self.stream.wait_stream(torch.cuda.current_stream())
+        training = torch.cuda.current_stream(self.tr.device)
+        self.stream.wait_stream(training)
         with torch.cuda.stream(self.stream):
             for b, t in zip(self.buffers, tensors, strict=True):
                 b.copy_(t, non_blocking=True)
-        torch.cuda.current_stream().wait_stream(self.stream)
+        training.wait_stream(self.stream)  # the next step may not change what is being copied
 
 
 def _checkpointers(tr: Trainer, root: str) -> dict[str, Callable[[], Callable[[], Any]]]:
@@ -179,8 +189,12 @@ def timed_run(tr: Trainer, steps: int, every: int, make: Callable[[], Any] | Non
     for s in range(1, steps + 1):
         tr.step()
         if save is not None and s % every == 0:
+            _sync(tr.device)  # the step's own kernels done: what follows is the checkpoint's
             t1 = time.perf_counter()
             save()
+            # the stall: the call, then whatever the training stream now waits for on the device
+            # (a CPU timer alone would see only the launch of asynchronous copies)
+            _training_stream_idle(tr.device)
             stalls.append(time.perf_counter() - t1)
     staging = (store.staging_bytes, store.staging_device_bytes) if store is not None else None
     if finish is not None:

@@ -8,7 +8,8 @@ Depends on numpy, numcodecs, numba and zarr only -- never on ``ckptstore``.
   a base version, rearranged by base bucket.
 - :class:`RLEHuffman` (``ckpt.rle_huffman``): lossless run lengths + canonical Huffman.
 - :class:`BytePlanes` (``ckpt.byte_planes``): lossless byte planes of numbers, each plane
-  block-adaptive Huffman, zstd or raw (:func:`planes_encode` / :func:`planes_decode`).
+  block-adaptive Huffman, zstd or raw (:func:`planes_encode` / :func:`planes_decode`;
+  :func:`planes_decode_region` puts together a block of rows and columns only).
 - :func:`encode_chunk` / :func:`decode_chunk`: the self-contained Quantize chunk layout for codes
   and parameters computed elsewhere (e.g. codes rebuilt from a BucketDelta).
 - :func:`qdelta_encode` / :func:`qdelta_decode`: DynaQuant code-delta chunks (new parameters +
@@ -23,7 +24,7 @@ from numcodecs.registry import register_codec
 
 from ._qformat import HEADER_SIZE, decode_chunk, decode_chunk_packed, encode_chunk
 from .bitpack import pack_bits, packed_size, unpack_bits
-from .planes import BytePlanes, planes_decode, planes_encode
+from .planes import BytePlanes, planes_decode, planes_decode_region, planes_encode
 from .delta import BucketDelta, delta_decode, delta_encode
 from .errors import CodecError, CodecTypeError
 from .qdelta import qdelta_decode, qdelta_encode
@@ -61,6 +62,7 @@ __all__ = [
     "pack_bits",
     "packed_size",
     "planes_decode",
+    "planes_decode_region",
     "planes_encode",
     "qdelta_decode",
     "qdelta_encode",
