@@ -78,17 +78,18 @@ def planes_decode_region(buf, shape: tuple[int, ...], rows: tuple[int, int],
                          f"bytes")
     sources = _sources(b, itemsize, n, block, spans)
     src, src_pitch = (rows[0] * ncols + cols[0]) * depth, ncols * depth
+    if itemsize == 1:  # one plane: its block, by numpy (bits as they are, whatever the dtype)
+        whole = sources[0].reshape(nrows, ncols, depth)
+        out.view(np.uint8)[...] = whole[rows[0]:rows[1], cols[0]:cols[1]].reshape(out.shape)
+        return
     flat, pitch = _run_view(out.view(_UINT[itemsize]), h, length)
+    tmp = None
     if flat is None:  # runs that are not one block of memory each: through a buffer
-        tmp = np.empty((h, length), out.dtype)
-        planes_decode_region(buf, shape, rows, cols, tmp)
-        out[...] = tmp.reshape(out.shape)
-    elif itemsize == 1:
-        whole = sources[0]
-        for r in range(h) if h * length else ():
-            flat[r * pitch:r * pitch + length] = whole[src + r * src_pitch:][:length]
-    else:
-        _merge(sources, itemsize, rotate, flat, h, length, pitch, src, src_pitch)
+        tmp = np.empty((h, length), _UINT[itemsize])
+        flat, pitch = tmp.reshape(-1), length
+    _merge(sources, itemsize, rotate, flat, h, length, pitch, src, src_pitch)
+    if tmp is not None:
+        out.view(_UINT[itemsize])[...] = tmp.reshape(out.shape)
 
 
 def _run_view(dst: np.ndarray, h: int, length: int) -> tuple[np.ndarray | None, int]:
@@ -113,8 +114,9 @@ def _run_view(dst: np.ndarray, h: int, length: int) -> tuple[np.ndarray | None, 
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _SCRATCH = threading.local()
-#: decoded planes of chunks up to this size reuse a buffer per thread (no page faults)
-_SCRATCH_MAX = 1 << 24
+#: coded planes of up to this many bytes a chunk decode into a buffer each thread keeps and reuses
+#: (no page faults a chunk; the store's 4 MiB chunks fit); larger ones into a fresh buffer
+_SCRATCH_MAX = 8 << 20
 
 
 def _parse(buf) -> tuple[np.ndarray, int, bool, int, int, list[tuple[int, int, int]]]:

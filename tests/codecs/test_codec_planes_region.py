@@ -19,6 +19,7 @@ ARRAYS = {
     "bf16": to_bf16_bits(W),
     "f64": W.astype(np.float64),
     "uint8": RNG.integers(0, 4, W.size).astype(np.uint8),
+    "bool": RNG.random(W.size) < 0.1,
     "zero-rows": np.where(RNG.random((W.size // 40, 1)) < 0.5, 0, W.reshape(-1, 40)).ravel(),
 }
 SHAPES = [(24_000,), (600, 40), (300, 10, 8)]
