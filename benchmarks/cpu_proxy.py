@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--priority", nargs="+", default=["idle"],
                     choices=["idle", "low", "normal"],
                     help="background_priority values to compare (default: the store's default)")
+    ap.add_argument("--only", nargs="+", default=None,
+                    help="run only the checkpoint configurations whose names contain one of these")
     ap.add_argument("--gil", action="store_true",
                     help="measure what one persist takes from a thread that wants the GIL")
     args = ap.parse_args(argv)
@@ -167,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                 ", default workers" if not workers else f", {workers} worker(s)")
             suffix += "" if len(args.priority) == 1 else f", {priority} priority"
             configs |= {name + suffix: (c, workers or None, priority)
-                        for name, c in CONFIGS.items() if c}
+                        for name, c in CONFIGS.items()
+                        if c and (not args.only or any(o in name for o in args.only))}
     rates: dict[str, list[float]] = {k: [] for k in configs}
     commits: dict[str, list[int]] = {k: [] for k in configs}
     try:
