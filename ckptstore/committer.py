@@ -149,7 +149,8 @@ class Committer:
         """Steps 1-7 in the caller's thread."""
         self.wait()
         job = self.prepare(state, message, branch, tags, metadata, policy, tracker)
-        snap = snapshot(job.plan, encode=self._on_device(job))
+        snap = snapshot(job.plan, encode=self._on_device(job),
+                        stage=staged_items(job.plan, self.options.device_encode))
         if tracker is not None:
             tracker.clear()  # rows seen so far are in the plan (kept as unsaved until the ref moves)
         return self.finish(job, snap)
@@ -258,7 +259,8 @@ class Committer:
                 raise _write_failed(e, job, commit_id, unknown=landed is None) from e
         self.chains.commit_done(job.branch, commit_id, job.plan, snap.arrays,  # 7.
                                 {i: r.codes for i, r in done.results.items()}, job.tracker,
-                                {i: r.rebuilt for i, r in done.results.items()})
+                                {i: r.rebuilt for i, r in done.results.items()},
+                                snap.next_references)
         for t in job.tags:
             try:
                 self.repo.refs.create_tag(t, commit_id)

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 
 from .arrays import tensor_to_host
+from .chunkcodec import LOSSLESS_IDS
+from .devrows import changed_rows_on_device
 from .plan import ArrayItem, CommitPlan, PackedItem, RowsItem
 from .staging import PACKED_KEY, StagingPool
 
@@ -39,8 +41,17 @@ class Snapshot:
     # ``(offset, nbytes)`` in ``packed``
     device_packed: torch.Tensor | None = None
     device_ranges: list[tuple[int, int]] = field(default_factory=list)
-    # per item, the rows ``arrays`` holds when it holds only them (a tracker's changed rows)
+    # per item, the rows ``arrays`` holds when it holds only them (a tracker's changed rows, or
+    # those found on the device); ``xored``: items whose rows are already XOR-ed with their old bits
     gathered: dict[int, np.ndarray] = field(default_factory=dict)
+    xored: set[int] = field(default_factory=set)
+    # increments compared with a reference on their device: (reference, XOR the changed rows);
+    # :meth:`settle` finds the rows there, or, for those staged on the host, copies the reference
+    # to the host into ``references`` for the writer to compare with
+    compare: dict[int, tuple[torch.Tensor, bool]] = field(default_factory=dict)
+    references: dict[int, np.ndarray] = field(default_factory=dict)
+    # per incremental item, this commit's values on their device: the next reference, kept there
+    next_references: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -59,6 +70,15 @@ class Snapshot:
         to (pinned, reused) host buffers -- the device-to-host copies that the snapshot's
         device-to-device copies took off training's path."""
         self.ready()
+        for i, (reference, xor) in self.compare.items():
+            if i in self.device:  # only the changed rows cross to the host
+                current = self.device.pop(i)
+                self.gathered[i], self.arrays[i] = changed_rows_on_device(current, reference, xor)
+                if xor:
+                    self.xored.add(i)
+                self.next_references[i] = current
+            else:
+                self.references[i] = tensor_to_host(reference)
         for i in [i for i in self.device if i not in self.encode]:
             self.arrays[i] = pool.to_host(self.names[i], self.device.pop(i))
         if self.device_packed is not None:
@@ -85,12 +105,17 @@ def snapshot(plan: CommitPlan, pool: StagingPool | None = None,
     device buffers too (but increments whose rows a tracker named: only those rows are staged,
     :attr:`Snapshot.gathered`), and small CUDA tensors into one device buffer of packed bytes: the
     snapshot is then device-to-device copies only, and :meth:`Snapshot.settle` moves what is not
-    quantized there to the host on the persist thread.
+    quantized there to the host on the persist thread. Increments compared with a reference
+    kept on their device (:mod:`ckptstore.devrows`) are staged there too (referenced as they are
+    in a synchronous commit): :meth:`Snapshot.settle` moves only their changed rows; a baseline
+    of an increment staged there is kept as :attr:`Snapshot.next_references`.
     """
     arrays: dict[int, np.ndarray] = {}
     device: dict[int, torch.Tensor] = {}
     names: dict[int, str] = {}
     gathered: dict[int, np.ndarray] = {}
+    compare: dict[int, tuple[torch.Tensor, bool]] = {}
+    next_references: dict[int, torch.Tensor] = {}
     events: list[torch.cuda.Event] = []
     packed = None
     dev_packed: torch.Tensor | None = None  # the small CUDA tensors of one GPU, packed
@@ -125,16 +150,25 @@ def snapshot(plan: CommitPlan, pool: StagingPool | None = None,
             if event is not None:
                 events.append(event)
             continue
-        if p.index in encode or (pool is not None and p.index in stage):
-            staged = _stage_on_device(p, pool, to_host=p.index not in encode)
+        against = _device_compare(p)
+        if against is not None:
+            compare[p.index] = against
+        # a baseline of an increment staged on its device: the next reference is kept there
+        keep = p.want == "rows" and against is None and p.index in stage
+        if p.index in encode or (p.index in stage and (pool is not None or against is not None)):
+            staged = _stage_on_device(p, pool, to_host=p.index not in encode and against is None)
             if staged is not None:
                 device[p.index], event = staged
                 names[p.index] = p.array
                 if event is not None:
                     events.append(event)
+                if keep:
+                    next_references[p.index] = device[p.index]
                 continue
         if pool is None:
             arrays[p.index] = tensor_to_host(p.source)
+            if keep:  # a synchronous commit: training waits until the copy is made
+                next_references[p.index] = p.source.detach()
             continue
         arrays[p.index], event = pool.stage(p.array, p.source)
         if event is not None:
@@ -146,7 +180,17 @@ def snapshot(plan: CommitPlan, pool: StagingPool | None = None,
     return Snapshot(arrays, packed, events, device=device,
                     encode=frozenset(i for i in encode if i in device),
                     names=names, device_packed=dev_packed if ranges else None,
-                    device_ranges=ranges, gathered=gathered)
+                    device_ranges=ranges, gathered=gathered, compare=compare,
+                    next_references=next_references)
+
+
+def _device_compare(p: ArrayItem) -> tuple[torch.Tensor, bool] | None:
+    """An increment compared with a reference on its device: that reference, and whether its
+    changed rows are stored as the XOR of their old bits (an exact, lossless chain)."""
+    if not isinstance(p, RowsItem) or p.start.tracked_rows is not None or (
+            p.start.device_reference is None):
+        return None
+    return p.start.device_reference, p.start.exact and p.codec.codec_id in LOSSLESS_IDS
 
 
 def tracked_rows(p: ArrayItem) -> np.ndarray | None:

@@ -291,20 +291,26 @@ def _write_residual(storage: Storage, commit_id: str, p: ResidualItem, residual:
 
 
 def _write_rows(storage: Storage, commit_id: str, p: RowsItem, host: np.ndarray,
-                submit: Submit, chunk_bytes: int, gathered: np.ndarray | None = None
-                ) -> _Pending:
-    """``gathered``: the rows ``host`` holds when the snapshot staged only them."""
+                submit: Submit, chunk_bytes: int, gathered: np.ndarray | None = None,
+                xored: bool = False, reference: np.ndarray | None = None) -> _Pending:
+    """``gathered``: the rows ``host`` holds when the snapshot staged only them (``xored``:
+    already XOR-ed with their old bits); ``reference``: the host copy of a reference kept on
+    the device, when the snapshot staged the tensor on the host."""
     start = p.start
+    if reference is None:
+        reference = start.reference
     if gathered is not None:
         rows, values = gathered, host
     else:
         rows = (np.flatnonzero(start.tracked_rows).astype(np.int64)
-                if start.tracked_rows is not None else changed_rows(host, start.reference))
+                if start.tracked_rows is not None else changed_rows(host, reference))
         values = host[rows]
     part, codec = "values", p.codec
-    if start.reference is not None and start.exact and codec.codec_id in LOSSLESS_IDS:
+    if xored:
+        part, codec = "xvalues", PlanesLossless()
+    elif reference is not None and start.exact and codec.codec_id in LOSSLESS_IDS:
         # lossless rows whose old values are at hand: store what changed in their bits
-        values, part, codec = xor_bits(values, start.reference[rows]), "xvalues", PlanesLossless()
+        values, part, codec = xor_bits(values, reference[rows]), "xvalues", PlanesLossless()
     pending = _Pending(p.index, [], fraction=len(rows) / max(p.shape[0], 1))
     rgrid = ChunkGrid.for_array(rows.shape, 8, chunk_bytes)
     vgrid = ChunkGrid.for_array(values.shape, values.dtype.itemsize, chunk_bytes)
@@ -349,7 +355,8 @@ def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
             pending.append(_write_residual(storage, commit_id, p, host, submit))
         elif isinstance(p, RowsItem):
             pending.append(_write_rows(storage, commit_id, p, host, submit, chunk_bytes,
-                                       snap.gathered.get(p.index)))
+                                       snap.gathered.get(p.index), p.index in snap.xored,
+                                       snap.references.get(p.index)))
         else:
             assert isinstance(p, ArrayItem)
             pending.append(_write_full(storage, commit_id, p, host, submit, dedup,

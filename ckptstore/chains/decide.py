@@ -27,6 +27,7 @@ from ..manifest import Kind, Layout, Manifest, TensorEntry
 from ..policy import Policy, Want
 
 if TYPE_CHECKING:  # ckptcodecs (and numba) load on first use, not with ckptstore
+    import torch
     from ckptcodecs import QuantParams
 
 __all__ = ["ChainLink", "ChainStart", "CodesBase", "Reference", "commit_rebases", "plan_chain"]
@@ -48,11 +49,14 @@ class ChainLink:
 @dataclass(frozen=True, eq=False)
 class ChainStart:
     """A decided chain entry and what its write needs: the changed rows (a tracker's mask, or
-    the host reference to compare against) or the base codes of each chunk (code deltas)."""
+    the reference to compare against, on the host or on the tensor's device) or the base codes
+    of each chunk (code deltas)."""
 
     link: ChainLink
     tracked_rows: np.ndarray | None = None   # bool mask of rows to store (tracker mode)
     reference: np.ndarray | None = None      # host bits of the reference (compare mode)
+    # compare mode on the device: the reference kept on the tensor's device instead
+    device_reference: torch.Tensor | None = None
     base_codes: CodesBase | None = None      # code deltas: the previous version's codes
     # a checkout of the reference rebuilds exactly ``reference`` (no lossy link in its chain):
     # only then may changed rows be stored as the XOR of their old bits

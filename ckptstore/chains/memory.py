@@ -1,9 +1,11 @@
 """Remembering chains: what a store keeps between its own commits to build the next chain entry.
 
 Changed rows come from a :class:`~ckptstore.tracking.RowTracker` when the commit is given one,
-else from comparing the tensor's bits with a host copy of the reference kept here after the
-last commit (exact, costs one copy of each incremental tensor in host memory). A process without
-that reference (after a restart) writes a full baseline instead of guessing.
+else from comparing the tensor's bits with a copy of the reference kept here after the last
+commit (exact, costs one copy of each incremental tensor): on the tensor's device when its
+snapshot was staged there (:mod:`ckptstore.devrows`: only changed rows then cross to the host),
+else in host memory. A process without that reference (after a restart) writes a full baseline
+instead of guessing.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 
 from ..arrays import ChunkGrid, dtype_name
 from ..chunkcodec import LOSSLESS_IDS, QuantizedLossy
+from ..devrows import device_reference
 from ..manifest import Kind, Manifest
 from ..plan import FULL_LOSSLESS, ArrayItem, CommitPlan, Decide, TensorDecision
 from ..policy import Policy
@@ -35,6 +38,7 @@ class Shadow:
 
     commit: str
     values: np.ndarray | None = None          # host bits of the reference (compare mode)
+    device_values: torch.Tensor | None = None  # or the reference on the tensor's device
     since_base: np.ndarray | None = None      # bool rows changed since the baseline (tracker)
     unsaved: np.ndarray | None = None         # bool rows consumed from the tracker, not yet saved
     codes: CodesBase | None = None            # per chunk (codes, params): deltas
@@ -42,7 +46,9 @@ class Shadow:
     exact: bool = False                       # the store rebuilds ``values`` bit for bit
 
     def reference(self) -> Reference:
-        return Reference(self.commit, self.values is not None, self.codes is not None)
+        return Reference(self.commit,
+                         self.values is not None or self.device_values is not None,
+                         self.codes is not None)
 
 
 class ChainMemory:
@@ -107,19 +113,21 @@ class ChainMemory:
                 mask = shadow.unsaved.copy()
                 if link.kind == Kind.INCREMENTAL and shadow.since_base is not None:
                     mask |= shadow.since_base
-            return TensorDecision(d.want, codec, ChainStart(link, tracked_rows=mask,
-                                                            reference=shadow.values,
-                                                            exact=shadow.exact))
+            return TensorDecision(d.want, codec, ChainStart(
+                link, tracked_rows=mask, reference=shadow.values,
+                device_reference=shadow.device_values, exact=shadow.exact))
 
         return decide
 
     def commit_done(self, branch: str, commit_id: str, plan: CommitPlan,
                     host: dict[int, np.ndarray], codes: dict[int, CodesBase | None],
                     tracker: RowTracker | None,
-                    rebuilt: dict[int, np.ndarray | None] | None = None) -> None:
+                    rebuilt: dict[int, np.ndarray | None] | None = None,
+                    on_device: dict[int, torch.Tensor] | None = None) -> None:
         """Update the references after ``commit_id`` became the tip of ``branch``; ``host``,
         ``codes`` and ``rebuilt`` are the snapshot's arrays, the kept codes and the values a
-        checkout rebuilds of residual entries, by plan item index."""
+        checkout rebuilds of residual entries, by plan item index; ``on_device``: this commit's
+        values of incremental tensors on their device (the next reference is kept there)."""
         for p in plan.tensors:
             if not isinstance(p, ArrayItem) or p.want not in ("rows", "codes", "xor", "residual"):
                 continue
@@ -161,8 +169,16 @@ class ChainMemory:
             rows = p.shape[0]
             exact = p.codec.codec_id in LOSSLESS_IDS and (
                 p.kind == Kind.FULL or (old is not None and old.exact))
+            device = None if is_tracked else (on_device or {}).get(p.index)
+            if device is not None:
+                device = device_reference(device)
+                if device is None and p.kind != Kind.FULL:  # no room on the device, and the
+                    self._shadows.pop(key, None)  # snapshot holds only the changed rows: the
+                    continue                      # next commit is a full baseline
             self._shadows[key] = Shadow(
                 commit_id,
-                values=None if is_tracked else np.array(host[p.index], copy=True),
+                values=None if is_tracked or device is not None else np.array(host[p.index],
+                                                                              copy=True),
+                device_values=device,
                 since_base=np.zeros(rows, bool) if is_tracked else None,
                 unsaved=np.zeros(rows, bool) if is_tracked else None, exact=exact)
