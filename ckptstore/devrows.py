@@ -54,19 +54,24 @@ def changed_rows_on_device(current: torch.Tensor, reference: torch.Tensor, xor: 
     return host_rows.astype(np.int64, copy=False), host_values.view(storage_dtype(current.dtype))
 
 
-def device_reference(t: torch.Tensor) -> torch.Tensor | None:
+def device_reference(t: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor | None:
     """A copy of ``t`` (complete on its device) to compare the next commit with, complete on
-    return; None when the device lacks room for it (it would leave less than
+    return: into ``into`` (the old reference, done with) when it fits, else a new tensor; None
+    when the device lacks room for one (it would leave less than
     :data:`~ckptstore.staging.DEVICE_FREE_FLOOR` of its memory free)."""
+    t = t.detach()
+    fits = into is not None and (into.shape, into.dtype, into.device) == (t.shape, t.dtype,
+                                                                          t.device)
     stream = worker_stream(t.device)
     if stream is None:
-        return t.detach().clone()
-    free, total = torch.cuda.mem_get_info(t.device)
-    if free - t.numel() * t.element_size() < DEVICE_FREE_FLOOR * total:
-        return None
+        return into.copy_(t) if fits else t.clone()
+    if not fits:
+        free, total = torch.cuda.mem_get_info(t.device)
+        if free - t.numel() * t.element_size() < DEVICE_FREE_FLOOR * total:
+            return None
     try:
         with torch.cuda.stream(stream):
-            copy = t.detach().clone()
+            copy = into.copy_(t) if fits else t.clone()
     except torch.cuda.OutOfMemoryError:
         return None
     stream.synchronize()

@@ -171,14 +171,24 @@ class ChainMemory:
                 p.kind == Kind.FULL or (old is not None and old.exact))
             device = None if is_tracked else (on_device or {}).get(p.index)
             if device is not None:
-                device = device_reference(device)
+                device = device_reference(device, old.device_values if old else None)
                 if device is None and p.kind != Kind.FULL:  # no room on the device, and the
                     self._shadows.pop(key, None)  # snapshot holds only the changed rows: the
                     continue                      # next commit is a full baseline
             self._shadows[key] = Shadow(
                 commit_id,
-                values=None if is_tracked or device is not None else np.array(host[p.index],
-                                                                              copy=True),
+                values=None if is_tracked or device is not None else _host_copy(host[p.index],
+                                                                                old),
                 device_values=device,
                 since_base=np.zeros(rows, bool) if is_tracked else None,
                 unsaved=np.zeros(rows, bool) if is_tracked else None, exact=exact)
+
+
+def _host_copy(values: np.ndarray, old: Shadow | None) -> np.ndarray:
+    """A host copy of a new reference: into the old reference's buffer when it fits (its commit
+    is done with it; a fresh gigabyte costs its page faults on every commit), else a new one."""
+    kept = old.values if old is not None else None
+    if kept is not None and kept.shape == values.shape and kept.dtype == values.dtype:
+        np.copyto(kept, values)
+        return kept
+    return np.array(values, copy=True)

@@ -32,13 +32,22 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return a.view(width) if width else a.view(np.uint8)
 
 
+#: elements :func:`changed_rows` compares at once
+_COMPARE_STEP = 1 << 20
+
+
 def changed_rows(current: np.ndarray, reference: np.ndarray) -> np.ndarray:
     """Indices (int64) of rows whose bits differ; NaNs compare by bits, so nothing is missed."""
     if current.shape != reference.shape:
         raise ValueError("shape changed: a chain needs a full commit")
     a, b = _bits(current), _bits(reference)
     rows = a.shape[0]
-    diff = np.not_equal(a.reshape(rows, -1), b.reshape(rows, -1)).any(axis=1)
+    cols = int(np.prod(a.shape[1:], dtype=np.int64))
+    a, b = a.reshape(rows, cols), b.reshape(rows, cols)
+    diff = np.empty(rows, bool)
+    step = max(1, _COMPARE_STEP // max(1, a.shape[1]))  # a bounded mask, in cache
+    for lo in range(0, rows, step):
+        np.not_equal(a[lo:lo + step], b[lo:lo + step]).any(axis=1, out=diff[lo:lo + step])
     return np.flatnonzero(diff).astype(np.int64)
 
 

@@ -161,7 +161,7 @@ def test_no_room_for_the_next_reference_takes_a_full_baseline(tmp_path, monkeypa
                            policy=Policy(incremental="consecutive", max_chain=5))
     store.commit(_state(0))
     store.commit(_state(1))
-    monkeypatch.setattr(memory, "device_reference", lambda t: None)
+    monkeypatch.setattr(memory, "device_reference", lambda t, into=None: None)
     kinds = []
     for step in (2, 3, 4):
         info = store.commit(_state(step))
@@ -171,4 +171,23 @@ def test_no_room_for_the_next_reference_takes_a_full_baseline(tmp_path, monkeypa
     # 2: an increment (the reference of 1 was kept), then no reference: full; a full commit's
     # snapshot is the whole table, which becomes the reference on the host: an increment again
     assert kinds == ["consecutive", "full", "consecutive"]
+    store.close()
+
+
+@pytest.mark.parametrize("mode", ["off", "always"])
+def test_the_next_reference_reuses_the_old_ones_memory(tmp_path, mode):
+    """A consecutive chain's reference is rewritten in place commit after commit (no fresh
+    table-sized buffer a commit), on the host and on the device alike."""
+    store = ckptstore.open(tmp_path / "s", options=EncodingOptions(device_encode=mode,
+                                                                    pack_below=1024),
+                           policy=Policy(incremental="consecutive", max_chain=10))
+    buffers = set()
+    for step in range(4):
+        store.commit(_state(step))
+        shadow = store._committer.chains._shadows[("main", "emb")]
+        ref = shadow.device_values if mode == "always" else shadow.values
+        buffers.add(ref.data_ptr() if mode == "always" else ref.ctypes.data)
+        np.testing.assert_array_equal(np.asarray(ref).view(np.uint32),
+                                      _state(step)["emb"].numpy().view(np.uint32))
+    assert len(buffers) == 1
     store.close()
