@@ -134,8 +134,8 @@ class ChainMemory:
             key = (branch, p.path)
             if p.want == "residual":  # the next residual is taken against what checkout rebuilds
                 values = (rebuilt or {}).get(p.index) if p.kind == Kind.RESIDUAL else (
-                    np.array(host[p.index], copy=True) if p.codec.codec_id in LOSSLESS_IDS
-                    else None)
+                    _host_copy(host[p.index], self._shadows.get(key))
+                    if p.codec.codec_id in LOSSLESS_IDS else None)
                 if values is None:
                     self._shadows.pop(key, None)
                 else:
@@ -144,8 +144,8 @@ class ChainMemory:
                 continue
             if p.want == "xor":  # every commit is the reference of the next XOR
                 if p.codec.codec_id in LOSSLESS_IDS:
-                    self._shadows[key] = Shadow(commit_id, values=np.array(host[p.index],
-                                                                           copy=True), exact=True)
+                    self._shadows[key] = Shadow(commit_id, values=_host_copy(
+                        host[p.index], self._shadows.get(key)), exact=True)
                 else:
                     self._shadows.pop(key, None)
                 continue
