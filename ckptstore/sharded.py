@@ -27,6 +27,7 @@ from ._version import __version__
 from .arrays import storage_dtype, torch_dtype
 from .committer import Committer
 from .dedup import Dedup
+from .devquant import staged_items
 from .errors import DistributedError
 from .manifest import Layout, Manifest, PackedInfo, ShardPiece, TensorEntry, version_needed
 from .plan import plan_commit
@@ -130,9 +131,10 @@ def write_part(committer: Committer, commit_id: str, rank: int, tensors: list[Lo
     blocks = {t.path: (t.fqn, t.offsets, t.global_shape) for t in tensors}
     gradients = (capture_gradients(plan, policy.sensitivity, blocks.__getitem__)
                  if policy.sensitivity is not None else None)
-    snap = snapshot(plan)
+    snap = snapshot(plan, stage=staged_items(plan, committer.options.device_encode))
     if tracker is not None:
         tracker.clear()  # the rows seen so far are in the plan
+    snap.settle(committer.staging)  # increments compared on their device: their changed rows
     if policy.shrink is not None:  # each rank shrinks its blocks (its own Fisher threshold)
         shrink_snapshot(plan, snap, policy.shrink, policy_path=policy_path)
     if gradients is not None and gradients.averages:  # each rank ranks its blocks' values
@@ -143,7 +145,8 @@ def write_part(committer: Committer, commit_id: str, rank: int, tensors: list[Lo
                    dedup=Dedup.against(parent, set(fqn_of)) if dedup else None)
     committer.chains.commit_done(branch, commit_id, plan, snap.arrays,
                                  {i: r.codes for i, r in done.results.items()}, tracker,
-                                 {i: r.rebuilt for i, r in done.results.items()})
+                                 {i: r.rebuilt for i, r in done.results.items()},
+                                 snap.next_references)
     pack = plan_packed_info(plan, name)
     entries = plan_entries(plan, commit_id, done, name)
     stored = [done.results[p.index].stored_bytes if p.index in done.results else 0

@@ -191,3 +191,31 @@ def test_the_next_reference_reuses_the_old_ones_memory(tmp_path, mode):
                                       _state(step)["emb"].numpy().view(np.uint32))
     assert len(buffers) == 1
     store.close()
+
+
+def test_sharded_commits_compare_each_ranks_blocks_on_the_device(tmp_path):
+    """Each rank's blocks of a sharded commit (``ckptstore.sharded``) are compared on their
+    device as one process's tensors are: the same stored bytes as the host path."""
+    from ckptstore.sharded import LocalTensor, commit_shards
+
+    def shards(step: int) -> list[list[LocalTensor]]:
+        table = _state(step)["emb"]
+        half = ROWS // 2
+        return [[LocalTensor("emb", (r * half, 0), (ROWS, DIM), table[r * half:(r + 1) * half])]
+                for r in range(2)]
+
+    policy = Policy(incremental="consecutive", max_chain=5)
+    stores = {mode: ckptstore.open(tmp_path / mode, options=EncodingOptions(
+        device_encode=mode, pack_below=1024), policy=policy) for mode in ("off", "always")}
+    ids = {mode: [commit_shards(s, shards(step), policy=policy).id for step in range(4)]
+           for mode, s in stores.items()}
+    assert _shadow_on_device(stores["always"]) and not _shadow_on_device(stores["off"])
+    for h, d in zip(ids["off"], ids["always"]):
+        assert _chunks(stores["off"], h) == _chunks(stores["always"], d)
+        kinds = {e.kind.value for e in stores["always"].manifest(d).shards}
+        got = stores["always"].checkout(d)["emb"]
+        assert torch.equal(got.view(torch.int32), stores["off"].checkout(h)["emb"].view(
+            torch.int32))
+    assert kinds == {"consecutive"}
+    for s in stores.values():
+        s.close()
