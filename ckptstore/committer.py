@@ -260,7 +260,7 @@ class Committer:
         self.chains.commit_done(job.branch, commit_id, job.plan, snap.arrays,  # 7.
                                 {i: r.codes for i, r in done.results.items()}, job.tracker,
                                 {i: r.rebuilt for i, r in done.results.items()},
-                                snap.next_references)
+                                snap.next_references, snap.gathered)
         for t in job.tags:
             try:
                 self.repo.refs.create_tag(t, commit_id)

@@ -16,11 +16,11 @@ from .arrays import storage_dtype
 from .devstream import worker_stream
 from .staging import DEVICE_FREE_FLOOR
 
-__all__ = ["changed_rows_on_device", "device_reference"]
+__all__ = ["changed_rows_on_device", "compared_on_device", "device_reference"]
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-#: elements compared at once (bounds the temporary mask on the device)
-_STEP = 1 << 24
+#: elements compared at once: the temporary device memory (a mask, the changed rows of a block)
+_STEP = 1 << 22
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -32,26 +32,40 @@ def changed_rows_on_device(current: torch.Tensor, reference: torch.Tensor, xor: 
                            ) -> tuple[np.ndarray, np.ndarray]:
     """``(rows, values)`` on the host: the indices (int64) of the rows of ``current`` whose
     bits differ from ``reference``'s, and those rows' values (their bits XOR the reference's
-    with ``xor``), as the host path stores them. Runs on the calling thread's own stream."""
+    with ``xor``), as the host path stores them. Both on one device and complete there; runs on
+    the calling thread's own stream, block of rows by block (the device memory it takes is a
+    block's, whatever share of the rows changed)."""
     if current.shape != reference.shape or current.dtype != reference.dtype:
         raise ValueError("shape or dtype changed: a chain needs a full commit")
-    if reference.device != current.device:  # the tensor moved to another device
-        reference = reference.to(current.device)
-    stream = worker_stream(current.device)  # both complete: the snapshot's copies were waited for
+    if current.device != reference.device or current.element_size() not in _BITS:
+        raise ValueError("an increment compared on its device needs its reference there")
+    stream = worker_stream(current.device)
+    rows: list[np.ndarray] = []
+    values: list[np.ndarray] = []
     with torch.cuda.stream(stream) if stream is not None else nullcontext():
         a, b = _bits(current), _bits(reference)
         n = a.shape[0]
-        changed = torch.empty(n, dtype=torch.bool, device=a.device)
         step = max(1, _STEP // max(1, a[0].numel())) if n else 1
         for lo in range(0, n, step):
             hi = min(n, lo + step)
-            changed[lo:hi] = (a[lo:hi] != b[lo:hi]).reshape(hi - lo, -1).any(dim=1)
-        rows = changed.nonzero().reshape(-1)
-        values = a.index_select(0, rows)
-        if xor:
-            values.bitwise_xor_(b.index_select(0, rows))
-        host_rows, host_values = rows.cpu().numpy(), values.cpu().numpy()
-    return host_rows.astype(np.int64, copy=False), host_values.view(storage_dtype(current.dtype))
+            changed = (a[lo:hi] != b[lo:hi]).reshape(hi - lo, -1).any(dim=1)
+            idx = changed.nonzero().reshape(-1)
+            block = a[lo:hi].index_select(0, idx)
+            if xor:
+                block.bitwise_xor_(b[lo:hi].index_select(0, idx))
+            rows.append(idx.cpu().numpy() + lo)
+            values.append(block.cpu().numpy())
+    dtype = storage_dtype(current.dtype)
+    if not rows:
+        return np.zeros(0, np.int64), np.zeros((0, *current.shape[1:]), dtype)
+    return (np.concatenate(rows).astype(np.int64, copy=False),
+            np.concatenate(values).view(dtype))
+
+
+def compared_on_device(t: torch.Tensor) -> bool:
+    """Whether an increment of ``t`` can be compared on its device (items of at most 8 bytes:
+    complex128 tables are compared on the host)."""
+    return t.element_size() in _BITS
 
 
 def device_reference(t: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor | None:

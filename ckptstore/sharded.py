@@ -146,7 +146,7 @@ def write_part(committer: Committer, commit_id: str, rank: int, tensors: list[Lo
     committer.chains.commit_done(branch, commit_id, plan, snap.arrays,
                                  {i: r.codes for i, r in done.results.items()}, tracker,
                                  {i: r.rebuilt for i, r in done.results.items()},
-                                 snap.next_references)
+                                 snap.next_references, snap.gathered)
     pack = plan_packed_info(plan, name)
     entries = plan_entries(plan, commit_id, done, name)
     stored = [done.results[p.index].stored_bytes if p.index in done.results else 0

@@ -13,7 +13,7 @@ import torch
 
 from .arrays import tensor_to_host
 from .chunkcodec import LOSSLESS_IDS
-from .devrows import changed_rows_on_device
+from .devrows import changed_rows_on_device, compared_on_device
 from .plan import ArrayItem, CommitPlan, PackedItem, RowsItem
 from .staging import PACKED_KEY, StagingPool
 
@@ -71,14 +71,22 @@ class Snapshot:
         device-to-device copies took off training's path."""
         self.ready()
         for i, (reference, xor) in self.compare.items():
-            if i in self.device:  # only the changed rows cross to the host
-                current = self.device.pop(i)
-                self.gathered[i], self.arrays[i] = changed_rows_on_device(current, reference, xor)
-                if xor:
-                    self.xored.add(i)
+            current = self.device.pop(i, None)
+            if current is not None and current.device == reference.device:
+                try:  # only the changed rows cross to the host
+                    self.gathered[i], self.arrays[i] = changed_rows_on_device(current, reference,
+                                                                              xor)
+                except torch.cuda.OutOfMemoryError:
+                    pass  # compared on the host below
+                else:
+                    if xor:
+                        self.xored.add(i)
+                    self.next_references[i] = current
+                    continue
+            if current is not None:  # the table comes over whole, to be compared on the host
+                self.arrays[i] = pool.to_host(self.names[i], current)
                 self.next_references[i] = current
-            else:
-                self.references[i] = tensor_to_host(reference)
+            self.references[i] = tensor_to_host(reference)
         for i in [i for i in self.device if i not in self.encode]:
             self.arrays[i] = pool.to_host(self.names[i], self.device.pop(i))
         if self.device_packed is not None:
@@ -154,7 +162,8 @@ def snapshot(plan: CommitPlan, pool: StagingPool | None = None,
         if against is not None:
             compare[p.index] = against
         # a baseline of an increment staged on its device: the next reference is kept there
-        keep = p.want == "rows" and against is None and p.index in stage
+        keep = (p.want == "rows" and against is None and p.index in stage
+                and compared_on_device(p.source))
         if p.index in encode or (p.index in stage and (pool is not None or against is not None)):
             staged = _stage_on_device(p, pool, to_host=p.index not in encode and against is None)
             if staged is not None:

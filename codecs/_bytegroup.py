@@ -92,14 +92,18 @@ def merge4(p0, p1, p2, p3, rotate, dst, rows, length, pitch, src,
 
 
 @njit(cache=True, nogil=True)
-def merge8(planes, rotate, dst, rows, length, pitch, src, src_pitch):  # pragma: no cover
-    """:func:`merge2` for 8-byte items, from one ``planes[8, n]`` array (``dst`` uint64)."""
+def merge8(p0, p1, p2, p3, p4, p5, p6, p7, rotate, dst, rows, length, pitch, src,
+           src_pitch):  # pragma: no cover - compiled
+    """:func:`merge2` for 8-byte items (``dst`` uint64)."""
     for r in range(np.uint64(rows)):
         d, s = r * np.uint64(pitch), np.uint64(src) + r * np.uint64(src_pitch)
         for j in range(np.uint64(length)):
-            x = np.uint64(0)
-            for p in range(8):
-                x |= np.uint64(planes[p, s + j]) << np.uint64(8 * p)
+            i = s + j
+            lo = (np.uint32(p0[i]) | (np.uint32(p1[i]) << np.uint32(8))
+                  | (np.uint32(p2[i]) << np.uint32(16)) | (np.uint32(p3[i]) << np.uint32(24)))
+            hi = (np.uint32(p4[i]) | (np.uint32(p5[i]) << np.uint32(8))
+                  | (np.uint32(p6[i]) << np.uint32(16)) | (np.uint32(p7[i]) << np.uint32(24)))
+            x = np.uint64(lo) | (np.uint64(hi) << np.uint64(32))
             if rotate:
                 x = (x >> np.uint64(1)) | (x << np.uint64(63))
             dst[d + j] = x

@@ -73,9 +73,11 @@ def planes_decode_region(buf, shape: tuple[int, ...], rows: tuple[int, int],
         raise CodecError(f"BytePlanes payload holds {n} items, not an array of shape {shape}")
     if not (0 <= rows[0] <= rows[1] <= nrows and 0 <= cols[0] <= cols[1] <= ncols):
         raise ValueError(f"block rows {rows}, columns {cols} outside an array of shape {shape}")
-    if out.dtype.itemsize != itemsize or not out.flags.writeable or out.size != h * length:
-        raise ValueError(f"out must be a writable block of {h * length} items of {itemsize} "
-                         f"bytes")
+    if out.dtype.itemsize != itemsize:
+        raise CodecError(f"BytePlanes payload holds {itemsize}-byte items, the block "
+                         f"{out.dtype.itemsize}-byte ones")
+    if not out.flags.writeable or out.size != h * length:
+        raise ValueError(f"out must be a writable block of {h * length} items")
     sources = _sources(b, itemsize, n, block, spans)
     src, src_pitch = (rows[0] * ncols + cols[0]) * depth, ncols * depth
     if itemsize == 1:  # one plane: its block, by numpy (bits as they are, whatever the dtype)
@@ -147,7 +149,7 @@ def _sources(b: np.ndarray, itemsize: int, n: int, block: int,
     """Each plane's ``n`` bytes: a raw plane where the payload holds it, a coded one decoded
     into this thread's scratch buffer (valid until the thread's next decode)."""
     coded = sum(method != RAW for method, _, _ in spans)
-    scratch = _scratch(coded * n)
+    scratch = _scratch(coded * n) if coded else None
     out, k = [], 0
     for p, (method, start, stop) in enumerate(spans):
         if method == RAW:
@@ -179,7 +181,7 @@ def _merge(sources: list[np.ndarray], itemsize: int, rotate: bool, *runs: int) -
     elif itemsize == 4:
         merge4(*sources, rotate, *runs)
     else:
-        merge8(np.stack(sources), rotate, *runs)
+        merge8(*sources, rotate, *runs)
 
 
 def _plane_spans(b: np.ndarray, itemsize: int, n: int,

@@ -10,7 +10,7 @@ instead of guessing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,11 +123,13 @@ class ChainMemory:
                     host: dict[int, np.ndarray], codes: dict[int, CodesBase | None],
                     tracker: RowTracker | None,
                     rebuilt: dict[int, np.ndarray | None] | None = None,
-                    on_device: dict[int, torch.Tensor] | None = None) -> None:
+                    on_device: dict[int, torch.Tensor] | None = None,
+                    rows_only: Collection[int] = ()) -> None:
         """Update the references after ``commit_id`` became the tip of ``branch``; ``host``,
         ``codes`` and ``rebuilt`` are the snapshot's arrays, the kept codes and the values a
         checkout rebuilds of residual entries, by plan item index; ``on_device``: this commit's
-        values of incremental tensors on their device (the next reference is kept there)."""
+        values of incremental tensors on their device (the next reference is kept there);
+        ``rows_only``: items whose ``host`` array holds only their changed rows."""
         for p in plan.tensors:
             if not isinstance(p, ArrayItem) or p.want not in ("rows", "codes", "xor", "residual"):
                 continue
@@ -172,9 +174,11 @@ class ChainMemory:
             device = None if is_tracked else (on_device or {}).get(p.index)
             if device is not None:
                 device = device_reference(device, old.device_values if old else None)
-                if device is None and p.kind != Kind.FULL:  # no room on the device, and the
-                    self._shadows.pop(key, None)  # snapshot holds only the changed rows: the
-                    continue                      # next commit is a full baseline
+            if device is None and not is_tracked and p.index in rows_only:
+                # no room on the device for the next reference, and the snapshot holds only the
+                # changed rows: the next commit is a full baseline
+                self._shadows.pop(key, None)
+                continue
             self._shadows[key] = Shadow(
                 commit_id,
                 values=None if is_tracked or device is not None else _host_copy(host[p.index],

@@ -219,3 +219,46 @@ def test_sharded_commits_compare_each_ranks_blocks_on_the_device(tmp_path):
     assert kinds == {"consecutive"}
     for s in stores.values():
         s.close()
+
+
+def test_out_of_device_memory_compares_on_the_host(tmp_path, monkeypatch):
+    """A device that runs out of memory mid-compare: the table comes over whole and is compared
+    on the host with a host copy of the reference -- the same bytes, the next reference still
+    on the device."""
+    import ckptstore.snapshot as snapshot_module
+
+    def oom(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("no room")
+
+    policy = Policy(incremental="consecutive", max_chain=5)
+    stores = {mode: ckptstore.open(tmp_path / mode, options=EncodingOptions(
+        device_encode=mode, pack_below=1024), policy=policy) for mode in ("off", "always")}
+    ids: dict[str, list[str]] = {m: [s.commit_async(_state(0)).wait().id] for m, s in
+                                 stores.items()}
+    monkeypatch.setattr(snapshot_module, "changed_rows_on_device", oom)
+    for step in (1, 2):
+        for mode, s in stores.items():
+            ids[mode].append(s.commit_async(_state(step)).wait().id)
+    assert _shadow_on_device(stores["always"])
+    for h, d in zip(ids["off"], ids["always"]):
+        assert _chunks(stores["off"], h) == _chunks(stores["always"], d)
+    assert stores["always"].manifest(ids["always"][-1]).tensors[0].kind.value == "consecutive"
+    for s in stores.values():
+        s.close()
+
+
+def test_complex_tables_are_compared_on_the_host(tmp_path):
+    """Items of 16 bytes have no integer view on the device: complex128 increments keep their
+    reference on the host, under ``device_encode="always"`` too."""
+    store = ckptstore.open(tmp_path / "s", options=EncodingOptions(device_encode="always",
+                                                                    pack_below=1024),
+                           policy=Policy(incremental="consecutive", max_chain=5))
+    for step in range(3):
+        table = _state(step)["emb"].to(torch.complex128) * (1 + 1j)
+        info = store.commit({"emb": table})
+        got = store.checkout(info.id)["emb"]
+        assert torch.equal(torch.view_as_real(got).view(torch.int64),
+                           torch.view_as_real(table).view(torch.int64))
+    assert store.manifest(info.id).tensors[0].kind.value == "consecutive"
+    assert not _shadow_on_device(store)
+    store.close()

@@ -69,3 +69,13 @@ def test_blocks_read_straight_into_place(tmp_path, compression, block):
     np.testing.assert_array_equal(into, want)
     assert not puts  # every chunk went straight into place
     store.close()
+
+
+def test_a_payload_of_other_items_is_a_corrupted_chunk():
+    """A byte-planes chunk of 2-byte items where the manifest says 4-byte ones (its item count
+    matching) is refused as corrupted, never decoded into the wrong dtype."""
+    codec = PlanesLossless()
+    data = b"".join(codec.encode(RNG.standard_normal((8, 4)).astype(np.float16)))
+    with pytest.raises(CorruptedChunkError, match="2-byte items"):
+        codec.decode_region(data, (8, 4), np.dtype(np.float32), "a/0.0", (0, 8), (0, 2),
+                            np.empty((8, 2), np.float32))
