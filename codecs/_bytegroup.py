@@ -77,15 +77,20 @@ def merge2(p0, p1, rotate, dst, rows, length, pitch, src, src_pitch):  # pragma:
 
 
 @njit(cache=True, nogil=True)
+def _word(p0, p1, p2, p3, i):  # pragma: no cover - compiled
+    """The 32-bit word whose bytes, lowest first, are ``p0[i]`` .. ``p3[i]``."""
+    return (np.uint32(p0[i]) | (np.uint32(p1[i]) << np.uint32(8))
+            | (np.uint32(p2[i]) << np.uint32(16)) | (np.uint32(p3[i]) << np.uint32(24)))
+
+
+@njit(cache=True, nogil=True)
 def merge4(p0, p1, p2, p3, rotate, dst, rows, length, pitch, src,
            src_pitch):  # pragma: no cover - compiled
     """:func:`merge2` for 4-byte items (``dst`` uint32)."""
     for r in range(np.uint64(rows)):
         d, s = r * np.uint64(pitch), np.uint64(src) + r * np.uint64(src_pitch)
         for j in range(np.uint64(length)):
-            i = s + j
-            x = (np.uint32(p0[i]) | (np.uint32(p1[i]) << np.uint32(8))
-                 | (np.uint32(p2[i]) << np.uint32(16)) | (np.uint32(p3[i]) << np.uint32(24)))
+            x = _word(p0, p1, p2, p3, s + j)
             if rotate:
                 x = (x >> np.uint32(1)) | (x << np.uint32(31))
             dst[d + j] = x
@@ -98,12 +103,8 @@ def merge8(p0, p1, p2, p3, p4, p5, p6, p7, rotate, dst, rows, length, pitch, src
     for r in range(np.uint64(rows)):
         d, s = r * np.uint64(pitch), np.uint64(src) + r * np.uint64(src_pitch)
         for j in range(np.uint64(length)):
-            i = s + j
-            lo = (np.uint32(p0[i]) | (np.uint32(p1[i]) << np.uint32(8))
-                  | (np.uint32(p2[i]) << np.uint32(16)) | (np.uint32(p3[i]) << np.uint32(24)))
-            hi = (np.uint32(p4[i]) | (np.uint32(p5[i]) << np.uint32(8))
-                  | (np.uint32(p6[i]) << np.uint32(16)) | (np.uint32(p7[i]) << np.uint32(24)))
-            x = np.uint64(lo) | (np.uint64(hi) << np.uint64(32))
+            x = (np.uint64(_word(p0, p1, p2, p3, s + j))
+                 | (np.uint64(_word(p4, p5, p6, p7, s + j)) << np.uint64(32)))
             if rotate:
                 x = (x >> np.uint64(1)) | (x << np.uint64(63))
             dst[d + j] = x
