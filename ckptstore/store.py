@@ -84,6 +84,13 @@ class Store:
         quantized on their GPU, ``EncodingOptions(device_encode=...)``)."""
         return self._committer.staging.device_nbytes
 
+    @property
+    def reference_bytes(self) -> tuple[int, int]:
+        """``(host, device)`` bytes of the references chains are built on (the copies of
+        incremental, XOR and residual tensors the next commit compares with; see
+        docs/policies.md): on the host, and on the tensors' devices."""
+        return self._committer.chains.nbytes()
+
     # -- commit ----------------------------------------------------------------------------
     def commit(self, state: object, message: str = "", branch: str = "main",
                tags: Sequence[str] = (), metadata: Metadata | None = None,

@@ -60,6 +60,17 @@ class ChainMemory:
     def __init__(self) -> None:
         self._shadows: dict[tuple[str, str], Shadow] = {}
 
+    def nbytes(self) -> tuple[int, int]:
+        """``(host, device)`` bytes of the references kept (codes of code deltas count as host
+        bytes)."""
+        host = device = 0
+        for s in self._shadows.values():
+            host += s.values.nbytes if s.values is not None else 0
+            host += sum(c.nbytes for c, _ in (s.codes or {}).values())
+            if s.device_values is not None:
+                device += s.device_values.numel() * s.device_values.element_size()
+        return host, device
+
     def forget(self, branch: str | None = None) -> None:
         """Drop references (all, or one branch's): the next commits are full baselines."""
         self._shadows = {k: v for k, v in self._shadows.items()

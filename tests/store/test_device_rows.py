@@ -190,6 +190,8 @@ def test_the_next_reference_reuses_the_old_ones_memory(tmp_path, mode):
         np.testing.assert_array_equal(np.asarray(ref).view(np.uint32),
                                       _state(step)["emb"].numpy().view(np.uint32))
     assert len(buffers) == 1
+    table = ROWS * DIM * 4
+    assert store.reference_bytes == ((0, table) if mode == "always" else (table, 0))
     store.close()
 
 
