@@ -45,10 +45,11 @@ def changed_rows_on_device(current: torch.Tensor, reference: torch.Tensor, xor: 
     with torch.cuda.stream(stream) if stream is not None else nullcontext():
         a, b = _bits(current), _bits(reference)
         n = a.shape[0]
-        step = max(1, _STEP // max(1, a[0].numel())) if n else 1
+        width = a[0].numel() if n else 0
+        step = max(1, _STEP // max(1, width))
         for lo in range(0, n, step):
             hi = min(n, lo + step)
-            changed = (a[lo:hi] != b[lo:hi]).reshape(hi - lo, -1).any(dim=1)
+            changed = (a[lo:hi] != b[lo:hi]).reshape(hi - lo, width).any(dim=1)
             idx = changed.nonzero().reshape(-1)
             block = a[lo:hi].index_select(0, idx)
             if xor:

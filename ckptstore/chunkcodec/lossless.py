@@ -132,10 +132,10 @@ class PlanesLossless(ChunkCodec):
         from ckptcodecs import CodecError
         from ckptcodecs.planes import planes_decode_region
 
-        body = check_crc(data, where)
         if dtype.itemsize > 8:  # complex128: two float64 halves an item
             super().decode_region(data, shape, dtype, where, rows, cols, out)
             return
+        body = check_crc(data, where)
         try:
             planes_decode_region(body, shape, rows, cols, out)
         except CodecError as e:
