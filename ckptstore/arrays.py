@@ -20,7 +20,7 @@ from .dtypes import STORAGE
 from .errors import CorruptedChunkError, ManifestError, UnsupportedLeafError
 from .grid import CHUNK_BYTES, ChunkGrid
 from .layout import ZARR_JSON, chunk_key
-from .storage import Storage
+from .storage import Buffer, Storage
 
 __all__ = [
     "CHUNK_BYTES",
@@ -218,11 +218,11 @@ def read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: np.dtyp
     return out
 
 
-def read_chunk(storage: Storage, where: str) -> bytes:
-    """The stored bytes of one chunk; a missing one (or a folder in its place) is a
-    :class:`CorruptedChunkError`."""
+def read_chunk(storage: Storage, where: str) -> Buffer:
+    """The stored bytes of one chunk (a read-only buffer); a missing one (or a folder in its
+    place) is a :class:`CorruptedChunkError`."""
     try:
-        return storage.read(where)
+        return storage.read_chunk(where)
     except FileNotFoundError:
         raise CorruptedChunkError(f"chunk {where} is missing from the store", where) from None
     except (IsADirectoryError, NotADirectoryError):  # the manifest's dimensions are not the store's

@@ -55,8 +55,11 @@ class Reader:
         """Check that the store holds every chunk of the arrays (:mod:`ckptstore.limits`)
         before anything is allocated for them; each array is listed once per reader."""
         todo = {a.ident: a for a in arrays if a.ident not in self._stored}
-        for missing in self.repo.executor.map(lambda a: a.missing_chunks(self.repo.storage),
-                                              todo.values()):
+        storage = self.repo.storage
+        # one array is listed here: through the executor it would wait behind queued reads
+        found = (self.repo.executor.map(lambda a: a.missing_chunks(storage), todo.values())
+                 if len(todo) > 1 else [a.missing_chunks(storage) for a in todo.values()])
+        for missing in found:
             if missing:
                 raise CorruptedChunkError(f"chunk {missing[0]} is missing from the store",
                                           missing[0])

@@ -352,8 +352,8 @@ def one_rank_recovers(rank: int, world: int, url: str, opts: dict) -> None:
             mine = emb.to_local().clone()
             emb.to_local().zero_()  # this rank's embedding server failed
             reads: list[str] = []
-            real = store.storage.read
-            store.storage.read = lambda key: reads.append(key) or real(key)
+            real = store.storage.read_chunk
+            store.storage.read_chunk = lambda key: reads.append(key) or real(key)
             state = store.checkout(info.id, into={"emb": emb})
             assert torch.equal(emb.to_local(), mine) and state["step"] == 5
             data = [k for k in reads if "/data/" in f"/{k}"]

@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 
 from ..arrays import host_to_tensor, start_read_region, torch_dtype, writable_host_view
-from ..chains.walk import entry_array
+from ..chains.walk import StoredArray, entry_array
 from ..chunkcodec import codec_from_config
 from ..errors import DistributedError, ManifestError
 from ..manifest import Layout, Manifest, TensorEntry
@@ -104,6 +104,7 @@ class StorageReader(dcp_storage.StorageReader):
         whole: dict[int, torch.Tensor] = {}
         futures: list[Any] = []
         direct: list[tuple[Any, torch.Tensor]] = []
+        reader.check_stored(_arrays_read(m, plan, self._storage))  # all listings at once
         for req in plan.items:
             if req.type == LoadItemType.BYTE_IO:
                 planner.load_bytes(req, _safe_bytes(self._values, req.storage_index.fqn))
@@ -158,6 +159,18 @@ def _source(m: Manifest, e: TensorEntry, loc: _Located) -> TensorEntry:
     return m.shards[e.pieces[loc.piece].entry]
 
 
+def _arrays_read(m: Manifest, plan: LoadPlan, located: dict) -> list[StoredArray]:
+    """The stored arrays of the plan's blocks of ``array`` entries (checked before any read)."""
+    out = []
+    for req in plan.items:
+        loc = located.get(req.storage_index) if req.type != LoadItemType.BYTE_IO else None
+        if isinstance(loc, _Located):
+            src = _source(m, m.tensors[loc.tensor], loc)
+            if src.layout == Layout.ARRAY and src.shape:
+                out.append(entry_array(src))
+    return out
+
+
 def _queue_block(reader: Reader, src: TensorEntry, offsets: Sequence[int],
                  lengths: Sequence[int], target: torch.Tensor) -> list[Any]:
     """Queue the chunk reads of a block of an ``array`` entry, each copied into ``target``."""
@@ -165,7 +178,8 @@ def _queue_block(reader: Reader, src: TensorEntry, offsets: Sequence[int],
             offsets) != len(src.shape):
         raise ManifestError(f"a read of {src.path!r} reaches outside its shape {src.shape}")
     a = entry_array(src)
-    reader.check_stored([a])  # one listing, not a GET per chunk of a hostile grid
+    reader.check_stored([a])  # one listing, not a GET per chunk of a hostile grid (done
+    # already for a whole plan by read_data)
     # straight copies of the bits only into a target of the stored dtype (bfloat16 and uint16
     # share numpy's uint16: other dtypes convert through torch's copy_)
     view = writable_host_view(target) if target.dtype == torch_dtype(src.dtype) else None

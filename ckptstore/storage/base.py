@@ -68,6 +68,11 @@ class Storage(ABC):
     def read(self, key: str) -> bytes:
         """All bytes of a key; ``FileNotFoundError`` if it does not exist."""
 
+    def read_chunk(self, key: str) -> Buffer:
+        """The bytes of a chunk as a read-only buffer, valid while referenced (a back-end may
+        map the file rather than copy it); ``FileNotFoundError`` if it does not exist."""
+        return self.read(key)
+
     @abstractmethod
     def exists(self, key: str) -> bool:
         """Whether a key exists now (never answered from a stale listing cache)."""

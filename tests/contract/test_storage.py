@@ -7,6 +7,7 @@ A new back-end passes this suite before anything else; dulwich's ``ObjectStoreTe
 
 from __future__ import annotations
 
+import mmap
 import os
 import sys
 import threading
@@ -19,6 +20,7 @@ from typing import TypeVar
 import pytest
 
 from ckptstore.storage import FsspecStorage, LocalStorage, MemoryStorage, Storage, open_storage
+from ckptstore.storage import local as local_mod
 
 T = TypeVar("T")
 EXPECTED_CLASS = {"local": LocalStorage, "memory": MemoryStorage, "s3": FsspecStorage}
@@ -156,6 +158,34 @@ def test_put_chunk_writes_the_concatenation(backend_storage, parts):
     assert backend_storage.read("data/c/0") == b"xy"
 
 
+@pytest.mark.parametrize("size", [0, 100, (1 << 20) + 3], ids=["empty", "small", "large"])
+def test_read_chunk_is_read(backend_storage, size):
+    data = os.urandom(size)
+    backend_storage.put_chunk("data/c/1", data)
+    got = backend_storage.read_chunk("data/c/1")
+    assert bytes(got) == data == backend_storage.read("data/c/1")
+    with pytest.raises(FileNotFoundError):
+        backend_storage.read_chunk("data/c/none")
+
+
+def test_read_chunk_sees_one_version_while_rewritten(backend_storage):
+    old, new = os.urandom((1 << 20) + 1), os.urandom(1 << 21)
+    backend_storage.put_chunk("data/c/2", old)
+    got = backend_storage.read_chunk("data/c/2")
+    backend_storage.put_chunk("data/c/2", [new[:7], new[7:]])  # a rewrite, then a delete
+    assert bytes(got) == old
+    backend_storage.delete("data/c/2")
+    assert bytes(got) == old
+
+
+def test_put_chunk_race_on_one_key(backend_storage, fast_switching):
+    """Ranks writing the same key (a commit's group metadata) at once: none fails, the key
+    ends whole, as one of them wrote it."""
+    values = [bytes([i]) * 4096 for i in range(6)]
+    _run_together(6, lambda i: backend_storage.put_chunk("data/g/zarr.json", values[i]))
+    assert backend_storage.read("data/g/zarr.json") in values
+
+
 def test_put_chunk_durable(backend_storage):
     backend_storage.durable = True
     backend_storage.put_chunk("c/0", [b"abc", b"def"])
@@ -235,3 +265,31 @@ def test_local_chunk_is_one_writev_and_fsynced_only_when_durable(tmp_path, monke
     calls.clear()
     assert storage.put_if_absent("r/1", b"ref")  # temp file synced before it is linked
     assert "fsync" in calls and sorted(os.listdir(tmp_path / "s" / "r")) == ["1"]
+
+
+def test_local_large_chunks_are_mapped_not_copied(tmp_path):
+    storage = open_storage(tmp_path / "s")
+    storage.put_chunk("c/big", b"x" * local_mod.MAP_MIN)
+    storage.put_chunk("c/small", b"y" * (local_mod.MAP_MIN - 1))
+    big, small = storage.read_chunk("c/big"), storage.read_chunk("c/small")
+    assert isinstance(big, memoryview) and isinstance(big.obj, mmap.mmap) and big.readonly
+    assert isinstance(small, bytes)
+    with pytest.raises(TypeError):
+        big[0] = 1  # read-only: nothing decodes into the store's pages
+    storage.map_reads = False  # errors of the disk as OSError, not SIGBUS
+    assert storage.read_chunk("c/big") == b"x" * local_mod.MAP_MIN
+    assert isinstance(storage.read_chunk("c/big"), bytes)
+
+
+def test_local_read_chunk_falls_back_to_a_read(tmp_path, monkeypatch):
+    """A file system that cannot map the file is read as before."""
+    storage = open_storage(tmp_path / "s")
+    data = os.urandom(local_mod.MAP_MIN + 5)
+    storage.put_chunk("c/0", data)
+
+    def refuse(*args, **kwargs):
+        raise OSError(19, "No such device")
+
+    monkeypatch.setattr(local_mod.mmap, "mmap", refuse)
+    got = storage.read_chunk("c/0")
+    assert isinstance(got, bytes) and got == data

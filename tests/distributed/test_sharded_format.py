@@ -73,8 +73,8 @@ def test_region_reads_only_the_overlapping_chunks(store, tables):
                       policy=Policy())
     from ckptstore.reader import Reader
     reads = []
-    real = store.storage.read
-    store.storage.read = lambda key: reads.append(key) or real(key)
+    real = store.storage.read_chunk
+    store.storage.read_chunk = lambda key: reads.append(key) or real(key)
     shard = m.shards[m.tensors[0].pieces[1].entry]
     block = Reader(store.repo).region(shard, [0, 0], [10, 64])
     assert torch.equal(torch.from_numpy(block), big[20_000:20_010])
@@ -271,8 +271,9 @@ def test_dcp_load_of_a_hostile_grid_lists_once_instead_of_reading_every_chunk(tm
     store.storage.put(key, data[:5] + hashlib.sha256(payload).digest() + payload)
     fresh = ckptstore.open(tmp_path / "s")  # no manifest cached
     reads = []
-    real_read = fresh.storage.read
+    real_read, real_chunk = fresh.storage.read, fresh.storage.read_chunk
     fresh.storage.read = lambda k: reads.append(k) or real_read(k)
+    fresh.storage.read_chunk = lambda k: reads.append(k) or real_chunk(k)
     target = {"w": torch.zeros(1024 * 1100, 1)}
     with pytest.raises(BaseException, match="missing"):
         dcp.load(target, storage_reader=StorageReader(fresh, "main"))

@@ -1,0 +1,101 @@
+"""Chunks of a local store at least ``MAP_MIN`` bytes long are read through a read-only mapping
+(``LocalStorage.read_chunk``): what a checkout hands back is never the store's pages (it is
+writable and stays valid after gc), and damaged mapped chunks are clear errors, as read ones."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import ckptstore
+from ckptstore.errors import CorruptedChunkError
+from ckptstore.plan import EncodingOptions
+from ckptstore.policy import Policy, QuantSpec
+from ckptstore.storage import local as local_mod
+
+ROWS = 5 * 4096 + 7  # 64 float32 a row: 5 MiB, chunks of 2 + 2 + 1 MiB
+
+
+def _state() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    return {"emb": torch.randn(ROWS, 64, generator=g),
+            "half": torch.randn(ROWS, 64, generator=g).to(torch.bfloat16)}
+
+
+def _chunks(root: str, min_size: int) -> list[str]:
+    out = []
+    for folder, _, files in os.walk(os.path.join(root, "data")):
+        out += [os.path.join(folder, f) for f in files
+                if f != "zarr.json" and os.path.getsize(os.path.join(folder, f)) >= min_size]
+    return sorted(out)
+
+
+@pytest.mark.parametrize("compression", ["entropy", "none", "lz4"])
+def test_checkout_of_mapped_chunks_is_writable_and_outlives_the_store(tmp_path, compression):
+    root = str(tmp_path / "s")
+    store = ckptstore.open(root, options=EncodingOptions(compression=compression,
+                                                  chunk_bytes=1 << 21))
+    state = _state()
+    first = store.commit(state, message="one")
+    assert _chunks(root, local_mod.MAP_MIN)  # the reads below go through mappings
+    got = store.checkout("main")
+    into = {"emb": torch.zeros(ROWS, 64), "half": torch.zeros(ROWS, 64, dtype=torch.bfloat16)}
+    store.checkout("main", into=into)
+    store.commit({"emb": torch.zeros(4)}, message="two")
+    store.gc(keep_last=1, grace_period=0)  # the first commit's files are gone
+    assert not os.path.exists(os.path.join(root, "data", first.id))
+    for k, v in state.items():
+        assert torch.equal(got[k], v)
+        got[k].add_(1)  # the pages are the checkout's own, not the deleted files'
+        assert torch.equal(got[k], v + 1)
+    assert all(torch.equal(into[k], state[k]) for k in state)
+    store.close()
+
+
+def test_mapped_chunk_damage_is_a_corrupted_chunk_error(tmp_path):
+    root = str(tmp_path / "s")
+    store = ckptstore.open(root, options=EncodingOptions(chunk_bytes=1 << 21))
+    store.commit(_state(), message="one")
+    first, second = _chunks(root, local_mod.MAP_MIN)[:2]
+    key = os.path.relpath(first, root).replace(os.sep, "/")
+    with open(first, "r+b") as f:  # a flipped bit in the middle
+        f.seek(os.path.getsize(first) // 2)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0x04]))
+    with pytest.raises(CorruptedChunkError, match=key):
+        store.checkout("main")
+    with open(first, "r+b") as f:  # mended; then the second one loses its tail
+        f.seek(os.path.getsize(first) // 2)
+        f.write(b)
+    assert all(torch.equal(v, _state()[k]) for k, v in store.checkout("main").items())
+    os.truncate(second, os.path.getsize(second) - 1000)
+    with pytest.raises(CorruptedChunkError, match=os.path.relpath(second, root).replace(os.sep, "/")):
+        store.checkout("main")
+    store.close()
+
+
+def test_mapped_chunks_of_chains_and_quantized_commits(tmp_path):
+    """Chains (XOR and quantized code deltas) and quantized full commits replay from mapped
+    chunks exactly as from read ones."""
+    root = str(tmp_path / "s")
+    opts = EncodingOptions(chunk_bytes=1 << 21)
+    xor = ckptstore.open(root, options=opts, policy=Policy(delta=True))
+    quant = ckptstore.open(str(tmp_path / "q"), options=opts,
+                           policy=Policy(quantize=QuantSpec(bits=8), delta=True))
+    states = [_state()]
+    states.append({k: v + 0.5 for k, v in states[0].items()})
+    for s in states:
+        xor.commit(s)
+        quant.commit(s)
+    assert _chunks(root, local_mod.MAP_MIN)
+    got = xor.checkout("main")
+    for k, v in states[-1].items():
+        assert torch.equal(got[k], v)
+    q = quant.checkout("main")["emb"]
+    assert np.abs((q - states[-1]["emb"]).numpy()).max() < 0.05
+    xor.close()
+    quant.close()
