@@ -182,10 +182,11 @@ def load_pretrained() -> nn.Module:
     return bert.eval()
 
 
-def build_model(template: nn.Module, seed: int) -> Classifier:
-    """A fresh copy of the pretrained model with a head initialised from ``seed``."""
+def build_model(template: nn.Module, seed: int, dtype: str = "float32") -> Classifier:
+    """A fresh copy of the pretrained model with a head initialised from ``seed``, its
+    parameters (and so the optimizer's moments) in ``dtype``."""
     torch.manual_seed(seed)
-    return Classifier(copy.deepcopy(template))
+    return Classifier(copy.deepcopy(template)).to(getattr(torch, dtype))
 
 
 def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -198,6 +199,7 @@ class Schedule:
     intervals: int  # N: commits after training
     steps: int      # K: optimizer steps per interval
     lr: float       # peak learning rate
+    dtype: str = "float32"  # of the parameters and moments (bfloat16: pure bf16 training)
 
     @property
     def total(self) -> int:
@@ -237,7 +239,7 @@ def evaluate(model: nn.Module, data: Data) -> tuple[float, float, torch.Tensor]:
     _, xte, _, yte = data
     model.eval()
     with torch.no_grad():
-        logits = model(xte)
+        logits = model(xte).float()
     return ((logits.argmax(1) == yte).float().mean().item(),
             nn.functional.cross_entropy(logits, yte).item(), logits)
 
@@ -357,7 +359,7 @@ def tensor_label(path: str, model: nn.Module) -> str:
 # -- one training run ------------------------------------------------------------------------
 def reference(template: nn.Module, data: Data, sched: Schedule, seed: int) -> dict[str, Any]:
     t0 = time.perf_counter()
-    model = build_model(template, seed)
+    model = build_model(template, seed, sched.dtype)
     opt = make_optimizer(model, sched.lr)
     curve = []
     for i in range(1, sched.intervals + 1):
@@ -373,7 +375,7 @@ def run(spec: Spec, template: nn.Module, data: Data, sched: Schedule, resumes: i
     t0 = time.perf_counter()
     path = tempfile.mkdtemp(dir=workdir)
     store = ckptstore.open(path)
-    model = build_model(template, seed)
+    model = build_model(template, seed, sched.dtype)
     opt = make_optimizer(model, sched.lr)
     policy = spec.make(model, opt)
     at = set(resume_after(sched.intervals, resumes))
@@ -412,7 +414,7 @@ def run(spec: Spec, template: nn.Module, data: Data, sched: Schedule, resumes: i
         if i in at:  # resume: fresh objects, state from the store
             r0 = time.perf_counter()
             state = store.checkout("main", for_resume=True)
-            model = build_model(template, seed + 1)
+            model = build_model(template, seed + 1, sched.dtype)
             model.load_state_dict(state["model"])
             opt = make_optimizer(model, sched.lr)
             opt.load_state_dict(state["optim"])
@@ -421,7 +423,7 @@ def run(spec: Spec, template: nn.Module, data: Data, sched: Schedule, resumes: i
             policy = spec.make(model, opt)  # Shrink pairs these very objects
             resume_s += time.perf_counter() - r0
     acc, loss, logits = evaluate(model, data)
-    last = build_model(template, seed + 2)
+    last = build_model(template, seed + 2, sched.dtype)
     last.load_state_dict(store.checkout("main")["model"])
     ckpt_acc, ckpt_loss, _ = evaluate(last, data)
     restores = store.restore_count()
@@ -514,13 +516,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", help="comma-separated subset of: lossless, delta, best, excp")
     ap.add_argument("--quick", action="store_true", help="6 intervals of 4 steps, 1 seed")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="parameters and moments (bfloat16: pure bf16 training; ratios are then "
+                    "against bf16 bytes)")
     ap.add_argument("--out", help="write the results as JSON to this file")
     ap.add_argument("--dir", help="folder for the temporary stores (default: system temp)")
     args = ap.parse_args(argv)
     if args.quick:
         args.intervals, args.steps, args.seeds = 6, 4, 1
     torch.set_num_threads(args.threads)
-    sched = Schedule(args.intervals, args.steps, args.lr)
+    sched = Schedule(args.intervals, args.steps, args.lr, args.dtype)
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
 
     wanted = {"lossless": 0, "delta": 1, "best": 2, "excp": 3}

@@ -39,13 +39,14 @@ __all__ = [
     "version_needed",
 ]
 
-FORMAT_VERSION = 6   # the newest manifest format this library reads and writes
+FORMAT_VERSION = 7   # the newest manifest format this library reads and writes
 BASE_VERSION = 1     # what a manifest without sharded or xor entries is written as (v1 reads it)
 SHARDED_VERSION = 2  # sharded entries and per-rank packed arrays
 XOR_VERSION = 3      # xor chain entries, changed rows as xor (xvalues), content digests
 RESIDUAL_VERSION = 4  # residual chain entries (pruned, quantized weight residuals: ExCP)
 DIM_ORDER_VERSION = 5  # entries that record a memory layout (channels_last, transposed)
 CHUNK_DIGESTS_VERSION = 6  # full arrays that record the sha256 of each chunk's bits (dedup)
+HALF_RESIDUAL_VERSION = 7  # residual entries of bfloat16/float16 tensors (added in float32)
 MARKER_VERSION = 1   # the store marker: a store holds manifests of any version up to ours
 MAGIC = b"CKPT"
 _HEADER = len(MAGIC) + 1 + 32
@@ -323,6 +324,8 @@ class Manifest(_Model):
 def version_needed(entries: list[TensorEntry], sharded: bool) -> int:
     """The oldest manifest format that holds these entries: older readers refuse what they
     cannot rebuild instead of misreading it."""
+    if any(e.kind == Kind.RESIDUAL and e.dtype in ("bfloat16", "float16") for e in entries):
+        return HALF_RESIDUAL_VERSION  # a reader of 4..6 would add their bits as integers
     if any(e.chunk_digests is not None for e in entries):
         return CHUNK_DIGESTS_VERSION
     if any(e.dim_order is not None for e in entries):

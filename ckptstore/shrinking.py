@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .chunkcodec import QuantizedLossy
+from .floatbits import float_values, from_values
 from .plan import ArrayItem, CommitPlan, ResidualItem
 from .policy.shrink import Shrink, fisher_threshold, residual_mask, shrink_moments
 from .snapshot import Snapshot
@@ -35,19 +36,23 @@ def _shrinks(p: ArrayItem | None) -> bool:
             and p.codec.prune_zeros)
 
 
+def _values(snap: Snapshot, p: ArrayItem | None) -> np.ndarray | None:
+    return float_values(snap.arrays[p.index], p.dtype) if p is not None else None
+
+
 def _pair(snap: Snapshot, pw: ArrayItem | None, pm: ArrayItem | None, pv: ArrayItem | None
           ) -> tuple:
-    """``(pm, pv, first moment, second moment, residual)`` of one weight and its moments; the
-    weight's snapshot becomes its residual (None where there is no second moment to rank it)."""
-    first = snap.arrays[pm.index] if pm is not None else None
-    second = snap.arrays[pv.index] if pv is not None else None
+    """``(pw, pm, pv, first moment, second moment, residual)`` of one weight and its moments,
+    as float values (float32 for 16-bit floats); the weight's snapshot becomes its residual, in
+    the weight's dtype (the residual is None where there is no second moment to rank it)."""
+    first, second = _values(snap, pm), _values(snap, pv)
     residual = None
     if isinstance(pw, ResidualItem):
-        residual = snap.arrays[pw.index] - pw.start.reference
-        snap.arrays[pw.index] = residual
+        residual = _values(snap, pw) - float_values(pw.start.reference, pw.dtype)
+        snap.arrays[pw.index] = from_values(residual, pw.dtype)
         if second is None or second.shape != residual.shape:
             residual = None  # no second moment (before the first step): kept whole
-    return pm, pv, first, second, residual
+    return pw, pm, pv, first, second, residual
 
 
 def _blocks(plan: CommitPlan, policy_path: Callable[[str], str] | None
@@ -83,19 +88,21 @@ def shrink_snapshot(plan: CommitPlan, snap: Snapshot, shrink: Shrink,
             found.append(_pair(snap, bw.get(suffix), bm.get(suffix), bv.get(suffix)))
     if shrink.criterion == "fisher":
         cut = fisher_threshold([(r, v) for *_, v, r in found if r is not None], shrink.keep)
-    for pm, pv, first, second, residual in found:
+    for pw, pm, pv, first, second, residual in found:
         keep = None
         if residual is not None:
             keep = (second * np.square(residual) > cut if shrink.criterion == "fisher" else
                     residual_mask(residual, second, shrink.alpha, shrink.cap))
             residual[~keep] = 0
+            snap.arrays[pw.index] = from_values(residual, pw.dtype)  # itself for float32
             stats.weights += keep.size
             stats.weights_kept += int(np.count_nonzero(keep))
         if _shrinks(pm) and _shrinks(pv) and first.shape == second.shape:
             first, second = shrink_moments(first, second, keep if keep is not None and
                                            keep.shape == first.shape else None,
                                            shrink.beta, shrink.fill)
-            snap.arrays[pm.index], snap.arrays[pv.index] = first, second
+            snap.arrays[pm.index] = from_values(first, pm.dtype)
+            snap.arrays[pv.index] = from_values(second, pv.dtype)
             stats.moments += first.size
             stats.moments_kept += int(np.count_nonzero(first))
     return stats

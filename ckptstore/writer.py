@@ -26,6 +26,7 @@ from .chunkcodec import LOSSLESS_IDS, BloscLossless, CodeDelta, Encoded, PlanesL
 from .dedup import Dedup, Reused, chunk_digest, content_digest
 from .devbits import PackedCodes
 from .devquant import ChunkCodes, device_chunk_codes
+from .floatbits import add_residual
 from .layout import PACKED_ARRAY, ZARR_JSON, array_dir, data_dir, part_array
 from .manifest import Blob
 from .pending import Progress
@@ -280,7 +281,8 @@ def _write_residual(storage: Storage, commit_id: str, p: ResidualItem, residual:
         lo, hi = p.grid.rows(i)
         n = reference[lo:hi].size
         values = dequantize(codes, params).reshape(-1)[:n].reshape(reference[lo:hi].shape)
-        np.add(reference[lo:hi], values, out=rebuilt[lo:hi])
+        # in the tensor's dtype, as a checkout decodes them; added as it adds them
+        add_residual(reference[lo:hi], values, p.dtype, out=rebuilt[lo:hi])
         return data
 
     name = part_array(p.array, "residual")

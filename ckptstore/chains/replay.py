@@ -13,6 +13,8 @@ import numpy as np
 from ..arrays import ChunkGrid
 from ..chunkcodec import QuantizedLossy, codec_from_config
 from ..errors import CorruptedChunkError, ManifestError
+from ..floatbits import add_residual
+from ..policy.shrink import SHRINKABLE
 from ..layout import array_dir, chunk_key
 from ..manifest import Blob, Kind, Layout, TensorEntry
 
@@ -77,16 +79,17 @@ def apply_xors(out: np.ndarray, links: list[TensorEntry],
 def apply_residuals(out: np.ndarray, links: list[TensorEntry],
                     read_blob: Callable[[Blob], np.ndarray]) -> np.ndarray:
     """Add the dequantized residual of each link, oldest first, onto the baseline ``out`` (in
-    its dtype, in the order the writer added them: the same values, bit for bit)."""
+    its dtype, in the order the writer added them: the same values, bit for bit; 16-bit floats
+    through float32, see :func:`~ckptstore.floatbits.add_residual`)."""
     out = np.array(out, copy=True)
     for link in links:
         if link.kind != Kind.RESIDUAL:
             raise ManifestError(f"residual chain of {link.path!r} mixes kinds")
         r = read_blob(link.parts["residual"])
-        if r.shape != out.shape or r.dtype != out.dtype:
+        if r.shape != out.shape or r.dtype != out.dtype or link.dtype not in SHRINKABLE:
             raise ManifestError(f"residual of {link.path!r} in {link.parts['residual'].commit} "
                                 "does not fit the tensor")
-        np.add(out, r, out=out)
+        add_residual(out, r, link.dtype, out=out)
     return out
 
 

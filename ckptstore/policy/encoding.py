@@ -10,7 +10,7 @@ import torch
 
 from .bitwidth import BitWidth
 from .rebase import Intermittent, RebasePredictor
-from .shrink import Shrink
+from .shrink import SHRINKABLE, Shrink
 
 if TYPE_CHECKING:
     from ..sensitivity import GradientEMA
@@ -104,6 +104,7 @@ class Decision:
 
 
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_SHRINKABLE = tuple(getattr(torch, name) for name in SHRINKABLE)
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,7 @@ class Policy:
         if any(fnmatch.fnmatchcase(path, p) for p in self.lossless):
             return Decision("full")
         nbytes = tensor.numel() * tensor.element_size()
-        if (self.shrink is not None and tensor.dtype == torch.float32 and tensor.dim()
+        if (self.shrink is not None and tensor.dtype in _SHRINKABLE and tensor.dim()
                 and nbytes >= self.shrink.min_bytes and path in self.shrink.roles):
             # 2**bits - 1 k-means levels and a code for the pruned zeros; a residual's baseline
             # is lossless

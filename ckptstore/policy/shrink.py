@@ -31,9 +31,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["Shrink", "fisher_threshold", "residual_mask", "shrink_moments"]
+__all__ = ["SHRINKABLE", "Shrink", "fisher_threshold", "residual_mask", "shrink_moments"]
 
 _SAMPLE = 1 << 20  # saliencies sampled for the model-wide threshold
+
+SHRINKABLE = ("float32", "bfloat16", "float16")
+"""Dtypes (torch names) of the weights and moments a :class:`Shrink` shrinks (16-bit floats'
+residuals are taken in float32 and rounded back; see :mod:`ckptstore.floatbits`)."""
 
 
 @dataclass(frozen=True)
@@ -41,8 +45,9 @@ class Shrink:
     """Which tensors shrink jointly and how hard (see the module docstring).
 
     ``pairs``: ``(weight path, first moment path, second moment path)`` as the flattened state
-    names them; :meth:`of` builds them from a model and its optimizer. Only float32 tensors of at
-    least ``min_bytes`` shrink; the rest follow the rest of the :class:`Policy`. The defaults
+    names them; :meth:`of` builds them from a model and its optimizer. Only float tensors
+    (:data:`SHRINKABLE`: float32, bfloat16, float16) of at least ``min_bytes`` shrink; the rest
+    follow the rest of the :class:`Policy`. The defaults
     (Fisher ranking, 5 % of the values, 4-bit codes, zero fill) are the best measured on
     benchmarks/full_state.py; ``criterion="excp"`` with ``alpha``/``cap`` is ExCP's own rule.
     """

@@ -12,14 +12,15 @@ from helpers import assert_older_reader_refuses
 import ckptstore
 from ckptstore import Policy
 from ckptstore.errors import CorruptionError
-from ckptstore.manifest import RESIDUAL_VERSION
+from ckptstore.manifest import HALF_RESIDUAL_VERSION, RESIDUAL_VERSION
 from ckptstore.policy import Shrink
 from ckptstore.policy.shrink import fisher_threshold, residual_mask, shrink_moments
 
 
-def _model(seed=0):
+def _model(seed=0, width=128):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    return torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.ReLU(),
+                               torch.nn.Linear(width, 10))
 
 
 def _train(model, opt, steps, seed):
@@ -256,3 +257,75 @@ def test_residual_arrays_refused_by_older_readers_and_checked(tmp_path):
     with pytest.raises(CorruptionError):
         ckptstore.open(tmp_path / "s").checkout(info.id)
     assert not ckptstore.open(tmp_path / "s").verify().ok
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_training_state_shrinks(tmp_path, dtype):
+    """bfloat16 and float16 weights and moments shrink as float32 ones do: the residual is taken
+    in float32 and stored in the weight's dtype; what the writer keeps as the next reference is
+    bit for bit what checkout rebuilds; a reader of format 6 refuses the chain (it would add
+    the bits as integers)."""
+    model = _model(6, width=1024).to(dtype)  # 44 k parameters: the arrays' metadata is small
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-4)  # moments in the same dtype
+    store = ckptstore.open(tmp_path / "s")
+    store.commit({"model": model}, policy=_policy(model, opt))
+    infos = []
+    for i in range(3):
+        _train_as(model, opt, 5, i, dtype)
+        infos.append(store.commit({"model": model, "optim": opt},
+                                  policy=_policy(model, opt, keep=0.3)))
+    m = store.manifest(infos[-1].id)
+    assert _kinds(store, infos[-1])["model.0.weight"] == ("residual", 3)
+    assert m.format_version == HALF_RESIDUAL_VERSION
+    assert_older_reader_refuses(m, HALF_RESIDUAL_VERSION - 1)
+    got = store.checkout(infos[-1].id)
+    shadows = store._committer.chains._shadows
+    for name in ("0.weight", "2.weight", "2.bias"):
+        t = got["model"][name]
+        assert t.dtype == dtype
+        np.testing.assert_array_equal(shadows[("main", f"model.{name}")].values,
+                                      t.view(torch.int16).numpy().view(shadows[(
+                                          "main", f"model.{name}")].values.dtype))
+    live = model.state_dict()
+    base = store.checkout(store.log()[-1].id)["model"]
+    for name in ("0.weight", "2.weight"):
+        lag = (got["model"][name].float() - live[name].float()).norm()
+        moved = (base[name].float() - live[name].float()).norm()
+        assert 0 < lag < 0.6 * moved
+    moments = got["optim"]["state"][0]
+    assert moments["exp_avg"].dtype == dtype and 0 < (moments["exp_avg"] != 0).float().mean() < 1
+    logical = sum(t.numel() * t.element_size() for t in live.values()) * 3
+    assert infos[-1].stored_bytes < logical / 4
+    # resumable: the optimizer takes the shrunk moments back
+    opt2 = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-4)
+    model.load_state_dict(got["model"])
+    opt2.load_state_dict(got["optim"])
+    _train_as(model, opt2, 1, 9, dtype)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert store.verify().ok
+
+
+def _train_as(model, opt, steps, seed, dtype):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(256, 32, generator=g).to(dtype)
+    y = torch.randint(0, 10, (256,), generator=g)
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x).float(), y).backward()
+        opt.step()
+
+
+def test_residuals_of_half_floats_add_in_float32():
+    from ckptstore.floatbits import add_residual, float_values, from_values
+
+    rng = np.random.default_rng(0)
+    for dtype in ("bfloat16", "float16"):
+        base = from_values(rng.standard_normal(1000).astype(np.float32), dtype)
+        r = from_values(rng.standard_normal(1000).astype(np.float32) * 1e-2, dtype)
+        want = from_values(float_values(base, dtype) + float_values(r, dtype), dtype)
+        out = base.copy()
+        assert add_residual(out, r, dtype, out=out) is out
+        np.testing.assert_array_equal(out, want)
+        assert not np.array_equal(out.view(np.uint16), (base.view(np.uint16) + r.view(np.uint16)))
+    f = rng.standard_normal(10).astype(np.float32)
+    np.testing.assert_array_equal(add_residual(f, f, "float32"), f + f)
