@@ -26,6 +26,7 @@ MAP_MIN = 1 << 20
 unmapping cost more than the copy)."""
 _MAP_FLAGS = (mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # every page at once
               if hasattr(mmap, "MAP_SHARED") else None)  # None: no POSIX mmap (Windows)
+_NOWAIT = getattr(os, "RWF_NOWAIT", None)  # None (not Linux): no probe, large chunks mapped
 
 
 def cpu_share() -> int:
@@ -96,14 +97,17 @@ class LocalStorage(Storage):
             return f.read()
 
     def read_chunk(self, key: str) -> Buffer:
-        """A chunk of at least :data:`MAP_MIN` bytes mapped read-only, not copied: the page
-        cache is read in place (a decode then passes over it once less). Chunk files are never
-        rewritten in place (:meth:`put_chunk` unlinks first), so a mapping sees one version.
-        With :attr:`map_reads` off, every chunk is read (see its caveat)."""
+        """A chunk of at least :data:`MAP_MIN` bytes in the page cache mapped read-only, not
+        copied: the page cache is read in place (a decode then passes over it once less). One
+        not in the cache is read (a read's large requests fetch it from disk ~20 % faster than
+        a mapping's faults). Chunk files are never rewritten in place (:meth:`put_chunk`
+        unlinks first), so a mapping sees one version. With :attr:`map_reads` off, every chunk
+        is read (see its caveat)."""
         fd = os.open(self.path(key), os.O_RDONLY)
         try:
             size = os.fstat(fd).st_size
-            if self.map_reads and size >= MAP_MIN and _MAP_FLAGS is not None:
+            if self.map_reads and size >= MAP_MIN and _MAP_FLAGS is not None and _cached(
+                    fd, size - 1):
                 try:
                     return memoryview(mmap.mmap(fd, size, flags=_MAP_FLAGS, prot=mmap.PROT_READ))
                 except OSError:  # a file system that does not map: read it
@@ -232,6 +236,19 @@ def _write_temp(path: str, data: bytes, fsync: bool) -> str:
         os.unlink(tmp)
         raise
     return tmp
+
+
+def _cached(fd: int, offset: int) -> bool:
+    """Whether the byte at ``offset`` of an open file is in the page cache (a one-byte read
+    that may not wait for the disk; True where the kernel cannot tell)."""
+    if _NOWAIT is None:
+        return True
+    try:
+        return os.preadv(fd, [bytearray(1)], offset, _NOWAIT) == 1
+    except BlockingIOError:  # not cached
+        return False
+    except OSError:  # no RWF_NOWAIT for this file system or kernel
+        return True
 
 
 def _create_anew(path: str) -> int:

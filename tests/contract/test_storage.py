@@ -293,3 +293,27 @@ def test_local_read_chunk_falls_back_to_a_read(tmp_path, monkeypatch):
     monkeypatch.setattr(local_mod.mmap, "mmap", refuse)
     got = storage.read_chunk("c/0")
     assert isinstance(got, bytes) and got == data
+
+
+def test_local_chunks_not_in_the_page_cache_are_read(tmp_path, monkeypatch):
+    """A chunk whose last byte is not cached is read, not mapped (a read fetches it from disk
+    in larger requests); where the kernel cannot tell, large chunks are mapped."""
+    storage = open_storage(tmp_path / "s")
+    data = os.urandom(local_mod.MAP_MIN + 9)
+    storage.put_chunk("c/0", data)
+    with open(storage.path("c/0"), "rb") as f:  # just written: cached
+        assert local_mod._cached(f.fileno(), len(data) - 1)
+
+    def not_cached(fd, buffers, offset, flags=0):
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(local_mod.os, "preadv", not_cached)
+    got = storage.read_chunk("c/0")
+    assert isinstance(got, bytes) and got == data
+
+    def no_nowait(fd, buffers, offset, flags=0):
+        raise OSError(95, "Operation not supported")
+
+    monkeypatch.setattr(local_mod.os, "preadv", no_nowait)
+    got = storage.read_chunk("c/0")
+    assert bytes(got) == data and (isinstance(got, memoryview) or local_mod._MAP_FLAGS is None)
