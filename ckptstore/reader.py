@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .arrays import host_to_tensor, read_array, read_chunk, start_read_array, torch_dtype
+from .storage import Buffer
 from .chains.replay import apply_residuals, apply_rows, apply_xors, chain_codes, \
     replay_code_deltas
 from .chains.walk import StoredArray, Walk, blob_array, entry_array, entry_dtype, \
@@ -135,7 +136,7 @@ class Reader:
         """A chain part (changed rows, their values)."""
         return self._read_stored(blob_array(b))
 
-    def _read(self, where: str) -> bytes:
+    def _read(self, where: str) -> Buffer:
         return read_chunk(self.repo.storage, where)
 
     def _from_packed(self, e: TensorEntry) -> np.ndarray:

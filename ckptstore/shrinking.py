@@ -42,17 +42,18 @@ def _values(snap: Snapshot, p: ArrayItem | None) -> np.ndarray | None:
 
 def _pair(snap: Snapshot, pw: ArrayItem | None, pm: ArrayItem | None, pv: ArrayItem | None
           ) -> tuple:
-    """``(pw, pm, pv, first moment, second moment, residual)`` of one weight and its moments,
-    as float values (float32 for 16-bit floats); the weight's snapshot becomes its residual, in
-    the weight's dtype (the residual is None where there is no second moment to rank it)."""
-    first, second = _values(snap, pm), _values(snap, pv)
+    """``(pw, pm, pv, second moment, residual)`` of one weight and its moments, as float values
+    (float32 for 16-bit floats; the first moment is taken pair by pair later, to bound the
+    temporaries); the weight's snapshot becomes its residual, in the weight's dtype (the
+    residual is None where there is no second moment to rank it)."""
+    second = _values(snap, pv)
     residual = None
     if isinstance(pw, ResidualItem):
         residual = _values(snap, pw) - float_values(pw.start.reference, pw.dtype)
         snap.arrays[pw.index] = from_values(residual, pw.dtype)
         if second is None or second.shape != residual.shape:
             residual = None  # no second moment (before the first step): kept whole
-    return pw, pm, pv, first, second, residual
+    return pw, pm, pv, second, residual
 
 
 def _blocks(plan: CommitPlan, policy_path: Callable[[str], str] | None
@@ -88,7 +89,8 @@ def shrink_snapshot(plan: CommitPlan, snap: Snapshot, shrink: Shrink,
             found.append(_pair(snap, bw.get(suffix), bm.get(suffix), bv.get(suffix)))
     if shrink.criterion == "fisher":
         cut = fisher_threshold([(r, v) for *_, v, r in found if r is not None], shrink.keep)
-    for pw, pm, pv, first, second, residual in found:
+    for i, (pw, pm, pv, second, residual) in enumerate(found):
+        found[i] = None  # its float temporaries go with this pair
         keep = None
         if residual is not None:
             keep = (second * np.square(residual) > cut if shrink.criterion == "fisher" else
@@ -97,7 +99,8 @@ def shrink_snapshot(plan: CommitPlan, snap: Snapshot, shrink: Shrink,
             snap.arrays[pw.index] = from_values(residual, pw.dtype)  # itself for float32
             stats.weights += keep.size
             stats.weights_kept += int(np.count_nonzero(keep))
-        if _shrinks(pm) and _shrinks(pv) and first.shape == second.shape:
+        first = _values(snap, pm) if _shrinks(pm) and _shrinks(pv) else None
+        if first is not None and first.shape == second.shape:
             first, second = shrink_moments(first, second, keep if keep is not None and
                                            keep.shape == first.shape else None,
                                            shrink.beta, shrink.fill)

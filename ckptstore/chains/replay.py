@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..arrays import ChunkGrid
+from ..storage import Buffer
 from ..chunkcodec import QuantizedLossy, codec_from_config
 from ..errors import CorruptedChunkError, ManifestError
 from ..floatbits import add_residual
@@ -115,7 +116,7 @@ def apply_rows(out: np.ndarray, increments: list[TensorEntry],
     return out
 
 
-def chain_codes(chain: list[TensorEntry], read: Callable[[str], bytes]
+def chain_codes(chain: list[TensorEntry], read: Callable[[str], Buffer]
                 ) -> tuple[QuantizedLossy, ChunkGrid, ChunkCodesOf]:
     """``(codec, grid, codes_of)`` of a quantized full baseline and its code deltas:
     ``codes_of(chunk key) -> (codes, params, where)`` rebuilds one chunk's codes of the last
@@ -141,7 +142,7 @@ def chain_codes(chain: list[TensorEntry], read: Callable[[str], bytes]
     return codec, grid, codes_of
 
 
-def replay_code_deltas(chain: list[TensorEntry], dtype: np.dtype, read: Callable[[str], bytes],
+def replay_code_deltas(chain: list[TensorEntry], dtype: np.dtype, read: Callable[[str], Buffer],
                        executor: Executor) -> np.ndarray:
     """Rebuild a tensor from a quantized full baseline and its code deltas, chunk by chunk in
     parallel: codes of each version from the previous one's, then one dequantization."""

@@ -11,6 +11,7 @@ import google_crc32c
 import numpy as np
 
 from ..errors import CorruptedChunkError
+from ..storage.base import Buffer
 
 __all__ = ["ChunkCodec", "Encoded", "add_crc", "check_crc", "encoded_size"]
 
@@ -28,7 +29,7 @@ except ImportError:  # pragma: no cover - google_crc32c wants bytes: one copy pe
         return google_crc32c.value(bytes(data))
 
 
-def add_crc(data: bytes | memoryview) -> Encoded:
+def add_crc(data: Buffer) -> Encoded:
     """``(data, crc)``: the stored chunk is their concatenation (zarr's crc32c codec layout).
 
     Kept as two parts so local writes need no copy to join them (``os.writev``); ``data`` may
@@ -42,7 +43,7 @@ def encoded_size(parts: Encoded | bytes) -> int:
     return len(parts) if isinstance(parts, (bytes, bytearray)) else sum(len(p) for p in parts)
 
 
-def check_crc(data: bytes, where: str) -> memoryview:
+def check_crc(data: Buffer, where: str) -> memoryview:
     """Check and strip the crc32c suffix; raise :class:`CorruptedChunkError` naming ``where``."""
     if len(data) < 4:
         raise CorruptedChunkError(f"chunk {where} is truncated ({len(data)} bytes)", where)
@@ -86,10 +87,10 @@ class ChunkCodec(ABC):
         """Stored bytes of one chunk, crc32c included."""
 
     @abstractmethod
-    def decode(self, data: bytes, out: np.ndarray, where: str) -> None:
+    def decode(self, data: Buffer, out: np.ndarray, where: str) -> None:
         """Fill ``out`` from stored bytes; :class:`CorruptedChunkError` naming ``where``."""
 
-    def decoded(self, data: bytes, shape: tuple[int, ...], dtype: np.dtype,
+    def decoded(self, data: Buffer, shape: tuple[int, ...], dtype: np.dtype,
                 where: str) -> np.ndarray:
         """The chunk as an array: a read-only view of ``data`` where the codec stores the bits
         as they are (no copy), else a new array :meth:`decode` fills."""
@@ -97,7 +98,7 @@ class ChunkCodec(ABC):
         self.decode(data, out, where)
         return out
 
-    def decode_region(self, data: bytes, shape: tuple[int, ...], dtype: np.dtype, where: str,
+    def decode_region(self, data: Buffer, shape: tuple[int, ...], dtype: np.dtype, where: str,
                       rows: tuple[int, int], cols: tuple[int, int], out: np.ndarray) -> None:
         """Fill ``out`` with the block ``[rows[0]:rows[1], cols[0]:cols[1]]`` (whole in later
         dimensions) of the chunk of ``shape``; 1-d chunks take ``cols=(0, 1)``. Codecs that can

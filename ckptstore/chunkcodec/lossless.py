@@ -10,7 +10,7 @@ import numpy as np
 from numcodecs import Blosc
 
 from ..errors import CorruptedChunkError
-from .base import ChunkCodec, Encoded, add_crc, check_crc
+from .base import Buffer, ChunkCodec, Encoded, add_crc, check_crc
 from .registry import register_chunk_codec
 
 __all__ = ["LOSSLESS_IDS", "BloscLossless", "PlanesLossless", "RawLossless", "lossless_codec"]
@@ -43,7 +43,7 @@ class BloscLossless(ChunkCodec):
     def encode(self, chunk: np.ndarray) -> Encoded:
         return add_crc(self._blosc.encode(chunk))
 
-    def decode(self, data: bytes, out: np.ndarray, where: str) -> None:
+    def decode(self, data: Buffer, out: np.ndarray, where: str) -> None:
         body = check_crc(data, where)
         # blosc header: u8 version, u8 lz version, u8 flags, u8 typesize, u32 nbytes,
         # u32 blocksize, u32 cbytes (little-endian)
@@ -72,11 +72,11 @@ class RawLossless(ChunkCodec):
     def encode(self, chunk: np.ndarray) -> Encoded:
         return add_crc(memoryview(np.ascontiguousarray(chunk)).cast("B"))
 
-    def decode(self, data: bytes, out: np.ndarray, where: str) -> None:
+    def decode(self, data: Buffer, out: np.ndarray, where: str) -> None:
         out.reshape(-1).view(np.uint8)[...] = self.decoded(data, (out.nbytes,), np.dtype(
             np.uint8), where)
 
-    def decoded(self, data: bytes, shape: tuple[int, ...], dtype: np.dtype,
+    def decoded(self, data: Buffer, shape: tuple[int, ...], dtype: np.dtype,
                 where: str) -> np.ndarray:
         body = check_crc(data, where)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -115,7 +115,7 @@ class PlanesLossless(ChunkCodec):
             np.ascontiguousarray(chunk).reshape(-1).view(np.uint8),
             self._itemsize(chunk.dtype.itemsize), True, self.block)))
 
-    def decode(self, data: bytes, out: np.ndarray, where: str) -> None:
+    def decode(self, data: Buffer, out: np.ndarray, where: str) -> None:
         from ckptcodecs import CodecError
         from ckptcodecs.planes import planes_decode
 
@@ -125,7 +125,7 @@ class PlanesLossless(ChunkCodec):
         except CodecError as e:
             raise CorruptedChunkError(f"chunk {where} does not decode: {e}", where) from e
 
-    def decode_region(self, data: bytes, shape: tuple[int, ...], dtype: np.dtype, where: str,
+    def decode_region(self, data: Buffer, shape: tuple[int, ...], dtype: np.dtype, where: str,
                       rows: tuple[int, int], cols: tuple[int, int], out: np.ndarray) -> None:
         """The planes are decoded; only the block's items are put together, straight into
         ``out`` (a column slice costs no copy of the whole chunk)."""

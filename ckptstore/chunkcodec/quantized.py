@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import CorruptedChunkError, ManifestError
-from .base import ChunkCodec, Encoded, add_crc, check_crc
+from .base import Buffer, ChunkCodec, Encoded, add_crc, check_crc
 from .registry import register_chunk_codec
 
 if TYPE_CHECKING:
@@ -99,20 +99,20 @@ class QuantizedLossy(ChunkCodec):
     def encode(self, chunk: np.ndarray) -> Encoded:
         return self.encode_codes(chunk)[0]
 
-    def decode_codes(self, data: bytes, where: str) -> tuple[np.ndarray, QuantParams]:
+    def decode_codes(self, data: Buffer, where: str) -> tuple[np.ndarray, QuantParams]:
         """``(codes, params)`` of a stored chunk."""
         from ckptcodecs import decode_chunk
 
         return self._parse(data, where, decode_chunk)
 
-    def decode_packed(self, data: bytes, where: str) -> tuple[np.ndarray, QuantParams]:
+    def decode_packed(self, data: Buffer, where: str) -> tuple[np.ndarray, QuantParams]:
         """``(packed codes, params)`` of a stored chunk, the codes left packed and unchecked
         (see :func:`ckptcodecs.decode_chunk_packed`): for a device that unpacks them."""
         from ckptcodecs import decode_chunk_packed
 
         return self._parse(data, where, decode_chunk_packed)
 
-    def _parse(self, data: bytes, where: str,
+    def _parse(self, data: Buffer, where: str,
                parse: Callable[[np.ndarray], tuple[np.ndarray, QuantParams]]
                ) -> tuple[np.ndarray, QuantParams]:
         from ckptcodecs import rle_huffman_decode
@@ -124,7 +124,7 @@ class QuantizedLossy(ChunkCodec):
         except ValueError as e:  # ckptcodecs.CodecError
             raise CorruptedChunkError(f"chunk {where} does not decode: {e}", where) from e
 
-    def decode(self, data: bytes, out: np.ndarray, where: str) -> None:
+    def decode(self, data: Buffer, out: np.ndarray, where: str) -> None:
         from ckptcodecs import dequantize
 
         codes, params = self.decode_codes(data, where)
@@ -151,7 +151,7 @@ class QuantizedLossy(ChunkCodec):
 
         return add_crc(qdelta_encode(codes, params, base_codes, base_params))
 
-    def decode_delta(self, data: bytes, base_codes: np.ndarray, base_params: QuantParams,
+    def decode_delta(self, data: Buffer, base_codes: np.ndarray, base_params: QuantParams,
                      where: str) -> tuple[np.ndarray, QuantParams]:
         """``(codes, params)`` of a chunk stored by :meth:`encode_delta`."""
         from ckptcodecs import qdelta_decode
@@ -179,6 +179,6 @@ class CodeDelta(ChunkCodec):
         raise TypeError("code deltas need the base version's codes: use "
                         "QuantizedLossy.encode_delta")
 
-    def decode(self, data: bytes, out: np.ndarray, where: str) -> None:
+    def decode(self, data: Buffer, out: np.ndarray, where: str) -> None:
         raise ManifestError(f"chunk {where} is a code delta: it decodes only against its base "
                             "version's codes, not as an array of its own")

@@ -110,8 +110,8 @@ class LocalStorage(Storage):
                     fd, size - 1):
                 try:
                     return memoryview(mmap.mmap(fd, size, flags=_MAP_FLAGS, prot=mmap.PROT_READ))
-                except OSError:  # a file system that does not map: read it
-                    pass
+                except (OSError, ValueError):  # a file system that does not map, or the
+                    pass  # file shrank since fstat: read it (a short chunk fails its crc)
             return _read_all(fd, size)
         finally:
             os.close(fd)
