@@ -14,8 +14,9 @@ What is measured
 * Commit: ``dcp.save(state, storage_writer=...)`` on every rank, timed on rank 0 from a barrier
   before to a barrier after. DCP's writer is ``FileSystemWriter(path, sync_files=False)``
   (ckptstore's local store does not fsync either unless ``durable=True``); ckptstore's is
-  ``ckptstore.dcp.StorageWriter(store)`` with the default lossless encoding (blosc lz4 +
-  bit-shuffle + crc32c per chunk), each save a new commit on ``main``.
+  ``ckptstore.dcp.StorageWriter(store)`` with the default lossless encoding (``entropy``:
+  byte planes, each Huffman, zstd or raw, + crc32c per chunk), each save a new commit on
+  ``main``.
 * Resharded load: the same ranks load into tables sharded by columns (``Shard(1)``) instead of
   rows, so every rank reads a slice of every stored shard. Timed the same way.
 * Same-placement load: the same ranks load into tables sharded by rows as they were saved (a
