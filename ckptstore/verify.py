@@ -191,7 +191,8 @@ def verify(repo: Repository, ref: str | None = None, progress: bool = False) -> 
         where, a, codec, digest = job
         data = b""
         try:
-            data = repo.storage.read(where)
+            data = repo.storage.read(where)  # not read_chunk: a disk error under a mapped
+            # page would end the process (SIGBUS), and verify's job is to report it
             if codec is None:
                 check_crc(data, where)
             else:
