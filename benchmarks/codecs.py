@@ -40,17 +40,15 @@ from ckptcodecs._qformat import HEADER_SIZE, HEADER_SIZE_V2
 from ckptcodecs.kmeans import fit_codebooks
 from numcodecs import Zstd
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import best_time as common_best_time  # noqa: E402
+
 ZSTD = Zstd(level=3)
 
 
 def best_time(fn, repeat: int = 3) -> float:
-    fn()  # warm-up / compile
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.process_time()
-        fn()
-        best = min(best, time.process_time() - t0)
-    return best
+    """CPU seconds of the fastest call (see :func:`common.best_time`)."""
+    return common_best_time(fn, repeat, clock=time.process_time)
 
 
 def mbps(nbytes: int, seconds: float) -> str:

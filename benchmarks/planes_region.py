@@ -19,23 +19,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import command_line, machine_description, markdown_table  # noqa: E402
+from common import best_time, command_line, machine_description, markdown_table  # noqa: E402
 
 from ckptcodecs import planes_decode, planes_decode_region, planes_encode  # noqa: E402
-
-
-def _best(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
 
         region()
         assert np.array_equal(target.view(np.uint8), x[:, :half].copy().view(np.uint8))
-        t_whole = _best(lambda: planes_decode(enc, whole), args.repeat)
-        t_old, t_region = _best(old_way, args.repeat), _best(region, args.repeat)
+        t_whole = best_time(lambda: planes_decode(enc, whole), args.repeat)
+        t_old, t_region = best_time(old_way, args.repeat), best_time(region, args.repeat)
         rows.append([np.dtype(dtype).name, f"{x.nbytes / 1e6:.1f}", f"{1e3 * t_whole:.2f}",
                      f"{1e3 * t_old:.2f}", f"{1e3 * t_region:.2f}", f"{t_old / t_region:.2f}×"])
     print(markdown_table(["dtype", "chunk MB", "whole decode ms", "half: decode + copy ms",
