@@ -94,6 +94,41 @@ def test_sharded_shrink_stores_residual_blocks_that_rebuild_without_drift(tmp_pa
     assert sharded.verify().ok
 
 
+def test_sharded_bf16_shrink_rebuilds_what_the_writer_keeps(tmp_path):
+    """bfloat16 weights and moments in a sharded commit: each block's residual is taken in
+    float32 and rounded back, and the next reference of a block is bit for bit what checkout
+    rebuilds of it (format version 7)."""
+    from ckptstore.manifest import HALF_RESIDUAL_VERSION
+
+    model, _ = _model()
+    model = model.to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-4)
+    policy = Policy(shrink=Shrink.of(model, opt, keep=0.3), max_chain=16)
+    store = ckptstore.open(tmp_path / "s")
+    commit_shards(store, _shards(_state(model, opt)), policy=policy)
+    for step in range(2):
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(256, 64, generator=g).bfloat16()
+        y = torch.randint(0, 10, (256,), generator=g)
+        for _ in range(5):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x).float(), y).backward()
+            opt.step()
+        last = commit_shards(store, _shards(_state(model, opt)), policy=policy)
+    kinds = {e.path: (str(e.kind), e.chain) for e in last.shards}
+    assert kinds["model.0.weight@128,0"] == ("residual", 2)
+    assert store.manifest(last.id).format_version == HALF_RESIDUAL_VERSION
+    got = store.checkout(last.id)
+    assert got["model.0.weight"].dtype == torch.bfloat16
+    shadows = store._committer.chains._shadows
+    for block, rows in (("@0,0", slice(0, 128)), ("@128,0", slice(128, 256))):
+        np.testing.assert_array_equal(shadows[("main", f"model.0.weight{block}")].values,
+                                      got["model.0.weight"][rows].view(torch.uint16).numpy())
+    m = got["optim.state.0.exp_avg"]
+    assert m.dtype == torch.bfloat16 and 0.3 < float((m == 0).float().mean()) < 1.0
+    assert store.verify().ok
+
+
 def test_sharded_sensitivity_ranks_each_block_by_its_own_scores(tmp_path):
     """``Policy(sensitivity=GradientEMA(model))`` in a sharded commit: each rank's block of a
     weight prunes the smallest ``w**2 * E[g**2]`` of that block (the average sliced at the
