@@ -44,14 +44,15 @@ def _pair(snap: Snapshot, pw: ArrayItem | None, pm: ArrayItem | None, pv: ArrayI
           ) -> tuple:
     """``(pw, pm, pv, second moment, residual)`` of one weight and its moments, as float values
     (float32 for 16-bit floats; the first moment is taken pair by pair later, to bound the
-    temporaries); the weight's snapshot becomes its residual, in the weight's dtype (the
-    residual is None where there is no second moment to rank it)."""
+    temporaries). Where there is no second moment to rank it, the weight's snapshot becomes its
+    whole residual, in the weight's dtype, and the residual returned is None (the caller stores
+    the pruned one otherwise)."""
     second = _values(snap, pv)
     residual = None
     if isinstance(pw, ResidualItem):
         residual = _values(snap, pw) - float_values(pw.start.reference, pw.dtype)
-        snap.arrays[pw.index] = from_values(residual, pw.dtype)
         if second is None or second.shape != residual.shape:
+            snap.arrays[pw.index] = from_values(residual, pw.dtype)
             residual = None  # no second moment (before the first step): kept whole
     return pw, pm, pv, second, residual
 

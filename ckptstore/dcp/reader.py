@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 
 from ..arrays import host_to_tensor, start_read_region, torch_dtype, writable_host_view
-from ..chains.walk import StoredArray, entry_array
+from ..chains.walk import entry_array
 from ..chunkcodec import codec_from_config
 from ..errors import DistributedError, ManifestError
 from ..manifest import Layout, Manifest, TensorEntry
@@ -104,15 +104,13 @@ class StorageReader(dcp_storage.StorageReader):
         whole: dict[int, torch.Tensor] = {}
         futures: list[Any] = []
         direct: list[tuple[Any, torch.Tensor]] = []
-        reader.check_stored(_arrays_read(m, plan, self._storage))  # all listings at once
-        for req in plan.items:
-            if req.type == LoadItemType.BYTE_IO:
+        items = _resolved(m, plan, self._storage)
+        reader.check_stored(entry_array(src) for _, _, src in items  # all listings at once
+                            if src is not None and src.layout == Layout.ARRAY and src.shape)
+        for req, loc, src in items:
+            if src is None:
                 planner.load_bytes(req, _safe_bytes(self._values, req.storage_index.fqn))
                 continue
-            loc = self._storage.get(req.storage_index)
-            if not isinstance(loc, _Located):
-                raise ManifestError(f"commit {m.id} has no chunk {req.storage_index}")
-            src = _source(m, m.tensors[loc.tensor], loc)
             target = planner.resolve_tensor(req).detach()
             if tuple(target.shape) != tuple(req.lengths):
                 raise DistributedError(f"{req.storage_index.fqn!r}: a block of shape "
@@ -159,15 +157,18 @@ def _source(m: Manifest, e: TensorEntry, loc: _Located) -> TensorEntry:
     return m.shards[e.pieces[loc.piece].entry]
 
 
-def _arrays_read(m: Manifest, plan: LoadPlan, located: dict) -> list[StoredArray]:
-    """The stored arrays of the plan's blocks of ``array`` entries (checked before any read)."""
-    out = []
+def _resolved(m: Manifest, plan: LoadPlan, located: dict) -> list[tuple[Any, Any, Any]]:
+    """``(request, location, entry holding its block)`` of every request of the plan;
+    ``(request, None, None)`` for plain values."""
+    out: list[tuple[Any, Any, Any]] = []
     for req in plan.items:
-        loc = located.get(req.storage_index) if req.type != LoadItemType.BYTE_IO else None
-        if isinstance(loc, _Located):
-            src = _source(m, m.tensors[loc.tensor], loc)
-            if src.layout == Layout.ARRAY and src.shape:
-                out.append(entry_array(src))
+        if req.type == LoadItemType.BYTE_IO:
+            out.append((req, None, None))
+            continue
+        loc = located.get(req.storage_index)
+        if not isinstance(loc, _Located):
+            raise ManifestError(f"commit {m.id} has no chunk {req.storage_index}")
+        out.append((req, loc, _source(m, m.tensors[loc.tensor], loc)))
     return out
 
 

@@ -9,6 +9,7 @@ are remembered, so a commit of thousands of chunks calls ``makedirs`` once per f
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
 import shutil
@@ -112,7 +113,8 @@ class LocalStorage(Storage):
                     return memoryview(mmap.mmap(fd, size, flags=_MAP_FLAGS, prot=mmap.PROT_READ))
                 except (OSError, ValueError):  # a file system that does not map, or the
                     pass  # file shrank since fstat: read it (a short chunk fails its crc)
-            return _read_all(fd, size)
+            with io.FileIO(fd, closefd=False) as f:
+                return f.readall()
         finally:
             os.close(fd)
 
@@ -265,12 +267,3 @@ def _create_anew(path: str) -> int:
                 pass
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
 
-
-def _read_all(fd: int, size: int) -> bytes:
-    """The ``size`` bytes of an open file, then whatever it grew by."""
-    parts = [os.read(fd, size)] if size else []
-    while True:
-        more = os.read(fd, 1 << 20)
-        if not more:
-            return b"".join(parts) if len(parts) != 1 else parts[0]
-        parts.append(more)

@@ -25,12 +25,13 @@ def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
-def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, seed: int) -> None:
+def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, seed: int, steps: int = 10,
+           dtype: torch.dtype = torch.float32) -> None:
     g = torch.Generator().manual_seed(seed)
-    x, y = torch.randn(256, 64, generator=g), torch.randint(0, 10, (256,), generator=g)
-    for _ in range(10):
+    x, y = torch.randn(256, 64, generator=g).to(dtype), torch.randint(0, 10, (256,), generator=g)
+    for _ in range(steps):
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        torch.nn.functional.cross_entropy(model(x).float(), y).backward()
         opt.step()
 
 
@@ -107,13 +108,7 @@ def test_sharded_bf16_shrink_rebuilds_what_the_writer_keeps(tmp_path):
     store = ckptstore.open(tmp_path / "s")
     commit_shards(store, _shards(_state(model, opt)), policy=policy)
     for step in range(2):
-        g = torch.Generator().manual_seed(step)
-        x = torch.randn(256, 64, generator=g).bfloat16()
-        y = torch.randint(0, 10, (256,), generator=g)
-        for _ in range(5):
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x).float(), y).backward()
-            opt.step()
+        _train(model, opt, step, steps=5, dtype=torch.bfloat16)
         last = commit_shards(store, _shards(_state(model, opt)), policy=policy)
     kinds = {e.path: (str(e.kind), e.chain) for e in last.shards}
     assert kinds["model.0.weight@128,0"] == ("residual", 2)

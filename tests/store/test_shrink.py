@@ -23,13 +23,13 @@ def _model(seed=0, width=128):
                                torch.nn.Linear(width, 10))
 
 
-def _train(model, opt, steps, seed):
+def _train(model, opt, steps, seed, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(256, 32, generator=g)
+    x = torch.randn(256, 32, generator=g).to(dtype)
     y = torch.randint(0, 10, (256,), generator=g)
     for _ in range(steps):
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        torch.nn.functional.cross_entropy(model(x).float(), y).backward()
         opt.step()
 
 
@@ -271,7 +271,7 @@ def test_half_precision_training_state_shrinks(tmp_path, dtype):
     store.commit({"model": model}, policy=_policy(model, opt))
     infos = []
     for i in range(3):
-        _train_as(model, opt, 5, i, dtype)
+        _train(model, opt, 5, i, dtype)
         infos.append(store.commit({"model": model, "optim": opt},
                                   policy=_policy(model, opt, keep=0.3)))
     m = store.manifest(infos[-1].id)
@@ -300,19 +300,10 @@ def test_half_precision_training_state_shrinks(tmp_path, dtype):
     opt2 = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-4)
     model.load_state_dict(got["model"])
     opt2.load_state_dict(got["optim"])
-    _train_as(model, opt2, 1, 9, dtype)
+    _train(model, opt2, 1, 9, dtype)
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert store.verify().ok
 
-
-def _train_as(model, opt, steps, seed, dtype):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(256, 32, generator=g).to(dtype)
-    y = torch.randint(0, 10, (256,), generator=g)
-    for _ in range(steps):
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x).float(), y).backward()
-        opt.step()
 
 
 def test_residuals_of_half_floats_add_in_float32():
