@@ -113,10 +113,14 @@ def _store_codec(name: str):
 def _zipnn_codec():
     import zipnn
 
-    def make(c):
-        dtype = {np.dtype("float32"): "float32", np.dtype("uint16"): "bfloat16",
-                 np.dtype("float16"): "float16"}[c.dtype]
-        return zipnn.ZipNN(input_format="byte", bytearray_dtype=dtype, threads=1)
+    made: dict[np.dtype, object] = {}
+
+    def make(c):  # one ZipNN per dtype, as a user keeps one (each costs ~6 us to make)
+        if c.dtype not in made:
+            dtype = {np.dtype("float32"): "float32", np.dtype("uint16"): "bfloat16",
+                     np.dtype("float16"): "float16"}[c.dtype]
+            made[c.dtype] = zipnn.ZipNN(input_format="byte", bytearray_dtype=dtype, threads=1)
+        return made[c.dtype]
 
     def enc(chunks):
         return [make(c).compress(c.tobytes()) for c in chunks]
