@@ -2,6 +2,12 @@
 :mod:`ckptstore.dtypes` names (bfloat16 as uint16), so sums on 16-bit floats go through float32
 and round back to nearest (ties to even), the same way on the write side and the read side.
 
+Residual links never turn finite weights into infinities: a residual of two finite values is
+clamped to half the dtype's largest finite value (a quantizer's range of them stays finite), and
+a sum of two finite values that would overflow saturates at the largest finite value. The
+weight is then off by what was cut, and the next residual, taken against what checkout
+rebuilds, carries it. Infinities and NaNs of the weights themselves pass through.
+
 >>> import numpy as np
 >>> b = from_values(np.array([1.0, 2.5], np.float32), "bfloat16")
 >>> b.dtype, float_values(add_residual(b, b, "bfloat16"), "bfloat16").tolist()
@@ -12,7 +18,12 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["add_residual", "float_values", "from_values"]
+__all__ = ["add_residual", "float_values", "from_values", "residual_values"]
+
+#: the largest finite value of each dtype a residual link may have
+_TOP = {"bfloat16": 3.3895313892515355e38, "float16": 65504.0,
+        "float32": float(np.finfo(np.float32).max),
+        "float64": float(np.finfo(np.float64).max)}
 
 
 def float_values(bits: np.ndarray, dtype: str) -> np.ndarray:
@@ -37,15 +48,50 @@ def from_values(values: np.ndarray, dtype: str) -> np.ndarray:
     return values
 
 
+def _largest(x: np.ndarray) -> float:
+    """The largest magnitude in ``x`` (NaN if it holds one; 0 if empty): two reductions, no
+    temporary."""
+    return max(float(x.max()), -float(x.min())) if x.size else 0.0
+
+
+def residual_values(values: np.ndarray, reference: np.ndarray, dtype: str) -> np.ndarray:
+    """``values - reference`` (float values, see :func:`float_values`) as a residual link of
+    dtype ``dtype`` stores it: where both are finite, clamped to half the dtype's largest
+    finite value."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        residual = np.subtract(values, reference)
+    half = _TOP[dtype] / 2
+    if not _largest(residual) <= half:  # rare: look element by element
+        with np.errstate(invalid="ignore"):
+            cut = ~(np.abs(residual) <= half) & np.isfinite(values) & np.isfinite(reference)
+        exact = values[cut].astype(np.float64) - reference[cut]
+        residual[cut] = np.clip(exact, -half, half)
+    return residual
+
+
 def add_residual(base: np.ndarray, residual: np.ndarray, dtype: str,
                  out: np.ndarray | None = None) -> np.ndarray:
     """``base + residual`` as a checkout rebuilds a residual link (both host arrays of dtype
     ``dtype``): float32 and float64 add in place of ``out``; 16-bit floats add in float32 and
-    round once."""
-    if dtype in ("bfloat16", "float16"):
-        total = from_values(float_values(base, dtype) + float_values(residual, dtype), dtype)
-        if out is None:
-            return total
-        out[...] = total
-        return out
-    return np.add(base, residual, out=out)
+    round once. A sum of finite values beyond the dtype's largest finite value saturates at it
+    (element by element: the same bits whichever block of rows a call gets)."""
+    b, r = float_values(base, dtype), float_values(residual, dtype)
+    top = _TOP[dtype]
+    overflows = not _largest(b) + _largest(r) <= top  # NaN too: then look element by element
+    if overflows:
+        finite = np.isfinite(b) & np.isfinite(r)  # before an in-place add overwrites base
+    with np.errstate(over="ignore", invalid="ignore"):
+        if dtype in ("bfloat16", "float16"):
+            total = np.add(b, r)
+        else:
+            total = np.add(base, residual, out=out)
+        if overflows:
+            cut = ~(np.abs(total) <= top) & finite
+            total[cut] = np.copysign(top, total[cut])
+    if dtype not in ("bfloat16", "float16"):
+        return total
+    total = from_values(total, dtype)
+    if out is None:
+        return total
+    out[...] = total
+    return out

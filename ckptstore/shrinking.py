@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .chunkcodec import QuantizedLossy
-from .floatbits import float_values, from_values
+from .floatbits import float_values, from_values, residual_values
 from .plan import ArrayItem, CommitPlan, ResidualItem
 from .policy.shrink import Shrink, fisher_threshold, residual_mask, shrink_moments
 from .snapshot import Snapshot
@@ -50,7 +50,8 @@ def _pair(snap: Snapshot, pw: ArrayItem | None, pm: ArrayItem | None, pv: ArrayI
     second = _values(snap, pv)
     residual = None
     if isinstance(pw, ResidualItem):
-        residual = _values(snap, pw) - float_values(pw.start.reference, pw.dtype)
+        residual = residual_values(_values(snap, pw), float_values(pw.start.reference, pw.dtype),
+                                   pw.dtype)
         if second is None or second.shape != residual.shape:
             snap.arrays[pw.index] = from_values(residual, pw.dtype)
             residual = None  # no second moment (before the first step): kept whole
@@ -94,8 +95,9 @@ def shrink_snapshot(plan: CommitPlan, snap: Snapshot, shrink: Shrink,
         found[i] = None  # its float temporaries go with this pair
         keep = None
         if residual is not None:
-            keep = (second * np.square(residual) > cut if shrink.criterion == "fisher" else
-                    residual_mask(residual, second, shrink.alpha, shrink.cap))
+            with np.errstate(over="ignore"):  # a huge residual's saliency is inf: kept
+                keep = (second * np.square(residual) > cut if shrink.criterion == "fisher" else
+                        residual_mask(residual, second, shrink.alpha, shrink.cap))
             residual[~keep] = 0
             snap.arrays[pw.index] = from_values(residual, pw.dtype)  # itself for float32
             stats.weights += keep.size

@@ -320,3 +320,56 @@ def test_residuals_of_half_floats_add_in_float32():
         assert not np.array_equal(out.view(np.uint16), (base.view(np.uint16) + r.view(np.uint16)))
     f = rng.standard_normal(10).astype(np.float32)
     np.testing.assert_array_equal(add_residual(f, f, "float32"), f + f)
+
+
+@pytest.mark.parametrize("dtype,big", [(torch.float16, 40000.0), (torch.bfloat16, 2e38),
+                                       (torch.float32, 2e38)])
+def test_a_residual_too_large_for_the_dtype_never_checks_out_as_inf(tmp_path, dtype, big):
+    """A weight that flips between two finite values whose difference the dtype cannot hold:
+    the residual is clamped and the rebuilt sum saturates, checkout stays finite and equal to
+    what the writer remembers, and the next commits carry the rest (the weight arrives)."""
+    model = _model(3).to(dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-4)
+    _train(model, opt, 1, 0, dtype)
+    store = ckptstore.open(tmp_path / "s")
+    store.commit({"model": model, "optim": opt}, policy=_policy(model, opt, keep=1.0))
+    shadows = store._committer.chains._shadows
+    for value in (big, -big, -big, -big, -big):
+        with torch.no_grad():
+            model[0].weight[0, :4] = value
+        info = store.commit({"model": model, "optim": opt}, policy=_policy(model, opt, keep=1.0))
+        got = store.checkout(info.id)["model"]["0.weight"]
+        assert torch.isfinite(got).all()
+        np.testing.assert_array_equal(shadows[("main", "model.0.weight")].values,
+                                      got.view(torch.int16).numpy().view(
+                                          shadows[("main", "model.0.weight")].values.dtype)
+                                      if dtype != torch.float32 else got.numpy())
+    assert _kinds(store, info)["model.0.weight"] == ("residual", 5)
+    np.testing.assert_allclose(got[0, :4].float().numpy(), -big, rtol=0.02)
+
+
+def test_residual_arithmetic_saturates_finite_values_only():
+    from ckptstore.floatbits import add_residual, float_values, from_values, residual_values
+
+    for dtype, top in (("float16", 65504.0), ("bfloat16", 3.3895313892515355e38),
+                       ("float32", float(np.finfo(np.float32).max))):
+        big = top * 0.9
+        v = np.array([big, -big, 1.0, np.inf, np.nan, 2.0], np.float32)
+        ref = np.array([-big, big, 0.5, 1.0, 1.0, -np.inf], np.float32)
+        r = residual_values(v, ref, dtype)
+        np.testing.assert_array_equal(r[:4], [top / 2, -top / 2, 0.5, np.inf])
+        assert np.isnan(r[4]) and r[5] == np.inf  # the weights' own infinities and NaNs pass
+        base = from_values(np.array([big, -big, 1.0, np.inf, np.nan, 3.0], np.float32), dtype)
+        res = from_values(np.array([big, -big, 2.0, 1.0, 1.0, -np.inf], np.float32), dtype)
+        whole = float_values(add_residual(base, res, dtype), dtype)
+        np.testing.assert_array_equal(whole[[0, 1, 2, 3, 5]], [top, -top, 3.0, np.inf, -np.inf])
+        assert np.isnan(whole[4])
+        # the same bits element by element, whether a call gets every row or a block of them
+        halves = np.concatenate([add_residual(base[:3], res[:3], dtype),
+                                 add_residual(base[3:], res[3:], dtype)])
+        np.testing.assert_array_equal(halves.view(np.uint8), add_residual(
+            base, res, dtype).view(np.uint8))
+        small = from_values(np.array([1.0, 2.0], np.float32), dtype)
+        out = small.copy()
+        assert add_residual(out, small, dtype, out=out) is out
+        np.testing.assert_array_equal(float_values(out, dtype), [2.0, 4.0])
