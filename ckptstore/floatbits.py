@@ -54,6 +54,14 @@ def _largest(x: np.ndarray) -> float:
     return max(float(x.max()), -float(x.min())) if x.size else 0.0
 
 
+def _clamp(x: np.ndarray, bound: float, finite: np.ndarray) -> None:
+    """Where ``finite`` (both operands were finite) and ``x`` lies beyond ``+-bound`` (an
+    overflow to an infinity too), ``x`` becomes ``bound`` with its sign."""
+    with np.errstate(invalid="ignore"):
+        cut = ~(np.abs(x) <= bound) & finite
+    x[cut] = np.copysign(bound, x[cut])
+
+
 def residual_values(values: np.ndarray, reference: np.ndarray, dtype: str) -> np.ndarray:
     """``values - reference`` (float values, see :func:`float_values`) as a residual link of
     dtype ``dtype`` stores it: where both are finite, clamped to half the dtype's largest
@@ -62,10 +70,7 @@ def residual_values(values: np.ndarray, reference: np.ndarray, dtype: str) -> np
         residual = np.subtract(values, reference)
     half = _TOP[dtype] / 2
     if not _largest(residual) <= half:  # rare: look element by element
-        with np.errstate(invalid="ignore"):
-            cut = ~(np.abs(residual) <= half) & np.isfinite(values) & np.isfinite(reference)
-        exact = values[cut].astype(np.float64) - reference[cut]
-        residual[cut] = np.clip(exact, -half, half)
+        _clamp(residual, half, np.isfinite(values) & np.isfinite(reference))
     return residual
 
 
@@ -86,8 +91,7 @@ def add_residual(base: np.ndarray, residual: np.ndarray, dtype: str,
         else:
             total = np.add(base, residual, out=out)
         if overflows:
-            cut = ~(np.abs(total) <= top) & finite
-            total[cut] = np.copysign(top, total[cut])
+            _clamp(total, top, finite)
     if dtype not in ("bfloat16", "float16"):
         return total
     total = from_values(total, dtype)
