@@ -6,6 +6,7 @@ Usage::
     python benchmarks/codecs.py speed      # only speed
     python benchmarks/codecs.py quality    # only quality (with the k-means verdict table)
     python benchmarks/codecs.py narrow     # rows of 16/64 values: float32 vs float16 parameters
+    python benchmarks/codecs.py floats     # 16-bit float casts: numpy's against the compiled ones
 
 Speed runs on one thread (numba threading layer pinned to 1 thread; the kernels are serial
 anyway) and reports the best of a few repetitions after a warm-up (numba compile excluded),
@@ -36,6 +37,7 @@ from ckptcodecs import (
     packed_size,
     quantize,
 )
+from ckptcodecs import _floats as F
 from ckptcodecs._qformat import HEADER_SIZE, HEADER_SIZE_V2
 from ckptcodecs.kmeans import fit_codebooks
 from numcodecs import Zstd
@@ -348,8 +350,43 @@ def narrow_speed() -> list[str]:
     return rows
 
 
+def _numpy_casts() -> dict[str, object]:
+    """The 16-bit float casts of ``ckptcodecs._floats`` as numpy does them."""
+    return {"to_bf16_bits": F.bf16_bits_numpy,
+            "to_float16": lambda x: np.asarray(x).astype(np.float16),
+            "float16_values": lambda h: np.asarray(h).astype(np.float32)}
+
+
+def floats() -> list[str]:
+    """bfloat16/float16 casts of 4 M values, and the Quantize (4-bit) chunks of 16-bit floats
+    that go through them, with numpy's casts and with the compiled ones, in one run."""
+    x = np.random.default_rng(7).standard_normal((4096, 1024)).astype(np.float32)
+    half, bf16 = x.astype(np.float16), F.to_bf16_bits(x)
+    compiled, numpy = {k: getattr(F, k) for k in _numpy_casts()}, _numpy_casts()
+    cases = [("float32 -> bfloat16 bits (nearest even, saturating)", "to_bf16_bits", x),
+             ("float32 -> float16", "to_float16", x),
+             ("float16 -> float32", "float16_values", half)]
+    times = [(label, best_time(lambda f=numpy[k], a=a: f(a)),
+              best_time(lambda f=compiled[k], a=a: f(a))) for label, k, a in cases]
+    for dtype, data in (("bfloat16", bf16), ("float16", half)):
+        codec = Quantize("uniform-asymmetric", 4, dtype=dtype)
+        enc = codec.encode(data)
+        for what, fn in (("encode", lambda c=codec, d=data: c.encode(d)),
+                         ("decode", lambda c=codec, e=enc: c.decode(e))):
+            pair = []
+            for casts in (numpy, compiled):
+                vars(F).update(casts)  # as_float / from_float look them up at each call
+                pair.append(best_time(fn))
+            times.append((f"Quantize 4b {what}, {dtype} chunk", *pair))
+    vars(F).update(compiled)
+    rows = ["| 4 M values (4096x1024) | numpy's casts, ms | compiled casts, ms | speed-up |",
+            "|---|---:|---:|---:|"]
+    rows += [f"| {label} | {a * 1e3:.1f} | {b * 1e3:.1f} | {a / b:.1f}x |" for label, a, b in times]
+    return rows
+
+
 def main(argv: list[str]) -> None:
-    what = argv[1:] or ["speed", "quality", "narrow"]
+    what = argv[1:] or ["speed", "quality", "narrow", "floats"]
     print(f"# ckptcodecs benchmarks ({' '.join(what)}); numpy {np.__version__}, "
           f"{os.cpu_count()} CPUs, NUMBA_NUM_THREADS={os.environ['NUMBA_NUM_THREADS']}\n")
     if "speed" in what:
@@ -360,6 +397,8 @@ def main(argv: list[str]) -> None:
     if "narrow" in what:
         print("\n".join(narrow_quality()) + "\n")
         print("\n".join(narrow_speed()) + "\n")
+    if "floats" in what:
+        print("\n".join(floats()) + "\n")
 
 
 if __name__ == "__main__":

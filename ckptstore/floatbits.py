@@ -33,7 +33,8 @@ def float_values(bits: np.ndarray, dtype: str) -> np.ndarray:
         from ckptcodecs._floats import from_bf16_bits  # ckptcodecs loads in ~0.3 s: when used
         return from_bf16_bits(bits)
     if dtype == "float16":
-        return bits.astype(np.float32)
+        from ckptcodecs._floats import float16_values
+        return float16_values(bits)
     return bits
 
 
@@ -44,7 +45,8 @@ def from_values(values: np.ndarray, dtype: str) -> np.ndarray:
         from ckptcodecs._floats import to_bf16_bits
         return to_bf16_bits(values)
     if dtype == "float16":
-        return values.astype(np.float16)
+        from ckptcodecs._floats import to_float16
+        return to_float16(values)
     return values
 
 
