@@ -42,6 +42,8 @@ from ckptcodecs._qformat import HEADER_SIZE, HEADER_SIZE_V2
 from ckptcodecs.kmeans import fit_codebooks
 from numcodecs import Zstd
 
+from ckptstore.floatbits import add_residual
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import best_time as common_best_time  # noqa: E402
 
@@ -358,8 +360,9 @@ def _numpy_casts() -> dict[str, object]:
 
 
 def floats() -> list[str]:
-    """bfloat16/float16 casts of 4 M values, and the Quantize (4-bit) chunks of 16-bit floats
-    that go through them, with numpy's casts and with the compiled ones, in one run."""
+    """bfloat16/float16 casts of 4 M values, the Quantize (4-bit) chunks of 16-bit floats that
+    go through them, and the rebuild of a Shrink residual link of them: numpy's way and the
+    compiled one, in one run."""
     x = np.random.default_rng(7).standard_normal((4096, 1024)).astype(np.float32)
     half, bf16 = x.astype(np.float16), F.to_bf16_bits(x)
     compiled, numpy = {k: getattr(F, k) for k in _numpy_casts()}, _numpy_casts()
@@ -378,8 +381,13 @@ def floats() -> list[str]:
                 vars(F).update(casts)  # as_float / from_float look them up at each call
                 pair.append(best_time(fn))
             times.append((f"Quantize 4b {what}, {dtype} chunk", *pair))
+        # a checkout's rebuild of a Shrink residual link of this dtype (ckptstore.floatbits)
+        residual = F.from_float(0.01 * F.as_float(data, dtype)[0], dtype)
+        times.append((f"Shrink residual link rebuilt (numpy steps / add_rounded), {dtype}",
+                      best_time(lambda r=residual, d=dtype: F.add_rounded_numpy(data, r, d)),
+                      best_time(lambda r=residual, d=dtype: add_residual(data, r, d))))
     vars(F).update(compiled)
-    rows = ["| 4 M values (4096x1024) | numpy's casts, ms | compiled casts, ms | speed-up |",
+    rows = ["| 4 M values (4096x1024) | numpy, ms | compiled, ms | speed-up |",
             "|---|---:|---:|---:|"]
     rows += [f"| {label} | {a * 1e3:.1f} | {b * 1e3:.1f} | {a / b:.1f}x |" for label, a, b in times]
     return rows

@@ -80,24 +80,18 @@ def add_residual(base: np.ndarray, residual: np.ndarray, dtype: str,
                  out: np.ndarray | None = None) -> np.ndarray:
     """``base + residual`` as a checkout rebuilds a residual link (both host arrays of dtype
     ``dtype``): float32 and float64 add in place of ``out``; 16-bit floats add in float32 and
-    round once. A sum of finite values beyond the dtype's largest finite value saturates at it
-    (element by element: the same bits whichever block of rows a call gets)."""
-    b, r = float_values(base, dtype), float_values(residual, dtype)
+    round once (one compiled pass). A sum of finite values beyond the dtype's largest finite
+    value saturates at it (element by element: the same bits whichever block of rows a call
+    gets)."""
+    if dtype in ("bfloat16", "float16"):
+        from ckptcodecs._floats import add_rounded
+        return add_rounded(base, residual, dtype, out)
     top = _TOP[dtype]
-    overflows = not _largest(b) + _largest(r) <= top  # NaN too: then look element by element
+    overflows = not _largest(base) + _largest(residual) <= top  # NaN too: element by element
     if overflows:
-        finite = np.isfinite(b) & np.isfinite(r)  # before an in-place add overwrites base
+        finite = np.isfinite(base) & np.isfinite(residual)  # before an in-place add
     with np.errstate(over="ignore", invalid="ignore"):
-        if dtype in ("bfloat16", "float16"):
-            total = np.add(b, r)
-        else:
-            total = np.add(base, residual, out=out)
+        total = np.add(base, residual, out=out)
         if overflows:
             _clamp(total, top, finite)
-    if dtype not in ("bfloat16", "float16"):
-        return total
-    total = from_values(total, dtype)
-    if out is None:
-        return total
-    out[...] = total
-    return out
+    return total

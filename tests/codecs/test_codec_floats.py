@@ -1,12 +1,14 @@
 """The compiled float conversions give numpy's bits (float16) and the bfloat16 rounding rule's bits
 on every exponent, sign, tie and special value (the whole float32 range was compared once, see
-docs/benchmarks.md)."""
+docs/benchmarks.md); the compiled 16-bit residual sum gives the bits of its numpy steps."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from ckptcodecs._floats import (
+    add_rounded,
+    add_rounded_numpy,
     bf16_bits_numpy,
     float16_values,
     from_bf16_bits,
@@ -96,3 +98,40 @@ def test_shapes_strides_and_byte_order_are_kept(fn, dtype):
 def test_other_dtypes_round_once_through_numpy():
     x = np.array([1 + 2.0 ** -11 + 2.0 ** -40], np.float64)  # just above a float16 tie
     assert to_float16(x)[0] == x.astype(np.float16)[0] == np.float16(1 + 2.0 ** -10)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_add_rounded_gives_the_bits_of_the_numpy_steps(dtype):
+    rng = np.random.default_rng(3)
+    host = np.uint16 if dtype == "bfloat16" else np.float16
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)  # each value, against
+    pairs = [(every, rng.permutation(every)), (every, every), (every, every ^ np.uint16(0x8000)),
+             (rng.integers(0, 1 << 16, 1 << 20, dtype=np.uint16),  # any bits at all
+              rng.integers(0, 1 << 16, 1 << 20, dtype=np.uint16))]
+    top = np.uint16(0x7F7F if dtype == "bfloat16" else 0x7BFF)  # largest finite: overflows
+    pairs.append((np.full(4, top), np.array([top, top ^ 0x8000, 0x3F80, 0x7F80], np.uint16)))
+    for a, b in pairs:
+        a, b = a.view(host), b.view(host)
+        got, expected = add_rounded(a, b, dtype), add_rounded_numpy(a, b, dtype)
+        assert got.dtype == host and got.shape == a.shape
+        got_nan = np.isnan(from_bf16_bits(got) if dtype == "bfloat16" else got)
+        want_nan = np.isnan(from_bf16_bits(expected) if dtype == "bfloat16" else expected)
+        np.testing.assert_array_equal(got_nan, want_nan)  # NaN + NaN: either payload
+        np.testing.assert_array_equal(got.view(np.uint16)[~got_nan],
+                                      expected.view(np.uint16)[~want_nan])
+
+
+def test_add_rounded_into_out_and_bad_input():
+    a = to_bf16_bits(np.linspace(-3, 3, 48, dtype=np.float32)).reshape(6, 8)
+    out = np.zeros((6, 16), np.uint16)[:, ::2]  # not contiguous: through a buffer
+    assert add_rounded(a, a, "bfloat16", out) is out
+    np.testing.assert_array_equal(from_bf16_bits(out), 2 * from_bf16_bits(a))
+    same = a.copy()
+    assert add_rounded(same, a, "bfloat16", same) is same  # in place
+    np.testing.assert_array_equal(same, out)
+    with pytest.raises(ValueError, match="one shape"):
+        add_rounded(a, a[:2], "bfloat16")
+    with pytest.raises(ValueError, match="bfloat16 or float16"):
+        add_rounded(a.astype(np.float32), a, "bfloat16")
+    with pytest.raises(ValueError, match="bfloat16 or float16"):
+        add_rounded(a, a, "float32")
