@@ -359,6 +359,26 @@ def _numpy_casts() -> dict[str, object]:
             "float16_values": lambda h: np.asarray(h).astype(np.float32)}
 
 
+def _sixteen_bit_rows(dtype: str, data: np.ndarray, numpy: dict, compiled: dict) -> list[tuple]:
+    """Quantize (4-bit) encode and decode of a chunk of ``dtype`` with each set of casts swapped
+    into ``ckptcodecs._floats`` (``as_float`` / ``from_float`` look them up at each call), and the
+    rebuild of a Shrink residual link of it: the numpy steps against ``add_residual``."""
+    codec = Quantize("uniform-asymmetric", 4, dtype=dtype)
+    enc = codec.encode(data)
+    rows = []
+    for what, fn in (("encode", lambda: codec.encode(data)), ("decode", lambda: codec.decode(enc))):
+        pair = []
+        for casts in (numpy, compiled):
+            vars(F).update(casts)
+            pair.append(best_time(fn))
+        rows.append((f"Quantize 4b {what}, {dtype} chunk", *pair))
+    residual = F.from_float(0.01 * F.as_float(data, dtype)[0], dtype)
+    rows.append((f"Shrink residual link rebuilt (numpy steps / add_rounded), {dtype}",
+                 best_time(lambda: F.add_rounded_numpy(data, residual, dtype)),
+                 best_time(lambda: add_residual(data, residual, dtype))))
+    return rows
+
+
 def floats() -> list[str]:
     """bfloat16/float16 casts of 4 M values, the Quantize (4-bit) chunks of 16-bit floats that
     go through them, and the rebuild of a Shrink residual link of them: numpy's way and the
@@ -371,22 +391,11 @@ def floats() -> list[str]:
              ("float16 -> float32", "float16_values", half)]
     times = [(label, best_time(lambda f=numpy[k], a=a: f(a)),
               best_time(lambda f=compiled[k], a=a: f(a))) for label, k, a in cases]
-    for dtype, data in (("bfloat16", bf16), ("float16", half)):
-        codec = Quantize("uniform-asymmetric", 4, dtype=dtype)
-        enc = codec.encode(data)
-        for what, fn in (("encode", lambda c=codec, d=data: c.encode(d)),
-                         ("decode", lambda c=codec, e=enc: c.decode(e))):
-            pair = []
-            for casts in (numpy, compiled):
-                vars(F).update(casts)  # as_float / from_float look them up at each call
-                pair.append(best_time(fn))
-            times.append((f"Quantize 4b {what}, {dtype} chunk", *pair))
-        # a checkout's rebuild of a Shrink residual link of this dtype (ckptstore.floatbits)
-        residual = F.from_float(0.01 * F.as_float(data, dtype)[0], dtype)
-        times.append((f"Shrink residual link rebuilt (numpy steps / add_rounded), {dtype}",
-                      best_time(lambda r=residual, d=dtype: F.add_rounded_numpy(data, r, d)),
-                      best_time(lambda r=residual, d=dtype: add_residual(data, r, d))))
-    vars(F).update(compiled)
+    try:
+        for dtype, data in (("bfloat16", bf16), ("float16", half)):
+            times += _sixteen_bit_rows(dtype, data, numpy, compiled)
+    finally:
+        vars(F).update(compiled)
     rows = ["| 4 M values (4096x1024) | numpy, ms | compiled, ms | speed-up |",
             "|---|---:|---:|---:|"]
     rows += [f"| {label} | {a * 1e3:.1f} | {b * 1e3:.1f} | {a / b:.1f}x |" for label, a, b in times]
