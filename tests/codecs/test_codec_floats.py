@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ckptcodecs import CodecError
 from ckptcodecs._floats import (
     add_rounded,
     add_rounded_numpy,
@@ -129,6 +130,23 @@ def test_add_rounded_into_out_and_bad_input():
     same = a.copy()
     assert add_rounded(same, a, "bfloat16", same) is same  # in place
     np.testing.assert_array_equal(same, out)
+    h = np.arange(1, 49, dtype=np.float16).reshape(6, 8)
+    rows = np.zeros((8, 8), np.float16)
+    add_rounded(h[1:3], h[1:3], "float16", rows[2:4])  # into a block of rows
+    np.testing.assert_array_equal(rows[2:4], 2 * h[1:3])
+    assert not rows[:2].any() and not rows[4:].any()
+    big = h.astype(h.dtype.newbyteorder(">"))  # bytes swapped: read as values, not as bits
+    np.testing.assert_array_equal(add_rounded(big, big, "float16"), 2 * h)
+    buf = np.zeros(64, np.float16)
+    with pytest.raises(ValueError, match="broadcast"):
+        add_rounded(h, h, "float16", buf[:2])  # too small: refused, nothing written past it
+    assert not buf.any()
+    frozen = np.zeros_like(h)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        add_rounded(h, h, "float16", frozen)
+    with pytest.raises(CodecError, match="float16 values"):
+        float16_values(np.ones(3, np.float32))
     with pytest.raises(ValueError, match="one shape"):
         add_rounded(a, a[:2], "bfloat16")
     with pytest.raises(ValueError, match="bfloat16 or float16"):
