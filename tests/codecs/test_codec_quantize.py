@@ -198,6 +198,23 @@ def test_protect_and_prune_levels():
     assert mag[codes == p.prune_code].max() <= np.sort(mag)[n_prune - 1]
 
 
+@pytest.mark.parametrize("protect, prune", [(0.001, 0.01), (0.01, 0.95), (0.3, 0.6)])
+def test_protect_and_prune_sets_ascend_whether_sorted_or_read_off_a_mask(protect, prune):
+    from ckptcodecs.quantization import _partition
+
+    x = HEAVY.reshape(-1).copy()
+    x[::97] = np.nan  # non-finite values join the protected set
+    prot, pruned = _partition(x, protect, prune)
+    for got in (prot, pruned):
+        assert got.dtype == np.int64 and np.all(np.diff(got) > 0)
+    mag = np.where(np.isfinite(x), np.abs(x), np.inf)
+    n_fin = int(np.isfinite(x).sum())
+    assert prot.size == int(np.ceil(protect * n_fin)) + x[::97].size
+    assert np.isnan(x[prot]).sum() == x[::97].size
+    assert pruned.size == int(np.ceil(prune * n_fin)) and not np.isin(pruned, prot).any()
+    assert mag[pruned].max() <= np.sort(mag)[pruned.size - 1]
+
+
 def test_non_finite_values_are_protected_exactly():
     x = ROWS.copy()
     x[0, 0], x[0, 5], x[3, 7] = np.nan, np.inf, -np.inf
