@@ -9,6 +9,9 @@ holds the figures of the recorded run. Usage (from the repository root)::
     .venv/bin/python benchmarks/reliability.py gc-kills --kills 40
     .venv/bin/python benchmarks/reliability.py ref-kills --kills 40
     .venv/bin/python benchmarks/reliability.py mutations --count 600
+    .venv/bin/python benchmarks/reliability.py two-clients --count 200     # issue 26 families:
+    .venv/bin/python benchmarks/reliability.py imports --count 300
+    .venv/bin/python benchmarks/reliability.py files --count 200
     .venv/bin/python benchmarks/reliability.py all --out reliability.json   # everything above
 
 Killed processes are real: forked from a clean ``multiprocessing`` fork server that imported
@@ -577,22 +580,38 @@ class _location:
             self.server.stop()
 
 
+# Families of issue 26, one module each beside this file, each with ``campaign(count, seed)``.
+FAMILIES = {"two-clients": "hostile_two_clients", "imports": "hostile_imports",
+            "files": "hostile_files"}
+
+
+def family(name: str, count: int, seed: int = 29) -> dict:
+    """Run the campaign of the family ``name`` (a module of this folder)."""
+    import importlib
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    return importlib.import_module(FAMILIES[name]).campaign(count, seed)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("campaign", choices=["commit-kills", "gc-kills", "ref-kills",
-                                             "mutations", "all"])
+                                             "mutations", *FAMILIES, "all"])
     parser.add_argument("--backend", choices=["local", "s3"], default="local")
     parser.add_argument("--kills", type=int, default=100)
-    parser.add_argument("--count", type=int, default=600)
+    parser.add_argument("--count", type=int, default=None,
+                        help="mutations: 600; a family of issue 26: 200")
     parser.add_argument("--out", help="append the JSON results to this file")
     args = parser.parse_args(argv)
     runs = {
         "commit-kills": lambda: [commit_kills(args.kills, args.backend)],
         "gc-kills": lambda: [gc_kills(args.kills)],
         "ref-kills": lambda: [ref_kills(args.kills)],
-        "mutations": lambda: [mutations(args.count)],
+        "mutations": lambda: [mutations(args.count or 600)],
+        **{name: (lambda name=name: [family(name, args.count or 200)]) for name in FAMILIES},
         "all": lambda: [commit_kills(120, "local"), commit_kills(40, "s3"), gc_kills(40),
-                        ref_kills(40), mutations(600)],
+                        ref_kills(40), mutations(600),
+                        *(family(name, 200) for name in FAMILIES)],
     }[args.campaign]
     t0 = time.perf_counter()
     results = []
