@@ -80,10 +80,11 @@ class StorageReader(dcp_storage.StorageReader):
                     i, j if e.layout == Layout.SHARDED else None)
             state[path] = TensorStorageMetadata(
                 properties=_properties(e), size=torch.Size(e.shape), chunks=chunks)
-        self._values = _value_paths(m.tree)
+        self._values, keys = _value_paths(m.tree)
         for path in self._values:
             state[path] = BytesStorageMetadata()
-        return Metadata(state_dict_metadata=state, storage_data=storage)
+        return Metadata(state_dict_metadata=state, storage_data=storage,
+                        planner_data={p: keys[p] for p in state})
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
                               **kwargs: Any) -> None:
@@ -217,33 +218,38 @@ def _tensor_paths(tree: Tree) -> dict[str, int]:
     return {p: n["tensor"] for p, n in tree_paths(tree).items() if "tensor" in n}
 
 
-def _value_paths(tree: Tree) -> dict[str, Tree]:
-    """Every subtree that holds no tensor, by dotted path: DCP asks for a non-tensor value at
-    whatever depth its own flattening stopped (a whole ``param_groups`` list, say)."""
+def _value_paths(tree: Tree) -> tuple[dict[str, Tree], dict[str, tuple[Any, ...]]]:
+    """Every subtree that holds no tensor, by dotted path (DCP asks for a non-tensor value at
+    whatever depth its own flattening stopped: a whole ``param_groups`` list, say); and the key
+    path of each such value and of each tensor (DCP's ``planner_data``: dict keys as stored, list
+    indices as ints), which ``_load_state_dict_from_keys`` nests its result by."""
     out: dict[str, Tree] = {}
+    keys: dict[str, tuple[Any, ...]] = {}
 
-    def walk(node: Any, path: str) -> bool:  # True if the node holds a tensor
+    def walk(node: Any, path: str, key: tuple[Any, ...]) -> bool:  # True if it holds a tensor
         if not isinstance(node, dict):
             raise ManifestError(f"invalid state tree node at {path or '<root>'!r}")
         if "tensor" in node:
+            keys[path] = key
             return True
-        children: list[tuple[str, Any]] = []
+        children: list[tuple[str, Any, Any]] = []
         for kind in ("dict", "odict"):
             if kind in node and isinstance(node[kind], list):
-                children = [(str(k), v) for k, v in (p for p in node[kind]
-                                                      if isinstance(p, list) and len(p) == 2)]
+                children = [(str(k), k, v) for k, v in (p for p in node[kind]
+                                                         if isinstance(p, list) and len(p) == 2)]
         for kind in ("list", "tuple"):
             if kind in node and isinstance(node[kind], list):
-                children = [(str(i), v) for i, v in enumerate(node[kind])]
+                children = [(str(i), i, v) for i, v in enumerate(node[kind])]
         has = False
-        for k, v in children:
-            has |= walk(v, f"{path}.{k}" if path else k)
+        for name, k, v in children:
+            has |= walk(v, f"{path}.{name}" if path else name, (*key, k))
         if not has and path:
             out[path] = node
+            keys[path] = key
         return has
 
-    walk(tree, "")
-    return out
+    walk(tree, "", ())
+    return out, keys
 
 
 def _safe_bytes(values: dict[str, Tree], fqn: str) -> io.BytesIO:
