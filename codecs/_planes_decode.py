@@ -21,6 +21,8 @@ from .errors import CodecError
 __all__ = ["planes_decode", "planes_decode_region"]
 
 VERSION = 1
+#: the layout of a buffer that ends in part of an item: its last bytes follow the planes, raw
+VERSION_TAIL = 2
 _HEAD = struct.Struct("<BBBBQI")
 _PLANE = struct.Struct("<BQ")
 assert _PLANE.size == PK._PLANE
@@ -42,11 +44,12 @@ def _check_config(itemsize: int, block: int) -> None:
 def planes_decode(buf, out: np.ndarray | None = None) -> np.ndarray:
     """Decode a BytePlanes payload to uint8 (into ``out``'s bytes when given); raise
     :class:`CodecError` when it is malformed."""
-    b, itemsize, rotate, n, block, spans = _parse(buf)
+    b, itemsize, rotate, n, block, spans, tail = _parse(buf)
+    whole = n * itemsize
     if out is None:
-        dst = np.empty(n * itemsize, np.uint8)
+        dst = np.empty(whole + tail.size, np.uint8)
     else:
-        dst = out_array(out, n * itemsize, "BytePlanes")
+        dst = out_array(out, whole + tail.size, "BytePlanes")
         if not (dst.flags.c_contiguous or dst.flags.f_contiguous):
             raise CodecError("BytePlanes decodes into a contiguous out buffer only")
         dst = dst.reshape(-1, order="A").view(np.uint8)
@@ -54,7 +57,8 @@ def planes_decode(buf, out: np.ndarray | None = None) -> np.ndarray:
         _decode_plane(*spans[0], b, block, dst, 0)
     else:
         _merge(_sources(b, itemsize, n, block, spans), itemsize, rotate,
-               dst.view(_UINT[itemsize]), 1, n, n, 0, n)
+               dst[:whole].view(_UINT[itemsize]), 1, n, n, 0, n)
+    dst[whole:] = tail
     return dst
 
 
@@ -64,7 +68,10 @@ def planes_decode_region(buf, shape: tuple[int, ...], rows: tuple[int, int],
     later dimension) of the payload of an array of ``shape``: the planes are decoded, and only
     the block's items are put together, straight into ``out`` (of the block's shape and
     ``itemsize``-byte items, any strides; 1-d arrays take ``cols=(0, 1)``)."""
-    b, itemsize, rotate, n, block, spans = _parse(buf)
+    b, itemsize, rotate, n, block, spans, tail = _parse(buf)
+    if tail.size:
+        raise CodecError(f"BytePlanes payload of {n * itemsize + tail.size} bytes is not a "
+                         f"whole number of {itemsize}-byte items: decode it whole")
     shape = tuple(int(d) for d in shape) or (1,)
     nrows, ncols = shape[0], shape[1] if len(shape) > 1 else 1
     depth = int(np.prod(shape[2:], dtype=np.int64))
@@ -121,27 +128,30 @@ _SCRATCH = threading.local()
 _SCRATCH_MAX = 8 << 20
 
 
-def _parse(buf) -> tuple[np.ndarray, int, bool, int, int, list[tuple[int, int, int]]]:
-    """The payload's bytes, itemsize, rotation, items, Huffman block and plane spans, every
-    field checked before anything is allocated."""
+def _parse(buf) -> tuple[np.ndarray, int, bool, int, int, list[tuple[int, int, int]],
+                         np.ndarray]:
+    """The payload's bytes, itemsize, rotation, items, Huffman block, plane spans and tail (the
+    raw last bytes of a buffer that ends in part of an item), every field checked before
+    anything is allocated."""
     b = payload(buf)
     if b.size < _HEAD.size:
         raise CodecError(f"BytePlanes payload truncated: {b.size} bytes, header needs "
                          f"{_HEAD.size}")
     version, itemsize, flags, _, nbytes, block = _HEAD.unpack_from(b)
-    if version != VERSION:
+    if version not in (VERSION, VERSION_TAIL):
         raise CodecError(f"BytePlanes format version {version} is not supported (expected "
-                         f"{VERSION}); was it written by a newer ckptcodecs?")
+                         f"{VERSION} or {VERSION_TAIL}); was it written by a newer ckptcodecs?")
     _check_config(itemsize, block)
-    if nbytes % itemsize or flags > 1:
+    n, tail = divmod(nbytes, itemsize)
+    if bool(tail) != (version == VERSION_TAIL) or flags > 1:
         raise CodecError(f"BytePlanes header corrupted: {nbytes} bytes of {itemsize}-byte "
-                         f"items, flags {flags}")
-    n = nbytes // itemsize
+                         f"items in format version {version}, flags {flags}")
     spans = _plane_spans(b, itemsize, n, block)
     pos = spans[-1][2] if spans else _HEAD.size
-    if pos != b.size:
-        raise CodecError(f"BytePlanes payload has {b.size - pos} bytes of trailing garbage")
-    return b, itemsize, bool(flags & 1), n, block, spans
+    if pos + tail != b.size:
+        raise CodecError(f"BytePlanes payload holds {b.size - pos} bytes after its planes, "
+                         f"expected {tail}")
+    return b, itemsize, bool(flags & 1), n, block, spans, b[pos:]
 
 
 def _sources(b: np.ndarray, itemsize: int, n: int, block: int,

@@ -19,18 +19,22 @@ one is counted block by block, so that its code's size is known before the code 
 the code replaces it only if smaller; zstd is tried, on a sample first, only where the contiguous
 sample shows runs or one dominant byte, and kept only if smaller than the Huffman code.
 
-Encoded layout (little-endian), version 1::
+Encoded layout (little-endian), version 1 (a whole number of items) or 2 (a tail)::
 
-    u8  version (1)
+    u8  version: 1 when n is a multiple of itemsize, else 2
     u8  itemsize (1, 2, 4 or 8)
     u8  flags: bit 0 = rotated
     u8  0
-    u64 n: decoded bytes (a multiple of itemsize)
+    u64 n: decoded bytes
     u32 block: Huffman block size in bytes
-    per plane, lowest byte first:
+    per plane, lowest byte first (each plane holds n // itemsize bytes):
         u8  method: 0 raw, 1 Huffman, 2 zstd
         u64 size: bytes of the payload that follows
         payload
+    version 2 only: the last n % itemsize bytes of the buffer, raw (1 to itemsize - 1 bytes)
+
+Buffers of whole items are written as version 1, byte for byte as before version 2 existed;
+version 2 takes any buffer (numcodecs' own test arrays include a 110-byte bool array).
 """
 
 from __future__ import annotations
@@ -43,8 +47,8 @@ from . import _pkernels as PK
 from ._buffers import as_input, check_bool, payload
 from ._bytegroup import sample_rows, split_rows
 from ._pkernels import HUFFMAN, RAW, ZSTD
-from ._planes_decode import (_HEAD, _PLANE, _ZSTD, VERSION, _check_config, planes_decode,
-                             planes_decode_region)
+from ._planes_decode import (_HEAD, _PLANE, _ZSTD, VERSION, VERSION_TAIL, _check_config,
+                             planes_decode, planes_decode_region)
 from .errors import CodecError
 
 __all__ = ["BytePlanes", "planes_decode", "planes_decode_region", "planes_encode"]
@@ -127,17 +131,17 @@ def planes_encode(data, itemsize: int = 4, rotate: bool = True,
     """Encode a buffer of ``itemsize``-byte numbers to the BytePlanes layout (a uint8 array)."""
     _check_config(itemsize, block)
     src = ensure_contiguous_ndarray(as_input(data)).reshape(-1).view(np.uint8)
-    if src.size % itemsize:
-        raise CodecError(f"BytePlanes: {src.size} bytes are not a whole number of "
-                         f"{itemsize}-byte items")
-    n = src.size // itemsize
+    n, tail = divmod(src.size, itemsize)
     rotate = bool(rotate) and itemsize > 1
     stride, base = _PLANE.size + n, _HEAD.size + _PLANE.size
-    out = np.empty(_HEAD.size + itemsize * stride, np.uint8)  # every plane raw, at most
-    _HEAD.pack_into(out, 0, VERSION, itemsize, int(rotate), 0, src.size, block)
-    split_rows(src, itemsize, rotate, out, base, stride)
+    out = np.empty(_HEAD.size + itemsize * stride + tail, np.uint8)  # every plane raw, at most
+    version = VERSION_TAIL if tail else VERSION  # whole items: version 1, byte for byte
+    _HEAD.pack_into(out, 0, version, itemsize, int(rotate), 0, src.size, block)
+    split_rows(src[:n * itemsize], itemsize, rotate, out, base, stride)
     methods, zbuf, zoff = _choose(out, base, stride, n, itemsize, block)
-    return out[:PK.pack_planes(out, base, n, itemsize, block, methods, zbuf, zoff)]
+    end = PK.pack_planes(out, base, n, itemsize, block, methods, zbuf, zoff)
+    out[end:end + tail] = src[n * itemsize:]
+    return out[:end + tail]
 
 
 def _choose(out: np.ndarray, base: int, stride: int, n: int, itemsize: int,
@@ -167,7 +171,8 @@ class BytePlanes(Codec):
     Parameters
     ----------
     itemsize
-        Bytes per number (1, 2, 4 or 8); the buffer must hold whole numbers.
+        Bytes per number (1, 2, 4 or 8); a buffer that ends in part of a number keeps that
+        tail raw.
     rotate
         Rotate each number left by one bit first (moves a float's sign out of its exponent
         byte; harmless for integers).
@@ -194,7 +199,7 @@ class BytePlanes(Codec):
         self.rotate = check_bool("rotate", rotate)
 
     def encode(self, buf) -> np.ndarray:
-        """Encode the bytes of ``buf`` (a whole number of ``itemsize``-byte items)."""
+        """Encode the bytes of ``buf`` (``itemsize``-byte items and a raw tail, if any)."""
         return planes_encode(buf, self.itemsize, self.rotate, self.block)
 
     def decode(self, buf, out=None):

@@ -167,9 +167,12 @@ def test_zstd_is_tried_where_the_middle_of_a_plane_is_constant():
 
 @pytest.mark.parametrize("bad", [
     b"",
-    b"\x02" + bytes(_HEAD.size - 1),                                    # newer version
+    b"\x03" + bytes(_HEAD.size - 1),                                    # newer version
     _HEAD.pack(1, 3, 1, 0, 12, 4096),                                   # itemsize 3
     _HEAD.pack(1, 4, 1, 0, 10, 4096),                                   # not whole items
+    _HEAD.pack(2, 4, 1, 0, 8, 4096) + (_PLANE.pack(0, 2) + b"ab") * 4,  # v2 without a tail
+    _HEAD.pack(2, 4, 1, 0, 9, 4096) + (_PLANE.pack(0, 2) + b"ab") * 4,  # v2 tail missing
+    _HEAD.pack(2, 4, 1, 0, 9, 4096) + (_PLANE.pack(0, 2) + b"ab") * 4 + b"xy",  # tail too long
     _HEAD.pack(1, 4, 1, 0, 4, 4096) + _PLANE.pack(0, 1) + b"x",         # planes missing
     _HEAD.pack(1, 1, 0, 0, 4, 4096) + _PLANE.pack(7, 4) + b"abcd",      # unknown method
     _HEAD.pack(1, 1, 0, 0, 4, 4096) + _PLANE.pack(0, 99) + b"abcd",     # size past the end
@@ -179,6 +182,31 @@ def test_zstd_is_tried_where_the_middle_of_a_plane_is_constant():
 def test_bad_payloads_raise_codec_error(bad):
     with pytest.raises(CodecError):
         planes_decode(bad)
+
+
+@pytest.mark.parametrize("itemsize", [2, 4, 8])
+def test_a_tail_of_less_than_an_item_roundtrips(itemsize):
+    # numcodecs' own test arrays include a 110-byte bool array, which Zstd takes: so does
+    # BytePlanes, for every item size and every tail length (format version 2)
+    flags = np.random.default_rng(3).integers(0, 2, 110).astype(bool)
+    check_encode_decode(flags, BytePlanes(itemsize=itemsize), _exact)
+    for tail in range(1, itemsize):
+        raw = RNG.integers(0, 3, 9_000 * itemsize + tail).astype(np.uint8)
+        check_encode_decode(raw, BytePlanes(itemsize=itemsize, block=4096), _exact)
+        check_encode_decode(raw[:tail], BytePlanes(itemsize=itemsize), _exact)
+
+
+def test_a_tail_is_stored_raw_after_the_planes_in_version_2():
+    x = np.arange(10, dtype=np.float32)
+    whole, tailed = planes_encode(x, 4), planes_encode(x.view(np.uint8)[:39], 4)
+    assert struct.unpack_from("<BBBBQI", tailed) == (2, 4, 1, 0, 39, 1 << 17)
+    assert bytes(tailed[-3:]) == x.view(np.uint8)[36:39].tobytes()
+    # whole items keep version 1, byte for byte (the golden fixtures check the rest)
+    assert bytes(whole[0:1]) == b"\x01" and bytes(tailed[1:_HEAD.size - 12]) == bytes(
+        whole[1:_HEAD.size - 12])
+    with pytest.raises(CodecError, match="not a whole number of 4-byte items"):
+        from ckptcodecs import planes_decode_region
+        planes_decode_region(tailed, (9,), (0, 9), (0, 1), np.empty(9, np.float32))
 
 
 def test_corrupted_huffman_streams_never_crash():
