@@ -14,6 +14,7 @@ input)::
     │   └── RefExists                            a tag or branch of that name exists
     ├── ConcurrentUpdateError                    a branch moved while committing
     ├── UnsupportedLeafError (TypeError)         an object in the state that cannot be stored
+    ├── StateMismatchError (ValueError)          paths= or into= that do not fit a commit's state
     ├── CorruptionError (ValueError)
     │   ├── ManifestError                        truncated / invalid commit manifest or ref file
     │   └── CorruptedChunkError                  a chunk failed its checksum or is missing
@@ -48,6 +49,7 @@ __all__ = [
     "StagingBudgetError",
     "StorageError",
     "StorageFullError",
+    "StateMismatchError",
     "UnsupportedLeafError",
 ]
 
@@ -102,6 +104,11 @@ class ConcurrentUpdateError(CkptStoreError):
 
 class UnsupportedLeafError(CkptStoreError, TypeError):
     """An object in the state that ckptstore cannot store without pickling."""
+
+
+class StateMismatchError(CkptStoreError, ValueError):
+    """``checkout``'s ``paths=`` or ``into=`` do not fit the commit: a pattern that selects
+    nothing or is not understood, a live entry the commit lacks, or a tensor of another shape."""
 
 
 class CorruptionError(CkptStoreError, ValueError):
