@@ -21,7 +21,8 @@ input)::
     ├── PendingCommitError (RuntimeError)        a background persist failed
     ├── StagingBudgetError (MemoryError)         commit_async would need more staging than allowed
     ├── StorageError (OSError)                   the back-end failed a request, after retries
-    │   └── StorageFullError                     no space left (ENOSPC, EDQUOT)
+    │   ├── StorageFullError                     no space left (ENOSPC, EDQUOT)
+    │   └── UnsafeFileError                      a FIFO, device, link out of the root
     ├── InvalidRetry (ValueError)                a Retry policy with values out of range
     ├── ExportError (ValueError)                 an export file that cannot be written
     └── DistributedError (RuntimeError)          a sharded commit or load across ranks failed
@@ -50,6 +51,7 @@ __all__ = [
     "StorageError",
     "StorageFullError",
     "StateMismatchError",
+    "UnsafeFileError",
     "UnsupportedLeafError",
 ]
 
@@ -151,6 +153,12 @@ class StorageError(CkptStoreError, OSError):
 
 class StorageFullError(StorageError):
     """No space left where the store lives (``ENOSPC``/``EDQUOT``): free space, then retry."""
+
+
+class UnsafeFileError(StorageError):
+    """A local store's key is not a regular file or folder inside the store's root (a FIFO, a
+    device, a socket, a link loop or a link leading out of the root): refused, never read nor
+    written through. Remove it, or restore the file from a copy."""
 
 
 class InvalidRetry(CkptStoreError, ValueError):
