@@ -4,8 +4,10 @@ Changed rows come from a :class:`~ckptstore.tracking.RowTracker` when the commit
 else from comparing the tensor's bits with a copy of the reference kept here after the last
 commit (exact, costs one copy of each incremental tensor): on the tensor's device when its
 snapshot was staged there (:mod:`ckptstore.devrows`: only changed rows then cross to the host),
-else in host memory. A process without that reference (after a restart) writes a full baseline
-instead of guessing.
+else in host memory. A tracked table keeps no copy, unless ``Policy(delta=True)`` asks for its
+lossless changed rows as the XOR of their old bits: then it keeps a host copy as the compare mode
+does. A process without that reference (after a restart) writes a full baseline instead of
+guessing.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ class ChainMemory:
 
     def __init__(self) -> None:
         self._shadows: dict[tuple[str, str], Shadow] = {}
+        # (branch, path) of lossless row tables whose policy wants deltas: a tracked one keeps
+        # its old bits too, so its changed rows are stored XOR-ed (set by the last decider)
+        self._xor_rows: set[tuple[str, str]] = set()
 
     def nbytes(self) -> tuple[int, int]:
         """``(host, device)`` bytes of the references kept (codes of code deltas count as host
@@ -103,6 +108,10 @@ class ChainMemory:
                                    d.quant.prune_zeros) if d.quant is not None else None
             if d.want == "full":
                 return TensorDecision("full", codec) if codec is not None else FULL_LOSSLESS
+            if d.want == "rows" and policy.delta and codec is None:
+                self._xor_rows.add((branch, path))
+            else:
+                self._xor_rows.discard((branch, path))
             shadow = self._shadows.get((branch, path))
             tracked = (tracker is not None and d.want == "rows"
                        and tracker.lookup(tensor) is not None)
@@ -179,6 +188,7 @@ class ChainMemory:
             # full baseline or consecutive: this commit is the new reference, rebuilt exactly
             # when it is lossless and so is everything it builds on
             is_tracked = tracker is not None and tracker.lookup(p.source) is not None
+            keep = not is_tracked or key in self._xor_rows  # old bits to compare or XOR with
             rows = p.shape[0]
             exact = p.codec.codec_id in LOSSLESS_IDS and (
                 p.kind == Kind.FULL or (old is not None and old.exact))
@@ -192,8 +202,8 @@ class ChainMemory:
                 continue
             self._shadows[key] = Shadow(
                 commit_id,
-                values=None if is_tracked or device is not None else _host_copy(host[p.index],
-                                                                                old),
+                values=None if not keep or device is not None else _host_copy(host[p.index],
+                                                                               old),
                 device_values=device,
                 since_base=np.zeros(rows, bool) if is_tracked else None,
                 unsaved=np.zeros(rows, bool) if is_tracked else None, exact=exact)
