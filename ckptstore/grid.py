@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import ManifestError
 
-__all__ = ["CHUNK_BYTES", "ChunkGrid", "boxes_overlap"]
+__all__ = ["CHUNK_BYTES", "ChunkGrid", "allocatable", "boxes_overlap"]
 
 CHUNK_BYTES = 8 * 2**20
+_MAX_BYTES = int(np.iinfo(np.intp).max)
+
+
+def allocatable(shape: Sequence[int], itemsize: int) -> bool:
+    """Whether numpy can make an array of ``shape`` (of ``itemsize``-byte items): it refuses
+    one whose non-zero dimensions span more bytes than an index holds, even when another
+    dimension is 0 (``torch.empty(0, 2**62)`` exists, its numpy array does not).
+
+    >>> allocatable([0, 2**62], 4), allocatable([0, 2**30], 4)
+    (False, True)
+    """
+    return itemsize * math.prod(d for d in shape if d) <= _MAX_BYTES
 
 
 @dataclass(frozen=True)

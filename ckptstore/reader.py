@@ -20,6 +20,7 @@ from .chains.replay import apply_residuals, apply_rows, apply_xors, chain_codes,
 from .chains.walk import StoredArray, Walk, blob_array, entry_array, entry_dtype, \
     entry_packed_array, needed_entries
 from .chunkcodec import QuantizedLossy, codec_from_config
+from .consistency import check_entries
 from .devdecode import start_read_to_device, stored_codes, wants_device_decode
 from .dimorder import with_dim_order
 from .errors import CorruptedChunkError, ManifestError
@@ -179,6 +180,7 @@ class Reader:
                      map_location: torch.device | str | None = None) -> dict[int, Restored]:
         """``{tensor index: tensor}`` for the wanted tensors (and what they share storage with)."""
         t_idx, s_idx = needed_entries(m, wanted)
+        check_entries(self.walk, m, t_idx, s_idx)  # the checks verify makes (consistency.py)
         # whole arrays are queued together, so workers never idle between arrays
         pending: dict[int, np.ndarray] = {}
         futures: list[Future] = []

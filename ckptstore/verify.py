@@ -19,6 +19,7 @@ import json
 from .arrays import array_metadata
 from .chains.walk import StoredArray, Walk, packed_array
 from .chunkcodec import ChunkCodec, QuantizedLossy, check_crc, codec_from_config
+from .consistency import commit_problems
 from .dedup import chunk_digest
 from .errors import CkptStoreError, CorruptedChunkError
 from .info import VerifyReport
@@ -145,6 +146,8 @@ def _arrays_read(repo: Repository, commits: list[str], report: VerifyReport
                 todo += walk.bases_of(m, e) if e.layout == Layout.CHAIN else ()
             except CkptStoreError as err:
                 report.problems.append(f"commit {c}, {e.path!r}: {err}")
+        known = set(report.problems)  # what checkout refuses before reading a chunk
+        report.problems += [p for p in commit_problems(walk, m) if p not in known]
     return arrays, attributes, digests
 
 
