@@ -89,13 +89,14 @@ def _check_group(repo: Repository, commit: str) -> str | None:
 
 
 def _check_metadata(repo: Repository, a: StoredArray, codec: ChunkCodec,
-                    attributes: list[Attributes]) -> str | None:
+                    attributes: list[Attributes], optional: bool = False) -> str | None:
     """Whether the array's ``zarr.json`` is what the writer makes of the manifest (what plain
-    zarr reads); ``attributes``: those each manifest entry reading the array gives it."""
+    zarr reads); ``attributes``: those each manifest entry reading the array gives it;
+    ``optional``: a missing one is no problem."""
     where = f"{a.prefix}/{ZARR_JSON}"
     stored, problem = _read(repo, where)
     if stored is None:
-        return problem
+        return None if optional and not repo.storage.exists(where) else problem
     expected = [array_metadata(a.grid, a.dtype, codec, attrs) for attrs in attributes]
     if stored in expected:
         return None
@@ -176,7 +177,11 @@ def verify(repo: Repository, ref: str | None = None, progress: bool = False) -> 
         if codec is None:
             report.problems.append(problem)
             continue
-        if not codec.standalone:  # code deltas: no zarr metadata, decoding needs the base codes
+        if not codec.standalone:  # code deltas: decoding needs the base codes; a zarr.json
+            # only since issue 26 (an older one has none)
+            problem = _check_metadata(repo, a, codec, attributes[a.ident], optional=True)
+            if problem:
+                report.problems.append(problem)
             jobs += [(a.chunk(key), a, None, None) for _, key, _, _ in a.grid]
             continue
         groups.add(a.commit)

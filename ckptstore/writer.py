@@ -245,8 +245,8 @@ def _write_code_deltas(storage: Storage, commit_id: str, p: CodesItem, host: Sta
 
     name = part_array(p.array, "codes")
     dtype = _host_dtype(host)
-    futures = write_chunks(storage, array_dir(commit_id, name), p.grid, dtype, codec, None,
-                           submit, encoded)
+    futures = write_chunks(storage, array_dir(commit_id, name), p.grid, dtype, CodeDelta(),
+                           _attrs(p, part="codes"), submit, encoded)
     parts = {"codes": _blob(host, commit_id, name, p.grid, CodeDelta().config(), dtype)}
     return _Pending(p.index, futures, parts, fraction=1.0, codes=codes)
 

@@ -8,8 +8,9 @@ packed codes out); ``RLEHuffmanCodec`` and ``BytePlanesCodec`` are bytes-to-byte
                       compressors=[RLEHuffmanCodec()])
 
 They are registered under the ``zarr.codecs`` entry point group (names ``ckpt.quantize``,
-``ckpt.rle_huffman`` and ``ckpt.byte_planes``), so a process that imports only zarr reads such arrays after
-``pip install``. The work runs in a thread (``asyncio.to_thread``), off the event loop.
+``ckpt.rle_huffman``, ``ckpt.byte_planes`` and ``ckpt.qdelta``), so a process that imports only
+zarr reads such arrays after ``pip install``; ``CodeDeltaCodec`` (``ckpt.qdelta``) lets plain zarr
+open code-delta arrays, whose values only ckptstore rebuilds. The work runs in a thread (``asyncio.to_thread``), off the event loop.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import Buffer, NDBuffer
 
-__all__ = ["BytePlanesCodec", "QuantizeCodec", "RLEHuffmanCodec"]
+__all__ = ["BytePlanesCodec", "CodeDeltaCodec", "QuantizeCodec", "RLEHuffmanCodec"]
 
 
 class _InThread:
@@ -153,3 +154,34 @@ class BytePlanesCodec(_InThread, _Configured, BytesBytesCodec):
 
     def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
         raise NotImplementedError("the size of a BytePlanes chunk depends on its data")
+
+
+@dataclass(frozen=True)
+class CodeDeltaCodec(ArrayBytesCodec):
+    """The serializer a code-delta array's ``zarr.json`` names (``ckpt.qdelta``): its chunks
+    are the codes of a quantized tensor as deltas against those of its base version
+    (:mod:`ckptcodecs.qdelta`), which zarr cannot see. Plain zarr opens such an array (shape,
+    dtype, attributes) and lists its group; reading its values says to read them with
+    ckptstore."""
+
+    is_fixed_size = False
+
+    @classmethod
+    def from_dict(cls, data: dict[str, JSON]) -> Self:
+        parse_named_configuration(data, "ckpt.qdelta", require_configuration=False)
+        return cls()
+
+    def to_dict(self) -> dict[str, JSON]:
+        return {"name": "ckpt.qdelta", "configuration": {}}
+
+    async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
+        raise CodecError("ckpt.qdelta: this chunk holds code deltas, which decode only against "
+                         "the base version's codes: read the tensor with ckptstore "
+                         "(Store.checkout), not plain zarr")
+
+    async def _encode_single(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
+        raise CodecError("ckpt.qdelta chunks are written by ckptstore (they need the base "
+                         "version's codes), not by zarr")
+
+    def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
+        raise NotImplementedError("the size of a code-delta chunk depends on its data")

@@ -167,13 +167,15 @@ class QuantizedLossy(ChunkCodec):
 class CodeDelta(ChunkCodec):
     """The codec id of code-delta arrays (``{"id": "qdelta"}``): chunks written by
     :meth:`QuantizedLossy.encode_delta`, which decode only against the base version's codes
-    (:meth:`QuantizedLossy.decode_delta`), never on their own and never by plain zarr."""
+    (:meth:`QuantizedLossy.decode_delta`), never on their own. Their ``zarr.json`` names the
+    ``ckpt.qdelta`` serializer (:class:`ckptcodecs.zarr3.CodeDeltaCodec`): plain zarr opens the
+    array, and reading its values says to read them with ckptstore."""
 
     codec_id = "qdelta"
     standalone = False
 
     def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
-        raise TypeError("code-delta arrays have no zarr metadata: plain zarr cannot read them")
+        return [{"name": "ckpt.qdelta", "configuration": {}}, {"name": "crc32c"}]
 
     def encode(self, chunk: np.ndarray) -> Encoded:
         raise TypeError("code deltas need the base version's codes: use "

@@ -111,6 +111,9 @@ def test_every_zarr_json_is_checked(every_encoding, tmp_path):
                 problems = store.verify(rel.split("/")[1]).problems  # its commit
             finally:
                 (root / rel).write_bytes(data)
+            if rel.endswith(f".codes/{ZARR_JSON}"):  # code deltas had none before issue 26
+                assert not problems, (rel, problems)
+                continue
             assert problems and all(p.startswith(f"{rel}: missing") for p in problems), \
                 (rel, problems)
 
