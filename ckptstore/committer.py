@@ -21,6 +21,7 @@ import errno
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from .chains.memory import ChainMemory
@@ -36,7 +37,7 @@ from .plan import ArrayItem, CommitPlan, EncodingOptions, plan_commit
 from .policy import Policy
 from .records import build_manifest
 from .policy.shrink import Shrink
-from .priority import background_executor, check_priority
+from .priority import DEFAULT_PRIORITY, BackgroundThreads
 from .refs import Tip
 from .repository import Repository
 from .sensitivity import Gradients, capture_gradients, score_snapshot
@@ -74,15 +75,18 @@ class Committer:
     """At most one commit in flight, the staging pool, the persist thread, the chain memory."""
 
     def __init__(self, repo: Repository, options: EncodingOptions,
-                 staging_budget: int | None = None, background_priority: str = "idle"):
+                 staging_budget: int | None = None,
+                 background_priority: str = DEFAULT_PRIORITY):
         self.repo = repo
         self.options = options
         self.chains = ChainMemory()
         self.staging = StagingPool(staging_budget)
         # encoded chunks in memory at once: enough to keep the workers busy, at most ~64 MiB
         self.max_inflight = max(2, min(2 * repo.io_workers, (64 << 20) // options.chunk_bytes))
-        self.background_priority = check_priority(background_priority)
-        self._persister = background_executor(1, background_priority, "ckptstore-persist")
+        # raised to normal priority while a caller waits for them (priority inheritance)
+        self.background = BackgroundThreads(background_priority)
+        self.background_priority = background_priority
+        self._persister = self.background.pool(1, "ckptstore-persist")
         # the I/O threads of commit_async's persist (made on first use): at the background
         # priority, apart from the store's pool that callers wait on
         self._background_io: ThreadPoolExecutor | None = None
@@ -97,26 +101,31 @@ class Committer:
             self._persister.shutdown(wait=True)
             if self._background_io is not None:
                 self._background_io.shutdown(wait=True)
+            self.background.close()
             self.staging.clear()
 
     def _persist_executor(self) -> Executor:
-        """The I/O pool of a background persist (the store's own at ``"normal"`` priority)."""
+        """The I/O pool of a background persist (the store's own at ``"normal"`` priority, or
+        while a wait could not raise the background threads)."""
         if self.background_priority == "normal":
             return self.repo.executor
         if self._background_io is None:
-            self._background_io = background_executor(
-                self.repo.io_workers, self.background_priority, "ckptstore-bg-io")
-        return self._background_io
+            self._background_io = self.background.pool(self.repo.io_workers, "ckptstore-bg-io")
+        return self.background.executor(self._background_io, self.repo.executor)
 
     def wait(self) -> None:
         """Wait for the commit in flight (and a reservation of staging buffers); raise
-        :class:`PendingCommitError` if it failed unobserved."""
+        :class:`PendingCommitError` if it failed unobserved. The background threads run at
+        normal priority meanwhile, so busy cores cannot starve what the caller waits for."""
         reserving, self._reserving = self._reserving, None
         if reserving is not None:
-            reserving.result()
+            with nullcontext() if reserving.done() else self.background.boosted():
+                reserving.result()
         pending = self._inflight
         if pending is not None:
-            pending._done.wait()
+            if not pending.done():
+                with self.background.boosted():
+                    pending._done.wait()
             pending.raise_unobserved()
 
     def reserve(self, state: object) -> Future[int]:
@@ -168,7 +177,7 @@ class Committer:
                         staged_items(job.plan, self.options.device_encode))
         if tracker is not None:
             tracker.clear()
-        pending = PendingCommit(time.perf_counter() - t0, snap.nbytes)
+        pending = PendingCommit(time.perf_counter() - t0, snap.nbytes, self.background.boosted)
 
         executor = self._persist_executor()
 

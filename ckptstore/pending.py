@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 from .errors import PendingCommitError
@@ -26,9 +28,12 @@ class PendingCommit:
 
     ``wait()`` returns the :class:`CommitInfo` once the ref moved, or raises what made the persist
     fail. A failure nobody observed is raised again by the store's next commit or ``close()``.
+    While ``wait()`` blocks, the persist runs at normal priority (``boost``: the store's
+    :meth:`ckptstore.priority.BackgroundThreads.boosted`).
     """
 
-    def __init__(self, stall_seconds: float, total_bytes: int):
+    def __init__(self, stall_seconds: float, total_bytes: int,
+                 boost: Callable[[], AbstractContextManager[None]] = nullcontext):
         self.stall_seconds = stall_seconds
         self.progress = Progress(total=total_bytes)
         self.persist_seconds: float | None = None
@@ -37,6 +42,7 @@ class PendingCommit:
         self._error: BaseException | None = None
         self.observed = False
         self._started = time.perf_counter()
+        self._boost = boost
 
     def _finish(self, info: CommitInfo | None, error: BaseException | None) -> None:
         self._info, self._error = info, error
@@ -53,7 +59,10 @@ class PendingCommit:
 
     def wait(self, timeout: float | None = None) -> CommitInfo:
         """Block until persisted; return the commit's info or raise its error."""
-        if not self._done.wait(timeout):
+        if not self._done.is_set():
+            with self._boost():
+                self._done.wait(timeout)
+        if not self._done.is_set():
             raise TimeoutError(f"commit still persisting after {timeout} s "
                                f"({self.progress.written} bytes written)")
         self.observed = True

@@ -1,35 +1,52 @@
-"""Lower CPU priority for background work, so that a training loop sharing the cores is slowed
-as little as possible (issue 11: "a persist phase that leaves training alone").
+"""CPU priority of background work: low enough that a training loop sharing the cores is slowed
+little, never so low that busy cores starve it (issues 11 and 26).
 
 The persist thread of ``commit_async`` and the I/O threads that encode and write its chunks run
 at the priority ``ckptstore.open(url, background_priority=...)`` names:
 
-``"idle"`` (the default)
-    Linux ``SCHED_IDLE``: the threads get a core only when no normal thread wants it. On the
-    2-core VM this cut the slowdown of a Python-bound loop under ``commit_async`` from +17.5 %
-    to +7.6 % (lossless) and from +39.5 % to +26.9 % (8-bit), every commit still landing
-    (``benchmarks/cpu_proxy.py``; ``"low"`` measured the same). A persist starved by busy cores
-    delays only the next commit, which waits for it (at most one commit is in flight). Where
-    ``SCHED_IDLE`` does not exist, ``"low"``.
-``"low"``
-    the lowest nice value (19) for those threads.
+``"low"`` (the default)
+    nice :data:`LOW_NICE` above the process's nice value. The kernel's fair scheduler still
+    gives such a thread a share of a busy core (about a tenth against one normal thread), so a
+    persist always progresses, and a thread descheduled while it holds the GIL gets it back to
+    training within a few time slices.
+``"idle"`` (opt-in)
+    Linux ``SCHED_IDLE``: a core only when no normal thread wants one. **Warning**: when other
+    processes keep every core busy (DataLoader workers usually do), such a thread gets almost no
+    CPU: the persist does not finish, and while it holds the GIL the training thread cannot run
+    either -- a Python-bound loop beside two busy processes ran at 2.6 % CPU for minutes
+    (issue 26). Use it only where cores are known to stay free. Where ``SCHED_IDLE`` does not
+    exist, ``"low"``.
 ``"normal"``
-    the priority of the process, on the store's one I/O pool (as before this option existed).
+    the priority of the process, on the store's one I/O pool (as before issue 11).
 
-Synchronous commits and checkouts, where the caller waits, always run at normal priority. Where
-the operating system refuses a change, the threads keep their priority.
+**Priority inheritance** (:meth:`BackgroundThreads.boosted`): while the caller waits for the
+commit in flight (the next ``commit``/``commit_async``, ``PendingCommit.wait()``,
+``store.close()``), the background threads run at the caller's priority, so the wait lasts what
+the rest of the persist takes at normal priority. Raising a priority again needs the right to
+(root, ``CAP_SYS_NICE``, or ``ulimit -e`` of at least ``20 - nice``); where the system refuses,
+the chunks not yet started go to the store's normal-priority pool instead
+(:meth:`BackgroundThreads.executor`), and the persist thread goes on at its fair low share.
+
+Synchronous commits and checkouts, where the caller waits, always run at normal priority.
+Where the operating system refuses a change, the threads keep their priority.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from contextlib import contextmanager
 
-__all__ = ["BACKGROUND_PRIORITIES", "background_executor", "check_priority",
-           "lower_thread_priority", "started_executor"]
+__all__ = ["BACKGROUND_PRIORITIES", "DEFAULT_PRIORITY", "LOW_NICE", "BackgroundThreads",
+           "check_priority", "started_executor"]
 
-BACKGROUND_PRIORITIES = ("idle", "low", "normal")
+BACKGROUND_PRIORITIES = ("low", "idle", "normal")
+DEFAULT_PRIORITY = "low"
+#: niceness added for ``"low"``: the CFS weight of nice 10 is ~1/9 of nice 0's
+LOW_NICE = 10
+_IDLE = getattr(os, "SCHED_IDLE", None) if hasattr(os, "sched_setscheduler") else None
 
 
 def check_priority(level: str) -> str:
@@ -40,32 +57,104 @@ def check_priority(level: str) -> str:
     return level
 
 
-def lower_thread_priority(level: str) -> None:
-    """Give the calling thread the priority ``level`` (a thread initializer)."""
-    if level == "normal":
-        return
-    tid = threading.get_native_id()
+def _set(tid: int, idle: bool, nice: int) -> bool:
+    """Give thread ``tid`` the policy (``SCHED_IDLE`` or normal) and nice value; False where the
+    system refuses."""
+    if not hasattr(os, "setpriority"):
+        return False
     try:
-        if level == "idle" and hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
-            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        if _IDLE is not None and (idle or os.sched_getscheduler(tid) == _IDLE):
+            os.sched_setscheduler(tid, _IDLE if idle else os.SCHED_OTHER, os.sched_param(0))
+        if not idle:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)  # Linux: per thread
+    except ProcessLookupError:  # the thread ended
+        return True
+    except OSError:  # not permitted here
+        return False
+    return True
+
+
+class BackgroundThreads:
+    """The threads of background persists: made at ``level``, raised to the creator's priority
+    while someone waits for them (:meth:`boosted`).
+
+    Make it on the thread whose priority counts as normal (the store's opener); threads are
+    registered as they start, and forgotten at :meth:`close`.
+    """
+
+    def __init__(self, level: str):
+        self.level = check_priority(level)
+        self.normal_nice = os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") \
+            else 0
+        self._tids: set[int] = set()
+        self._lock = threading.Lock()
+        self._waiters = 0
+        #: True while someone waits and the threads could not be raised
+        self.refused = False
+
+    def pool(self, workers: int, name: str) -> ThreadPoolExecutor:
+        """A thread pool whose threads run at this level (normal while :meth:`boosted`)."""
+        return ThreadPoolExecutor(workers, thread_name_prefix=name, initializer=self._register)
+
+    def executor(self, low: Executor, normal: Executor) -> Executor:
+        """Submits to ``low``, or to ``normal`` while a wait could not raise the threads."""
+        return _Routed(self, low, normal)
+
+    def _register(self) -> None:
+        tid = threading.get_native_id()
+        with self._lock:
+            self._tids.add(tid)
+            if self._waiters:  # it may have inherited a low priority from its creator
+                self.refused |= not _set(tid, False, self.normal_nice)
+            else:
+                self._lower(tid)
+
+    def _lower(self, tid: int) -> None:
+        if self.level == "idle" and _IDLE is not None:
+            _set(tid, True, self.normal_nice)
+        elif self.level != "normal":
+            _set(tid, False, min(19, self.normal_nice + LOW_NICE))
+
+    @contextmanager
+    def boosted(self) -> Iterator[None]:
+        """While the body runs, the background threads run at normal priority."""
+        if self.level == "normal":
+            yield
             return
-        if hasattr(os, "setpriority"):
-            os.setpriority(os.PRIO_PROCESS, tid, 19)  # Linux: per thread
-    except OSError:  # not permitted here: stay at the process's priority
-        pass
+        with self._lock:
+            self._waiters += 1
+            if self._waiters == 1:
+                self.refused = not all([_set(t, False, self.normal_nice) for t in self._tids])
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waiters -= 1
+                if not self._waiters:
+                    self.refused = False
+                    for t in self._tids:
+                        self._lower(t)
+
+    def close(self) -> None:
+        """Forget the threads (after their pools shut down: their ids may be reused)."""
+        with self._lock:
+            self._tids.clear()
 
 
-def background_executor(workers: int, level: str, name: str) -> ThreadPoolExecutor:
-    """A thread pool whose threads run at priority ``level``."""
-    return ThreadPoolExecutor(workers, thread_name_prefix=name,
-                              initializer=lower_thread_priority, initargs=(level,))
+class _Routed(Executor):
+    def __init__(self, threads: BackgroundThreads, low: Executor, normal: Executor):
+        self._threads, self._low, self._normal = threads, low, normal
+
+    def submit(self, fn: Callable[..., object], /, *args: object, **kwargs: object) -> Future:
+        pool = self._normal if self._threads.refused else self._low
+        return pool.submit(fn, *args, **kwargs)
 
 
 def started_executor(workers: int, name: str) -> ThreadPoolExecutor:
     """A thread pool whose threads all start now, from the calling thread: on Linux a thread
     inherits the scheduling policy and nice value of the thread that creates it, and
     ``ThreadPoolExecutor`` creates its workers lazily, at a submit -- a worker started by a
-    background thread (``SCHED_IDLE``) would run the store's synchronous work at idle
+    background thread (low priority) would run the store's synchronous work at low
     priority."""
     executor = ThreadPoolExecutor(workers, thread_name_prefix=name)
     barrier = threading.Barrier(workers + 1)

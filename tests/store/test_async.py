@@ -357,34 +357,148 @@ def test_tracked_increments_stage_only_their_rows(tmp_path):
     assert all(s < table / 3 for s, _ in staged)
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux-only")
-def test_background_persist_runs_at_idle_priority(tmp_path):
-    """commit_async's persist thread and the I/O threads that write its chunks run at
-    SCHED_IDLE by default; synchronous work keeps the store's normal pool; "normal" persists on
-    that pool; a wrong value is refused before anything is created."""
+def thread_priorities(prefix: str) -> set[tuple[int, int]]:
+    """(scheduling policy, nice value) of this process's threads named ``prefix``..."""
+    return {(os.sched_getscheduler(t.native_id), os.getpriority(os.PRIO_PROCESS, t.native_id))
+            for t in threading.enumerate() if t.name.startswith(prefix)}
+
+
+LINUX_PRIORITIES = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"),
+                                      reason="per-thread priorities are Linux-only")
+
+
+@LINUX_PRIORITIES
+def test_background_persist_runs_at_low_priority(tmp_path):
+    """commit_async's persist thread and the I/O threads that write its chunks run at nice +10
+    by default (a fair share of a busy core), SCHED_IDLE only when asked; synchronous work keeps
+    the store's normal pool; "normal" persists on that pool; a wrong value is refused before
+    anything is created."""
     state = {"w": torch.randn(300, 300)}
-
-    def policies(prefix: str) -> set[int]:
-        return {os.sched_getscheduler(t.native_id) for t in threading.enumerate()
-                if t.name.startswith(prefix)}
-
-    with ckptstore.open(tmp_path / "idle") as store:
+    normal = os.getpriority(os.PRIO_PROCESS, 0)
+    low = {(os.SCHED_OTHER, min(19, normal + ckptstore.priority.LOW_NICE))}
+    with ckptstore.open(tmp_path / "low") as store:
         store.commit(state)
         store.commit_async(state).wait()
-        assert policies("ckptstore-persist") == {os.SCHED_IDLE}
-        assert policies("ckptstore-bg-io") == {os.SCHED_IDLE}
-        assert policies("ckptstore-io") == {os.SCHED_OTHER}
+        assert thread_priorities("ckptstore-persist") == low
+        assert thread_priorities("ckptstore-bg-io") == low
+        assert thread_priorities("ckptstore-io") == {(os.SCHED_OTHER, normal)}
     with ckptstore.open(tmp_path / "normal", background_priority="normal") as store:
         store.commit_async(state).wait()
-        assert policies("ckptstore-persist") == {os.SCHED_OTHER}
+        assert thread_priorities("ckptstore-persist") == {(os.SCHED_OTHER, normal)}
         assert store._committer._background_io is None
-    with ckptstore.open(tmp_path / "low", background_priority="low") as store:
+    with ckptstore.open(tmp_path / "idle", background_priority="idle") as store:
         store.commit_async(state).wait()
-        persist = [t for t in threading.enumerate() if t.name.startswith("ckptstore-persist")]
-        assert all(os.getpriority(os.PRIO_PROCESS, t.native_id) == 19 for t in persist)
+        assert {p for p, _ in thread_priorities("ckptstore-persist")} == {os.SCHED_IDLE}
     with pytest.raises(ValueError, match="background_priority"):
         ckptstore.open(tmp_path / "bad", background_priority="high")
     assert not (tmp_path / "bad").exists()
+
+
+def raising_refused() -> bool:
+    """Whether this process may not raise a thread's priority again once lowered."""
+    def probe(out: list) -> None:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + 1)
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) - 1)
+        except PermissionError:
+            out.append(True)
+
+    out: list = []
+    t = threading.Thread(target=probe, args=(out,))
+    t.start()
+    t.join()
+    return bool(out)
+
+
+@LINUX_PRIORITIES
+@pytest.mark.parametrize("level", ["low", "idle"])
+def test_waiting_for_a_persist_runs_it_at_normal_priority(flaky, level):
+    """Priority inheritance: while the caller waits for the commit in flight, the persist's
+    threads run at the caller's priority (busy cores cannot starve the wait), and go back to
+    their low priority after."""
+    if raising_refused():
+        pytest.skip("this process may not raise a priority (see the unprivileged test)")
+    flaky._committer.close()
+    flaky._committer = type(flaky._committer)(flaky.repo, flaky.options,
+                                              background_priority=level)
+    normal = {(os.SCHED_OTHER, os.getpriority(os.PRIO_PROCESS, 0))}
+    FlakyMemoryFS.gate = threading.Event()  # hold the persist
+    pending = flaky.commit_async({"w": torch.randn(100_000)})
+    before = thread_priorities("ckptstore-persist")
+    waiter = threading.Thread(target=pending.wait)
+    waiter.start()
+    deadline = time.monotonic() + 30
+    while thread_priorities("ckptstore-persist") != normal and time.monotonic() < deadline:
+        time.sleep(0.01)
+    during = thread_priorities("ckptstore-persist")
+    FlakyMemoryFS.gate.set()
+    waiter.join()
+    assert before != normal and during == normal
+    assert thread_priorities("ckptstore-persist") == before  # lowered again after the wait
+    assert pending.wait().id == flaky.log()[0].id
+
+
+UNPRIVILEGED_SCRIPT = """
+import json, os, threading, uuid
+import fsspec, torch
+from fsspec.implementations.memory import MemoryFileSystem
+import ckptstore
+
+class Gated(MemoryFileSystem):
+    protocol = "gated"
+    gate = threading.Event()
+    writers = []
+    def pipe_file(self, path, value, mode="overwrite", **kwargs):
+        Gated.gate.wait(30)
+        Gated.writers.append(threading.current_thread().name)
+        return super().pipe_file(path, value, mode=mode, **kwargs)
+
+fsspec.register_implementation("gated", Gated, clobber=True)
+Gated.gate.set()  # open while the store is made and warmed
+store = ckptstore.open(f"gated://{uuid.uuid4().hex}", io_workers=2,
+                       options=ckptstore.EncodingOptions(chunk_bytes=1 << 16))
+store.commit_async({"w": torch.randn(100_000)})  # warm: the background pool exists
+store._committer.wait()
+Gated.writers.clear()
+Gated.gate.clear()  # hold the next persist
+pending = store.commit_async({"w": torch.randn(100_000)})
+waiter = threading.Thread(target=pending.wait)
+waiter.start()
+background = store._committer.background
+for _ in range(3000):
+    if background.refused:
+        break
+    threading.Event().wait(0.01)
+refused = background.refused
+Gated.gate.set()
+waiter.join()
+print(json.dumps({"refused": refused, "writers": sorted(set(Gated.writers)),
+                  "landed": store.log()[0].id == pending.wait().id}))
+"""
+
+
+@LINUX_PRIORITIES
+def test_unprivileged_wait_moves_the_chunks_to_the_normal_pool():
+    """Where the system refuses to raise a priority again (no CAP_SYS_NICE, ``ulimit -e`` 0),
+    the chunks of a persist someone waits for are encoded and written on the store's
+    normal-priority pool instead, and the commit lands."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-c", UNPRIVILEGED_SCRIPT]
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root without setpriv: cannot drop CAP_SYS_NICE to test the refusal")
+        command = ["setpriv", "--bounding-set", "-sys_nice"] + command
+    elif not raising_refused():
+        pytest.skip("this process may raise priorities (ulimit -e): nothing is refused")
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["refused"] and result["landed"]
+    assert "ckptstore-io" in {w.rsplit("_", 1)[0] for w in result["writers"]}
 
 
 def test_the_store_pool_keeps_normal_priority_when_background_threads_use_it_first(tmp_path):

@@ -1,0 +1,68 @@
+"""``commit_async`` beside processes that keep every core busy (issue 26, item 1): the training
+loop keeps going and every commit lands, whatever the background priority's default."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+import ckptstore
+
+#: generous: a loop that is merely slow finishes well within it; only a freeze reaches it
+HANG_GUARD_S = 90.0
+COMMITS = 4
+
+
+def busy_processes() -> list[subprocess.Popen]:
+    """One CPU-bound process per core this process may use (at least two), at normal priority."""
+    n = max(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2)
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def python_bound_loop(store: ckptstore.Store, state: dict, landed: list) -> None:
+    """A training loop as the CPU sees it: small torch ops launched from Python, a
+    ``commit_async`` every 200 steps, then the last commit waited for."""
+    x, w = torch.randn(32, 32), torch.randn(32, 32) * 0.1
+    pending = None
+    for step in range(1, COMMITS * 200 + 1):
+        x = torch.tanh(x @ w).clamp(-1, 1)
+        if step % 200 == 0:
+            state["step"] = step
+            pending = store.commit_async(state, message=f"step {step}")
+    landed.append(pending.wait())
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs Linux CPU affinity")
+def test_training_loop_keeps_going_while_every_core_is_busy(tmp_path):
+    """With every core taken by busy processes, a Python-bound loop that commits asynchronously
+    finishes and all its commits land: the persist it waits for cannot starve (before: the
+    default SCHED_IDLE persist got no CPU and the loop froze in the next commit_async)."""
+    state = {"w": torch.randn(2048, 2048), "b": torch.randn(4096), "step": 0}  # 16 MB
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    busy = busy_processes()
+    landed: list = []
+    try:
+        with ckptstore.open(tmp_path / "s") as store:
+            loop = threading.Thread(target=python_bound_loop, args=(store, state, landed),
+                                    daemon=True)
+            loop.start()
+            loop.join(HANG_GUARD_S)
+            frozen = loop.is_alive()
+            for p in busy:  # let a starved persist finish, so that the store closes
+                p.kill()
+            loop.join()
+            assert not frozen, f"the training loop froze beside {len(busy)} busy processes"
+            assert [c.metadata["step"] for c in store.log()] == [
+                200 * k for k in range(COMMITS, 0, -1)]
+            assert landed and landed[0].metadata["step"] == COMMITS * 200
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+        torch.set_num_threads(threads)
