@@ -3,14 +3,19 @@
 Atomicity: ``put`` writes a temporary file in the key's folder and ``os.replace``-s it over the
 key; ``put_if_absent`` writes and fsyncs a temporary file, then ``os.link``-s it to the key, which
 fails if the key exists (POSIX ``link`` is atomic), and removes the temporary name. Chunks are one
-``os.writev`` of their parts, fsynced only when the store is durable. Folders this object created
-are remembered, so a commit of thousands of chunks calls ``makedirs`` once per folder.
+``os.writev`` of their parts. Folders this object created are remembered, so a commit of
+thousands of chunks calls ``makedirs`` once per folder.
+
+Durability (:attr:`LocalStorage.durable`, the default of ``ckptstore.open``): every chunk file is
+fsynced, :meth:`~LocalStorage.fsync_dir` fsyncs every folder of a commit's data and the folders
+above it, and ``put_if_absent`` fsyncs the folder it linked into (and any it made): a commit's
+data, then its manifest, then its ref reach the disk in that order, each before the next is
+written. Reads and writes never leave the root nor touch anything but regular files and folders
+(:mod:`~ckptstore.storage.localfiles`).
 """
 
 from __future__ import annotations
 
-import io
-import mmap
 import os
 import shutil
 import tempfile
@@ -19,15 +24,9 @@ from collections.abc import Sequence
 
 from ..layout import TEMP_PREFIX
 from .base import Buffer, Storage, as_parts
+from .localfiles import REUSE_MIN, Root, open_regular, read_bounded, read_reused
 
-__all__ = ["MAP_MIN", "LocalStorage", "cpu_share"]
-
-MAP_MIN = 1 << 20
-"""Chunks of at least this many bytes are read through a mapping (smaller ones: mapping and
-unmapping cost more than the copy)."""
-_MAP_FLAGS = (mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # every page at once
-              if hasattr(mmap, "MAP_SHARED") else None)  # None: no POSIX mmap (Windows)
-_NOWAIT = getattr(os, "RWF_NOWAIT", None)  # None (not Linux): no probe, large chunks mapped
+__all__ = ["LocalStorage", "cpu_share"]
 
 
 def cpu_share() -> int:
@@ -55,25 +54,15 @@ class LocalStorage(Storage):
     url
         The location as the caller gave it (default: ``root``).
     durable
-        Fsync every chunk file (see :attr:`Storage.durable`).
-
-    Attributes
-    ----------
-    map_reads
-        Read chunks of at least :data:`MAP_MIN` bytes through a read-only mapping (default
-        True; resharded and whole checkouts pass over the page cache once less). The cost: a
-        disk error under a mapped page, or another program truncating a chunk file while it is
-        read, is a ``SIGBUS`` that ends the process instead of an ``OSError`` (a read loses
-        nothing either way). Set ``store.storage.map_reads = False`` to trade the speed for the
-        error.
+        Fsync every chunk file and every folder a commit writes into (see the module's
+        docstring and :attr:`Storage.durable`).
     """
-
-    map_reads: bool = True
 
     def __init__(self, root: str | os.PathLike, url: str | None = None, durable: bool = False):
         self.root = os.path.abspath(os.fspath(root))
         self.url = os.fspath(root) if url is None else url
         self.durable = durable
+        self._root = Root(self.root)
         self._made_dirs: set[str] = set()
         self._dirs_lock = threading.Lock()
 
@@ -94,27 +83,21 @@ class LocalStorage(Storage):
 
     # -- reads -----------------------------------------------------------------------------
     def read(self, key: str) -> bytes:
-        with open(self.path(key), "rb") as f:
-            return f.read()
+        """The bytes of a regular file inside the root, at most its size when opened."""
+        fd, size = open_regular(self._root, self.path(key), key)
+        try:
+            return read_bounded(fd, size)
+        finally:
+            os.close(fd)
 
     def read_chunk(self, key: str) -> Buffer:
-        """A chunk of at least :data:`MAP_MIN` bytes in the page cache mapped read-only, not
-        copied: the page cache is read in place (a decode then passes over it once less). One
-        not in the cache is read (a read's large requests fetch it from disk ~20 % faster than
-        a mapping's faults). Chunk files are never rewritten in place (:meth:`put_chunk`
-        unlinks first), so a mapping sees one version. With :attr:`map_reads` off, every chunk
-        is read (see its caveat)."""
-        fd = os.open(self.path(key), os.O_RDONLY)
+        """A chunk of at least :data:`~ckptstore.storage.localfiles.REUSE_MIN` bytes is read
+        into this thread's reusable buffer (a read-only view; the buffer is reused only once the
+        caller dropped it), a smaller one as ``bytes``. Never a mapping: a chunk file truncated
+        while it is read is a short chunk that fails its checksum, not a ``SIGBUS``."""
+        fd, size = open_regular(self._root, self.path(key), key)
         try:
-            size = os.fstat(fd).st_size
-            if self.map_reads and size >= MAP_MIN and _MAP_FLAGS is not None and _cached(
-                    fd, size - 1):
-                try:
-                    return memoryview(mmap.mmap(fd, size, flags=_MAP_FLAGS, prot=mmap.PROT_READ))
-                except (OSError, ValueError):  # a file system that does not map, or the
-                    pass  # file shrank since fstat: read it (a short chunk fails its crc)
-            with io.FileIO(fd, closefd=False) as f:
-                return f.readall()
+            return read_reused(fd, size) if size >= REUSE_MIN else read_bounded(fd, size)
         finally:
             os.close(fd)
 
@@ -131,32 +114,37 @@ class LocalStorage(Storage):
             return None
 
     def listdir(self, key: str) -> list[str]:
+        path = self.path(key)
+        self._root.check_folder(path, key)
         try:
-            return sorted(os.listdir(self.path(key)))
+            return sorted(os.listdir(path))
         except (FileNotFoundError, NotADirectoryError):
             return []
 
     def walk_sizes(self, key: str) -> dict[str, int]:
+        path = self.path(key)
+        self._root.check_folder(path, key)
         out: dict[str, int] = {}
-        for d, _, files in os.walk(self.path(key)):
+        for d, _, files in os.walk(path):  # links to folders are not followed
             for f in files:
                 full = os.path.join(d, f)
                 rel = os.path.relpath(full, self.root).replace(os.sep, "/")
-                st = os.stat(full)
+                st = os.lstat(full)  # a link: its own size, never its target's
                 out[rel] = st.st_size // max(st.st_nlink, 1)  # a shared chunk: its share
         return out
 
     # -- writes ----------------------------------------------------------------------------
     def put(self, key: str, data: bytes) -> None:
         path = self.path(key)
-        self._makedirs(os.path.dirname(path))
-        tmp = _write_temp(path, data, fsync=False)
+        made = self._root.makedirs(os.path.dirname(path), key)  # checked on every call
+        tmp = _write_temp(path, data, fsync=self.durable)
         os.replace(tmp, path)
+        self._sync_entries(path, made)
 
     def put_chunk(self, key: str, data: Buffer | Sequence[Buffer]) -> None:
         parts = as_parts(data)
         path = self.path(key)
-        self._makedirs(os.path.dirname(path))
+        self._makedirs(os.path.dirname(path), key)
         fd = _create_anew(path)
         try:
             total, done = sum(len(p) for p in parts), os.writev(fd, parts)
@@ -169,16 +157,16 @@ class LocalStorage(Storage):
 
     def link_chunk(self, source: str, key: str) -> bool:
         path = self.path(key)
-        self._makedirs(os.path.dirname(path))
-        try:
-            os.link(self.path(source), path)
+        self._makedirs(os.path.dirname(path), key)
+        try:  # a link in ``source``'s place is linked as a link (and refused when read)
+            os.link(self.path(source), path, follow_symlinks=False)
         except OSError:  # gone, another file system, no hard links, too many, or a retried
             return False  # write of this very chunk (it exists): the caller writes it anew
         return True
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         path = self.path(key)
-        self._makedirs(os.path.dirname(path))
+        made = self._root.makedirs(os.path.dirname(path), key)  # checked on every call
         tmp = _write_temp(path, data, fsync=True)
         try:
             os.link(tmp, path)
@@ -186,16 +174,20 @@ class LocalStorage(Storage):
             return False
         finally:
             os.unlink(tmp)
+        self._sync_entries(path, made)
         return True
 
     def delete(self, key: str) -> None:
+        path = self.path(key)
+        self._root.check_folder(os.path.dirname(path), key)
         try:
-            os.unlink(self.path(key))
+            os.unlink(path)
         except FileNotFoundError:
             pass
 
     def delete_tree(self, key: str) -> None:
         path = self.path(key)
+        self._root.check_folder(os.path.dirname(path), key)  # a link itself is removed as one
         try:
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path)
@@ -207,22 +199,34 @@ class LocalStorage(Storage):
             self._made_dirs = {d for d in self._made_dirs if not d.startswith(path)}
 
     def fsync_dir(self, key: str) -> None:
-        try:
-            fd = os.open(self.path(key), os.O_RDONLY)
-        except FileNotFoundError:
+        """When :attr:`durable`: fsync every folder under ``key`` (deepest first), then each
+        folder above it up to the root, so that every entry a commit's data made is on disk.
+        Not durable: nothing."""
+        if not self.durable:
             return
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        path = self.path(key)
+        self._root.check_folder(path, key)
+        for folder, _, _ in os.walk(path, topdown=False):  # links to folders are not followed
+            _fsync_folder(folder)
+        while path != self.root and os.path.dirname(path) != path:
+            path = os.path.dirname(path)
+            _fsync_folder(path)
 
     # -- helpers ---------------------------------------------------------------------------
-    def _makedirs(self, path: str) -> None:
+    def _makedirs(self, path: str, key: str) -> None:
+        """Make a chunk's folder (checked to lie in the root once per folder and object)."""
         if path in self._made_dirs:
             return
-        os.makedirs(path, exist_ok=True)
+        self._root.makedirs(path, key)
         with self._dirs_lock:
             self._made_dirs.add(path)
+
+    def _sync_entries(self, path: str, made: list[str]) -> None:
+        """When :attr:`durable`: fsync the folder a new file was linked into, and the parent of
+        every folder made for it (deepest first)."""
+        if self.durable:
+            for folder in [os.path.dirname(path), *(os.path.dirname(m) for m in reversed(made))]:
+                _fsync_folder(folder)
 
 
 def _write_temp(path: str, data: bytes, fsync: bool) -> str:
@@ -240,17 +244,16 @@ def _write_temp(path: str, data: bytes, fsync: bool) -> str:
     return tmp
 
 
-def _cached(fd: int, offset: int) -> bool:
-    """Whether the byte at ``offset`` of an open file is in the page cache (a one-byte read
-    that may not wait for the disk; True where the kernel cannot tell)."""
-    if _NOWAIT is None:
-        return True
+def _fsync_folder(path: str) -> None:
+    """Fsync a folder's entries (a missing folder: nothing to make durable)."""
     try:
-        return os.preadv(fd, [bytearray(1)], offset, _NOWAIT) == 1
-    except BlockingIOError:  # not cached
-        return False
-    except OSError:  # no RWF_NOWAIT for this file system or kernel
-        return True
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _create_anew(path: str) -> int:

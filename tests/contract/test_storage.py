@@ -7,7 +7,6 @@ A new back-end passes this suite before anything else; dulwich's ``ObjectStoreTe
 
 from __future__ import annotations
 
-import mmap
 import os
 import sys
 import threading
@@ -20,7 +19,6 @@ from typing import TypeVar
 import pytest
 
 from ckptstore.storage import FsspecStorage, LocalStorage, MemoryStorage, Storage, open_storage
-from ckptstore.storage import local as local_mod
 
 T = TypeVar("T")
 EXPECTED_CLASS = {"local": LocalStorage, "memory": MemoryStorage, "s3": FsspecStorage}
@@ -267,53 +265,4 @@ def test_local_chunk_is_one_writev_and_fsynced_only_when_durable(tmp_path, monke
     assert "fsync" in calls and sorted(os.listdir(tmp_path / "s" / "r")) == ["1"]
 
 
-def test_local_large_chunks_are_mapped_not_copied(tmp_path):
-    storage = open_storage(tmp_path / "s")
-    storage.put_chunk("c/big", b"x" * local_mod.MAP_MIN)
-    storage.put_chunk("c/small", b"y" * (local_mod.MAP_MIN - 1))
-    big, small = storage.read_chunk("c/big"), storage.read_chunk("c/small")
-    assert isinstance(big, memoryview) and isinstance(big.obj, mmap.mmap) and big.readonly
-    assert isinstance(small, bytes)
-    with pytest.raises(TypeError):
-        big[0] = 1  # read-only: nothing decodes into the store's pages
-    storage.map_reads = False  # errors of the disk as OSError, not SIGBUS
-    assert storage.read_chunk("c/big") == b"x" * local_mod.MAP_MIN
-    assert isinstance(storage.read_chunk("c/big"), bytes)
-
-
-def test_local_read_chunk_falls_back_to_a_read(tmp_path, monkeypatch):
-    """A file system that cannot map the file is read as before."""
-    storage = open_storage(tmp_path / "s")
-    data = os.urandom(local_mod.MAP_MIN + 5)
-    storage.put_chunk("c/0", data)
-
-    def refuse(*args, **kwargs):
-        raise OSError(19, "No such device")
-
-    monkeypatch.setattr(local_mod.mmap, "mmap", refuse)
-    got = storage.read_chunk("c/0")
-    assert isinstance(got, bytes) and got == data
-
-
-def test_local_chunks_not_in_the_page_cache_are_read(tmp_path, monkeypatch):
-    """A chunk whose last byte is not cached is read, not mapped (a read fetches it from disk
-    in larger requests); where the kernel cannot tell, large chunks are mapped."""
-    storage = open_storage(tmp_path / "s")
-    data = os.urandom(local_mod.MAP_MIN + 9)
-    storage.put_chunk("c/0", data)
-    with open(storage.path("c/0"), "rb") as f:  # just written: cached
-        assert local_mod._cached(f.fileno(), len(data) - 1)
-
-    def not_cached(fd, buffers, offset, flags=0):
-        raise BlockingIOError(11, "Resource temporarily unavailable")
-
-    monkeypatch.setattr(local_mod.os, "preadv", not_cached)
-    got = storage.read_chunk("c/0")
-    assert isinstance(got, bytes) and got == data
-
-    def no_nowait(fd, buffers, offset, flags=0):
-        raise OSError(95, "Operation not supported")
-
-    monkeypatch.setattr(local_mod.os, "preadv", no_nowait)
-    got = storage.read_chunk("c/0")
-    assert bytes(got) == data and (isinstance(got, memoryview) or local_mod._MAP_FLAGS is None)
+# The local large-chunk reads (reused buffers, never mapped): tests/store/test_mapped_reads.py.

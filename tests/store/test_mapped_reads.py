@@ -1,10 +1,14 @@
-"""Chunks of a local store at least ``MAP_MIN`` bytes long are read through a read-only mapping
-(``LocalStorage.read_chunk``): what a checkout hands back is never the store's pages (it is
-writable and stays valid after gc), and damaged mapped chunks are clear errors, as read ones."""
+"""Large chunks of a local store are read into reused per-thread buffers, never mapped
+(``LocalStorage.read_chunk``, issue 26 item 10): what a checkout hands back is never the store's
+pages nor a reader's buffer (it is writable and stays valid after gc), a chunk file truncated
+while it is read is a clear error and never a ``SIGBUS``, and a buffer a caller still holds is
+never overwritten by the next read."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import weakref
 
 import numpy as np
 import pytest
@@ -14,7 +18,8 @@ import ckptstore
 from ckptstore.errors import CorruptedChunkError
 from ckptstore.plan import EncodingOptions
 from ckptstore.policy import Policy, QuantSpec
-from ckptstore.storage import local as local_mod
+from ckptstore.storage import LocalStorage
+from ckptstore.storage.localfiles import REUSE_MIN
 
 ROWS = 5 * 4096 + 7  # 64 float32 a row: 5 MiB, chunks of 2 + 2 + 1 MiB
 
@@ -34,13 +39,13 @@ def _chunks(root: str, min_size: int) -> list[str]:
 
 
 @pytest.mark.parametrize("compression", ["entropy", "none", "lz4"])
-def test_checkout_of_mapped_chunks_is_writable_and_outlives_the_store(tmp_path, compression):
+def test_checkout_of_large_chunks_is_writable_and_outlives_the_store(tmp_path, compression):
     root = str(tmp_path / "s")
     store = ckptstore.open(root, options=EncodingOptions(compression=compression,
                                                   chunk_bytes=1 << 21))
     state = _state()
     first = store.commit(state, message="one")
-    assert _chunks(root, local_mod.MAP_MIN)  # the reads below go through mappings
+    assert _chunks(root, REUSE_MIN)  # the reads below go through reused buffers
     got = store.checkout("main")
     into = {"emb": torch.zeros(ROWS, 64), "half": torch.zeros(ROWS, 64, dtype=torch.bfloat16)}
     store.checkout("main", into=into)
@@ -55,11 +60,11 @@ def test_checkout_of_mapped_chunks_is_writable_and_outlives_the_store(tmp_path, 
     store.close()
 
 
-def test_mapped_chunk_damage_is_a_corrupted_chunk_error(tmp_path):
+def test_large_chunk_damage_is_a_corrupted_chunk_error(tmp_path):
     root = str(tmp_path / "s")
     store = ckptstore.open(root, options=EncodingOptions(chunk_bytes=1 << 21))
     store.commit(_state(), message="one")
-    first, second = _chunks(root, local_mod.MAP_MIN)[:2]
+    first, second = _chunks(root, REUSE_MIN)[:2]
     key = os.path.relpath(first, root).replace(os.sep, "/")
     with open(first, "r+b") as f:  # a flipped bit in the middle
         f.seek(os.path.getsize(first) // 2)
@@ -79,9 +84,9 @@ def test_mapped_chunk_damage_is_a_corrupted_chunk_error(tmp_path):
     store.close()
 
 
-def test_mapped_chunks_of_chains_and_quantized_commits(tmp_path):
-    """Chains (XOR and quantized code deltas) and quantized full commits replay from mapped
-    chunks exactly as from read ones."""
+def test_large_chunks_of_chains_and_quantized_commits(tmp_path):
+    """Chains (XOR and quantized code deltas) and quantized full commits replay from reused
+    buffers exactly as from fresh reads (a chain holds one link's chunk while it reads the next)."""
     root = str(tmp_path / "s")
     opts = EncodingOptions(chunk_bytes=1 << 21)
     xor = ckptstore.open(root, options=opts, policy=Policy(delta=True))
@@ -92,7 +97,7 @@ def test_mapped_chunks_of_chains_and_quantized_commits(tmp_path):
     for s in states:
         xor.commit(s)
         quant.commit(s)
-    assert _chunks(root, local_mod.MAP_MIN)
+    assert _chunks(root, REUSE_MIN)
     got = xor.checkout("main")
     for k, v in states[-1].items():
         assert torch.equal(got[k], v)
@@ -100,3 +105,61 @@ def test_mapped_chunks_of_chains_and_quantized_commits(tmp_path):
     assert np.abs((q - states[-1]["emb"]).numpy()).max() < 0.05
     xor.close()
     quant.close()
+
+
+def _truncate_under_the_reader(root: str, size: int, to: int) -> None:
+    """In a child: read a chunk, truncate its file, then use the bytes read (a mapping would
+    ``SIGBUS`` here)."""
+    storage = LocalStorage(root)
+    data = os.urandom(size)
+    storage.put_chunk("data/c/0", data)
+    got = storage.read_chunk("data/c/0")
+    os.truncate(storage.path("data/c/0"), to)
+    assert bytes(got) == data
+    os.truncate(storage.path("data/c/0"), to)  # truncated before the read: a short chunk
+    assert bytes(storage.read_chunk("data/c/0")) == data[:to]
+
+
+@pytest.mark.parametrize("to", [0, "half"])
+def test_chunk_truncated_while_read_never_kills_the_reader(tmp_path, to):
+    size = 3 << 20
+    ctx = multiprocessing.get_context("fork")
+    p = ctx.Process(target=_truncate_under_the_reader,
+                    args=(str(tmp_path / "s"), size, size // 2 if to == "half" else 0))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0, f"the reader ended with {p.exitcode} (negative: killed by a signal)"
+
+
+def test_a_held_buffer_is_never_overwritten_and_a_dropped_one_is_reused(tmp_path):
+    storage = LocalStorage(tmp_path / "s")
+    one, two = os.urandom(REUSE_MIN + 10), os.urandom(2 * REUSE_MIN)
+    storage.put_chunk("c/1", one)
+    storage.put_chunk("c/2", two)
+    a = storage.read_chunk("c/1")
+    held = np.frombuffer(storage.read_chunk("c/2"), dtype=np.uint8)  # a view keeps it
+    b = storage.read_chunk("c/1")
+    assert bytes(a) == one and held.tobytes() == two and bytes(b) == one
+    assert a.readonly and b.readonly and a.obj is not b.obj and held.base.obj is not a.obj
+    with pytest.raises(TypeError):
+        a[0] = 1  # read-only: nothing decodes into a reader's buffer
+    owner = weakref.ref(b.obj)  # (a strong reference would hold it)
+    del a, b, held
+    c = storage.read_chunk("c/1")
+    assert bytes(c) == one and c.obj is owner()  # dropped: the next read reuses it
+    storage.put_chunk("c/small", b"s")
+    assert isinstance(storage.read_chunk("c/small"), bytes)  # small chunks: plain bytes
+
+
+def test_chunk_reads_in_threads_keep_their_bytes(tmp_path):
+    """Each I/O thread has its own buffer: chunks read at once in threads stay whole."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    storage = LocalStorage(tmp_path / "s")
+    chunks = {f"c/{i}": os.urandom(REUSE_MIN + i * 4096) for i in range(16)}
+    for k, v in chunks.items():
+        storage.put_chunk(k, v)
+    with ThreadPoolExecutor(4) as ex:
+        for _ in range(3):
+            got = list(ex.map(lambda k: (k, bytes(storage.read_chunk(k))), chunks))
+            assert dict(got) == chunks

@@ -1,0 +1,180 @@
+"""Safe access to the files under a local store's root: regular files only, never a link out of
+the root, reads bounded by the file's size, large reads into reused buffers.
+
+A store is untrusted input. A key may have been replaced by a FIFO (an ``open`` that waits
+forever), a link to ``/dev/zero`` (a read that never ends), a link loop, or a folder linked out
+of the root (``refs/tags -> /elsewhere``: a ``tag()`` that writes there). :func:`open_regular`
+opens a key without blocking, checks that it is a regular file and that the file it opened lies
+under the root (the kernel's own name for the open file, ``/proc/self/fd``; nothing can swap a
+link between the check and the read), and :class:`Root` checks a folder before anything is
+written into it or deleted under it. Anything else is an :class:`~ckptstore.UnsafeFileError`.
+
+Large chunks are read with ``readv`` into a per-thread buffer that is reused once its previous
+reader dropped it (the caller's buffer is never overwritten while referenced): no page faults
+of a fresh allocation, no mapping (a mapped file truncated by another program ends the process
+with ``SIGBUS``; a read of one is short and fails its checksum).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import sys
+import threading
+
+import numpy as np
+
+from ..errors import UnsafeFileError
+
+__all__ = ["REUSE_MIN", "Root", "open_regular", "read_bounded", "read_reused"]
+
+REUSE_MIN = 1 << 18
+"""Reads of at least this many bytes go into a reused per-thread buffer (smaller ones: a new
+``bytes`` costs less than the bookkeeping)."""
+
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | \
+    getattr(os, "O_CLOEXEC", 0)  # O_NONBLOCK: a FIFO opens at once (and is then refused)
+_PROC_FD = "/proc/self/fd/"
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_local = threading.local()
+
+
+class Root:
+    """A store root on the local file system, and the checks that keep every access in it."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self._real: str | None = None  # the root's resolved path (once it exists)
+
+    def real(self) -> str:
+        """The root's resolved path (a root that is itself a link is fine)."""
+        if self._real is None:
+            real = os.path.realpath(self.root)
+            if not os.path.isdir(real):
+                return real  # not made yet: resolve again later
+            self._real = real
+        return self._real
+
+    def inside(self, resolved: str) -> bool:
+        """Whether a resolved path is the root or under it."""
+        real = self.real()
+        return resolved == real or resolved.startswith(real.rstrip(os.sep) + os.sep)
+
+    def check_folder(self, path: str, key: str) -> None:
+        """Raise :class:`UnsafeFileError` unless the folder ``path`` (or, where it does not exist
+        yet, its nearest existing ancestor) resolves inside the root."""
+        probe = path
+        while not os.path.lexists(probe):
+            if probe == self.root or os.path.dirname(probe) == probe:
+                return  # the root is not made yet: nothing in it can lead out
+            probe = os.path.dirname(probe)
+        resolved = os.path.realpath(probe)
+        if not self.inside(resolved):
+            raise _unsafe(key, path, f"a link leading out of the store (to {resolved})")
+
+    def makedirs(self, path: str, key: str) -> list[str]:
+        """Make the folder ``path`` and its missing parents, each checked to lie in the root;
+        return the folders made (parents first)."""
+        self.check_folder(path, key)
+        missing = []
+        probe = path
+        while not os.path.isdir(probe) and os.path.dirname(probe) != probe:
+            missing.append(probe)
+            probe = os.path.dirname(probe)
+        made = []
+        for folder in reversed(missing):
+            try:
+                os.mkdir(folder)
+                made.append(folder)
+            except FileExistsError:  # another writer made it; a file there fails below
+                pass
+        if missing:
+            self.check_folder(path, key)  # nothing swapped a link in meanwhile
+        return made
+
+
+def open_regular(root: Root, path: str, key: str) -> tuple[int, int]:
+    """Open a key's file for reading; ``(fd, size)``. A folder raises ``IsADirectoryError``, a
+    missing file ``FileNotFoundError``; anything but a regular file inside the root,
+    :class:`UnsafeFileError`."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _unsafe(key, path, "a link loop") from None
+        if e.errno == errno.ENXIO:
+            raise _unsafe(key, path, "a socket") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "a folder where a file belongs", path)
+        if not stat.S_ISREG(st.st_mode):
+            what = next((name for test, name in _KINDS if test(st.st_mode)), "not a file")
+            raise _unsafe(key, path, what)
+        resolved = _opened_path(fd, path)
+        if not root.inside(resolved):
+            raise _unsafe(key, path, f"a link leading out of the store (to {resolved})")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st.st_size
+
+
+def read_bounded(fd: int, size: int) -> bytes:
+    """At most ``size`` bytes of an open file from its start (fewer where it was truncated
+    meanwhile: the caller's checks see a short file)."""
+    parts, left = [], size
+    while left > 0:
+        part = os.pread(fd, min(left, 1 << 30), size - left)
+        if not part:
+            break
+        parts.append(part)
+        left -= len(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def read_reused(fd: int, size: int) -> memoryview:
+    """At most ``size`` bytes of an open file, read into this thread's reusable buffer; a
+    read-only view of them. The buffer is reused only once nothing refers to it any more."""
+    buf = _buffer(size)
+    view = memoryview(buf)[:size]
+    done = 0
+    while done < size:
+        n = os.preadv(fd, [view[done:]], done)
+        if not n:
+            break  # truncated meanwhile: a short chunk fails its checksum
+        done += n
+    view.release()
+    return memoryview(buf)[:done].toreadonly()
+
+
+def _buffer(size: int) -> np.ndarray:
+    """This thread's buffer of at least ``size`` bytes, not referenced elsewhere (a new one, kept
+    for the next read, where the last one is too small or still held by a caller)."""
+    buf = _local.__dict__.get("buf")
+    # referenced by this thread's slot, ``buf`` and getrefcount's argument: nothing else holds it
+    if buf is not None and len(buf) >= size and sys.getrefcount(buf) <= 3:
+        return buf
+    buf = np.empty(size + (size >> 4), dtype=np.uint8)  # room for the next chunk's few more bytes
+    _local.buf = buf
+    return buf
+
+
+def _opened_path(fd: int, path: str) -> str:
+    """The resolved path of an open file (the kernel's name for it where ``/proc`` is there;
+    else the path resolved now)."""
+    try:
+        name = os.readlink(_PROC_FD + str(fd))
+    except OSError:
+        return os.path.realpath(path)
+    return name.removesuffix(" (deleted)")
+
+
+def _unsafe(key: str, path: str, what: str) -> UnsafeFileError:
+    return UnsafeFileError(
+        f"{path} (store key {key!r}) is {what}: a store holds only regular files and folders "
+        "inside its root. Remove it, or restore the file from a copy of the store",
+        key, errno.EPERM)
