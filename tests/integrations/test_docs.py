@@ -4,6 +4,8 @@ written: every ```python block of a page, in order, in a fresh folder."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import pathlib
 import re
@@ -41,3 +43,76 @@ def test_gpu_claims_say_where_they_were_measured() -> None:
     async_page = (DOCS / "async.md").read_text()
     gpu_part = async_page.index("**Snapshot into spare GPU memory**")
     assert NOT_ON_GPU in " ".join(async_page[gpu_part - 1000:gpu_part].split())
+
+
+NOTEBOOK = DOCS / "lab" / "notebook.md"
+
+
+def _without_code(text: str) -> str:
+    return re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: pathlib.Path) -> set[str]:
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#+ (.*)$", _without_code(page.read_text()), re.MULTILINE):
+        slug = _slug(heading)
+        seen[slug] = seen.get(slug, -1) + 1
+    return {s if n == 0 else f"{s}-{n}" for s, count in seen.items() for n in range(count + 1)}
+
+
+def _section(heading: str) -> str:
+    """The notebook's text under ``heading``, up to the next heading."""
+    text = NOTEBOOK.read_text()
+    start = re.search(rf"^#+ {re.escape(heading)}\n", text, re.MULTILINE)
+    assert start, f"no section {heading!r} in docs/lab/notebook.md"
+    end = re.search(r"^#+ ", text[start.end():], re.MULTILINE)
+    return text[start.end():start.end() + end.start() if end else len(text)]
+
+
+def test_links_between_pages_resolve() -> None:
+    # issue 26 item 20: the old benchmarks page's sections moved to docs/lab/notebook.md
+    pages = [DOCS.parent / "README.md", *sorted(DOCS.rglob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", _without_code(page.read_text())):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists() or (anchor and dest.suffix == ".md"
+                                     and anchor not in _anchors(dest)):
+                broken.append(f"{page.relative_to(DOCS.parent)}: {target}")
+    assert not broken
+
+
+def test_benchmark_figures_come_from_the_notebook() -> None:
+    # every figure of the user's page is one the notebook measured (never rounded or made up)
+    page = _without_code((DOCS / "benchmarks.md").read_text())
+    notebook = NOTEBOOK.read_text()
+    commands = " ".join(notebook.replace("\\\n", " ").split())  # as one line each
+    figures = re.findall(r"[−+-]?\d[\d,]*\.\d+ ?[×%]?|[−+-]?\d[\d,]* ?[×%]", page)
+    assert len(figures) > 50
+    assert [f for f in figures if f not in notebook] == []
+    data = json.loads((DOCS / "lab" / "figures.json").read_text())
+    for figure in data["figures"]:
+        section = _section(figure["section"])
+        assert " ".join(figure["command"].split()) in commands, figure["id"]
+        for values in figure["series"].values():
+            assert len(values) == len(figure["categories"])
+            assert [v for v in values if v not in section] == [], figure["id"]
+        assert f"plots/{figure['id']}.svg" in page, figure["id"]
+    shown = re.findall(r"```\n(.*?)```", (DOCS / "benchmarks.md").read_text(), re.DOTALL)
+    assert [c for c in shown if " ".join(c.split()) not in commands] == []
+
+
+def test_plots_are_drawn_from_the_figures(tmp_path: pathlib.Path) -> None:
+    spec = importlib.util.spec_from_file_location("plots", DOCS.parent / "benchmarks" / "plots.py")
+    plots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plots)
+    for path in plots.draw(out=tmp_path):
+        assert path.read_bytes() == (DOCS / "plots" / path.name).read_bytes(), path.name
