@@ -20,6 +20,7 @@ from .dtypes import STORAGE
 from .errors import CorruptedChunkError, ManifestError, UnsupportedLeafError
 from .grid import CHUNK_BYTES, ChunkGrid
 from .layout import ZARR_JSON, chunk_key
+from .limits import allocate
 from .storage import Buffer, Storage
 
 __all__ = [
@@ -238,7 +239,7 @@ def start_read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: n
     shape = grid.shape
     lo_want, hi_want = rows if rows is not None else (0, shape[0] if shape else 1)
     out_shape = (hi_want - lo_want, *shape[1:]) if shape else ()
-    out = np.empty(out_shape, dtype=np_dtype)
+    out = allocate(out_shape, np_dtype, prefix)
 
     def get_chunk(key: str, lo: int, hi: int) -> None:
         where = chunk_key(prefix, key)
@@ -250,7 +251,7 @@ def start_read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: n
         if hi - lo == grid.chunks[0] and (a, b) == (lo, hi):
             codec.decode(data, out[lo - lo_want: hi - lo_want], where)  # straight into place
         else:
-            tmp = np.empty(grid.chunks, dtype=np_dtype)
+            tmp = allocate(grid.chunks, np_dtype, where)
             codec.decode(data, tmp, where)
             out[a - lo_want: b - lo_want] = tmp[a - lo: b - lo]
 

@@ -20,6 +20,7 @@ input)::
     │   └── CorruptedChunkError                  a chunk failed its checksum or is missing
     ├── PendingCommitError (RuntimeError)        a background persist failed
     ├── StagingBudgetError (MemoryError)         commit_async would need more staging than allowed
+    ├── AllocationError (MemoryError)            an array a manifest declares cannot be allocated
     ├── StorageError (OSError)                   the back-end failed a request, after retries
     │   ├── StorageFullError                     no space left (ENOSPC, EDQUOT)
     │   └── UnsafeFileError                      a FIFO, device, link out of the root
@@ -31,6 +32,7 @@ input)::
 from __future__ import annotations
 
 __all__ = [
+    "AllocationError",
     "AmbiguousRef",
     "CkptStoreError",
     "ConcurrentUpdateError",
@@ -136,6 +138,12 @@ class PendingCommitError(CkptStoreError, RuntimeError):
 class StagingBudgetError(CkptStoreError, MemoryError):
     """``commit_async`` would hold more host staging memory than ``ckptstore.open(...,
     staging_budget=...)`` allows; nothing was copied or written."""
+
+
+class AllocationError(CkptStoreError, MemoryError):
+    """A read needs more memory for an array than this process can allocate: check out fewer
+    tensors (``paths=``) or on a larger machine; from a store you do not trust, the manifest
+    may be hostile (``verify`` reports what the store holds)."""
 
 
 class StorageError(CkptStoreError, OSError):

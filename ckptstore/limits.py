@@ -14,7 +14,9 @@ chunks), both before its buffer is allocated or its grid is iterated:
 
 and checkout allocates an array only once every chunk of it is listed, so what an entry
 declares is at most ``chunks stored x max_chunk_bytes``, and verify walks at most
-``max_missing`` chunk keys more than are stored. Every other entry is bounded by arrays: a
+``max_missing`` chunk keys more than are stored. What a process still cannot allocate within
+that bound is an :class:`~ckptstore.errors.AllocationError` (:func:`allocate`), not a raw
+``MemoryError``; a chunk that decodes to less than its grid says is refused by its codec. Every other entry is bounded by arrays: a
 chain entry has its full baseline's shape, a packed one lies inside its packed array, a sharded
 tensor's volume is the sum of its pieces', a view stays in its storage.
 
@@ -30,10 +32,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ManifestError
+from .errors import AllocationError, ManifestError
 from .storage import Storage
 
-__all__ = ["READ_LIMITS", "ReadLimits", "check_grid", "missing_chunks"]
+__all__ = ["READ_LIMITS", "ReadLimits", "allocate", "check_grid", "missing_chunks"]
 
 
 @dataclass(frozen=True)
@@ -90,3 +92,17 @@ def missing_chunks(storage: Storage, prefix: str, nchunks: int, ndim: int,
             f"{len(stored)}: its shape or chunk grid is damaged or hostile, or the array's "
             "chunks were deleted; check out another commit.")
     return [i for i in range(nchunks) if str(i) not in stored]  # at most len(stored) + 1024
+
+
+def allocate(shape: tuple[int, ...], dtype: np.dtype, where: str) -> np.ndarray:
+    """``np.empty(shape, dtype)`` for the array at ``where``; an :class:`AllocationError`
+    where this process cannot have that memory (or numpy cannot index it)."""
+    try:
+        return np.empty(shape, dtype=dtype)
+    except (MemoryError, ValueError) as e:  # ValueError: "array is too big"
+        nbytes = math.prod(shape) * dtype.itemsize
+        raise AllocationError(
+            f"{where}: the manifest declares shape {list(shape)} of {dtype} ({nbytes} bytes), "
+            f"more than this process can allocate ({type(e).__name__}). Check out fewer tensors "
+            "(paths=...) or on a machine with more memory; if the store is not yours, run "
+            "verify: the manifest may be hostile.") from None

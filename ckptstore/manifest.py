@@ -51,6 +51,7 @@ MARKER_VERSION = 1   # the store marker: a store holds manifests of any version 
 MAGIC = b"CKPT"
 _HEADER = len(MAGIC) + 1 + 32
 _ID = r"^[0-9a-f]{32}$"
+_LAST_TIME = 253402300799.0  # 9999-12-31T23:59:59Z: the last second a datetime holds
 
 
 class Layout(str, Enum):
@@ -236,7 +237,7 @@ class Manifest(_Model):
     id: str = Field(pattern=_ID)
     parent: str | None = Field(default=None, pattern=_ID)
     generation: int = Field(default=0, ge=0)  # commits before this one on its first-parent line
-    time: float
+    time: float = Field(ge=0, le=_LAST_TIME, allow_inf_nan=False)  # seconds since 1970 (UTC)
     message: str = ""
     metadata: dict[str, Any] = Field(default_factory=dict)
     tree: Any

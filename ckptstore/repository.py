@@ -12,14 +12,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 
-from .errors import AmbiguousRef, ManifestError, RefNotFound
+from .errors import AmbiguousRef, CkptStoreError, ManifestError, RefNotFound
 from .ids import is_commit_id, new_commit_id
 from .info import CommitInfo
 from .layout import COMMITS, RESTORES, check_ref_name, manifest_id, manifest_key, restore_key
 from .manifest import Manifest, decode_manifest, encode_manifest
 from .priority import started_executor
 from .refs import Refs
-from .revparse import HEX_PREFIX_RE, parse_revision
+from .revparse import HEX_PREFIX_RE, history_loop, parse_revision
 from .storage import Storage
 
 __all__ = ["Repository"]
@@ -134,7 +134,7 @@ class Repository:
     def iter_log(self, ref: str = "main", limit: int | None = None) -> Iterator[CommitInfo]:
         """History from ``ref`` back along first parents, newest first (stops where gc cut)."""
         commit_id: str | None = self.resolve(ref)
-        n = 0
+        n, seen = 0, set()
         while commit_id is not None and (limit is None or n < limit):
             try:
                 m = self.manifest(commit_id)
@@ -145,10 +145,16 @@ class Repository:
                                       "(store.reset_branch) or restore it") from None
                 return  # older history was removed by gc
             yield CommitInfo.from_manifest(m)
+            seen.add(commit_id)
+            if m.parent in seen:
+                raise history_loop(commit_id, m.parent)
             commit_id, n = m.parent, n + 1
 
-    def reachable(self, roots: Iterable[str] | None = None) -> list[str]:
-        """Commits reachable from branch tips and tags (or from ``roots``), newest first."""
+    def reachable(self, roots: Iterable[str] | None = None, broken: bool = False) -> list[str]:
+        """Commits reachable from branch tips and tags (or from ``roots``), newest first.
+
+        A manifest that does not validate raises its :class:`ManifestError`; with
+        ``broken=True`` its commit is listed and its line ends there (verify reports it)."""
         roots = list(roots) if roots is not None else [
             *self.refs.branches().values(), *self.refs.tags().values()]
         seen: dict[str, None] = {}
@@ -157,6 +163,11 @@ class Repository:
                 try:
                     m = self.manifest(c)
                 except RefNotFound:
+                    break
+                except CkptStoreError:
+                    if not broken:
+                        raise
+                    seen[c] = None
                     break
                 seen[c] = None
                 c = m.parent

@@ -10,9 +10,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .errors import RefNotFound
+from .errors import ManifestError, RefNotFound
 
-__all__ = ["Revision", "parse_revision"]
+__all__ = ["Revision", "history_loop", "parse_revision"]
 
 _REF_RE = re.compile(r"^(?P<name>[^~^\s]+)(?P<ops>(?:~\d*|\^\d*)*)$")
 _OP_RE = re.compile(r"(~|\^)(\d*)")
@@ -27,13 +27,26 @@ class Revision:
     back: int = 0
 
     def walk(self, commit_id: str, parent_of: Callable[[str], str | None], text: str) -> str:
-        """Walk ``back`` first parents from ``commit_id``."""
+        """Walk ``back`` first parents from ``commit_id``; a :class:`ManifestError` where the
+        line loops back to a commit it passed (only a damaged or hostile manifest makes one)."""
+        seen = {commit_id}
         for _ in range(self.back):
             parent = parent_of(commit_id)
             if parent is None:
                 raise RefNotFound(f"{text!r} goes past the first commit of the history")
+            if parent in seen:
+                raise history_loop(commit_id, parent)
+            seen.add(parent)
             commit_id = parent
         return commit_id
+
+
+def history_loop(commit_id: str, parent: str) -> ManifestError:
+    """The error of a first-parent line that comes back to ``parent``."""
+    return ManifestError(
+        f"the history loops back: the parent of commit {commit_id} is {parent}, which the line "
+        "already passed (a damaged or hostile manifest); give commits by id, and restore the "
+        f"manifest of {commit_id} from a backup")
 
 
 def parse_revision(text: str) -> Revision:

@@ -167,7 +167,7 @@ def verify(repo: Repository, ref: str | None = None, progress: bool = False) -> 
     """Read every chunk that ``ref``'s commit (or every commit reachable from refs) reads and
     report missing, unreadable or corrupted ones by path."""
     report = VerifyReport()
-    commits = [repo.resolve(ref)] if ref is not None else repo.reachable()
+    commits = [repo.resolve(ref)] if ref is not None else repo.reachable(broken=True)
     arrays, attributes, digests = _arrays_read(repo, commits, report)
     report.commits_checked = len(commits)
     jobs: list[tuple[str, StoredArray, ChunkCodec | None, str | None]] = []
@@ -216,6 +216,10 @@ def verify(repo: Repository, ref: str | None = None, progress: bool = False) -> 
         except CorruptedChunkError as e:  # "chunk <where> failed ..." -> "<where>: failed ..."
             reason = str(e).removeprefix(f"chunk {where} ")
             return len(data), f"{where}: {reason}"
+        except MemoryError:  # a grid's chunk this process cannot hold: checkout cannot either
+            return len(data), (f"{where}: {len(data)} stored bytes for a chunk of shape "
+                               f"{list(a.grid.chunks)} this process cannot allocate (a damaged "
+                               "or hostile manifest, or too little memory)")
         return len(data), None
 
     with bar(len(jobs), "verify", progress, unit="chunk") as shown:

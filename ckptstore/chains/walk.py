@@ -33,7 +33,7 @@ __all__ = ["MAX_CHAIN", "ManifestOf", "StoredArray", "Walk", "blob_array", "entr
            "entry_dtype", "entry_packed_array", "needed_entries", "packed_array"]
 
 ManifestOf = Callable[[str], Manifest]
-MAX_CHAIN = 10_000  # a longer chain is a cycle in a hostile store
+MAX_CHAIN = 10_000  # no writer makes a longer chain (policies cap theirs far below)
 
 _BLOB_DTYPES = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                 "float16", "float32", "float64", "complex64", "complex128"}
@@ -173,13 +173,18 @@ class Walk:
         """The chain ending at ``path`` in ``commit`` (a base of some chain entry)."""
         key = (commit, path)
         stack: list[tuple[tuple[str, str], TensorEntry]] = []
+        passed: set[str] = set()
         while key not in self._nodes:
             e = self._entry(*key)
             stack.append((key, e))
+            passed.add(key[0])
             if e.kind == Kind.FULL:
                 break
+            if e.base_commit in passed:
+                raise ManifestError(f"chain of {path!r} loops back to commit {e.base_commit} "
+                                    "(a damaged or hostile manifest): check out another commit")
             if len(stack) > MAX_CHAIN:
-                raise ManifestError(f"chain of {path!r} is longer than {MAX_CHAIN} (a cycle?)")
+                raise ManifestError(f"chain of {path!r} is longer than {MAX_CHAIN}")
             key = (e.base_commit, path)
         node = self._nodes.get(key)
         for (c, _), e in reversed(stack):

@@ -6,8 +6,11 @@ Each test checks the error type, that nothing huge was walked, and that the stor
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -253,3 +256,83 @@ def test_an_honest_store_passes_every_check(hostile):
     open_, commit = hostile
     report = open_().verify(commit)
     assert report.ok and report.chunks_checked >= 3, report.problems
+
+
+def _history(tmp_path, n: int = 3) -> tuple[ckptstore.Store, list[str]]:
+    store = ckptstore.open(tmp_path / "s")
+    return store, [store.commit({"w": torch.ones(3) * i}).id for i in range(n)]
+
+
+@pytest.mark.parametrize("loop", ["self", "three"])
+def test_a_history_that_loops_is_refused_not_walked_forever(tmp_path, loop):
+    """A parent that is the commit itself, or a newer one: log, ~N and gc end with a
+    ManifestError or their answer (issue 26 item 7: log never returned)."""
+    store, ids = _history(tmp_path)
+    first = ids[2] if loop == "self" else ids[0]
+    _rewrite(store.storage, first, lambda raw: raw.update(parent=ids[2]), validate=False)
+    before = _contents(store.storage)
+    store = ckptstore.open(tmp_path / "s", create=False)
+    with pytest.raises(ManifestError, match="loops back"):
+        list(itertools.islice(store.iter_log("main"), 50))  # before the fix: 50 entries
+    with pytest.raises(ManifestError, match="loops back"):
+        store.log("main")
+    with pytest.raises(ManifestError, match="loops back"):
+        store.resolve("main~100000")
+    if loop == "three":
+        assert store.resolve("main~2") == ids[0]
+    assert sorted(store.reachable()) == sorted(ids[2:] if loop == "self" else ids)
+    assert store.gc(keep_last=1, dry_run=True, grace_period=0).kept
+    assert _contents(store.storage) == before
+
+
+def test_a_chain_that_loops_through_two_commits_is_named(tmp_path):
+    store = ckptstore.open(tmp_path / "s", options=ckptstore.EncodingOptions(chunk_bytes=4096))
+    policy = ckptstore.Policy(delta=True, min_quant_bytes=1024)
+    ids = [store.commit({"w": torch.randn(3000)}, policy=policy).id for _ in range(3)]
+    _rewrite(store.storage, ids[1], lambda raw: _entry(raw, "w").update(base_commit=ids[2]))
+    store = ckptstore.open(tmp_path / "s", create=False)
+    with pytest.raises(ManifestError, match="loops back to commit"):
+        store.checkout(ids[2])
+    assert any("loops back to commit" in p for p in store.verify(ids[2]).problems)
+
+
+@pytest.mark.parametrize("time", [float("nan"), float("inf"), 1e300, -1e300, -1.0])
+def test_a_commit_time_no_clock_gives_is_refused(tmp_path, time):
+    """NaN or 1e300 made log raise ValueError / OverflowError; now a ManifestError names it."""
+    store, ids = _history(tmp_path, 2)
+    _rewrite(store.storage, ids[1], lambda raw: raw.update(time=time), validate=False)
+    store = ckptstore.open(tmp_path / "s", create=False)
+    with pytest.raises(ManifestError, match="time"):
+        store.log("main")
+    assert not store.verify().ok
+
+
+_ALLOCATE = """
+import resource, sys
+import ckptstore
+store = ckptstore.open(sys.argv[1], create=False)
+vm = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + 3 * 2**30, resource.RLIM_INFINITY))
+for call in (lambda: store.checkout(sys.argv[2]), lambda: print(store.verify(sys.argv[2]).ok)):
+    try:
+        call()
+    except ckptstore.CkptStoreError as e:
+        print(type(e).__name__, isinstance(e, MemoryError), e)
+"""
+
+
+def test_an_array_no_process_can_allocate_is_a_clear_error(tmp_path):
+    """[2**30, 4] float32 in 4 stored chunks of 2**28 rows passes the read limits (4 GiB chunks)
+    and asks for 16 GiB: in a process that cannot have them, a ckptstore error (a
+    MemoryError) says so, and verify reports it (issue 26 item 7: a raw MemoryError)."""
+    root = tmp_path / "s"
+    store = ckptstore.open(root, options=ckptstore.EncodingOptions(chunk_bytes=16 * 1024))
+    commit = store.commit({"m": torch.randn(4096, 4)}).id
+    _rewrite(store.storage, commit,
+             lambda raw: _entry(raw, "m").update(shape=[2**30, 4], chunks=[2**28, 4]))
+    out = subprocess.run([sys.executable, "-c", _ALLOCATE, str(root), commit],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("AllocationError True"), out.stdout
+    assert lines[1] == "False", out.stdout
