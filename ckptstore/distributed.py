@@ -2,8 +2,9 @@
 
 ``Store.commit`` / ``Store.commit_async`` with a process group of more than one rank are
 collectives built on DCP's ``save`` / ``async_save`` with a :class:`~ckptstore.dcp.StorageWriter`;
-``Store.checkout(ref, into=state)`` of a state holding DTensors loads each rank's shards with
-``dcp.load(..., no_dist=True)``: only the chunks that overlap them, no collective.
+``Store.checkout(ref, into=state)`` loads the DTensors of the live state (:mod:`ckptstore.checkout`
+finds them) with ``dcp.load(..., no_dist=True)``: each rank only the chunks that overlap its
+shards, straight into them, no collective.
 """
 
 from __future__ import annotations
@@ -20,16 +21,15 @@ import torch.distributed as dist
 
 from .committer import _plain_metadata
 from .dcp import StorageReader, StorageWriter
-from .dcp.reader import _tensor_paths
 from .errors import CkptStoreError, DistributedError, StagingBudgetError
 from .info import CommitInfo
 from .manifest import Manifest
 from .pending import PendingCommit
 from .policy import Policy
-from .state import flatten, unflatten
+from .state import flatten
 from .tracking import RowTracker
 
-__all__ = ["checkout_local", "commit_async_collective", "commit_collective"]
+__all__ = ["commit_async_collective", "commit_collective", "load_shards"]
 
 
 def _our_error(e: BaseException) -> BaseException:
@@ -156,33 +156,14 @@ def _check_staging_budget(nbytes: int, budget: int | None, group: Any) -> None:
             "on any rank")
 
 
-def checkout_local(store: Any, m: Manifest, into: Any, paths: Sequence[str] | None) -> Any:
-    """Load commit ``m`` into live state holding DTensors, reading on this rank only the
-    chunks that overlap its shards: no collective, so one restarted rank recovers alone."""
+def load_shards(store: Any, m: Manifest, shards: dict[str, Any]) -> None:
+    """Load commit ``m``'s tensors into DTensors in place (``{dotted path: DTensor}``), reading
+    on this rank only the chunks that overlap its shards, each decoded into the local shard
+    (``dcp.load(..., no_dist=True)`` over :class:`~ckptstore.dcp.StorageReader`): no
+    collective, so one restarted rank recovers alone."""
     import torch.distributed.checkpoint as dcp
 
-    from .state import load_into, select
-    _, leaves = flatten(into)
-    commit_paths = _tensor_paths(m.tree)
-    want = {leaf.path: leaf for leaf in leaves if leaf.path in commit_paths}
-    if paths:
-        selected = _tensor_paths(select(m.tree, list(paths)))
-        want = {p: leaf for p, leaf in want.items() if p in selected}
-    missing = [p for p in commit_paths if p not in want and not paths]
-    if missing:
-        raise DistributedError(f"the live state lacks {len(missing)} tensors of commit "
-                               f"{m.id[:10]} (e.g. {missing[0]!r}): load with paths= to restore "
-                               "part of it")
-    sd = _dcp_state(list(want.values()))
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         with _unwrapped():
-            dcp.load(sd, storage_reader=StorageReader(store, m.id), no_dist=True)
-    tensors: list[Any] = [None] * len(m.tensors)
-    for path, i in commit_paths.items():
-        if path in sd:
-            tensors[i] = want[path].value if isinstance(want[path].value, torch.Tensor) else sd[path]
-    tree = select(m.tree, list(paths)) if paths else m.tree
-    state = unflatten(tree, tensors)
-    load_into(state, into)
-    return state
+            dcp.load(dict(shards), storage_reader=StorageReader(store, m.id), no_dist=True)

@@ -21,15 +21,16 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import numpy as np
 
 from .dtypes import nbytes
-from .errors import ManifestError
+from .errors import ManifestError, StateMismatchError
 from .manifest import Manifest, TensorEntry
 from .repository import Repository
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["BATCH_BYTES", "Leaves", "PlainValue", "TensorLike", "as_tensor", "entry_nbytes",
-           "iter_tensors", "join_path", "matches", "read_tensors", "tree_paths"]
+__all__ = ["BATCH_BYTES", "Leaves", "PlainValue", "TensorLike", "as_tensor", "check_patterns",
+           "entry_nbytes", "iter_tensors", "join_path", "matches", "read_tensors", "select_tree",
+           "tree_paths"]
 
 BATCH_BYTES = 256 * 2**20  # tensor bytes read per round trip
 
@@ -71,10 +72,70 @@ def tree_paths(tree: Any) -> dict[str, Any]:
     return out
 
 
+def check_patterns(patterns: str | Sequence[str]) -> list[str]:
+    """The ``paths=`` patterns as a list (a bare string is one pattern); an empty pattern, a
+    lone ``"!"``, ``"!!..."`` or a non-string raises :class:`StateMismatchError`."""
+    patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+    for p in patterns:
+        if not isinstance(p, str) or p.lstrip("!") == "" or p.startswith("!!"):
+            raise StateMismatchError(
+                f"paths= pattern {p!r} is not understood: give globs of dotted paths "
+                "('model', 'model.emb.*'), or '!' and a glob to leave entries out ('!optim')")
+    return patterns
+
+
+def _split(patterns: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``(selecting globs, excluding globs)``: a leading ``!`` excludes."""
+    return ([p for p in patterns if not p.startswith("!")],
+            [p[1:] for p in patterns if p.startswith("!")])
+
+
+def _glob_hit(path: str, globs: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(path, g) for g in globs)
+
+
 def matches(path: str, patterns: Sequence[str]) -> bool:
-    """True when a glob of ``patterns`` matches the dotted ``path`` or one of its containers."""
+    """True when ``patterns`` select the dotted ``path``: a glob matches it or one of its
+    containers, and no ``!glob`` matches it or one of its containers (only ``!globs``: everything
+    but what they match)."""
+    take, leave = _split(patterns)
     prefixes = [path[:k] for k, ch in enumerate(path) if ch == "."] + [path]
-    return any(fnmatch.fnmatchcase(x, pat) for x in prefixes for pat in patterns)
+    return (not take or any(_glob_hit(x, take) for x in prefixes)) and not any(
+        _glob_hit(x, leave) for x in prefixes)
+
+
+def select_tree(tree: Any, patterns: Sequence[str]) -> Any:
+    """Prune a state tree to the entries ``patterns`` select (:func:`matches`).
+
+    A selected container comes whole (empty sub-containers included) unless an exclusion
+    reaches into it; a container all of whose entries are left out disappears; a sequence
+    keeps its positions (unselected items become None); the root stays (possibly empty).
+    """
+    take, leave = _split(patterns)
+
+    def walk(node: Any, path: str, taken: bool) -> Any | None:
+        if path and leave and _glob_hit(path, leave):
+            return None
+        taken = taken or not take or bool(path) and _glob_hit(path, take)
+        if taken and not leave:
+            return node
+        for kind in ("dict", "odict"):
+            if kind in node:
+                kept = [[k, s] for k, v in node[kind]
+                        if (s := walk(v, join_path(path, k), taken)) is not None]
+                if path and not kept and (node[kind] or not taken):
+                    return None
+                return {kind: kept, **({"meta": node["meta"]} if "meta" in node else {})}
+        for kind in ("list", "tuple"):
+            if kind in node:
+                items = [walk(v, join_path(path, i), taken) for i, v in enumerate(node[kind])]
+                if path and all(s is None for s in items) and (items or not taken):
+                    return None
+                return {kind: [s if s is not None else {"value": None} for s in items]}
+        return node if taken else None
+
+    pruned = walk(tree, "", False)
+    return pruned if pruned is not None else {"dict": []}
 
 
 @dataclass(frozen=True)
@@ -97,12 +158,15 @@ class Leaves:
                 values[path] = node["value"]
             elif "bigint" in node:
                 values[path] = int(node["bigint"])
+            elif "bytesio" in node:
+                values[path] = node["bytesio"]
         return cls(tensors, values)
 
     def select(self, patterns: Sequence[str] | None) -> Leaves:
         """The leaves that :func:`matches` selects (all of them for no patterns)."""
         if not patterns:
             return self
+        patterns = check_patterns(patterns)
         return Leaves({p: i for p, i in self.tensors.items() if matches(p, patterns)},
                       {p: v for p, v in self.values.items() if matches(p, patterns)})
 

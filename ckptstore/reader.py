@@ -8,13 +8,14 @@ walk (:mod:`ckptstore.chains.walk`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from concurrent.futures import Future
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future, wait
 
 import numpy as np
 import torch
 
-from .arrays import host_to_tensor, read_array, read_chunk, start_read_array, torch_dtype
+from .arrays import host_to_tensor, read_array, read_chunk, start_read_array, \
+    start_read_region, torch_dtype, writable_host_view
 from .chains.replay import apply_residuals, apply_rows, apply_xors, chain_codes, \
     replay_code_deltas
 from .chains.walk import StoredArray, Walk, blob_array, entry_array, entry_dtype, \
@@ -175,6 +176,65 @@ class Reader:
             return None
         return start_read_to_device(grid, e.dtype, codes_of, self.repo.executor, device)
 
+    # -- into live tensors -----------------------------------------------------------------
+    def read_into(self, m: Manifest, dests: Mapping[int, torch.Tensor]) -> None:
+        """Decode tensors of commit ``m`` into live tensors of their shape (``{tensor index:
+        tensor}``): an ``array`` entry (or each ``array`` piece of a sharded one) chunk by chunk
+        straight into a CPU tensor of its dtype, so no copy of the tensor is ever made; other
+        entries (chains, packed, aliases, another dtype, a device) rebuilt one at a time and
+        copied in. What this allocates is bounded by the chunks in flight and the largest
+        tensor of the second kind, never by the state."""
+        futures: list[Future] = []
+        later: list[int] = []
+        try:
+            for i, t in dests.items():
+                e = m.tensors[i]
+                if tuple(t.shape) != tuple(e.shape):
+                    raise ManifestError(f"tensor {e.path!r} of shape {e.shape} read into a "
+                                        f"tensor of shape {list(t.shape)}")
+                view = _direct_view(e, t)
+                if view is None:
+                    later.append(i)
+                elif e.layout == Layout.ARRAY:
+                    futures += self._queue_into(e, view)
+                else:
+                    futures += self._queue_pieces(e, view)
+            for i in later:  # meanwhile the I/O pool decodes the direct ones
+                got = self.read_tensors(m, [i])[i]
+                with torch.no_grad():
+                    dests[i].copy_(torch.as_tensor(got))
+                del got
+        finally:
+            wait(futures)
+        for f in futures:
+            f.result()
+
+    def _queue_into(self, e: TensorEntry, view: np.ndarray) -> list[Future]:
+        """Queue the chunks of an ``array`` entry, each decoded into its rows of ``view``."""
+        a = entry_array(e)
+        self.check_stored([a])
+
+        def put(row: int, part: np.ndarray) -> None:  # a chunk of a strided destination
+            np.copyto(view[row: row + part.shape[0]], part)
+
+        return start_read_region(self.repo.storage, a.prefix, a.grid, a.dtype,
+                                 codec_from_config(a.codec), self.repo.executor,
+                                 [0] * len(e.shape), list(e.shape), put,
+                                 into=view if view.flags.c_contiguous else None)
+
+    def _queue_pieces(self, e: TensorEntry, view: np.ndarray) -> list[Future]:
+        """A sharded entry into ``view``: ``array`` pieces queued chunk by chunk, others
+        rebuilt one at a time."""
+        m = self.repo.manifest(e.commit) if e.commit else None
+        futures: list[Future] = []
+        for piece, s in self._shards_of(e, m):
+            block = view[tuple(slice(o, o + n) for o, n in zip(piece.offsets, s.shape))]
+            if s.layout == Layout.ARRAY and s.shape and s.dtype == e.dtype:
+                futures += self._queue_into(s, block)
+            else:
+                block[...] = self.host(s)
+        return futures
+
     # -- a whole selection -----------------------------------------------------------------
     def read_tensors(self, m: Manifest, wanted: Iterable[int],
                      map_location: torch.device | str | None = None) -> dict[int, Restored]:
@@ -219,6 +279,20 @@ class Reader:
             elif e.layout == Layout.VIEW:
                 out[i] = _view(e, bases[e.base])
         return out
+
+
+def _direct_view(e: TensorEntry, t: torch.Tensor) -> np.ndarray | None:
+    """A writable numpy view of ``t`` that entry ``e``'s stored chunks decode straight into (a
+    CPU tensor of the entry's dtype and memory order, an ``array`` or sharded entry); else None."""
+    if e.layout not in (Layout.ARRAY, Layout.SHARDED) or not e.shape or e.dim_order is not None:
+        return None
+    if t.dtype != torch_dtype(e.dtype) or type(t) is not torch.Tensor and not isinstance(
+            t, torch.nn.Parameter):
+        return None
+    view = writable_host_view(t)
+    if view is None or not view.flags.writeable or view.dtype != entry_dtype(e):
+        return None
+    return view
 
 
 def _view(e: TensorEntry, base: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ The tree is what the manifest stores; every node is a one-key map::
     {"tensor": i}                     index into the commit's tensor table
     {"value": v}                      None, bool, int (64-bit), float, str, bytes
     {"bigint": "123..."}              ints beyond 64 bits
+    {"bytesio": b"..."}               an ``io.BytesIO``: its bytes (as DCP stores it)
 
 Keys are str, int, float, bool or None. Objects with ``state_dict()`` / ``load_state_dict()``
 (modules, optimizers, schedulers, samplers) are stored as their state dicts. Anything else raises
@@ -15,20 +16,21 @@ Keys are str, int, float, bool or None. Objects with ``state_dict()`` / ``load_s
 
 from __future__ import annotations
 
-import fnmatch
+import io
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from .errors import ManifestError, UnsupportedLeafError
+from .errors import ManifestError, StateMismatchError, UnsupportedLeafError
+from .leaves import check_patterns, select_tree, tree_paths
 from .leaves import join_path as _join
-from .leaves import tree_paths
 
-__all__ = ["Leaf", "Tree", "check_text", "flatten", "is_stateful", "load_into", "select", "tree_paths", "unflatten"]
+__all__ = ["Leaf", "Target", "Tree", "check_text", "flatten", "is_stateful", "live_targets",
+           "load_into", "select", "tree_paths", "unflatten"]
 
 Tree = dict[str, object]  # a node of the flattened tree (a one-key map, see the module docstring)
 
@@ -82,6 +84,9 @@ def flatten(state: Any) -> tuple[Tree, list[Leaf]]:
         if isinstance(obj, int):
             leaf_path(path)
             return {"value": obj} if -(2**63) <= obj < 2**64 else {"bigint": str(obj)}
+        if isinstance(obj, io.BytesIO):  # its bytes, as DCP stores it: no pickle
+            leaf_path(path)
+            return {"bytesio": obj.getvalue()}
         if is_stateful(obj):
             return walk(obj.state_dict(), path, depth + 1)
         if isinstance(obj, Mapping):
@@ -146,6 +151,10 @@ def unflatten(tree: Any, tensors: list[Any]) -> Any:
                 return int(node["bigint"])
             except (TypeError, ValueError):
                 raise ManifestError("invalid bigint in state tree") from None
+        if "bytesio" in node:
+            if not isinstance(node["bytesio"], bytes):
+                raise ManifestError("invalid bytesio in state tree")
+            return io.BytesIO(node["bytesio"])
         for kind in ("dict", "odict"):
             if kind in node:
                 items = node[kind]
@@ -169,58 +178,106 @@ def unflatten(tree: Any, tensors: list[Any]) -> Any:
     return walk(tree, 0)
 
 
-def select(tree: Any, patterns: list[str]) -> Any:
-    """Prune a tree to the leaves whose dotted path matches any glob pattern.
+def select(tree: Any, patterns: str | Sequence[str]) -> Any:
+    """Prune a tree to the entries the glob ``patterns`` select (``"!glob"`` leaves entries out):
+    :func:`ckptstore.leaves.select_tree`, after :func:`~ckptstore.leaves.check_patterns`."""
+    return select_tree(tree, check_patterns(patterns))
 
-    A pattern also selects everything below a matching container (``"model"`` selects the model).
-    Containers left empty disappear; the root stays (possibly empty).
-    """
 
-    literal = {p for p in patterns if not any(c in p for c in "*?[")}
-    globs = [p for p in patterns if p not in literal]
+@dataclass(frozen=True)
+class Target:
+    """A live tensor where the commit's tree has a tensor: its dotted path, and whether it
+    belongs to an object with ``load_state_dict`` (which then decides what a mismatch means)."""
 
-    def match(path: str) -> bool:
-        return path in literal or any(fnmatch.fnmatchcase(path, p) for p in globs)
+    path: str
+    tensor: torch.Tensor
+    owned: bool
 
-    def walk(node: Any, path: str) -> Any | None:
-        if path and match(path):
-            return node
+
+def live_targets(tree: Any, into: Any) -> dict[int, Target]:
+    """``{tensor index: Target}``: the tensors of ``into`` at the places of the commit's tensors
+    (objects with ``state_dict()`` are looked into through it, as ``dcp.load`` does), so that
+    checkout decodes straight into them."""
+    out: dict[int, Target] = {}
+
+    def walk(node: Any, live: Any, path: str, owned: bool, depth: int) -> None:
+        if depth > _MAX_DEPTH or not isinstance(node, dict):
+            return
+        if is_stateful(live):
+            live, owned = live.state_dict(), True
+        if "tensor" in node:
+            if isinstance(live, torch.Tensor) and isinstance(node["tensor"], int):
+                out[node["tensor"]] = Target(path, live, owned)
+            return
         for kind in ("dict", "odict"):
-            if kind in node:
-                kept = [[k, s] for k, v in node[kind] if (s := walk(v, _join(path, k))) is not None]
-                if not kept and path:
-                    return None
-                return {kind: kept, **({"meta": node["meta"]} if "meta" in node else {})}
+            if isinstance(node.get(kind), list) and isinstance(live, Mapping):
+                for item in node[kind]:
+                    if isinstance(item, list) and len(item) == 2 and item[0] in live:
+                        walk(item[1], live[item[0]], _join(path, item[0]), owned, depth + 1)
         for kind in ("list", "tuple"):
-            if kind in node:
-                # a sequence keeps its positions: unselected items become None
-                items = [walk(v, _join(path, i)) for i, v in enumerate(node[kind])]
-                if all(s is None for s in items) and path:
-                    return None
-                return {kind: [s if s is not None else {"value": None} for s in items]}
-        return None
+            if isinstance(node.get(kind), list) and isinstance(live, (list, tuple)):
+                for i, (sub, obj) in enumerate(zip(node[kind], live)):
+                    walk(sub, obj, _join(path, i), owned, depth + 1)
 
-    pruned = walk(tree, "")
-    return pruned if pruned is not None else {"dict": []}
+    walk(tree, into, "", False, 0)
+    return out
 
 
-def load_into(state: Any, into: Any) -> None:
-    """Load checked-out ``state`` into live objects: one stateful object, or a mapping of them."""
-    if is_stateful(into):
-        into.load_state_dict(state)
-        return
-    if not isinstance(into, Mapping):
-        raise TypeError("into= takes an object with load_state_dict() or a mapping of names to them")
-    if not isinstance(state, Mapping):
-        raise TypeError("into= as a mapping needs a commit whose state is a mapping")
-    for key, obj in into.items():
-        if key not in state:
-            raise KeyError(f"into[{key!r}]: the commit has no entry {key!r} "
-                           f"(it has {sorted(map(str, state))})")
-        if is_stateful(obj):
-            obj.load_state_dict(state[key])
-        elif isinstance(obj, torch.Tensor):
+def load_into(state: Any, into: Any, partial: bool = False) -> None:
+    """Load checked-out ``state`` into live ``into`` as ``dcp.load`` does: objects with
+    ``load_state_dict()`` get their part; tensors are copied into (nothing to do for those the
+    reader filled in place); other values are replaced in their dict or list. Entries of the
+    commit that ``into`` lacks are not added. A live entry the commit lacks, or a tensor of
+    another shape, raises :class:`StateMismatchError` -- unless ``partial`` (``paths=``
+    selected part of the commit): then entries not in ``state`` are left alone."""
+
+    def fill(new: Any, live: Any, where: str) -> bool:  # False: replace ``live`` by ``new``
+        if is_stateful(live):
+            live.load_state_dict(new)
+        elif isinstance(live, torch.Tensor):
+            if new is live:
+                return True
+            if not isinstance(new, (torch.Tensor, np.ndarray, np.generic)):
+                return False
+            new = torch.as_tensor(new)
+            if new.shape != live.shape:
+                raise StateMismatchError(
+                    f"into{where} has shape {list(live.shape)}, the commit's tensor "
+                    f"{list(new.shape)}: give a tensor of the committed shape")
             with torch.no_grad():
-                obj.copy_(state[key])
+                live.copy_(new)
+        elif isinstance(live, Mapping) and isinstance(new, Mapping):
+            for key, obj in list(live.items()):
+                if key not in new:
+                    if partial:
+                        continue
+                    raise StateMismatchError(
+                        f"into{where}[{key!r}]: the commit has no entry {key!r} (it has "
+                        f"{sorted(map(str, new))[:8]}): remove it, or load with paths= to "
+                        "restore part of the commit")
+                if not fill(new[key], obj, f"{where}[{key!r}]"):
+                    if not isinstance(live, MutableMapping):
+                        raise StateMismatchError(f"into{where} cannot be changed: use a dict")
+                    live[key] = new[key]
+        elif isinstance(live, (list, tuple)) and isinstance(new, (list, tuple)) and len(
+                live) == len(new):
+            for i, (sub, obj) in enumerate(zip(new, live)):
+                if partial and sub is None:
+                    continue  # not selected: a sequence keeps its positions with None
+                if not fill(sub, obj, f"{where}[{i}]"):
+                    if isinstance(live, tuple):
+                        if sub != obj:
+                            raise StateMismatchError(
+                                f"into{where} is a tuple: its item {i} cannot be replaced; "
+                                "use a list")
+                    else:
+                        live[i] = sub
         else:
-            raise TypeError(f"into[{key!r}] has no load_state_dict()")
+            return False
+        return True
+
+    if not fill(state, into, ""):
+        raise StateMismatchError(
+            "into= takes an object with load_state_dict(), a tensor, or a dict or list of "
+            f"them matching the commit's state; got {type(into).__name__} for a commit of "
+            f"{type(state).__name__}")

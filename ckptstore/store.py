@@ -12,9 +12,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from .checkout import checkout
 from .committer import Committer, Metadata
 from .diff import DiffResult, diff
-from .errors import ManifestError, NotAStoreError
+from .errors import NotAStoreError
 from .gc import collect
 from .info import CommitInfo, GCResult, VerifyReport
 from .layout import MARKER, check_ref_name
@@ -25,9 +26,7 @@ from .plan import EncodingOptions
 from .policy import Policy
 from .priority import DEFAULT_PRIORITY, check_priority
 from .progress import bar
-from .reader import Reader
 from .repository import Repository
-from .state import load_into, select, tree_paths, unflatten
 from .storage import Retry, Storage, open_storage
 from .tracking import RowTracker
 from .usage import UsageReport, disk_usage
@@ -175,46 +174,33 @@ class Store:
 
     # -- checkout --------------------------------------------------------------------------
     def checkout(self, ref: str = "main", *, into: Any = None,
-                 paths: Sequence[str] | None = None, map_location: Any = None,
+                 paths: str | Sequence[str] | None = None, map_location: Any = None,
                  for_resume: bool = False) -> Any:
-        """Rebuild the state of a commit.
+        """Rebuild the state of a commit, or load it in place into live objects.
 
         Parameters
         ----------
         ref
             Branch, tag, commit id or unique prefix, with ``~N`` / ``^`` ancestry.
         into
-            An object with ``load_state_dict`` or a mapping ``{name: object}`` to load in place.
+            Live state to load in place, as ``dcp.load`` does: an object with
+            ``load_state_dict``, a tensor, or a (nested) dict or list of them and of DTensors
+            (``model.state_dict()``). Tensors are decoded straight into (by shard for
+            DTensors), other values replaced in their dict; entries the commit has and
+            ``into`` lacks are not added (they come back in the returned state).
         paths
-            Glob patterns of dotted paths (``"model.emb.*"``): only those entries are read.
+            Glob patterns of dotted paths (``"model.emb.*"``): only those entries are read;
+            ``"!optim"`` leaves entries out. A selection of nothing raises
+            :class:`StateMismatchError`.
         map_location
-            Device to move tensors to (``"cpu"``, ``"cuda:0"``, ``torch.device``).
+            Device to move tensors to (``"cpu"``, ``"cuda:0"``, ``torch.device``); with
+            ``into=`` the live tensors' own devices decide.
         for_resume
             Training resumes from this state: counted for the restore budget of quantized commits.
+
+        See :mod:`ckptstore.checkout` for the order of calls.
         """
-        m = self.manifest(self.resolve(ref))
-        if into is not None and _has_dtensor(into):
-            from .distributed import checkout_local  # each rank reads only the chunks of its shards
-            self._committer.wait()
-            self._committer.chains.forget()
-            state = checkout_local(self, m, into, paths)
-            if for_resume:
-                self.record_restore(m.id)
-            return state
-        tree = select(m.tree, list(paths)) if paths else m.tree
-        wanted = [n["tensor"] for n in tree_paths(tree).values() if "tensor" in n]
-        if any(not isinstance(i, int) or not 0 <= i < len(m.tensors) for i in wanted):
-            raise ManifestError(f"commit {m.id} refers to tensors it does not have")
-        got = Reader(self.repo).read_tensors(m, wanted, map_location)
-        tensors = [got.get(i) for i in range(len(m.tensors))]
-        state = unflatten(tree, tensors)
-        if into is not None:
-            self._committer.wait()  # its references must not outlive this load
-            self._committer.chains.forget()  # live tensors change behind any tracker: rebase next time
-            load_into(state, into)
-        if for_resume:
-            self.record_restore(m.id)
-        return state
+        return checkout(self, ref, into, paths, map_location, for_resume)
 
     def _distributed(self) -> bool:
         if not self.collective:
@@ -319,21 +305,6 @@ class Store:
         """``(dotted path, tensor)`` of a commit's tensors, read about ``batch_bytes`` at a time
         so the whole state is never in memory; see :func:`ckptstore.leaves.iter_tensors`."""
         return iter_tensors(self.repo, ref, paths, batch_bytes)
-
-
-def _has_dtensor(into: Any) -> bool:
-    """True if the live state holds DTensors (a sharded model: load by shard)."""
-    import torch
-    from torch.distributed.tensor import DTensor
-
-    from .state import flatten
-    if isinstance(into, torch.Tensor):
-        return isinstance(into, DTensor)
-    try:
-        _, leaves = flatten(into)
-    except Exception:  # noqa: BLE001 - not flattenable: the usual path reports it
-        return False
-    return any(isinstance(leaf.value, DTensor) for leaf in leaves)
 
 
 def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions | None = None,
