@@ -52,16 +52,21 @@ class Repository:
         self.executor.shutdown(wait=True)
 
     # -- manifests -------------------------------------------------------------------------
-    def manifest(self, commit_id: str) -> Manifest:
-        """The validated manifest of a commit (cached; manifests are immutable)."""
-        with self._lock:
-            if commit_id in self._manifests:
-                self._manifests.move_to_end(commit_id)
-                return self._manifests[commit_id]
+    def manifest(self, commit_id: str, fresh: bool = False) -> Manifest:
+        """The validated manifest of a commit (cached; manifests are immutable). ``fresh``: a
+        cached one only while the store still holds it (another process's gc may have removed
+        it: history and revisions say what exists now)."""
         key = manifest_key(commit_id)
+        with self._lock:
+            cached = self._manifests.get(commit_id)
+            if cached is not None:
+                self._manifests.move_to_end(commit_id)
+        if cached is not None and (not fresh or self.storage.exists(key)):
+            return cached
         try:
             data = self.storage.read(key)
         except FileNotFoundError:
+            self.forget(commit_id)
             raise RefNotFound(f"commit {commit_id} is not in the store (removed by gc?)") from None
         m = decode_manifest(data, key)
         if m.id != commit_id:
@@ -93,7 +98,8 @@ class Repository:
     def resolve(self, ref: str) -> str:
         """Commit id of a branch, tag, commit id, unique id prefix, with ``~N`` / ``^``."""
         rev = parse_revision(ref)
-        return rev.walk(self._resolve_name(rev.name), lambda c: self.manifest(c).parent, ref)
+        return rev.walk(self._resolve_name(rev.name), lambda c: self.manifest(c, fresh=True).parent,
+                        ref)
 
     def _resolve_name(self, name: str) -> str:
         try:
@@ -137,7 +143,7 @@ class Repository:
         n, seen = 0, set()
         while commit_id is not None and (limit is None or n < limit):
             try:
-                m = self.manifest(commit_id)
+                m = self.manifest(commit_id, fresh=True)
             except RefNotFound:
                 if n == 0:  # gc never removes what a ref names: the ref itself is damaged
                     raise RefNotFound(f"{ref!r} names commit {commit_id}, which is not in the "

@@ -3,9 +3,16 @@
 Atomicity: ``put_if_absent`` is ``pipe_file(..., mode="create")``, which each filesystem maps to
 its conditional create (S3 ``If-None-Match: *``, GCS ``ifGenerationMatch=0``, Azure
 ``overwrite=False``, memory: checked under its lock) and which raises ``FileExistsError`` when
-the key exists; ``put`` is one whole-object PUT (atomic on object stores). Listings may be cached
-by the filesystem: every listing and existence check drops the cache of its path first, and
-put-if-absent and deletes drop it afterwards.
+the key exists; ``put`` is one whole-object PUT (atomic on object stores).
+
+Freshness: which commits, refs and chunks exist is decided from what is stored now, never from a
+listing made before. s3fs (like gcsfs and adlfs) keeps a listings cache in the filesystem object,
+which fsspec's instance cache shares with every store and every other user of the same options
+in the process, and which answers ``ls``, ``exists``, ``info``/``size`` and even ``cat_file``
+(it asks the size first) -- so a process that listed ``commits/`` once would take another
+process's new commit for a missing one. An :class:`FsspecStorage` therefore works on a
+filesystem whose listings cache is off (:func:`without_listings_cache`; ``open_storage`` asks for
+one). Chunk reads cost what they did: a listing never served them.
 
 Faults: every request goes through :class:`~ckptstore.storage.retry.Retry` (bounded attempts
 with backoff; what still fails becomes a :class:`~ckptstore.StorageError`). Repeating a request
@@ -28,7 +35,7 @@ from fsspec import AbstractFileSystem
 from .base import Buffer, Storage, as_parts
 from .retry import Retry
 
-__all__ = ["FsspecStorage"]
+__all__ = ["FsspecStorage", "without_listings_cache"]
 
 _MIN_REMOTE_THREADS = 16  # requests wait on the network: overlap many of them
 _WRITER = "ckptstore-writer"  # S3 user metadata naming the call that created a key
@@ -40,7 +47,8 @@ class FsspecStorage(Storage):
     Parameters
     ----------
     fs
-        The filesystem (``s3fs.S3FileSystem``, ``MemoryFileSystem``, ...).
+        The filesystem (``s3fs.S3FileSystem``, ``MemoryFileSystem``, ...); one with a listings
+        cache is replaced by its like without one (:func:`without_listings_cache`).
     root
         The root as ``fs`` names it (``bucket/prefix``; the protocol stripped).
     url
@@ -53,7 +61,7 @@ class FsspecStorage(Storage):
 
     def __init__(self, fs: AbstractFileSystem, root: str, url: str | None = None,
                  durable: bool = False, retry: Retry | None = None):
-        self.fs = fs
+        self.fs = without_listings_cache(fs)
         self.root = root.rstrip("/")
         self.url = root if url is None else url
         self.durable = durable
@@ -78,10 +86,7 @@ class FsspecStorage(Storage):
         return self.retry.call(lambda _: self.fs.cat_file(self.path(key)), "read", key)
 
     def exists(self, key: str) -> bool:
-        def check(_: int) -> bool:
-            self._invalidate(key)
-            return self.fs.exists(self.path(key))
-        return self.retry.call(check, "look for", key)
+        return self.retry.call(lambda _: self.fs.exists(self.path(key)), "look for", key)
 
     def size(self, key: str) -> int:
         return self.retry.call(lambda _: int(self.fs.size(self.path(key))), "stat", key)
@@ -90,11 +95,9 @@ class FsspecStorage(Storage):
         return None
 
     def listdir(self, key: str) -> list[str]:
-        def ls(_: int) -> list[str]:
-            self._invalidate(key)
-            return self.fs.ls(self.path(key), detail=False)
         try:
-            entries = self.retry.call(ls, "list", key)
+            entries = self.retry.call(lambda _: self.fs.ls(self.path(key), detail=False), "list",
+                                      key)
         except FileNotFoundError:
             return []
         prefix = self.path(key).rstrip("/") + "/"
@@ -103,11 +106,9 @@ class FsspecStorage(Storage):
         return sorted(n for n in names if n and "/" not in n)
 
     def walk_sizes(self, key: str) -> dict[str, int]:
-        def find(_: int) -> dict:
-            self._invalidate(key)
-            return self.fs.find(self.path(key), detail=True)
         try:
-            found = self.retry.call(find, "list", key)
+            found = self.retry.call(lambda _: self.fs.find(self.path(key), detail=True), "list",
+                                    key)
         except FileNotFoundError:
             return {}
         return {p[len(self.root) + 1:]: int(info.get("size") or 0) for p, info in found.items()}
@@ -142,9 +143,7 @@ class FsspecStorage(Storage):
                 return self._created_by(key, data, token, retried=attempt > 1)
             return True
 
-        created = self.retry.call(create, "create", key)
-        self._invalidate(key)
-        return created
+        return self.retry.call(create, "create", key)
 
     def delete(self, key: str) -> None:
         def rm(_: int) -> None:
@@ -153,33 +152,39 @@ class FsspecStorage(Storage):
             except FileNotFoundError:
                 pass
         self.retry.call(rm, "delete", key)
-        self._invalidate(key)
 
     def delete_tree(self, key: str) -> None:
         def rm(_: int) -> None:
-            self._invalidate(key)
             try:
                 self.fs.rm(self.path(key), recursive=True)
             except FileNotFoundError:
                 pass
         self.retry.call(rm, "delete", key)
-        self._invalidate(key)
 
     def fsync_dir(self, key: str) -> None:
         """Nothing to do: an object store has no directory entries to sync."""
 
     # -- helpers ---------------------------------------------------------------------------
-    def _invalidate(self, key: str) -> None:
-        self.fs.invalidate_cache(self.path(key))
-
     def _created_by(self, key: str, data: bytes, token: str, retried: bool) -> bool:
         """Whether an existing ``key`` is this call's own earlier attempt, whose answer was lost
         (see the module docstring)."""
         path = self.path(key)
         if self._tagged:
-            self._invalidate(key)
             return self.fs.metadata(path, refresh=True).get(_WRITER) == token
         return retried and self.fs.cat_file(path) == data
+
+
+def without_listings_cache(fs: AbstractFileSystem) -> AbstractFileSystem:
+    """``fs`` if it keeps no listings cache, else a filesystem of the same class and options
+    with the cache off (fsspec keeps ``storage_args``/``storage_options`` to rebuild any
+    filesystem). ``fs`` itself, and whoever else shares it, keep their cache; an ``fs`` made
+    with ``skip_instance_cache=True`` gets a private one too."""
+    cache = getattr(fs, "dircache", None)
+    if cache is None or not getattr(cache, "use_listings_cache", False):
+        return fs
+    shared = type(fs)._cache.get(getattr(fs, "_fs_token_", None)) is fs
+    return type(fs)(*fs.storage_args, **{**fs.storage_options, "use_listings_cache": False,
+                                         "skip_instance_cache": not shared})
 
 
 def _protocols(fs: AbstractFileSystem) -> tuple[str, ...]:
