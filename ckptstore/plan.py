@@ -30,6 +30,7 @@ from .chains.decide import ChainLink, ChainStart
 from .chunkcodec import ChunkCodec, lossless_codec
 from .dimorder import dim_order_of
 from .errors import UnsupportedLeafError
+from .grid import allocatable
 from .layout import PACKED_ARRAY
 from .manifest import Kind, Layout
 from .policy import Want
@@ -322,6 +323,11 @@ def plan_commit(leaves: list[Leaf], options: EncodingOptions,
             raise UnsupportedLeafError(
                 f"tensor at {leaf.path!r} has layout {t.layout}: convert it with .to_dense()")
         storage_dtype(t.dtype)  # unsupported dtypes fail before anything is written
+        if not allocatable(t.shape, t.element_size()):
+            raise UnsupportedLeafError(
+                f"tensor at {leaf.path!r} has shape {list(t.shape)}: no numpy array can hold "
+                "that shape (its non-zero dimensions span more bytes than an index holds), so "
+                "checkout could never give it back; store it with a smaller shape")
     role, spans = _shared_storages(tensors, leaves)
     lossless = options.codec()
     items: list[PlanItem] = []

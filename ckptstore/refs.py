@@ -8,7 +8,19 @@ without a lock, on every fsspec backend. A tag is one immutable file ``refs/tags
 
 from __future__ import annotations
 
-from .errors import ConcurrentUpdateError, ManifestError, RefExists, RefNotFound
+import errno
+import functools
+from collections.abc import Callable
+from typing import TypeVar
+
+from .errors import (
+    ConcurrentUpdateError,
+    ManifestError,
+    RefExists,
+    RefNotFound,
+    StorageError,
+    StorageFullError,
+)
 from .layout import (
     HEADS,
     SEQ_WIDTH,
@@ -42,6 +54,28 @@ def _decode(data: bytes, where: str) -> str | None:
         raise ManifestError(f"ref file {where} is garbage ({data[:40]!r}); expected a commit id. "
                             "Delete it or restore it from a backup.")
     return text
+
+
+F = TypeVar("F", bound=Callable)
+
+
+def _full_disk(method: F) -> F:
+    """A full disk while a ref file is written raises :class:`StorageFullError`, as commits do
+    (nothing changed: a ref file is linked into place only once whole)."""
+    what = method.__name__.replace("_", " ")
+
+    @functools.wraps(method)
+    def wrapped(self: Refs, name: str, *args: str) -> None:
+        try:
+            return method(self, name, *args)
+        except OSError as e:
+            if isinstance(e, StorageError) or e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise StorageFullError(
+                f"no space left to {what} {name!r}: {e}. Nothing was changed: free space "
+                "(store.gc() removes old commits and the leftovers of failed ones), then "
+                f"{what} again.", key=e.filename, errno=e.errno) from e
+    return wrapped  # type: ignore[return-value]
 
 
 class Refs:
@@ -109,6 +143,7 @@ class Refs:
                 commit_id=commit_id, branch=branch)
         return seq
 
+    @_full_disk
     def create_branch(self, branch: str, commit_id: str) -> None:
         check_ref_name(branch, "branch")
         exists = RefExists(f"branch {branch!r} already exists; choose another name or use "
@@ -121,6 +156,7 @@ class Refs:
         except ConcurrentUpdateError:  # another writer created it first
             raise exists from None
 
+    @_full_disk
     def reset_branch(self, branch: str, commit_id: str) -> None:
         """Point an existing branch at any commit (a new ref file: history of moves is kept)."""
         tip = self.tip(branch)
@@ -128,6 +164,7 @@ class Refs:
             raise RefNotFound(f"no branch {branch!r}")
         self.advance(branch, tip, commit_id)
 
+    @_full_disk
     def delete_branch(self, branch: str) -> None:
         """Delete a branch: a tombstone above its tip (so a writer that saw the old tip cannot
         move it later), then the older ref files."""
@@ -171,6 +208,7 @@ class Refs:
             raise ManifestError(f"tag file {key} is garbage; delete it or restore it")
         return commit_id
 
+    @_full_disk
     def create_tag(self, name: str, commit_id: str) -> None:
         if not self.storage.put_if_absent(tag_key(name), _encode(commit_id)):
             raise RefExists(f"tag {name!r} already exists; delete it first "

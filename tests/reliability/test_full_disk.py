@@ -125,3 +125,25 @@ def test_a_full_disk_is_not_retried():
     assert calls == [1]
     assert isinstance(storage_error(OSError(errno.EDQUOT, "quota"), "write", "k", 1),
                       ckptstore.StorageFullError)
+
+
+@pytest.mark.parametrize("verb", ["tag", "branch", "reset_branch", "delete_branch"])
+def test_refs_on_a_full_disk(tmp_path, verb):
+    """tag() and branch() raised a raw OSError [Errno 28] (issue 26 item 9); they say
+    StorageFullError as commits do, and change nothing."""
+    store = _open(str(tmp_path / "s"))
+    first = commit_seed(store, 1).id
+    second = commit_seed(store, 2).id
+    store.branch("side", first)
+    refs = (store.branches(), store.tags())
+    store.storage.capacity = store.storage.used()  # not one more byte
+    call = {"tag": lambda: store.tag("v1", first), "branch": lambda: store.branch("b", first),
+            "reset_branch": lambda: store.reset_branch("main", first),
+            "delete_branch": lambda: store.delete_branch("side")}[verb]
+    with pytest.raises(ckptstore.StorageFullError, match="free space") as err:
+        call()
+    assert err.value.errno == errno.ENOSPC and "Nothing was changed" in str(err.value)
+    assert (store.branches(), store.tags()) == refs and store.resolve("main") == second
+    store.storage.capacity = None
+    call()
+    store.close()

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 import ckptstore
-from ckptstore.errors import CorruptedChunkError, InvalidRefName, ManifestError
+from ckptstore.errors import CorruptedChunkError, InvalidRefName, ManifestError, \
+    UnsupportedLeafError
 from ckptstore.layout import ZARR_JSON, array_dir, check_ref_name, data_dir, manifest_key
 from ckptstore.limits import READ_LIMITS
 from ckptstore.manifest import Manifest, encode_manifest
@@ -336,3 +337,16 @@ def test_an_array_no_process_can_allocate_is_a_clear_error(tmp_path):
     lines = out.stdout.splitlines()
     assert lines[0].startswith("AllocationError True"), out.stdout
     assert lines[1] == "False", out.stdout
+
+
+@pytest.mark.parametrize("shape", [(0, 2**62), (2**61, 0, 8)])
+def test_a_tensor_no_array_can_hold_is_refused_at_commit(tmp_path, shape):
+    """``torch.empty(0, 2**62)`` exists; its numpy array does not ("array is too big"), so such
+    a commit could never be read back (issue 26 item 9): refused before anything is written.
+    A manifest that declares one anyway is refused by checkout and reported by verify
+    (``test_verify_is_checkout``: the ``*-overflow`` cases)."""
+    store = ckptstore.open(tmp_path / "s")
+    before = _contents(store.storage)
+    with pytest.raises(UnsupportedLeafError, match="could never"):
+        store.commit({"ok": torch.ones(3), "a": torch.empty(*shape)})
+    assert store.branches() == {} and _contents(store.storage) == before
