@@ -184,6 +184,7 @@ class Reader:
         entries (chains, packed, aliases, another dtype, a device) rebuilt one at a time and
         copied in. What this allocates is bounded by the chunks in flight and the largest
         tensor of the second kind, never by the state."""
+        check_entries(self.walk, m, *needed_entries(m, dests))  # as verify (consistency.py)
         futures: list[Future] = []
         later: list[int] = []
         try:

@@ -24,7 +24,7 @@ from .dedup import chunk_digest
 from .errors import CkptStoreError, CorruptedChunkError
 from .info import VerifyReport
 from .layout import ZARR_JSON, data_dir
-from .manifest import Layout, TensorEntry
+from .manifest import Kind, Layout, TensorEntry
 from .progress import bar
 from .repository import Repository
 from .writer import GROUP_METADATA, PACKED_ATTRIBUTES, array_attributes
@@ -105,15 +105,16 @@ def _check_metadata(repo: Repository, a: StoredArray, codec: ChunkCodec,
 
 def _arrays_read(repo: Repository, commits: list[str], report: VerifyReport
                  ) -> tuple[dict[Ident, StoredArray], dict[Ident, list[Attributes]],
-                            dict[Ident, str]]:
+                            dict[Ident, str], dict[Ident, int]]:
     """Every array the commits read, their chains' bases included, the ``zarr.json``
-    attributes each entry reading an array gives it, and the ``chunk_digests`` entries record
-    for their arrays; a broken manifest or chain is reported and does not hide the other
-    entries."""
+    attributes each entry reading an array gives it, the ``chunk_digests`` entries record
+    for their arrays, and the rows of the tensor each increment's ``rows`` array indexes; a
+    broken manifest or chain is reported and does not hide the other entries."""
     walk = Walk(repo.manifest)
     arrays: dict[Ident, StoredArray] = {}
     attributes: dict[Ident, list[Attributes]] = {}
     digests: dict[Ident, str] = {}
+    row_counts: dict[Ident, int] = {}
 
     def found(a: StoredArray, attrs: Attributes) -> None:
         arrays[a.ident] = a
@@ -142,6 +143,9 @@ def _arrays_read(repo: Repository, commits: list[str], report: VerifyReport
                 own, attrs = walk.own_arrays(e), _entry_attributes(e)
                 if e.chunk_digests and e.commit is not None and e.array is not None:
                     digests[(e.commit, e.array)] = e.chunk_digests
+                if e.kind in (Kind.INCREMENTAL, Kind.CONSECUTIVE) and e.shape:
+                    rows = e.parts["rows"]  # checkout refuses an index outside the tensor
+                    row_counts[(rows.commit, rows.array)] = e.shape[0]
                 for a in own:  # what is not the entry's array or a part is its packed array
                     found(a, attrs.get(a.ident, PACKED_ATTRIBUTES))
                 todo += walk.bases_of(m, e) if e.layout == Layout.CHAIN else ()
@@ -149,7 +153,7 @@ def _arrays_read(repo: Repository, commits: list[str], report: VerifyReport
                 report.problems.append(f"commit {c}, {e.path!r}: {err}")
         known = set(report.problems)  # what checkout refuses before reading a chunk
         report.problems += [p for p in commit_problems(walk, m) if p not in known]
-    return arrays, attributes, digests
+    return arrays, attributes, digests, row_counts
 
 
 def _checked_codec(repo: Repository, a: StoredArray) -> tuple[ChunkCodec | None, str | None]:
@@ -168,7 +172,7 @@ def verify(repo: Repository, ref: str | None = None, progress: bool = False) -> 
     report missing, unreadable or corrupted ones by path."""
     report = VerifyReport()
     commits = [repo.resolve(ref)] if ref is not None else repo.reachable(broken=True)
-    arrays, attributes, digests = _arrays_read(repo, commits, report)
+    arrays, attributes, digests, row_counts = _arrays_read(repo, commits, report)
     report.commits_checked = len(commits)
     jobs: list[tuple[str, StoredArray, ChunkCodec | None, str | None]] = []
     groups: set[str] = set()
@@ -208,6 +212,10 @@ def verify(repo: Repository, ref: str | None = None, progress: bool = False) -> 
                 if digest and chunk_digest(chunk) != digest:
                     return len(data), (f"{where}: its bits are not those the manifest's "
                                        "chunk_digests record (a wrong or stale linked chunk)")
+                n = row_counts.get(a.ident)  # (an edge chunk's padding is row 0)
+                if n is not None and chunk.size and (chunk.min() < 0 or chunk.max() >= n):
+                    return len(data), (f"{where}: row indices outside the tensor's {n} rows "
+                                       "(checkout refuses the increment)")
         except FileNotFoundError:
             return 0, f"{where}: missing"
         except (IsADirectoryError, NotADirectoryError):

@@ -16,7 +16,10 @@ from test_hostile import Raw, _entry, _rewrite
 
 import ckptstore
 from ckptstore import EncodingOptions, Policy
-from ckptstore.errors import CkptStoreError
+from ckptstore.errors import CkptStoreError, ManifestError
+from ckptstore.chunkcodec import codec_from_config
+from ckptstore.grid import ChunkGrid
+from ckptstore.layout import array_dir, chunk_key
 
 OPTIONS = EncodingOptions(chunk_bytes=4096, pack_below=256)
 OTHER = "0123456789abcdef0123456789abcdef"  # a commit the store does not hold
@@ -25,7 +28,7 @@ OTHER = "0123456789abcdef0123456789abcdef"  # a commit the store does not hold
 def _state(seed: int) -> dict[str, Any]:
     g = torch.Generator().manual_seed(seed)
     emb = torch.randn(1024, 8, generator=torch.Generator().manual_seed(0))
-    emb[torch.randperm(1024, generator=g)[:4]] = torch.randn(4, 8, generator=g)
+    emb[torch.randperm(1024, generator=g)[:64]] = torch.randn(64, 8, generator=g)
     base = torch.randn(16, 8, generator=g)
     tied = torch.randn(80, generator=g)
     return {"w": torch.randn(3000, generator=g), "m": torch.randn(64, 32, generator=g),
@@ -130,6 +133,10 @@ def test_verify_reports_whatever_checkout_refuses(template, tmp_path, case):
             refused = None
         except CkptStoreError as e:  # anything else is a raw error: the test fails
             refused = e
+        try:  # in place: the same checks, never a raw error
+            store.checkout(ids[which], into=_state(9))
+        except CkptStoreError:
+            pass
         report = store.verify(ids[which])
         # every case is reported: what checkout refuses, and the quiet lies zarr.json shows
         assert not report.ok, f"checkout raised {refused!r}, verify said ok"
@@ -146,3 +153,24 @@ def test_an_honest_template_checks_out_and_verifies(template, tmp_path):
         for c in ids.values():
             store.checkout(c)
         assert store.verify().ok
+
+
+def test_verify_reads_the_row_indices_checkout_refuses(template, tmp_path):
+    """An increment's ``rows`` chunks rewritten by a hostile hand, checksum and codec right:
+    only the indices themselves (10**6 >= 1024 rows) tell."""
+    root, ids = template
+    shutil.copytree(root, tmp_path / "store")
+    with ckptstore.open(tmp_path / "store", create=False) as store:
+        rows = next(e for e in store.manifest(ids["rows"]).tensors if e.path == "emb").parts[
+            "rows"]
+        codec = codec_from_config(rows.codec)
+        for _, key, _, _ in ChunkGrid.checked(rows.shape, rows.chunks):
+            body, crc = codec.encode(np.full(rows.chunks, 10**6, dtype=np.dtype(rows.dtype)))
+            store.storage.put(chunk_key(array_dir(rows.commit, rows.array), key),
+                              bytes(body) + bytes(crc))
+    with ckptstore.open(tmp_path / "store", create=False) as store:
+        with pytest.raises(ManifestError, match="does not fit"):
+            store.checkout(ids["rows"])
+        problems = store.verify(ids["rows"]).problems
+        assert problems and all("row indices outside the tensor's 1024 rows" in p
+                                for p in problems), problems
