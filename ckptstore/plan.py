@@ -356,8 +356,9 @@ def plan_commit(leaves: list[Leaf], options: EncodingOptions,
                                        options.chunk_bytes)
             if decide is not None and container == "torch" and i < len(leaves):
                 d = decide(path, t, grid)
-        if not nbytes or (d.codec is None and d.chain is None and d.want not in ("xor", "residual")
-                          and nbytes < options.pack_below):  # a chain baseline needs its own array
+        if not nbytes or (d.codec is None and d.chain is None  # a chain baseline needs its own
+                          and d.want not in ("rows", "xor", "residual")  # array
+                          and nbytes < options.pack_below):
             items.append(PackedItem(index=i, path=path, dtype=dtype, shape=shape,
                                     container=container, nbytes=nbytes, source=t,
                                     offset=packed_nbytes, dim_order=order))  # empty tensors: nothing to store

@@ -147,6 +147,17 @@ class Policy:
         their values by DynaQuant's sensitivity ``|w * g|`` (protect: the largest magnitudes
         and the largest sensitivities; prune: the smallest sensitivities) where it has seen
         gradients, by magnitude elsewhere.
+
+    Notes
+    -----
+    Every combination of fields either takes effect or is refused here with a ``ValueError``
+    (docs/policies.md has the table). Refused: a feature with nothing to act on (``bitwidth``
+    with no quantization, ``rebase`` without ``"intermittent"``, ``sensitivity`` with no
+    quantization that protects or prunes) and an ``overrides`` pattern that matches a ``shrink``
+    path. Bounds hold trivially where what they bound is off (``max_chain`` with no chain,
+    ``min_rows`` without ``incremental``, ``min_quant_bytes``, ``lossless``). ``delta`` with
+    ``incremental``: tables take row increments, their lossless changed rows stored as the XOR
+    of their old bits (also with a tracker), quantized ones as codes; other tensors take deltas.
     """
 
     incremental: IncrementalMode = "off"
@@ -168,6 +179,7 @@ class Policy:
                              f"'intermittent', not {self.incremental!r}")
         if self.max_chain < 1:
             raise ValueError("max_chain must be >= 1")
+        _check_combination(self)
 
     @classmethod
     def lossless_full(cls) -> Policy:
@@ -203,3 +215,27 @@ class Policy:
         if self.delta and tensor.dim() and nbytes >= self.min_quant_bytes:
             return Decision("xor")
         return Decision("full", quant)
+
+
+def _check_combination(p: Policy) -> None:
+    """Refuse a feature that the rest of ``p`` would leave without effect (never drop it)."""
+    specs = [s for s in (p.quantize, *(s for _, s in p.overrides)) if s is not None]
+    unused = {
+        "bitwidth": (p.bitwidth is not None and not specs,
+                     "it picks the bits of quantize/overrides: give quantize=QuantSpec(...)"),
+        "rebase": (p.rebase != Intermittent() and p.incremental != "intermittent",
+                   "it decides rebases of incremental='intermittent' only: set that mode"),
+        "sensitivity": (p.sensitivity is not None and not any(
+            s.protect > 0 or s.prune > 0 for s in specs),
+            "it ranks what a QuantSpec protects or prunes: give one with protect or prune > 0"),
+    }
+    for name, (bad, todo) in unused.items():
+        if bad:
+            raise ValueError(f"Policy({name}=...) would have no effect with the other settings; "
+                             f"{todo}, or leave {name} out")
+    clash = [(pat, path) for pat, _ in p.overrides for path in (p.shrink.roles if p.shrink else ())
+             if fnmatch.fnmatchcase(path, pat)]
+    if clash:
+        raise ValueError(f"Policy(overrides=...) pattern {clash[0][0]!r} matches {clash[0][1]!r}, "
+                         "which shrink encodes (shrink wins): narrow the pattern, or use "
+                         "lossless=(...) to keep that path out of shrink")
