@@ -5,6 +5,9 @@ Usage::
 
     .venv/bin/python benchmarks/cpu_proxy.py                   # ~2 minutes
     .venv/bin/python benchmarks/cpu_proxy.py --seconds 4 --repeat 2
+    # issue 26: 0 and 2 busy processes, the old default, the new one and normal side by side
+    .venv/bin/python benchmarks/cpu_proxy.py --busy 0 2 --only lossless \\
+        --priority idle-old idle low normal --seconds 6 --repeat 3      # ~8 minutes
 
 What is measured
 ----------------
@@ -18,7 +21,14 @@ What is measured
   (``compression="none"``); ``Policy(quantize=QuantSpec(bits=8))`` (``method="auto"``: plain
   uniform asymmetric at 8 bits, as Check-N-Run) and the same with Check-N-Run's adaptive range
   search forced (``"adaptive-asymmetric"``, the default before); each at the
-  ``background_priority`` values of ``--priority`` (default: the store's default, ``idle``).
+  ``background_priority`` values of ``--priority`` (default: the store's default, ``low``);
+  ``idle-old`` is ``SCHED_IDLE`` without the priority inheritance of issue 26 (the default
+  before it), ``low-19`` is ``low`` at nice +19 instead of +10.
+* ``--busy N ...``: the same with N CPU-bound processes (``while True: pass``, normal priority)
+  beside the loop, as DataLoader workers keep cores busy (issue 26). They are stopped
+  (SIGSTOP) outside the timed loop -- the warm-up commit and the final wait -- and by a
+  watchdog once a run has taken 3x ``--seconds`` (a frozen loop: the "froze" column counts
+  those runs; their rate is what the loop made until the busy processes stopped).
 * Steps per second over ``--seconds`` of loop time (after one untimed warm-up commit), each
   configuration ``--repeat`` times, interleaved; the slowdown is relative to the median rate
   without checkpoints. Goals (issue 11): lossless <= 15 %, 8-bit <= 20 % on the 2-core VM,
@@ -35,10 +45,14 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+from contextlib import nullcontext
 
 import torch
 
@@ -62,9 +76,44 @@ CONFIGS = {
 BARE = "bare copy into preallocated buffers"
 
 
+class Busy:
+    """``n`` CPU-bound processes at normal priority, stopped and continued as a group."""
+
+    def __init__(self, n: int):
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                      for _ in range(n)]
+
+    def signal(self, sig: int) -> None:
+        for p in self.procs:
+            p.send_signal(sig)
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+#: benchmark-only priorities: SCHED_IDLE never raised (before issue 26); nice +19 for "low"
+VARIANTS = {"idle-old": "idle", "low-19": "low"}
+LOW_NICE = ckptstore.priority.LOW_NICE
+
+
+def open_store(folder: str, options: EncodingOptions, policy: Policy, io_workers: int | None,
+               priority: str) -> ckptstore.Store:
+    """A store at ``priority`` (or one of :data:`VARIANTS`)."""
+    ckptstore.priority.LOW_NICE = 19 if priority == "low-19" else LOW_NICE
+    store = ckptstore.open(folder, options=options, policy=policy, io_workers=io_workers,
+                           background_priority=VARIANTS.get(priority, priority))
+    if priority == "idle-old":
+        store._committer.background.boosted = nullcontext
+    return store
+
+
 def run(config: tuple | None, state: dict, seconds: float, interval: float, root: str,
-        io_workers: int | None = None, priority: str = "idle") -> tuple[float, int]:
-    """Steps per second of the loop, and the commits it made."""
+        io_workers: int | None = None, priority: str = "low", busy: Busy | None = None
+        ) -> tuple[float, int, bool]:
+    """Steps per second of the loop, the commits it made, whether the watchdog stopped the busy
+    processes (``busy`` runs only during the timed loop)."""
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(32, 32, generator=g), torch.randn(32, 32, generator=g) * 0.1
@@ -74,9 +123,18 @@ def run(config: tuple | None, state: dict, seconds: float, interval: float, root
     buffers = [torch.empty_like(t) for t in tensors] if config == BARE else []
     if config is not None and config != BARE:
         options, policy = config
-        store = ckptstore.open(folder, options=options, policy=policy,
-                               io_workers=io_workers, background_priority=priority)
+        store = open_store(folder, options, policy, io_workers, priority)
         store.commit_async(state).wait()  # warm: staging buffers, compiled kernels
+    fired = threading.Event()
+
+    def watchdog() -> None:
+        fired.set()
+        busy.signal(signal.SIGSTOP)
+
+    guard = threading.Timer(3 * seconds, watchdog) if busy else None
+    if busy:
+        busy.signal(signal.SIGCONT)
+        guard.start()
     steps, commits = 0, 0
     t0 = last = time.perf_counter()
     while True:
@@ -96,19 +154,22 @@ def run(config: tuple | None, state: dict, seconds: float, interval: float, root
         if now - t0 >= seconds:
             break
     rate = steps / (time.perf_counter() - t0)
+    if busy:
+        guard.cancel()
+        busy.signal(signal.SIGSTOP)
     if store is not None:
         store.close()  # waits for the last persist (not timed)
     shutil.rmtree(folder, ignore_errors=True)  # ~1 GB a run: the disk would fill
-    return rate, commits
+    return rate, commits, fired.is_set()
 
 
-def gil_hold(config: tuple, state: dict, root: str, priority: str = "idle"
+def gil_hold(config: tuple, state: dict, root: str, priority: str = "low"
              ) -> tuple[float, int, float]:
     """One persist of ``state`` while this thread spins: its wall seconds, and the number and
     total seconds of this thread's pauses longer than 0.2 ms."""
     options, policy = config
     folder = tempfile.mkdtemp(dir=root)
-    store = ckptstore.open(folder, options=options, policy=policy, background_priority=priority)
+    store = open_store(folder, options, policy, None, priority)
     store.commit_async(state).wait()  # warm
     pending = store.commit_async(state)
     t0 = last = time.perf_counter()
@@ -147,22 +208,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--io-workers", type=int, nargs="+", default=[0],
                     help="store worker threads to compare (0: the store's default)")
-    ap.add_argument("--priority", nargs="+", default=["idle"],
-                    choices=["idle", "low", "normal"],
-                    help="background_priority values to compare (default: the store's default)")
+    ap.add_argument("--priority", nargs="+", default=["low"],
+                    choices=["low", "idle", "normal", *VARIANTS],
+                    help="background_priority values to compare (default: the store's default; "
+                         "idle-old: SCHED_IDLE without priority inheritance, before issue 26; "
+                         "low-19: low at nice +19)")
+    ap.add_argument("--busy", type=int, nargs="+", default=[0],
+                    help="CPU-bound processes beside the loop, each count compared")
     ap.add_argument("--only", nargs="+", default=None,
                     help="run only the checkpoint configurations whose names contain one of these")
     ap.add_argument("--gil", action="store_true",
                     help="measure what one persist takes from a thread that wants the GIL")
     args = ap.parse_args(argv)
-    print(f"# {command_line(__file__, argv)}\n# {machine_description()}\n")
+    print(f"# {command_line(__file__, argv)}\n# {machine_description()}\n"
+          f"# load average before: {_load()}\n")
     state = build_state(args.size << 20)
     if args.gil:
         print(markdown_table(["configuration", "persist ms", "pauses > 0.2 ms", "paused ms"],
                              gil_table(state, args.repeat), "lrrr"))
         return 0
-    root = tempfile.mkdtemp(prefix="cpu-proxy-")
-    configs = {"no checkpoint": (None, None, "idle"), BARE: (BARE, None, "idle")}
+    configs = {"no checkpoint": (None, None, "low"), BARE: (BARE, None, "low")}
     for workers in args.io_workers:
         for priority in args.priority:
             suffix = "" if len(args.io_workers) == 1 else (
@@ -171,26 +236,48 @@ def main(argv: list[str] | None = None) -> int:
             configs |= {name + suffix: (c, workers or None, priority)
                         for name, c in CONFIGS.items()
                         if c and (not args.only or any(o in name for o in args.only))}
-    rates: dict[str, list[float]] = {k: [] for k in configs}
-    commits: dict[str, list[int]] = {k: [] for k in configs}
+    rows = []
+    for n in args.busy:
+        rows += busy_rows(n, configs, state, args)
+    print(markdown_table(["busy processes", "configuration", "steps/s", "slowdown", "commits",
+                          "froze"], rows, "rlrrrr"))
+    print(f"\n# load average after: {_load()}")
+    return 0
+
+
+def busy_rows(n: int, configs: dict, state: dict, args: argparse.Namespace) -> list[list[str]]:
+    """Every configuration ``args.repeat`` times (interleaved) beside ``n`` busy processes."""
+    root = tempfile.mkdtemp(prefix="cpu-proxy-")
+    busy = Busy(n) if n else None
+    if busy:
+        busy.signal(signal.SIGSTOP)
+    runs: dict[str, list[tuple[float, int, bool]]] = {k: [] for k in configs}
     try:
         for r in range(args.repeat):
             for name, (config, workers, priority) in (configs.items() if r % 2 == 0
                                                       else reversed(list(configs.items()))):
-                rate, n = run(config, state, args.seconds, args.interval, root, workers,
-                              priority)
-                rates[name].append(rate)
-                commits[name].append(n)
-                print(f"round {r + 1}: {name}: {rate:.0f} steps/s, {n} commits",
-                      file=sys.stderr, flush=True)
+                out = run(config, state, args.seconds, args.interval, root, workers, priority,
+                          busy)
+                runs[name].append(out)
+                print(f"busy {n}, round {r + 1}: {name}: {out[0]:.0f} steps/s, {out[1]} commits"
+                      f"{', froze' if out[2] else ''}", file=sys.stderr, flush=True)
     finally:
+        if busy:
+            busy.close()
         shutil.rmtree(root, ignore_errors=True)
-    base = statistics.median(rates["no checkpoint"])
-    rows = [[name, f"{statistics.median(v):.0f}",
-             "–" if name == "no checkpoint" else f"{100 * (1 - statistics.median(v) / base):+.1f} %",
-             f"{statistics.median(commits[name]):.0f}"] for name, v in rates.items()]
-    print(markdown_table(["configuration", "steps/s", "slowdown", "commits"], rows, "lrrr"))
-    return 0
+    base = statistics.median(x[0] for x in runs["no checkpoint"])
+    rows = []
+    for name, v in runs.items():
+        rate = statistics.median(x[0] for x in v)
+        rows.append([str(n), name, f"{rate:.0f}",
+                     "–" if name == "no checkpoint" else f"{100 * (1 - rate / base):+.1f} %",
+                     f"{statistics.median(x[1] for x in v):.0f}",
+                     f"{sum(x[2] for x in v)}/{len(v)}"])
+    return rows
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
 
 
 if __name__ == "__main__":
