@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from .info import CommitInfo, GCResult, VerifyReport
     from .pending import PendingCommit
     from .plan import EncodingOptions
-    from .policy import (BitWidth, Frequency, Intermittent, MaxChain, Policy, QualitySearch,
-                         QuantSpec)
+    from .policy import (BestN, BitWidth, EveryN, Frequency, Intermittent, LatestN, MaxChain,
+                         Policy, QualitySearch, QuantSpec)
     from .resume import ResumableLoader, ResumableSampler, RNGState
     from .sensitivity import GradientEMA
     from .storage.retry import Retry
@@ -40,6 +40,7 @@ _LAZY = {  # public name -> the submodule it lives in
     "PendingCommit": "pending", "EncodingOptions": "plan",
     "BitWidth": "policy", "Frequency": "policy", "Intermittent": "policy", "MaxChain": "policy",
     "Policy": "policy", "QualitySearch": "policy", "QuantSpec": "policy",
+    "LatestN": "policy", "EveryN": "policy", "BestN": "policy",
     "ResumableLoader": "resume", "ResumableSampler": "resume", "RNGState": "resume",
     "Store": "store", "open": "store", "RowTracker": "tracking", "track": "tracking",
     "UsageReport": "usage", "GradientEMA": "sensitivity", "Retry": "storage.retry",
@@ -47,6 +48,7 @@ _LAZY = {  # public name -> the submodule it lives in
 
 __all__ = ["open", "Store", "CommitInfo", "GCResult", "VerifyReport", "EncodingOptions",
            "Policy", "QuantSpec", "BitWidth", "QualitySearch", "Intermittent", "MaxChain", "track", "RowTracker",
+           "LatestN", "EveryN", "BestN",
            "PendingCommit", "Frequency", "ResumableSampler", "ResumableLoader", "RNGState",
            "DiffResult", "UsageReport", "ExportResult", "GradientEMA", "Retry", "__version__",
            *_errors_all]

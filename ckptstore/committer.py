@@ -13,6 +13,7 @@ persist thread and the at-most-one commit in flight. The call order of one commi
     5. build_manifest(...); write_manifest    -> commits/<id>.msgpack       (records.py)
     6. refs.advance(branch, tip, id)          -> the commit becomes visible (refs.py)
     7. chains.commit_done(...); tags           (after the ref moved)
+    8. apply_retention(repo, retention)        (open(keep=...): after the commit landed)
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from .pending import PendingCommit, Progress
 from .plan import ArrayItem, CommitPlan, EncodingOptions, plan_commit
 from .policy import Policy
 from .records import build_manifest
+from .policy.retention import Retention, retain_after_commit
 from .policy.shrink import Shrink
 from .priority import DEFAULT_PRIORITY, BackgroundThreads
 from .refs import Tip
@@ -73,6 +75,8 @@ class CommitJob:
 
 class Committer:
     """At most one commit in flight, the staging pool, the persist thread, the chain memory."""
+
+    retention: Retention | None = None  # open(keep=...): applied by finish once a commit landed
 
     def __init__(self, repo: Repository, options: EncodingOptions,
                  staging_budget: int | None = None,
@@ -277,6 +281,8 @@ class Committer:
                 raise RefExists(f"commit {commit_id} was made on {job.branch!r}, but another "
                                 f"writer created tag {t!r} meanwhile; do not commit again -- tag "
                                 f"this commit with another name") from None
+        if self.retention is not None:                                   # 8. retention
+            retain_after_commit(self.repo, self.retention, commit_id)
         return CommitInfo.from_manifest(manifest)
 
 

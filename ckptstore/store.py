@@ -24,6 +24,7 @@ from .manifest import Manifest, decode_marker, encode_marker
 from .pending import PendingCommit
 from .plan import EncodingOptions
 from .policy import Policy
+from .policy.retention import Retention, check_retention
 from .priority import DEFAULT_PRIORITY, check_priority
 from .progress import bar
 from .repository import Repository
@@ -41,8 +42,9 @@ class Store:
     def __init__(self, storage: Storage, options: EncodingOptions | None = None,
                  io_workers: int | None = None, policy: Policy | None = None,
                  collective: bool = True, staging_budget: int | None = None,
-                 background_priority: str = DEFAULT_PRIORITY):
+                 background_priority: str = DEFAULT_PRIORITY, keep: Retention | None = None):
         check_priority(background_priority)
+        check_retention(keep)
         self.repo = Repository(storage, io_workers)
         self.storage = storage
         self.refs = self.repo.refs
@@ -50,6 +52,7 @@ class Store:
         self.policy = policy or Policy()
         self._committer = Committer(self.repo, self.options, staging_budget,
                                     background_priority)
+        self._committer.retention = keep  # applied after each commit lands
         self.collective = collective
         self._async_group: object = None  # a gloo group for collective commit_async
 
@@ -311,7 +314,7 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
          policy: Policy | None = None, io_workers: int | None = None, durable: bool = False,
          collective: bool = True, retry: Retry | None = None,
          staging_budget: int | None = None, background_priority: str = DEFAULT_PRIORITY,
-         **storage_options: Any) -> Store:
+         keep: Retention | None = None, **storage_options: Any) -> Store:
     """Open the store at ``url`` (a local path or any fsspec URL), creating it unless
     ``create=False``. ``durable=True`` fsyncs every chunk file of a local store before the
     manifest is written (survives power loss, at a cost in write throughput). ``io_workers`` bounds the threads that encode and write chunks (default:
@@ -338,9 +341,14 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
     ``retry`` (a :class:`ckptstore.Retry`) sets how object-store requests that fail with a
     transient error are repeated after the client's own retries (default ``Retry()``: 4
     attempts, backoff from 0.2 s capped at 5 s); local disks and ``memory://`` are not retried.
+    ``keep`` (a retention rule: ``LatestN(3) | BestN(2, "loss") | EveryN(1000, key="step")``)
+    is applied after each commit of this store lands, tags and branch tips always kept; see
+    :mod:`ckptstore.policy.retention`.
+
     Other keywords (``storage_options``) go to fsspec.
     """
     check_priority(background_priority)  # before anything is created
+    check_retention(keep)
     storage = open_storage(url, durable=durable, retry=retry, **storage_options)
     try:
         decode_marker(storage.read(MARKER), storage.path(MARKER))
@@ -357,4 +365,5 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
         storage.put_if_absent(MARKER, encode_marker())
         decode_marker(storage.read(MARKER), storage.path(MARKER))
     return Store(storage, options, io_workers=io_workers, policy=policy, collective=collective,
-                 staging_budget=staging_budget, background_priority=background_priority)
+                 staging_budget=staging_budget, background_priority=background_priority,
+                 keep=keep)

@@ -1,19 +1,25 @@
-"""Policies: how tensors are encoded, when chains rebase, how many bits a restore budget allows."""
+"""Policies: how tensors are encoded, when chains rebase, how many bits a restore budget allows,
+which commits a store keeps."""
 
 from .autotune import TableChoice, Tuning, autotune
 from .bitwidth import BitWidth
 from .encoding import Decision, Policy, QuantSpec, Want
 from .frequency import Frequency, cpr_interval
 from .rebase import Intermittent, MaxChain, RebasePredictor
+from .retention import AnyOf, BestN, EveryN, LatestN, Retention
 from .recovery import LostSamples, RecoveryCosts, RecoveryPlan, plan_recovery, pls_interval
 from .search import QualitySearch, simulate
 from .shrink import Shrink
 
 __all__ = [
+           "AnyOf",
+           "BestN",
            "BitWidth",
            "Decision",
+           "EveryN",
            "Frequency",
            "Intermittent",
+           "LatestN",
            "LostSamples",
            "MaxChain",
            "Policy",
@@ -22,6 +28,7 @@ __all__ = [
            "RebasePredictor",
            "RecoveryCosts",
            "RecoveryPlan",
+           "Retention",
            "Shrink",
            "TableChoice",
            "Tuning",
