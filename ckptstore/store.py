@@ -311,13 +311,18 @@ class Store:
 
 
 def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions | None = None,
-         policy: Policy | None = None, io_workers: int | None = None, durable: bool = False,
+         policy: Policy | None = None, io_workers: int | None = None, durable: bool = True,
          collective: bool = True, retry: Retry | None = None,
          staging_budget: int | None = None, background_priority: str = DEFAULT_PRIORITY,
          keep: Retention | None = None, **storage_options: Any) -> Store:
     """Open the store at ``url`` (a local path or any fsspec URL), creating it unless
-    ``create=False``. ``durable=True`` fsyncs every chunk file of a local store before the
-    manifest is written (survives power loss, at a cost in write throughput). ``io_workers`` bounds the threads that encode and write chunks (default:
+    ``create=False``. ``durable=True`` (the default) makes a commit to a local store
+    crash-consistent: its chunk files and folders, then its manifest, then its ref are fsynced
+    in that order (a machine that loses power after a commit returned keeps it whole);
+    ``durable=False`` opts out (faster commits; a power loss may then leave a ref naming data
+    that never reached the disk). Object stores ignore it.
+
+    ``io_workers`` bounds the threads that encode and write chunks (default:
     on local disks the CPUs this process may use divided by the ranks on the host,
     ``LOCAL_WORLD_SIZE``; 16 for object stores); lower it to leave cores to training.
 
