@@ -146,5 +146,8 @@ def test_plots_are_drawn_from_the_figures(tmp_path: pathlib.Path) -> None:
     spec = importlib.util.spec_from_file_location("plots", DOCS.parent / "benchmarks" / "plots.py")
     plots = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plots)
+    from xml.etree import ElementTree
+
     for path in plots.draw(out=tmp_path):
         assert path.read_bytes() == (DOCS / "plots" / path.name).read_bytes(), path.name
+        assert ElementTree.parse(path).getroot().tag == "{http://www.w3.org/2000/svg}svg"
