@@ -20,6 +20,7 @@ from ckptstore.errors import CkptStoreError, ManifestError
 from ckptstore.chunkcodec import codec_from_config
 from ckptstore.grid import ChunkGrid
 from ckptstore.layout import array_dir, chunk_key
+from ckptstore.sharded import LocalTensor, commit_shards
 
 OPTIONS = EncodingOptions(chunk_bytes=4096, pack_below=256)
 OTHER = "0123456789abcdef0123456789abcdef"  # a commit the store does not hold
@@ -49,6 +50,10 @@ def template(tmp_path_factory) -> tuple[Path, dict[str, str]]:
         ids["rows"] = store.commit(_state(2), policy=rows).id
         store.commit(_state(3), policy=xor)
         ids["xor"] = store.commit(_state(4), policy=xor).id
+        g, sb = torch.randn(64, 8), torch.randn(8)  # two ranks' halves of two tensors
+        ids["sharded"] = commit_shards(store, [
+            [LocalTensor("g", (32 * r, 0), (64, 8), g[32 * r: 32 * r + 32]),
+             LocalTensor("sb", (4 * r,), (8,), sb[4 * r: 4 * r + 4])] for r in range(2)]).id
     return root, ids
 
 
@@ -65,6 +70,10 @@ def _part(path: str, part: str, **fields: Any) -> Callable[[Raw, dict[str, str]]
         parts = _entry(raw, path)["parts"]
         parts[part if part in parts else "x" + part].update(fields)  # values or xvalues
     return change
+
+
+def _shard(path: str, **fields: Any) -> Callable[[Raw, dict[str, str]], None]:
+    return lambda raw, ids: next(e for e in raw["shards"] if e["path"] == path).update(fields)
 
 
 def _base(path: str, which: str) -> Callable[[Raw, dict[str, str]], None]:
@@ -114,6 +123,11 @@ CASES: dict[str, tuple[str, Callable[[Raw, dict[str, str]], None]]] = {
     "xor-as-residual": ("xor", _as_kind("w", "residual", "residual")),
     "xor-as-delta": ("xor", _as_kind("w", "delta", "codes")),
     "xor-on-rows": ("xor", _base("emb", "rows")),
+    "shard-packed-bytes": ("sharded", _shard("sb@4", nbytes=8)),
+    "shard-bad-chunks": ("sharded", _shard("g@32,0", chunks=[0, 8])),
+    "shard-empty-overflow": ("sharded", _shard("sb@4", shape=[0, 2**62], nbytes=0)),
+    "shard-of-other-commit": ("sharded", lambda raw, ids: raw["tensors"][0].update(
+        commit=ids["full"])),
 }
 # lies checkout cannot see (it rebuilds other values); verify reports them from zarr.json
 QUIET = {"other-dtype-same-size", "xor-as-residual"}
