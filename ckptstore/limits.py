@@ -16,9 +16,10 @@ and checkout allocates an array only once every chunk of it is listed, so what a
 declares is at most ``chunks stored x max_chunk_bytes``, and verify walks at most
 ``max_missing`` chunk keys more than are stored. What a process still cannot allocate within
 that bound is an :class:`~ckptstore.errors.AllocationError` (:func:`allocate`), not a raw
-``MemoryError``; a chunk that decodes to less than its grid says is refused by its codec. Every other entry is bounded by arrays: a
-chain entry has its full baseline's shape, a packed one lies inside its packed array, a sharded
-tensor's volume is the sum of its pieces', a view stays in its storage.
+``MemoryError``; a chunk that decodes to less than its grid says is refused by its codec.
+Every other entry is bounded by arrays: a chain entry has its full baseline's shape, a packed
+one lies inside its packed array, a sharded tensor's volume is the sum of its pieces', a view
+stays in its storage.
 
 The limits are one module-level value, :data:`READ_LIMITS`; a store whose writer chose
 ``chunk_bytes`` above 4 GiB (or holds a single row larger than that) is read after
