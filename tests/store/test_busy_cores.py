@@ -15,7 +15,8 @@ import ckptstore
 
 #: generous: a loop that is merely slow finishes well within it; only a freeze reaches it
 HANG_GUARD_S = 90.0
-COMMITS = 4
+COMMITS = 3
+STEPS = 100  # loop steps between two commits
 
 
 def busy_processes() -> list[subprocess.Popen]:
@@ -26,12 +27,12 @@ def busy_processes() -> list[subprocess.Popen]:
 
 def python_bound_loop(store: ckptstore.Store, state: dict, landed: list) -> None:
     """A training loop as the CPU sees it: small torch ops launched from Python, a
-    ``commit_async`` every 200 steps, then the last commit waited for."""
+    ``commit_async`` every :data:`STEPS` steps, then the last commit waited for."""
     x, w = torch.randn(32, 32), torch.randn(32, 32) * 0.1
     pending = None
-    for step in range(1, COMMITS * 200 + 1):
+    for step in range(1, COMMITS * STEPS + 1):
         x = torch.tanh(x @ w).clamp(-1, 1)
-        if step % 200 == 0:
+        if step % STEPS == 0:
             state["step"] = step
             pending = store.commit_async(state, message=f"step {step}")
     landed.append(pending.wait())
@@ -42,13 +43,14 @@ def test_training_loop_keeps_going_while_every_core_is_busy(tmp_path):
     """With every core taken by busy processes, a Python-bound loop that commits asynchronously
     finishes and all its commits land: the persist it waits for cannot starve (before: the
     default SCHED_IDLE persist got no CPU and the loop froze in the next commit_async)."""
-    state = {"w": torch.randn(2048, 2048), "b": torch.randn(4096), "step": 0}  # 16 MB
+    state = {"w": torch.randn(1024, 2048), "b": torch.randn(4096), "step": 0}  # 8 MB
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    busy = busy_processes()
+    store = ckptstore.open(tmp_path / "s")
+    busy = busy_processes()  # from the first commit on, as DataLoader workers would be
     landed: list = []
     try:
-        with ckptstore.open(tmp_path / "s") as store:
+        with store:
             loop = threading.Thread(target=python_bound_loop, args=(store, state, landed),
                                     daemon=True)
             loop.start()
@@ -59,8 +61,8 @@ def test_training_loop_keeps_going_while_every_core_is_busy(tmp_path):
             loop.join()
             assert not frozen, f"the training loop froze beside {len(busy)} busy processes"
             assert [c.metadata["step"] for c in store.log()] == [
-                200 * k for k in range(COMMITS, 0, -1)]
-            assert landed and landed[0].metadata["step"] == COMMITS * 200
+                STEPS * k for k in range(COMMITS, 0, -1)]
+            assert landed and landed[0].metadata["step"] == COMMITS * STEPS
     finally:
         for p in busy:
             p.kill()
