@@ -2,17 +2,22 @@
 
 Mark: the retained commits are, per branch, the newest ``keep_last`` along the first-parent line
 (all when None), every commit whose generation is a multiple of ``keep_every``, tagged commits
-(``keep_tags``), and -- transitively -- every base commit a retained chain entry (incremental,
-consecutive, delta) builds on. Every data folder a retained commit reads is live. Sweep: manifests first, then data, so a crash half-way leaves only more leftovers. Commits
-and data that no ref reaches (a crashed or lost commit) are removed only once older than
-``grace_period`` seconds, so a commit in flight in another process is never touched.
+(``keep_tags``), a dangling line that continues a branch tip (:mod:`ckptstore.dangling`: a
+lost ref file's commits, verify reports them) while its newest commit is within the grace period,
+and -- transitively -- every base commit a retained chain entry (incremental, consecutive, delta)
+builds on. Every data folder a retained commit reads is live. Sweep: manifests first, then
+data, so a crash half-way leaves only more leftovers. Commits and data that no ref reaches (a
+crashed or lost commit) are removed only once older than ``grace_period`` seconds, so a commit in
+flight in another process is never touched (git prunes its dangling objects the same way).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from .chains.walk import Walk
+from .dangling import find_dangling
 from .ids import commit_time, is_commit_id
 from .info import GCResult
 from .layout import COMMITS, DATA, HEADS, TAGS, TEMP_PREFIX, data_dir, manifest_key
@@ -23,7 +28,8 @@ __all__ = ["collect"]
 
 
 def _retained(repo: Repository, walk: Walk, keep_last: int | None, keep_tags: bool,
-              keep_every: int | None) -> tuple[set[str], set[str]]:
+              keep_every: int | None, young: Callable[[str], bool]
+              ) -> tuple[set[str], set[str]]:
     """(retained commits, every commit reachable from a ref)."""
     reachable = set(repo.reachable())
     keep: set[str] = set()
@@ -34,6 +40,9 @@ def _retained(repo: Repository, walk: Walk, keep_last: int | None, keep_tags: bo
             keep.update(c for c in line if repo.manifest(c).generation % keep_every == 0)
     if keep_tags:
         keep.update(c for c in repo.refs.tags().values() if c in reachable)
+    for lost in find_dangling(repo, set(reachable)):  # a lost ref file's line: kept whole,
+        if young(lost.line[0]):  # with its bases, while its newest commit is in its grace period
+            keep.update(lost.line)
     stack = list(keep)  # chain entries need their bases, and each kept base stays restorable
     while stack:
         for base in walk.commits_read(repo.manifest(stack.pop())) - keep:
@@ -57,13 +66,15 @@ def collect(repo: Repository, keep_last: int | None = None, keep_tags: bool = Tr
     storage = repo.storage
     now = time.time()
     walk = Walk(repo.manifest)
-    keep, reachable = _retained(repo, walk, keep_last, keep_tags, keep_every)
-    # keep is closed under chain bases: the folders of its commits' own entries are every folder
-    # they read
-    live_data = {d for c in keep for d in repo.manifest(c).data_commits()}
 
     def old(commit_id: str) -> bool:
         return commit_time(commit_id) + grace_period <= now
+
+    keep, reachable = _retained(repo, walk, keep_last, keep_tags, keep_every,
+                                lambda c: not old(c))
+    # keep is closed under chain bases: the folders of its commits' own entries are every folder
+    # they read
+    live_data = {d for c in keep for d in repo.manifest(c).data_commits()}
 
     result = GCResult(dry_run=dry_run, kept=sorted(keep))
     all_commits = repo.commit_ids()

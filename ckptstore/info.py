@@ -63,12 +63,16 @@ class GCResult:
 
 @dataclass
 class VerifyReport:
-    """Problems ``Store.verify`` found: each names a path inside the store."""
+    """Problems ``Store.verify`` found: each names a path inside the store. ``dangling``: commits
+    past a branch tip that no ref names (a lost ref file, or a commit stopped before its ref
+    moved; :mod:`ckptstore.dangling`), each with what to do -- reported, like git fsck's,
+    without making the report not ``ok``."""
 
     commits_checked: int = 0
     chunks_checked: int = 0
     bytes_checked: int = 0
     problems: list[str] = field(default_factory=list)
+    dangling: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

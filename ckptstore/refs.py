@@ -118,6 +118,20 @@ class Refs:
                 out[name] = tip[1]
         return out
 
+    def history(self, branch: str) -> list[str]:
+        """The commits the branch's ref files name, newest move first (the moves gc has not
+        pruned yet; tombstones and unreadable files are left out)."""
+        out = []
+        for seq in reversed(self._seqs(branch)):
+            key = branch_seq(branch, seq)
+            try:
+                commit_id = _decode(self.storage.read(key), key)
+            except (FileNotFoundError, ManifestError):
+                continue
+            if commit_id is not None:
+                out.append(commit_id)
+        return out
+
     def advance(self, branch: str, expected: Tip | None, commit_id: str) -> int:
         """Move ``branch`` from ``expected`` to ``commit_id``; return the new sequence number.
 

@@ -20,6 +20,7 @@ from .arrays import array_metadata
 from .chains.walk import StoredArray, Walk, packed_array
 from .chunkcodec import ChunkCodec, QuantizedLossy, check_crc, codec_from_config
 from .consistency import commit_problems
+from .dangling import find_dangling
 from .dedup import chunk_digest
 from .errors import CkptStoreError, CorruptedChunkError
 from .info import VerifyReport
@@ -174,6 +175,8 @@ def verify(repo: Repository, ref: str | None = None, progress: bool = False) -> 
     commits = [repo.resolve(ref)] if ref is not None else repo.reachable(broken=True)
     arrays, attributes, digests, row_counts = _arrays_read(repo, commits, report)
     report.commits_checked = len(commits)
+    if ref is None:  # what no ref reaches yet continues a branch: a lost ref file
+        report.dangling = [d.problem() for d in find_dangling(repo, set(commits))]
     jobs: list[tuple[str, StoredArray, ChunkCodec | None, str | None]] = []
     groups: set[str] = set()
     codecs = list(repo.executor.map(lambda a: _checked_codec(repo, a), arrays.values()))

@@ -22,6 +22,8 @@ def run(ctx: Context) -> int:
     else:
         for p in report.problems:
             ctx.print(p)
+        for d in report.dangling:
+            ctx.print(f"dangling: {d}")
         what = (f"{plural(report.commits_checked, 'commit')}, "
                 f"{plural(report.chunks_checked, 'chunk')}, {human_size(report.bytes_checked)}")
         if report.ok:
