@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .result import ExportError, ExportResult
+from .result import ExportError, ExportResult, target_path
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -41,7 +41,7 @@ def to_dcp(store: Store, ref: str, directory: str | os.PathLike[str],
     from torch.distributed.checkpoint import save as dcp_save
 
     from ..state import flatten
-    directory = os.fspath(directory)
+    directory = target_path(directory)
     if os.path.isdir(directory) and os.listdir(directory) and not overwrite:
         raise ExportError(f"{directory} exists and is not empty; pass overwrite=True "
                           "(ckpt export --force) or choose an empty folder")

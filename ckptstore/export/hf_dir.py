@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..leaves import Leaves
 from ..repository import Repository
-from .result import ExportError, ExportResult
+from .result import ExportError, ExportResult, target_path
 from .safetensors_file import to_safetensors
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ def to_hf_directory(store: Store | Repository, ref: str, directory: str | os.Pat
         No config, files that exist (without ``overwrite``), or no tensor under ``prefix``.
     """
     repo = store if isinstance(store, Repository) else store.repo
-    directory = os.fspath(directory)
+    directory = target_path(directory)
     commit_id = repo.resolve(ref)
     text = _config_text(repo, commit_id, config)
     os.makedirs(directory, exist_ok=True)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ExportError
 
-__all__ = ["ExportError", "ExportResult"]
+__all__ = ["ExportError", "ExportResult", "target_path"]
 
 
 @dataclass(frozen=True)
@@ -27,3 +28,11 @@ class ExportResult:
         return {"file": self.file, "id": self.commit, "tensors": self.tensors,
                 "bytes": self.nbytes, "metadata_keys": list(self.metadata_keys),
                 "skipped": list(self.skipped)}
+
+
+def target_path(path: str | os.PathLike[str]) -> str:
+    """``path`` as a string, refused (:class:`ExportError`) if no file could have that name."""
+    path = os.fspath(path)
+    if "\0" in path:
+        raise ExportError(f"cannot write {path!r}: the path holds a NUL byte; choose another")
+    return path

@@ -23,7 +23,7 @@ from ..leaves import Leaves, as_tensor, entry_nbytes, read_tensors
 from ..manifest import Manifest
 from ..progress import bar
 from ..repository import Repository
-from .result import ExportError, ExportResult
+from .result import ExportError, ExportResult, target_path
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -166,7 +166,7 @@ def to_safetensors(store: Store | Repository, ref: str, file: str | os.PathLike[
         the same key.
     """
     repo = store if isinstance(store, Repository) else store.repo
-    file = os.fspath(file)
+    file = target_path(file)
     _check_target(file, overwrite)
     m = repo.manifest(repo.resolve(ref))
     entries, indices, metadata, skipped = _plan(m, Leaves.of(m).select(paths), strip_prefix)
