@@ -65,7 +65,7 @@ def open_existing(url: str, options: dict[str, Any]) -> Storage:
     url = os.fspath(url)
     _check_protocol(url)
     try:
-        storage = open_storage(url, **with_cli_defaults(url, options))
+        storage = open_storage(url, **{"durable": True, **with_cli_defaults(url, options)})
     except ImportError as e:  # fsspec: "Install s3fs to access S3"
         raise CliError(f"cannot open {url}: {e}") from None
     retry = getattr(storage, "retry", None)

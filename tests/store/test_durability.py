@@ -129,3 +129,14 @@ def test_opt_out_syncs_no_chunk_and_no_folder(tmp_path, monkeypatch):
     data = os.path.join(root, "data") + os.sep
     assert not [p for p in synced if p.startswith(data) or os.path.isdir(p)], synced
     assert os.path.isdir(os.path.join(root, "data", commit_id))
+
+
+def test_the_cli_opens_stores_durable_unless_told(tmp_path):
+    """``ckpt import`` commits, ``ckpt tag`` tags: durable too (``-o durable=false`` opts out)."""
+    from ckptstore.cli import parse_storage_options
+    from ckptstore.cli._open import open_existing
+
+    ckptstore.open(tmp_path / "s").close()
+    assert open_existing(str(tmp_path / "s"), {}).durable
+    opt_out = parse_storage_options(["durable=false"])
+    assert not open_existing(str(tmp_path / "s"), opt_out).durable
