@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
+import shutil
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -419,9 +423,7 @@ def test_waiting_for_a_persist_runs_it_at_normal_priority(flaky, level):
     their low priority after."""
     if raising_refused():
         pytest.skip("this process may not raise a priority (see the unprivileged test)")
-    flaky._committer.close()
-    flaky._committer = type(flaky._committer)(flaky.repo, flaky.options,
-                                              background_priority=level)
+    flaky = ckptstore.open(f"flaky://{uuid.uuid4().hex}", background_priority=level)
     normal = {(os.SCHED_OTHER, os.getpriority(os.PRIO_PROCESS, 0))}
     FlakyMemoryFS.gate = threading.Event()  # hold the persist
     pending = flaky.commit_async({"w": torch.randn(100_000)})
@@ -483,11 +485,6 @@ def test_unprivileged_wait_moves_the_chunks_to_the_normal_pool():
     """Where the system refuses to raise a priority again (no CAP_SYS_NICE, ``ulimit -e`` 0),
     the chunks of a persist someone waits for are encoded and written on the store's
     normal-priority pool instead, and the commit lands."""
-    import json
-    import shutil
-    import subprocess
-    import sys
-
     command = [sys.executable, "-c", UNPRIVILEGED_SCRIPT]
     if os.geteuid() == 0:
         if shutil.which("setpriv") is None:
