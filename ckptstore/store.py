@@ -93,6 +93,11 @@ class Store:
         docs/policies.md): on the host, and on the tensors' devices."""
         return self._committer.chains.nbytes()
 
+    @property
+    def keep(self) -> Retention | None:
+        """The retention rule applied after each commit (``open(url, keep=...)``)."""
+        return self._committer.retention
+
     # -- commit ----------------------------------------------------------------------------
     def commit(self, state: object, message: str = "", branch: str = "main",
                tags: Sequence[str] = (), metadata: Metadata | None = None,

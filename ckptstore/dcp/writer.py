@@ -25,6 +25,7 @@ from ..ids import new_commit_id
 from ..info import CommitInfo
 from ..layout import check_ref_name, tag_key
 from ..policy import Policy
+from ..policy.retention import retain_after_commit
 from ..refs import Tip
 from ..sharded import LocalTensor, PartEntry, assemble_manifest, write_part
 from ..state import Tree, flatten
@@ -130,7 +131,8 @@ class StorageWriter(dcp_storage.StorageWriter):
         return fut
 
     def finish(self, metadata: Metadata, results: list[list[dcp_storage.WriteResult]]) -> None:
-        """On the coordinator, once every rank wrote: the manifest, then the ref, then tags."""
+        """On the coordinator, once every rank wrote: the manifest, then the ref, then tags, then
+        the store's retention rule (``open(url, keep=...)``)."""
         parts: list[PartEntry] = []
         values: dict[str, Tree] = {}
         for rank_results in results:
@@ -161,6 +163,9 @@ class StorageWriter(dcp_storage.StorageWriter):
                                 f"writer created tag {t!r} meanwhile; do not commit again -- tag "
                                 "this commit with another name") from None
         self.last_commit = CommitInfo.from_manifest(manifest)
+        keep = getattr(self.store, "keep", None)  # open(url, keep=...): once the commit landed
+        if keep is not None:
+            retain_after_commit(repo, keep, manifest.id)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:

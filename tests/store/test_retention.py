@@ -111,3 +111,23 @@ def test_another_writers_work_is_never_removed(tmp_path):
     assert torch.equal(mine.checkout("exp")["t"], table)
     assert len([c for c in mine.commit_ids()]) == 1 + 4 + 1  # main's tip, exp's line, orphan
     assert mine.verify().ok
+
+
+def test_dcp_saves_apply_it_too(tmp_path):
+    """``dcp.save`` through ``ckptstore.dcp.StorageWriter`` (the coordinator's finish) applies
+    the store's retention as ``Store.commit`` does."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from ckptstore.dcp import StorageWriter
+
+    store = ckptstore.open(tmp_path / "s", keep=LatestN(1))
+    assert store.keep == LatestN(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for i in range(3):
+            dcp.save({"w": torch.full((8,), float(i))}, storage_writer=StorageWriter(store),
+                     no_dist=True)
+            assert len(store.commit_ids()) == 1
+    assert torch.equal(store.checkout("main")["w"], torch.full((8,), 2.0))
