@@ -28,12 +28,14 @@ the chunks not yet started go to the store's normal-priority pool instead
 (:meth:`BackgroundThreads.executor`), and the persist thread goes on at its fair low share.
 
 Synchronous commits and checkouts, where the caller waits, always run at normal priority.
-Where the operating system refuses a change, the threads keep their priority.
+Where the operating system refuses a change, the threads keep their priority; outside Linux
+they keep the process's (per-thread priorities are Linux's).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -47,6 +49,9 @@ DEFAULT_PRIORITY = "low"
 #: niceness added for ``"low"``: the CFS weight of nice 10 is ~1/9 of nice 0's
 LOW_NICE = 10
 _IDLE = getattr(os, "SCHED_IDLE", None) if hasattr(os, "sched_setscheduler") else None
+#: only Linux takes a thread id where ``setpriority`` takes a process id (elsewhere the same
+#: call would renice whatever process has that number): other systems keep every priority
+_PER_THREAD = sys.platform.startswith("linux")
 
 
 def check_priority(level: str) -> str:
@@ -59,9 +64,9 @@ def check_priority(level: str) -> str:
 
 def _set(tid: int, idle: bool, nice: int) -> bool:
     """Give thread ``tid`` the policy (``SCHED_IDLE`` or normal) and nice value; False where the
-    system refuses."""
-    if not hasattr(os, "setpriority"):
-        return False
+    system refuses (True where threads have no priority of their own here)."""
+    if not _PER_THREAD:
+        return True
     try:
         if _IDLE is not None and (idle or os.sched_getscheduler(tid) == _IDLE):
             os.sched_setscheduler(tid, _IDLE if idle else os.SCHED_OTHER, os.sched_param(0))
