@@ -187,6 +187,7 @@ class Reader:
         check_entries(self.walk, m, *needed_entries(m, dests))  # as verify (consistency.py)
         futures: list[Future] = []
         later: list[int] = []
+        tied: list[int] = []
         try:
             for i, t in dests.items():
                 e = m.tensors[i]
@@ -200,15 +201,23 @@ class Reader:
                     futures += self._queue_into(e, view)
                 else:
                     futures += self._queue_pieces(e, view)
+            tied = [i for i in later if m.tensors[i].layout == Layout.ALIAS
+                    and m.tensors[i].base in dests]  # tied weights: copied from their base
             for i in later:  # meanwhile the I/O pool decodes the direct ones
-                got = self.read_tensors(m, [i])[i]
-                with torch.no_grad():
-                    dests[i].copy_(torch.as_tensor(got))
-                del got
+                if i not in tied:
+                    got = self.read_tensors(m, [i])[i]
+                    with torch.no_grad():
+                        dests[i].copy_(torch.as_tensor(got))
+                    del got
         finally:
             wait(futures)
         for f in futures:
             f.result()
+        for i in tied:
+            t, base = dests[i], dests[m.tensors[i].base]
+            if (t.data_ptr(), t.stride()) != (base.data_ptr(), base.stride()):
+                with torch.no_grad():
+                    t.copy_(base)
 
     def _queue_into(self, e: TensorEntry, view: np.ndarray) -> list[Future]:
         """Queue the chunks of an ``array`` entry, each decoded into its rows of ``view``."""

@@ -110,3 +110,28 @@ def test_in_place_checkout_allocates_no_copy_of_the_state(tmp_path):
     for k, v in state.items():
         assert torch.equal(live[k], v), k
     assert peak < size / 4, f"{peak / 2**20:.1f} MiB allocated for a {size / 2**20:.0f} MiB state"
+
+
+def test_tied_weights_and_chains_load_in_place(tmp_path):
+    from ckptstore import Policy
+    store = ckptstore.open(str(tmp_path / "s"), policy=Policy(incremental="consecutive"))
+    emb = torch.nn.Embedding(4096, 64)
+    head = torch.nn.Linear(64, 4096, bias=False)
+    head.weight = emb.weight  # tied, as language models do
+    model = torch.nn.ModuleDict({"emb": emb, "head": head})
+    store.commit({"model": model})
+    with torch.no_grad():
+        emb.weight[3] += 1
+    info = store.commit({"model": model})
+    layouts = {e.path: e.layout for e in store.manifest(info.id).tensors}
+    assert layouts == {"model.emb.weight": "chain", "model.head.weight": "alias"}, layouts
+    live_emb = torch.nn.Embedding(4096, 64)
+    live_head = torch.nn.Linear(64, 4096, bias=False)
+    live_head.weight = live_emb.weight
+    live = torch.nn.ModuleDict({"emb": live_emb, "head": live_head})
+    store.checkout("main", into={"model": live})
+    assert torch.equal(live_emb.weight, emb.weight) and live_head.weight is live_emb.weight
+    sd = {"model": {"emb.weight": torch.zeros(4096, 64), "head.weight": torch.zeros(4096, 64)}}
+    store.checkout("main", into=sd)  # untied live tensors both get the values
+    assert torch.equal(sd["model"]["head.weight"], emb.weight)
+    assert torch.equal(sd["model"]["emb.weight"], emb.weight)
