@@ -262,7 +262,8 @@ def _safe_bytes(values: dict[str, Tree], fqn: str) -> io.BytesIO:
     torch.save(value, buf)
     data = buf.getvalue()
     try:
-        torch.load(io.BytesIO(data), weights_only=True)
+        with torch.serialization.safe_globals([io.BytesIO]):  # a BytesIO value: its bytes
+            torch.load(io.BytesIO(data), weights_only=True)
     except Exception as e:  # noqa: BLE001 - any refusal of the safe loader
         raise DistributedError(f"the value at {fqn!r} is not a plain value that loads without "
                                f"unpickling arbitrary objects: {e}") from None

@@ -135,3 +135,17 @@ def test_tied_weights_and_chains_load_in_place(tmp_path):
     store.checkout("main", into=sd)  # untied live tensors both get the values
     assert torch.equal(sd["model"]["head.weight"], emb.weight)
     assert torch.equal(sd["model"]["emb.weight"], emb.weight)
+
+
+def test_bytesio_through_dcp_save_and_load(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from ckptstore.dcp import StorageReader, StorageWriter
+    store = ckptstore.open(str(tmp_path / "s"))
+    with pytest.warns(UserWarning, match="single process"):
+        dcp.save({"w": torch.ones(3), "b": io.BytesIO(b"xyz")}, storage_writer=StorageWriter(store))
+    assert store.checkout("main")["b"].getvalue() == b"xyz"
+    sd = {"w": torch.zeros(3), "b": io.BytesIO()}
+    with pytest.warns(UserWarning, match="single process"):
+        dcp.load(sd, storage_reader=StorageReader(store))
+    assert sd["b"].getvalue() == b"xyz" and torch.equal(sd["w"], torch.ones(3))
