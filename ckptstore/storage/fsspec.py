@@ -11,8 +11,8 @@ which fsspec's instance cache shares with every store and every other user of th
 in the process, and which answers ``ls``, ``exists``, ``info``/``size`` and even ``cat_file``
 (it asks the size first) -- so a process that listed ``commits/`` once would take another
 process's new commit for a missing one. An :class:`FsspecStorage` therefore works on a
-filesystem whose listings cache is off (:func:`without_listings_cache`; ``open_storage`` asks for
-one). Chunk reads cost what they did: a listing never served them.
+filesystem whose listings cache is off (:func:`without_listings_cache`). A read is one GET on S3
+(s3fs would ask the size first, which the cache used to answer).
 
 Faults: every request goes through :class:`~ckptstore.storage.retry.Retry` (bounded attempts
 with backoff; what still fails becomes a :class:`~ckptstore.StorageError`). Repeating a request
@@ -67,6 +67,10 @@ class FsspecStorage(Storage):
         self.durable = durable
         self.retry = retry or Retry()
         self._tagged = "s3" in _protocols(fs)  # s3fs passes put_object's Metadata through
+        # s3fs's cat_file asks an object's size first (a HEAD, now that no listing answers it)
+        # to split objects over 50 MiB into ranged GETs; chunks are 8 MiB by default and read
+        # many at once: one GET each
+        self._cat = {"max_concurrency": 1} if self._tagged else {}
 
     # -- capabilities ----------------------------------------------------------------------
     @property
@@ -83,7 +87,8 @@ class FsspecStorage(Storage):
 
     # -- reads -----------------------------------------------------------------------------
     def read(self, key: str) -> bytes:
-        return self.retry.call(lambda _: self.fs.cat_file(self.path(key)), "read", key)
+        return self.retry.call(lambda _: self.fs.cat_file(self.path(key), **self._cat), "read",
+                               key)
 
     def exists(self, key: str) -> bool:
         return self.retry.call(lambda _: self.fs.exists(self.path(key)), "look for", key)
