@@ -49,7 +49,8 @@ class Leaf:
 
 def is_stateful(obj: Any) -> bool:
     """True for objects that save and load through ``state_dict()`` / ``load_state_dict()``."""
-    return (not isinstance(obj, (torch.Tensor, Mapping)) and callable(getattr(obj, "state_dict", None))
+    return (not isinstance(obj, (torch.Tensor, Mapping))
+            and callable(getattr(obj, "state_dict", None))
             and callable(getattr(obj, "load_state_dict", None)))
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dist_ranks import assert_full, check_ranks, run_ranks, sharded_state, zero_state
+from dist_ranks import assert_full, check_ranks, run_ranks, sharded_state, tables, \
+    zero_state
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -42,4 +43,13 @@ def plain_dict_of_dtensors(rank: int, world: int, url: str) -> None:
 
 
 def test_plain_dict_of_dtensors_is_filled_in_place(tmp_path):
+    import ckptstore
     check_ranks(run_ranks(plain_dict_of_dtensors, 2, tmp_path / "ranks", str(tmp_path / "s")))
+    with ckptstore.open(str(tmp_path / "s"), create=False) as store:  # one process: the pieces
+        full = tables()  # of row- and column-sharded tables decoded into plain tensors
+        sd = {"emb": {"user": torch.zeros(1030, 16), "item": torch.zeros(64, 24)},
+              "mlp": {"weight": torch.zeros(16, 8)}}
+        store.checkout("main", into=sd)
+        assert torch.equal(sd["emb"]["user"], full["emb.user"])
+        assert torch.equal(sd["emb"]["item"], full["emb.item"])
+        assert torch.equal(sd["mlp"]["weight"], full["mlp.weight"])

@@ -149,3 +149,24 @@ def test_bytesio_through_dcp_save_and_load(tmp_path):
     with pytest.warns(UserWarning, match="single process"):
         dcp.load(sd, storage_reader=StorageReader(store))
     assert sd["b"].getvalue() == b"xyz" and torch.equal(sd["w"], torch.ones(3))
+
+
+def test_strided_and_channels_last_live_tensors(tmp_path):
+    store = ckptstore.open(str(tmp_path / "s"), options=EncodingOptions(chunk_bytes=1 << 12))
+    w = torch.randn(300, 40)
+    conv = torch.randn(8, 3, 5, 5).contiguous(memory_format=torch.channels_last)
+    store.commit({"w": w, "conv": conv})
+    live = {"w": torch.zeros(40, 300).t(), "conv": torch.zeros(8, 3, 5, 5)}
+    store.checkout("main", into=live)  # a transposed view, a dim order the live one lacks
+    assert torch.equal(live["w"], w) and torch.equal(live["conv"], conv)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_live_tensors_are_filled_in_place(tmp_path):
+    store = ckptstore.open(str(tmp_path / "s"))
+    w = torch.randn(1000, 64)
+    store.commit({"w": w})
+    live = {"w": torch.zeros(1000, 64, device="cuda")}
+    ptr = live["w"].data_ptr()
+    store.checkout("main", into=live)
+    assert live["w"].data_ptr() == ptr and torch.equal(live["w"].cpu(), w)
