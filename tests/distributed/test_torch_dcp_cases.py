@@ -291,9 +291,18 @@ def _dtensor_cases(rank: int, world: int, url: str) -> None:
         for a in two_d:  # 2d -> 2d and 2d -> 1d
             check((mesh_2d,), a, [(mesh_2d, b) for b in two_d if b != a]
                   + [(mesh_1d, b) for b in one_d])
+        # e2e/test_e2e_save_and_load.py ``test_e2e`` with ``async_op=True``: async_save on every
+        # rank, the state changed while it persists, then a resharded load
+        dt = distribute_tensor(full.clone(), mesh_1d, placements=[Shard(0)])
+        fut = dcp.async_save({"dtensor": dt}, storage_writer=StorageWriter(store))
+        dt.to_local().add_(100)  # training goes on: the save holds its staged copy
+        fut.result()
+        into = {"dtensor": zeros([4, 4], device_mesh=mesh_2d, placements=[Shard(0), Shard(0)])}
+        dcp.load(into, storage_reader=StorageReader(store))
+        assert torch.equal(into["dtensor"].full_tensor(), full)
 
 
 def test_dtensor_resharding(tmp_path):
     """The DTensor placement and mesh changes of upstream ``test_dtensor_resharding.py`` on 4
-    ranks (2-D meshes of 2 x 2)."""
+    ranks (2-D meshes of 2 x 2), and a collective ``async_save``."""
     check_ranks(run_ranks(_dtensor_cases, 4, tmp_path / "ranks", str(tmp_path / "s")))
