@@ -67,10 +67,15 @@ def check_entry(walk: Walk, m: Manifest, e: TensorEntry) -> None:
             check_entry(walk, owner, owner.shards[p.entry])
     elif e.layout == Layout.VIEW:
         _check_view(e, m.storages[e.base])
+    elif e.layout == Layout.ALIAS:
+        base = m.tensors[e.base]
+        if (base.shape, base.dtype) != (e.shape, e.dtype):
+            raise ManifestError(f"tensor {e.path!r} aliases {base.path!r} of another shape "
+                                "or dtype")
 
 
 def _check_view(e: TensorEntry, base: TensorEntry) -> None:
-    if base.dtype != e.dtype:
+    if base.dtype != e.dtype or base.container != "torch":
         raise ManifestError(f"tensor {e.path!r} views a storage of another dtype")
     reach = e.storage_offset + sum((s - 1) * st for s, st in zip(e.shape, e.stride) if s > 0)
     if len(e.stride) != len(e.shape) or min(e.stride, default=0) < 0 or (
@@ -112,7 +117,8 @@ def _check_chain(walk: Walk, m: Manifest, e: TensorEntry) -> None:
             raise ManifestError(f"{where} in {parts['residual'].commit} does not fit the tensor")
         elif e.kind in _ROWS:
             rows, values = parts["rows"], parts.get("values") or parts["xvalues"]
-            n = rows.shape[0] if len(rows.shape) == 1 else -1
+            n = rows.shape[0] if len(rows.shape) == 1 and blob_array(rows).dtype.kind in "iu" \
+                else -1  # integer indices of rows
             if not _fits(values, [n, *e.shape[1:]], itemsize if "xvalues" in parts else None):
                 raise ManifestError(f"{where} in {rows.commit} does not fit the tensor")
 

@@ -109,7 +109,10 @@ CASES: dict[str, tuple[str, Callable[[Raw, dict[str, str]], None]]] = {
     "view-reaches-outside": ("full", _set("views.half", storage_offset=10**6)),
     "view-wrong-rank": ("full", _set("views.half", stride=[16])),
     "view-other-dtype": ("full", _set("views.half", dtype="float64")),
+    "view-of-numpy": ("full", lambda raw, ids: raw["storages"][0].update(container="numpy")),
     "view-empty-overflow": ("full", _set("views.half", shape=[0, 2**62])),
+    "alias-of-other-shape": ("full", lambda raw, ids: _entry(raw, "tied.b").update(
+        base=next(i for i, e in enumerate(raw["tensors"]) if e["path"] == "b"))),
     "chain-self-base": ("rows", _base("emb", "rows")),
     "chain-missing-base": ("rows", _base("emb", OTHER)),
     "chain-base-without-path": ("xor", lambda raw, ids: _entry(raw, "w").update(
@@ -117,6 +120,7 @@ CASES: dict[str, tuple[str, Callable[[Raw, dict[str, str]], None]]] = {
     "chain-shape-change": ("rows", _set("emb", shape=[1024, 9], chunks=[1024, 9])),
     "rows-values-shape": ("rows", _part("emb", "values", shape=[4, 9], chunks=[4, 9])),
     "rows-two-dim-rows": ("rows", _part("emb", "rows", shape=[4, 1], chunks=[4, 1])),
+    "rows-of-floats": ("rows", _part("emb", "rows", dtype="float64")),
     "rows-as-xor": ("rows", _as_kind("emb", "xor", "xor")),
     "xor-blob-shape": ("xor", _part("w", "xor", shape=[2999])),
     "xor-blob-itemsize": ("xor", _part("w", "xor", dtype="float64")),
