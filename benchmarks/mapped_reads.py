@@ -1,25 +1,34 @@
-"""Loads from a local store with chunks mapped (the default) and read (``map_reads=False``).
+"""Loads from a local store: chunks read into reused buffers (today), mapped (before issue 26
+item 10), and read into fresh ``bytes`` -- side by side, same process, same store.
 
 Usage::
 
-    .venv/bin/python benchmarks/mapped_reads.py            # warm only (about 30 s)
+    .venv/bin/python benchmarks/mapped_reads.py            # warm only (about 40 s)
     sudo .venv/bin/python benchmarks/mapped_reads.py --cold  # also with the page cache dropped
 
 What is measured: one process commits ``--mb`` MB of float32 (four tensors, 64 wide) to a local
 store once per encoding (the default ``entropy`` and raw bits), then loads it ``--repeat`` times
 per mode into preallocated tensors (``dcp.load`` with ``ckptstore.dcp.StorageReader`` in one
-process: the chunks decode straight into them), the modes alternating: *mapped*
-(``LocalStorage.read_chunk`` maps cached chunk files of at least 1 MiB) and *read*
-(``store.storage.map_reads = False``: one ``read`` per chunk). Warm: the files are in the page
-cache (written just before). Cold (``--cold``, root only): the page cache is dropped
-(``/proc/sys/vm/drop_caches``) before every timed load. Medians in seconds, and mapped / read.
-Then one cached chunk file per size, ``read_chunk`` + crc32c mapped and read (mean of 200).
+process: the chunks decode straight into them), the modes alternating:
+
+- *reused* -- ``LocalStorage.read_chunk`` as it is: chunks of at least ``REUSE_MIN`` bytes read
+  with ``preadv`` into a per-thread buffer reused once the decode dropped it;
+- *mapped* -- the former ``read_chunk``, kept here to compare with: chunks of at least 1 MiB
+  mapped read-only (``MAP_POPULATE``). It is what a truncation under a reader turned into
+  ``SIGBUS``;
+- *fresh* -- every chunk read into a new ``bytes`` (the former ``map_reads=False``).
+
+Warm: the files are in the page cache (written just before). Cold (``--cold``, root only): the
+page cache is dropped (``/proc/sys/vm/drop_caches``) before every timed load. Medians in seconds,
+and each mode / reused. Then one cached chunk file per size, ``read_chunk`` + crc32c in each
+mode (mean of 200).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import io
+import mmap
 import os
 import shutil
 import statistics
@@ -27,18 +36,55 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 
 import torch
 import torch.distributed.checkpoint as dcp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import command_line, machine_description, markdown_table  # noqa: E402
+from common import command_line, load_average, machine_description, markdown_table  # noqa: E402
 
 import ckptstore  # noqa: E402
 from ckptstore.dcp import StorageReader  # noqa: E402
 from ckptstore.plan import EncodingOptions  # noqa: E402
-from ckptstore.storage import local as local_storage  # noqa: E402
-from ckptstore.storage.local import MAP_MIN  # noqa: E402
+from ckptstore.storage import LocalStorage  # noqa: E402
+from ckptstore.storage.base import Buffer  # noqa: E402
+from ckptstore.storage.localfiles import REUSE_MIN, read_bounded  # noqa: E402
+
+MAP_MIN = 1 << 20  # the former threshold of mapped reads
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+MODES = ("reused", "mapped", "fresh")
+
+
+def _mapped(storage: LocalStorage, key: str) -> Buffer:
+    """The former ``read_chunk`` (warm path): large chunks mapped, smaller ones read."""
+    fd = os.open(storage.path(key), os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size >= MAP_MIN:
+            return memoryview(mmap.mmap(fd, size, flags=_MAP_FLAGS, prot=mmap.PROT_READ))
+        with io.FileIO(fd, closefd=False) as f:
+            return f.readall()
+    finally:
+        os.close(fd)
+
+
+def _fresh(storage: LocalStorage, key: str) -> Buffer:
+    """Every chunk read into a new ``bytes``."""
+    fd = os.open(storage.path(key), os.O_RDONLY)
+    try:
+        return read_bounded(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
+def _use(storage: LocalStorage, mode: str) -> None:
+    """Make ``storage.read_chunk`` the one of ``mode`` (an attribute of this object only)."""
+    if "read_chunk" in vars(storage):
+        del storage.read_chunk
+    if mode != "reused":
+        fn: Callable[[LocalStorage, str], Buffer] = _mapped if mode == "mapped" else _fresh
+        storage.read_chunk = lambda key: fn(storage, key)  # type: ignore[method-assign]
 
 
 def _drop_caches() -> None:
@@ -47,12 +93,12 @@ def _drop_caches() -> None:
         f.write("3\n")
 
 
-def _timed(root: str, mapped: bool, cold: bool, into: dict[str, torch.Tensor],
+def _timed(root: str, mode: str, cold: bool, into: dict[str, torch.Tensor],
            want: torch.Tensor) -> float:
     """One ``dcp.load`` into the preallocated ``into`` (chunks decode straight into it: no
     allocation is timed, which this VM makes slow and erratic)."""
     store = ckptstore.open(root, create=False)
-    store.storage.map_reads = mapped
+    _use(store.storage, mode)
     for t in into.values():
         t.zero_()
     if cold:
@@ -73,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default=None, help="where the store goes (default /tmp)")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore", message=".*torch.distributed is disabled")  # one process
-    print(f"# {command_line(__file__, argv)}\n# {machine_description()}\n")
+    print(f"# {command_line(__file__, argv)}\n# {machine_description()}\n"
+          f"# load average before: {load_average()}\n")
     rows_each = args.mb * 10**6 // (4 * 64 * 4)
     g = torch.Generator().manual_seed(0)
     state = {f"t{i}": torch.randn(rows_each, 64, generator=g) for i in range(4)}
@@ -82,62 +129,56 @@ def main(argv: list[str] | None = None) -> int:
     for compression in ("entropy", "none"):
         root = tempfile.mkdtemp(prefix="ckpt-mapped-", dir=args.dir)
         try:
-            with ckptstore.open(root, options=EncodingOptions(compression=compression)) as s:
+            with ckptstore.open(root, options=EncodingOptions(compression=compression),
+                                durable=False) as s:
                 s.commit(state)
             os.sync()  # no writeback of the commit under the timed checkouts
             for cold in (False, True) if args.cold else (False,):
-                times: dict[bool, list[float]] = {True: [], False: []}
-                _timed(root, True, False, into, state["t3"])  # compile and warm up
+                times: dict[str, list[float]] = {m: [] for m in MODES}
+                for mode in MODES:  # warm up each (compile, first buffers)
+                    _timed(root, mode, False, into, state["t3"])
                 for _ in range(args.repeat):
-                    for mapped in (True, False):
-                        times[mapped].append(_timed(root, mapped, cold, into,
-                                                    state["t3"]))
-                m, r = (statistics.median(times[k]) for k in (True, False))
-                rows.append([compression, "cold" if cold else "warm", f"{m:.3f}", f"{r:.3f}",
-                             f"{m / r:.2f}"])
+                    for mode in MODES:
+                        times[mode].append(_timed(root, mode, cold, into, state["t3"]))
+                med = {m: statistics.median(times[m]) for m in MODES}
+                rows.append([compression, "cold" if cold else "warm",
+                             *(f"{med[m]:.3f}" for m in MODES),
+                             f"{med['mapped'] / med['reused']:.2f}",
+                             f"{med['fresh'] / med['reused']:.2f}"])
         finally:
             shutil.rmtree(root, ignore_errors=True)
-    print(markdown_table(["encoding", "page cache", "mapped s", "read s", "mapped / read"], rows,
-                         "llrrr"))
-    print("\nOne chunk file, page cache warm: `read_chunk` + crc32c, mean of 200 (why MAP_MIN is "
-          f"{MAP_MIN >> 10} KiB)\n")
-    print(markdown_table(["chunk KiB", "mapped ms", "read ms"], _by_size(args.dir), "rrr"))
+    print(markdown_table(["encoding", "page cache", "reused s", "mapped s", "fresh s",
+                          "mapped / reused", "fresh / reused"], rows, "llrrrrr"))
+    print(f"\nOne chunk file, page cache warm: `read_chunk` + crc32c, mean of 200 (reused from "
+          f"{REUSE_MIN >> 10} KiB, mapped from {MAP_MIN >> 10} KiB)\n")
+    print(markdown_table(["chunk KiB", "reused ms", "mapped ms", "fresh ms"],
+                         _by_size(args.dir), "rrrr"))
+    print(f"\n# load average after: {load_average()}")
     return 0
 
 
 def _by_size(where: str | None) -> list[list[str]]:
-    """Mapped and read ``read_chunk`` + crc32c of one cached file per size, whatever MAP_MIN."""
+    """``read_chunk`` + crc32c of one cached file per size, in each mode."""
     from ckptstore.chunkcodec.base import _crc32c
-    from ckptstore.storage import LocalStorage
 
     root = tempfile.mkdtemp(prefix="ckpt-mapped-", dir=where)
     rows = []
     try:
         storage = LocalStorage(root)
-        for kib in (256, 512, 1024, 2048, 4096):
+        for kib in (64, 256, 512, 1024, 2048, 4096):
             storage.put_chunk(f"c{kib}", os.urandom(kib << 10))
-            ms = {}
-            for mapped in (True, False, True, False):
-                with _map_min(0 if mapped else 1 << 62):
+            ms: dict[str, float] = {}
+            for mode in MODES * 2:  # each twice, the second kept
+                _use(storage, mode)
+                _crc32c(storage.read_chunk(f"c{kib}"))
+                t0 = time.perf_counter()
+                for _ in range(200):
                     _crc32c(storage.read_chunk(f"c{kib}"))
-                    t0 = time.perf_counter()
-                    for _ in range(200):
-                        _crc32c(storage.read_chunk(f"c{kib}"))
-                    ms[mapped] = (time.perf_counter() - t0) / 200 * 1e3
-            rows.append([str(kib), f"{ms[True]:.3f}", f"{ms[False]:.3f}"])
+                ms[mode] = (time.perf_counter() - t0) / 200 * 1e3
+            rows.append([str(kib), *(f"{ms[m]:.3f}" for m in MODES)])
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return rows
-
-
-@contextlib.contextmanager
-def _map_min(value: int):
-    before = local_storage.MAP_MIN
-    local_storage.MAP_MIN = value
-    try:
-        yield
-    finally:
-        local_storage.MAP_MIN = before
 
 
 if __name__ == "__main__":
