@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import uuid
-from dataclasses import fields, replace
+from dataclasses import fields
 
 import pytest
 import torch
