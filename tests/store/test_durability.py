@@ -112,7 +112,8 @@ def test_tags_and_branches_are_durable(tmp_path, monkeypatch):
     store.tag("v1")
     store.branch("other")
     store.close()
-    for name in ("refs/tags/v1", f"refs/heads/other/{sorted(os.listdir(root + '/refs/heads/other'))[0]}"):
+    branch_ref = sorted(os.listdir(os.path.join(root, "refs", "heads", "other")))[0]
+    for name in ("refs/tags/v1", f"refs/heads/other/{branch_ref}"):
         path = os.path.join(root, name)
         calls.synced(os.path.dirname(path), after=calls.first("link", path))
 
