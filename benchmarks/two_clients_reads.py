@@ -1,6 +1,7 @@
 """What a checkout costs on S3 (moto) with ``FsspecStorage`` as it was before issue 26 item 2
 (``--before REV``: its module at that commit, s3fs's listings cache on) and as it is now (no
-listings cache, one GET a read): requests by method and seconds, alternated in one run.
+listings cache, one GET a read): a checkout's requests and seconds, and one chunk read's requests
+and milliseconds (the store's chunks read one after another), the two alternated in one run.
 
 Usage: ``.venv/bin/python benchmarks/two_clients_reads.py --mib 32 --repeats 5 --before a521a93``
 """
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mib", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--before", default="a521a93", help="the commit of the old module")
+    parser.add_argument("--now-first", action="store_true", help="run the new module first")
     args = parser.parse_args(argv)
     import torch
 
@@ -66,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     log.setLevel(logging.INFO)
     out: dict[str, dict] = {}
     variants = {f"before ({args.before})": before, "now": now}
+    if args.now_first:
+        variants = dict(reversed(variants.items()))
     times: dict[str, list[float]] = {k: [] for k in variants}
+    reads: dict[str, list[float]] = {k: [] for k in variants}
     with _S3() as (bucket, opts):
         url = f"s3://{bucket}/{uuid.uuid4().hex}"
         state = {"w": torch.randn(args.mib * 2**18)}
@@ -82,11 +87,22 @@ def main(argv: list[str] | None = None) -> int:
                     s.checkout("main")
                     times[name].append(time.perf_counter() - t)
                     out.setdefault(name, {})["requests"] = dict(requests.seen)
+                    chunks = [k for k in s.storage.walk_sizes("data") if "/c/" in k]
+                    requests.seen.clear()
+                    t = time.perf_counter()
+                    for key in chunks:  # one after another: each read's own latency
+                        s.storage.read(key)
+                    reads[name].append((time.perf_counter() - t) / len(chunks))
+                    out[name]["requests_per_read"] = {
+                        k: v / len(chunks) for k, v in requests.seen.items()}
         store_module.open_storage = now
     for name, ts in times.items():
         ts.sort()
-        out[name]["median_s"] = round(ts[len(ts) // 2], 3)
-        out[name]["seconds"] = [round(t, 3) for t in ts]
+        out[name]["checkout_median_s"] = round(ts[len(ts) // 2], 3)
+        out[name]["checkout_s"] = [round(t, 3) for t in ts]
+        rs = sorted(reads[name])
+        out[name]["read_median_ms"] = round(1e3 * rs[len(rs) // 2], 2)
+        out[name]["read_ms"] = [round(1e3 * r, 2) for r in rs]
     print(json.dumps(out, indent=1))
     return 0
 

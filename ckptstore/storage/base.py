@@ -6,6 +6,11 @@ A :class:`Storage` is one store root. Every key is a ``/``-separated path relati
 :class:`~ckptstore.storage.fsspec.FsspecStorage` (any other fsspec filesystem). The guarantees
 below are checked for every back-end by ``tests/contract/test_storage.py``; a new back-end
 subclasses :class:`Storage`, implements the abstract methods and joins that suite.
+
+Every answer reflects what is stored now: no read, size, existence check or listing is served
+from a listing made before (by this store, or by other code sharing a filesystem object), so two
+clients of one store -- two processes, or two ``Storage`` objects -- see each other's completed
+writes and deletes (``tests/contract/test_two_clients.py``).
 """
 
 from __future__ import annotations
