@@ -16,7 +16,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from .chains.walk import Walk, blob_array, entry_array, entry_dtype, entry_packed_array
+import numpy as np
+
+from .chains.walk import Walk, entry_array, entry_dtype
 from .chunkcodec import QuantizedLossy, codec_from_config
 from .errors import CkptStoreError, ManifestError
 from .grid import allocatable
@@ -56,7 +58,7 @@ def check_entry(walk: Walk, m: Manifest, e: TensorEntry) -> None:
             info = walk.manifest_of(e.commit).pack_info(e)
             if info is None or e.offset + e.nbytes > info.nbytes:
                 raise ManifestError(f"tensor {e.path!r} lies outside the packed array")
-            entry_packed_array(walk.manifest_of(e.commit), e)
+            walk.own_arrays(e)  # the packed array's grid (memoised per array)
     elif e.layout == Layout.CHAIN:
         _check_chain(walk, m, e)
     elif e.layout == Layout.SHARDED:
@@ -84,9 +86,9 @@ def _check_view(e: TensorEntry, base: TensorEntry) -> None:
 
 
 def _fits(b: Blob, shape: list[int], itemsize: int | None = None) -> bool:
-    """Whether a chain part has ``shape`` (and items of ``itemsize`` bytes)."""
-    a = blob_array(b)
-    return list(a.grid.shape) == list(shape) and itemsize in (None, a.dtype.itemsize)
+    """Whether a chain part (its dtype checked by :meth:`Walk.entry_arrays`) has ``shape``
+    (and items of ``itemsize`` bytes)."""
+    return b.shape == list(shape) and itemsize in (None, np.dtype(b.dtype).itemsize)
 
 
 def _check_chain(walk: Walk, m: Manifest, e: TensorEntry) -> None:
@@ -113,11 +115,11 @@ def _check_chain(walk: Walk, m: Manifest, e: TensorEntry) -> None:
             raise ManifestError(f"{where} in {parts['xor'].commit} does not fit the tensor")
         elif e.kind == Kind.RESIDUAL and not (
                 _fits(parts["residual"], e.shape) and link.dtype in SHRINKABLE
-                and blob_array(parts["residual"]).dtype == entry_dtype(base)):
+                and np.dtype(parts["residual"].dtype) == entry_dtype(base)):
             raise ManifestError(f"{where} in {parts['residual'].commit} does not fit the tensor")
         elif e.kind in _ROWS:
             rows, values = parts["rows"], parts.get("values") or parts["xvalues"]
-            n = rows.shape[0] if len(rows.shape) == 1 and blob_array(rows).dtype.kind in "iu" \
+            n = rows.shape[0] if len(rows.shape) == 1 and np.dtype(rows.dtype).kind in "iu" \
                 else -1  # integer indices of rows
             if not _fits(values, [n, *e.shape[1:]], itemsize if "xvalues" in parts else None):
                 raise ManifestError(f"{where} in {rows.commit} does not fit the tensor")
