@@ -147,6 +147,8 @@ class BackgroundThreads:
 
 
 class _Routed(Executor):
+    """The background pool, or the normal one while a wait could not raise the threads."""
+
     def __init__(self, threads: BackgroundThreads, low: Executor, normal: Executor):
         self._threads, self._low, self._normal = threads, low, normal
 
