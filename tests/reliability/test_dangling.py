@@ -11,9 +11,6 @@ from helpers import assert_bit_exact
 
 from ckptstore.layout import branch_seq
 
-pytestmark = pytest.mark.every_backend
-
-
 def _state(n: int) -> dict:
     return {"w": torch.full((16, 4), float(n)), "step": n}
 
@@ -28,6 +25,7 @@ def _lose_newest_ref_files(store, count: int = 1) -> None:
         store.storage.delete(branch_seq("main", seq))
 
 
+@pytest.mark.every_backend
 def test_a_lost_ref_file_is_reported_and_its_commit_kept(store):
     ids = _commits(store, 3)
     _lose_newest_ref_files(store)
@@ -45,6 +43,7 @@ def test_a_lost_ref_file_is_reported_and_its_commit_kept(store):
     assert report.ok and report.dangling == []
 
 
+@pytest.mark.every_backend
 def test_a_dangling_line_is_one_report_and_kept_whole(store):
     ids = _commits(store, 4)
     _lose_newest_ref_files(store, 2)
@@ -56,6 +55,7 @@ def test_a_dangling_line_is_one_report_and_kept_whole(store):
     assert [c.id for c in store.log()][:3] == ids[:0:-1]
 
 
+@pytest.mark.every_backend
 def test_a_rollback_on_purpose_is_not_dangling(store):
     ids = _commits(store, 3)
     store.reset_branch("main", ids[0])  # its ref history still names ids[2]
@@ -63,6 +63,7 @@ def test_a_rollback_on_purpose_is_not_dangling(store):
     assert {ids[1], ids[2]} <= set(store.gc(keep_last=1, grace_period=0).commits_removed)
 
 
+@pytest.mark.every_backend
 def test_a_new_commit_on_the_branch_releases_it(store):
     ids = _commits(store, 3)
     _lose_newest_ref_files(store)
@@ -72,9 +73,22 @@ def test_a_new_commit_on_the_branch_releases_it(store):
     assert ids[2] in store.gc(keep_last=1, grace_period=0).commits_removed
 
 
+@pytest.mark.every_backend
 def test_past_the_grace_period_gc_removes_it(store):
     ids = _commits(store, 3)
     _lose_newest_ref_files(store)
     result = store.gc(keep_last=1, grace_period=0)
     assert ids[2] in result.commits_removed and ids[2] in result.data_removed
     assert store.verify().dangling == []
+
+
+def test_ckpt_verify_prints_it_and_exits_0(tmp_path, capsys):
+    import ckptstore
+    from ckptstore.cli import main
+
+    with ckptstore.open(tmp_path / "s") as store:
+        ids = _commits(store, 2)
+        _lose_newest_ref_files(store)
+    assert main(["verify", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert f"dangling: commit {ids[1]} continues branch 'main'" in out and "ok: checked" in out
