@@ -144,7 +144,8 @@ def apply_retention(repo: Repository, rule: Retention) -> list[str]:
     Kept: what the rule selects on each branch's first-parent line, every branch tip and tagged
     commit, and (transitively) every commit a kept one reads; data folders any remaining
     manifest reads stay. Manifests go first, then data, so an interruption leaves only more
-    leftovers (``Store.gc`` removes them).
+    leftovers (``Store.gc`` removes them). Old ref files of each branch are pruned as gc prunes
+    them (the newest 8 stay), so a store that relies on retention alone does not pile them up.
     """
     keep: set[str] = set()
     reachable: set[str] = set()
@@ -161,6 +162,8 @@ def apply_retention(repo: Repository, rule: Retention) -> list[str]:
             keep.add(base)
             stack.append(base)
     drop = sorted(reachable - keep)
+    for branch in repo.refs.branches():
+        repo.refs.prune_moves(branch)
     if not drop:
         return []
     dropped = set(drop)
@@ -192,7 +195,7 @@ def _data_read(repo: Repository, commits: Iterable[str]) -> set[str]:
 
 
 def check_retention(keep: object) -> None:
-    """Refuse what is not a retention rule (``keep=3`` means ``keep=LatestN(3)``)."""
+    """Refuse what is not a retention rule (``keep=3`` is refused: write ``keep=LatestN(3)``)."""
     if keep is not None and not isinstance(keep, Retention):
         raise TypeError(f"keep= takes a retention rule such as LatestN(3), EveryN(10) or "
                         f"BestN(2, 'loss') (combined with |), not {type(keep).__name__}")

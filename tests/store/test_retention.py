@@ -131,3 +131,13 @@ def test_dcp_saves_apply_it_too(tmp_path):
                      no_dist=True)
             assert len(store.commit_ids()) == 1
     assert torch.equal(store.checkout("main")["w"], torch.full((8,), 2.0))
+
+
+def test_ref_files_do_not_pile_up(tmp_path):
+    """A store that relies on retention alone (no gc) keeps a bounded number of ref files."""
+    store = ckptstore.open(tmp_path / "s", keep=LatestN(2))
+    for i in range(12):
+        store.commit({"w": torch.full((4,), float(i))})
+    assert len(list((tmp_path / "s" / "refs" / "heads" / "main").iterdir())) <= 8
+    assert torch.equal(store.checkout("main")["w"], torch.full((4,), 11.0))
+    assert store.verify().ok
