@@ -34,11 +34,13 @@ def to_dcp(store: Store, ref: str, directory: str | os.PathLike[str],
     Raises
     ------
     ExportError
-        ``directory`` exists and is not empty (without ``overwrite``), or the selection is empty.
+        ``directory`` exists and is not empty (without ``overwrite``), the selection is empty,
+        or DCP failed to write it.
     """
     import torch
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint import save as dcp_save
+    from torch.distributed.checkpoint.api import CheckpointException
 
     from ..state import flatten
     directory = target_path(directory)
@@ -54,7 +56,14 @@ def to_dcp(store: Store, ref: str, directory: str | os.PathLike[str],
     os.makedirs(directory, exist_ok=True)
     with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
         warnings.filterwarnings("ignore", ".*single process", UserWarning)
-        dcp_save(state, storage_writer=FileSystemWriter(directory, overwrite=True), no_dist=True)
+        try:
+            dcp_save(state, storage_writer=FileSystemWriter(directory, overwrite=True),
+                     no_dist=True)
+        except CheckpointException as e:  # a BaseException: nothing above would catch it
+            first = next(iter(e.failures.values()), None)
+            first = first[0] if isinstance(first, tuple) else first
+            raise ExportError(f"DCP could not write {directory}: {type(first).__name__}: "
+                              f"{first}; check the folder (free space, permissions)") from None
     tensors = sum(isinstance(leaf.value, torch.Tensor) for leaf in leaves)
     return ExportResult(file=directory, commit=commit_id, tensors=tensors,
                         nbytes=_size(directory), metadata_keys=(), skipped=())

@@ -146,3 +146,12 @@ def test_cli_refuses_pickle(tmp_path: pathlib.Path, capsys) -> None:
     torch.save({"thing": NeedsPickle()}, tmp_path / "obj.pt")
     assert main(["import", url, str(tmp_path / "obj.pt")]) != 0
     assert "needs pickle" in capsys.readouterr().err
+
+
+def test_dcp_export_that_dcp_cannot_write_is_an_export_error(tmp_path: pathlib.Path) -> None:
+    """DCP reports a failed write as CheckpointException, a BaseException nothing catches."""
+    store = ckptstore.open(str(tmp_path / "s"))
+    store.commit({"w": torch.ones(3)})
+    (tmp_path / "out" / "__0_0.distcp").mkdir(parents=True)  # where DCP writes its data file
+    with pytest.raises(ckptstore.errors.ExportError, match="IsADirectoryError"):
+        to_dcp(store, "main", tmp_path / "out", overwrite=True)
