@@ -5,7 +5,8 @@ A 48-block MLP (Linear + LayerNorm) and its Adam state, committed three times wi
 of ``check_entries`` over the whole last commit (a fresh walk each time), of ``commit_problems``
 (verify's call: the state tree too), of a whole checkout and of verify. ``--against REV`` also
 times ``check_entries`` of ``ckptstore/consistency.py`` as it was at git revision REV, in the
-same process: five pairs of medians of 15 runs, the old one then today's. Usage (from the repository root)::
+same process: five pairs of medians of 15 runs, the old one then today's. Usage (from the
+repository root)::
 
     .venv/bin/python benchmarks/consistency_cost.py --against 4591ac4
 """
@@ -32,7 +33,8 @@ from ckptstore.consistency import check_entries, commit_problems
 def _at(rev: str) -> Callable:
     """``check_entries`` of consistency.py at git revision ``rev``."""
     text = subprocess.run(["git", "show", f"{rev}:ckptstore/consistency.py"], check=True,
-                          capture_output=True, text=True).stdout.replace("from .", "from ckptstore.")
+                          capture_output=True, text=True).stdout
+    text = text.replace("from .", "from ckptstore.")
     path = Path(tempfile.mkdtemp()) / "consistency_at_rev.py"
     path.write_text(text)
     spec = importlib.util.spec_from_file_location("consistency_at_rev", path)

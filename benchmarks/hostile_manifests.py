@@ -2,10 +2,10 @@
 
 A template store holds every layout (arrays, packed, a numpy scalar, tied weights, views), a row
 chain, xor chains and a sharded commit. Each trial takes one commit's manifest, changes one
-field (``--fields``: that many) at random -- a number to -1, 0, 2**62, 10**12, NaN ...; a string to another id, name or
-dtype; a list shortened, lengthened or emptied; a null to a number -- and stores it again with a
-valid checksum (what a hostile hand, not damage, makes). Then, on a freshly opened store:
-``checkout`` (whole, and in place), ``verify`` and ``log`` of that commit. Outcomes:
+field (``--fields``: that many) at random -- a number to -1, 0, 2**62, 10**12, NaN ...; a string
+to another id, name or dtype; a list shortened, lengthened or emptied; a null to a number -- and
+stores it again with a valid checksum (what a hostile hand, not damage, makes). Then, on a freshly
+opened store: ``checkout`` (whole, and in place), ``verify`` and ``log`` of that commit. Outcomes:
 
 - ``refused``: checkout raises a ckptstore error and verify reports a problem;
 - ``reported``: checkout succeeds, verify reports a problem (a lie checkout cannot see, e.g. a
