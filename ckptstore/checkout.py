@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from .errors import DistributedError, ManifestError, StateMismatchError
-from .leaves import check_patterns, tree_paths
+from .leaves import check_patterns, nothing_selected, tree_paths
 from .manifest import Manifest
 from .reader import Reader
 from .state import Tree, live_targets, load_into, select, unflatten
@@ -40,11 +40,7 @@ def checkout(store: Any, ref: str, into: Any = None, paths: str | Sequence[str] 
     patterns = check_patterns(paths) if paths is not None else []
     tree = select(m.tree, patterns) if patterns else m.tree
     if patterns and not _holds_anything(tree):
-        names = [str(k) for k, _ in m.tree.get("dict", m.tree.get("odict", []))]
-        raise StateMismatchError(
-            f"paths={patterns} select nothing of commit {m.id[:10]} (its entries: "
-            f"{', '.join(names[:8]) or 'none'}): check the spelling; `ckpt show "
-            f"{m.id[:10]}` lists every path")
+        raise nothing_selected(patterns, m)
     wanted = [n["tensor"] for n in tree_paths(tree).values() if "tensor" in n]
     if any(not isinstance(i, int) or not 0 <= i < len(m.tensors) for i in wanted):
         raise ManifestError(f"commit {m.id} refers to tensors it does not have")

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["BATCH_BYTES", "Leaves", "PlainValue", "TensorLike", "as_tensor", "check_patterns",
-           "entry_nbytes", "iter_tensors", "join_path", "matches", "read_tensors", "select_tree",
-           "tree_paths"]
+           "entry_nbytes", "iter_tensors", "join_path", "matches", "nothing_selected", "read_tensors",
+           "select_tree", "tree_paths"]
 
 BATCH_BYTES = 256 * 2**20  # tensor bytes read per round trip
 
@@ -82,6 +82,17 @@ def check_patterns(patterns: str | Sequence[str]) -> list[str]:
                 f"paths= pattern {p!r} is not understood: give globs of dotted paths "
                 "('model', 'model.emb.*'), or '!' and a glob to leave entries out ('!optim')")
     return patterns
+
+
+def nothing_selected(patterns: Sequence[str], m: Manifest) -> StateMismatchError:
+    """The error for ``paths=`` that select nothing of commit ``m``: never an empty result
+    without a word."""
+    top = m.tree.get("dict", m.tree.get("odict", [])) if isinstance(m.tree, dict) else []
+    names = [str(p[0]) for p in top if isinstance(p, list) and p]
+    return StateMismatchError(
+        f"paths={list(patterns)} select nothing of commit {m.id[:10]} (its entries: "
+        f"{', '.join(names[:8]) or 'none'}): check the spelling; `ckpt show {m.id[:10]}` "
+        "lists every path")
 
 
 def _split(patterns: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -228,5 +239,8 @@ def iter_tensors(repo: Repository, ref: str, paths: Sequence[str] | None = None,
         as numpy arrays or scalars, as from ``checkout``.
     """
     m = repo.manifest(repo.resolve(ref))
-    tensors = Leaves.of(m).select(paths).tensors
+    chosen = Leaves.of(m).select(paths)
+    if paths and not chosen.tensors and not chosen.values:
+        raise nothing_selected(check_patterns(paths), m)
+    tensors = chosen.tensors
     yield from zip(tensors, read_tensors(repo, m, list(tensors.values()), batch_bytes))

@@ -60,3 +60,9 @@ def test_patterns_not_understood_are_refused(store, paths):
 
 def test_a_bare_string_is_one_pattern(store):
     assert set(store.checkout("main", paths="model")) == {"model"}
+
+
+def test_iter_tensors_of_nothing_is_refused(store):
+    with pytest.raises(StateMismatchError, match="select nothing"):
+        list(store.iter_tensors("main", paths=["optimizer"]))
+    assert list(store.iter_tensors("main", paths=["step"])) == []  # a value: selected
