@@ -23,8 +23,8 @@ at the priority ``ckptstore.open(url, background_priority=...)`` names:
 commit in flight (the next ``commit``/``commit_async``, ``PendingCommit.wait()``,
 ``store.close()``), the background threads run at the caller's priority, so the wait lasts what
 the rest of the persist takes at normal priority. Raising a priority again needs the right to
-(root, ``CAP_SYS_NICE``, or ``ulimit -e`` of at least ``20 - nice``); where the system refuses,
-the chunks not yet started go to the store's normal-priority pool instead
+(root, ``CAP_SYS_NICE``, or ``ulimit -e`` of at least 20 minus the process's nice value); where
+the system refuses, the chunks not yet started go to the store's normal-priority pool instead
 (:meth:`BackgroundThreads.executor`), and the persist thread goes on at its fair low share.
 
 Synchronous commits and checkouts, where the caller waits, always run at normal priority.
