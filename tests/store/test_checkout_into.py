@@ -170,3 +170,20 @@ def test_cuda_live_tensors_are_filled_in_place(tmp_path):
     ptr = live["w"].data_ptr()
     store.checkout("main", into=live)
     assert live["w"].data_ptr() == ptr and torch.equal(live["w"].cpu(), w)
+
+
+def test_quantized_and_delta_chains_decode_in_place_as_without_into(tmp_path):
+    from ckptstore import Policy, QuantSpec
+    store = ckptstore.open(str(tmp_path / "s"), options=EncodingOptions(chunk_bytes=1 << 14),
+                           policy=Policy(quantize=QuantSpec(bits=8), delta=True))
+    w = torch.randn(1000, 64)
+    store.commit({"w": w})
+    info = store.commit({"w": w + 0.01})  # a code delta on the quantized baseline
+    assert [e.layout for e in store.manifest(info.id).tensors] == ["chain"]
+    assert [e.layout for e in store.manifest(info.parent).tensors] == ["array"]
+    want = store.checkout("main")["w"]
+    live = {"w": torch.zeros(1000, 64)}
+    store.checkout("main", into=live)
+    assert torch.equal(live["w"], want)
+    store.checkout("main~1", into=live)  # the full quantized array, chunk by chunk
+    assert torch.equal(live["w"], store.checkout("main~1")["w"])
