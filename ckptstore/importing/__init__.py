@@ -69,9 +69,10 @@ def detect_format(source: str | os.PathLike[str]) -> str:
 # -- one call ----------------------------------------------------------------------------------
 def read_source(source: str | os.PathLike[str], format: str = "auto",
                 under: str | None = None) -> tuple[Any, dict[str, Any], str]:
-    """``(state, metadata, format)`` of ``source``, read as untrusted input. ``under`` nests the tensors of a
-    safetensors file or model directory under that key (default ``"model"``; ``""``: at the
-    root); a torch.save file or DCP checkpoint is committed as it is unless ``under`` is given."""
+    """``(state, metadata, format)`` of ``source``, read as untrusted input. ``under`` nests the
+    tensors of a safetensors file or model directory under that key (default ``"model"``; ``""``:
+    at the root); a torch.save file or DCP checkpoint is committed as it is unless ``under`` is
+    given (a torch.save file that holds no mapping needs it)."""
     fmt = detect_format(source) if format == "auto" else format
     if fmt not in FORMATS:
         raise ImportSourceError(f"unknown format {format!r}: one of auto, {', '.join(FORMATS)}")

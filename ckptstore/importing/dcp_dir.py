@@ -69,7 +69,8 @@ def _check_files(directory: str, reads: list[Read]) -> dict[str, str]:
 def _chunk(value: Any, t: DcpTensor, k: int) -> torch.Tensor:
     want = tuple(t.sizes[k].tolist())
     if not (isinstance(value, torch.Tensor) and value.layout == torch.strided
-            and value.dtype == t.dtype and tuple(value.shape) == want):
+            and value.device.type == "cpu" and value.dtype == t.dtype
+            and tuple(value.shape) == want):
         got = (f"a tensor of shape {list(value.shape)} and {value.dtype}"
                if isinstance(value, torch.Tensor) else f"a {type(value).__name__}")
         raise ImportSourceError(f"DCP tensor {t.fqn!r}: the chunk at {t.offsets[k].tolist()} "
@@ -103,7 +104,11 @@ def read_dcp(directory: str | os.PathLike[str]) -> dict[str, Any]:
         with open_regular(paths[name], "DCP data") as f:
             for storage, fqn, k in sorted(group, key=lambda r: r[0].offset):
                 what = f"DCP item {fqn!r} in {name}"
-                value = load_torch(read_range(f, storage.offset, storage.length, what), what)
+                data = read_range(f, storage.offset, storage.length, what)
+                if not data.startswith(b"PK\x03\x04"):  # torch.save's zip, as DCP writes
+                    raise ImportSourceError(f"{what} is not a torch.save zip record "
+                                            "(FileSystemWriter's format)")
+                value = load_torch(data, what)
                 if k < 0:
                     flat[fqn] = value
                     continue

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .source import ImportSourceError, open_regular
+from .source import ImportSourceError, inside, open_regular
 
 __all__ = ["MAX_DEPTH", "MAX_DIMS", "DcpBytes", "DcpLayout", "DcpTensor", "Storage",
            "read_dcp_layout", "read_dcp_metadata"]
@@ -101,7 +101,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 def read_dcp_metadata(directory: str | os.PathLike[str]) -> Any:
     """DCP's ``Metadata`` object of a checkpoint directory, read by the restricted unpickler
     (its fields unchecked: :func:`read_dcp_layout` checks them)."""
-    path = os.path.join(os.fspath(directory), ".metadata")
+    path = inside(os.fspath(directory), ".metadata", "DCP metadata")
     with open_regular(path, "DCP metadata") as f:
         data = f.read()
     try:
@@ -139,7 +139,7 @@ def _storage_index(storage_data: object) -> dict[tuple[str, tuple[int, ...] | No
         file = getattr(info, "relative_path", None)
         offset_, length = getattr(info, "offset", None), getattr(info, "length", None)
         if not (isinstance(file, str) and type(offset_) is int and type(length) is int
-                and offset_ >= 0 and length >= 0):
+                and 0 <= offset_ < _MAX_EXTENT and 0 <= length < _MAX_EXTENT):
             raise ImportSourceError(f"DCP metadata: the storage of {fqn!r} is not a file name, "
                                     "offset and length")
         out[(fqn, where)] = Storage(file, offset_, length)

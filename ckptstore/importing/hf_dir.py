@@ -9,7 +9,7 @@ import os
 import torch
 
 from .files import read_safetensors, read_tensor_file
-from .source import ImportSourceError, inside, read_json
+from .source import ImportSourceError, inside, parse_json, read_json, read_text
 
 __all__ = ["read_hf_directory"]
 
@@ -41,11 +41,9 @@ def read_hf_directory(directory: str | os.PathLike[str]) -> tuple[dict[str, torc
     """
     directory = os.fspath(directory)
     config_file = inside(directory, "config.json", "config.json")
-    config = read_json(config_file, "config.json")
-    if not isinstance(config, dict):
+    text = read_text(config_file, "config.json")
+    if not isinstance(parse_json(text, config_file, "config.json"), dict):
         raise ImportSourceError(f"{config_file} is not a JSON object (a model's config)")
-    with open(config_file, encoding="utf-8") as f:
-        text = f.read()
     names = os.listdir(directory)
     for index, single, reader in _LAYOUTS:
         if index in names:

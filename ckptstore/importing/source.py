@@ -13,8 +13,8 @@ from typing import IO, Any
 
 from ..errors import CkptStoreError
 
-__all__ = ["ImportSourceError", "inside", "load_torch", "open_regular", "read_json",
-           "read_range"]
+__all__ = ["ImportSourceError", "inside", "load_torch", "open_regular", "parse_json",
+           "read_json", "read_range", "read_text"]
 
 
 class ImportSourceError(CkptStoreError, ValueError):
@@ -32,8 +32,12 @@ def inside(root: str, name: object, what: str) -> str:
     ``root`` once every ``..``, absolute path and symlink is resolved."""
     if not isinstance(name, str) or not name or "\0" in name:
         raise ImportSourceError(f"{what} names {name!r}, which is not a file name")
-    real_root = os.path.realpath(root)
-    path = os.path.realpath(os.path.join(real_root, name))
+    try:
+        real_root = os.path.realpath(root)
+        path = os.path.realpath(os.path.join(real_root, name))
+    except (OSError, ValueError) as e:  # a NUL byte in root, a symlink loop
+        raise ImportSourceError(f"{what}: cannot resolve {name!r} in {root!r} "
+                                f"({_first_line(e)})") from None
     if os.path.commonpath([real_root, path]) != real_root:
         raise ImportSourceError(f"{what} names {name!r}, which leaves the source folder {root}: "
                                 "refusing to read outside it")
@@ -67,14 +71,25 @@ def read_range(f: IO[bytes], offset: object, length: object, what: str) -> bytes
     return data
 
 
-def read_json(path: str, what: str) -> Any:
-    """The JSON value of a (UTF-8) file."""
+def read_text(path: str, what: str) -> str:
+    """The text of a UTF-8 file (a regular one)."""
     with open_regular(path, what) as f:
         raw = f.read()
     try:
-        return json.loads(raw.decode("utf-8"))
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ImportSourceError(f"{what}: {path} is not UTF-8 text") from None
+
+
+def read_json(path: str, what: str) -> Any:
+    """The JSON value of a UTF-8 file."""
+    return parse_json(read_text(path, what), path, what)
+
+
+def parse_json(text: str, path: str, what: str) -> Any:
+    """The JSON value of ``text`` (read from ``path``)."""
+    try:
+        return json.loads(text)
     except (ValueError, RecursionError) as e:
         raise ImportSourceError(f"{what}: {path} is not valid JSON ({_first_line(e)})") from None
 
