@@ -1,4 +1,4 @@
-"""Hostile campaign family "two clients" (issue 26, item 2): two independent clients of one S3 store.
+"""Hostile campaign family "two clients" (issue 26, item 2): two clients of one S3 store.
 
 Each round opens a fresh store prefix on a moto S3 server with two clients, as two processes
 would: client A with s3fs's default options (its filesystem object from fsspec's instance cache,

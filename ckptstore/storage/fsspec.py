@@ -187,7 +187,8 @@ def without_listings_cache(fs: AbstractFileSystem) -> AbstractFileSystem:
     cache = getattr(fs, "dircache", None)
     if cache is None or not getattr(cache, "use_listings_cache", False):
         return fs
-    shared = type(fs)._cache.get(getattr(fs, "_fs_token_", None)) is fs
+    # the instance fsspec hands out for these options, or one made with skip_instance_cache
+    shared = type(fs)(*fs.storage_args, **fs.storage_options) is fs
     return type(fs)(*fs.storage_args, **{**fs.storage_options, "use_listings_cache": False,
                                          "skip_instance_cache": not shared})
 
