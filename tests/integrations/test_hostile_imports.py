@@ -306,3 +306,15 @@ def test_export_path_with_a_nul_byte_is_an_export_error(tmp_path, export) -> Non
     with pytest.raises(ExportError, match="NUL"):
         export(store, str(tmp_path / "out"))
 
+
+
+@pytest.mark.slow
+def test_the_hostile_import_campaign_finds_nothing() -> None:
+    """A short run of benchmarks/hostile_imports.py (every kind twice: API and ckpt import)."""
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "benchmarks"))
+    from hostile_imports import campaign
+
+    result = campaign(14, seed=3)
+    assert (result["failed"], result["silent"], result["raw"], result["hang"],
+            result["crash"]) == (0, 0, 0, 0, 0), result["failures"]
