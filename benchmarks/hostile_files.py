@@ -2,7 +2,7 @@
 truncation under a reader.
 
 A real store holds commits of every kind the reliability campaign makes (full, quantized, row
-increments, XOR chains) and one of large chunks (1 MiB: read into reused buffers). Each trial
+increments, XOR chains) and one of large chunks (~2 MiB: read into reused buffers). Each trial
 picks an attack and a stored file (or folder) at random:
 
 - ``dev-zero``, ``fifo``, ``socket``, ``loop`` (a link to itself), ``folder`` (an empty folder)
@@ -11,8 +11,8 @@ picks an attack and a stored file (or folder) at random:
   it would read right data -- still refused);
 - ``folder-outside``: the file's folder moved out of the root and linked back; the reader also
   tries to tag (a write) -- nothing may appear out of the root;
-- ``truncate-0`` / ``truncate-half``: a chunk truncated while a child process checks out every
-  commit, at a random moment of its run.
+- ``truncate-0`` / ``truncate-half``: a chunk (half of the time a large one) truncated at a
+  random moment while a child process checks out the commit that holds it ten times in a row.
 
 The reader is a forked child (1 GiB more heap at most, 30 s): it opens the store, lists the
 history, checks out every commit and compares each with its digest. Counted, all expected 0:
@@ -50,11 +50,12 @@ from reliability import Tally, build_state, digest, open_store, policy_for  # no
 ATTACKS = ("dev-zero", "fifo", "socket", "loop", "folder", "outside", "folder-outside",
            "truncate-0", "truncate-half")
 DEADLINE = 30.0
+ROUNDS = 10  # checkouts of the commit whose chunk is truncated under them
 FAILURES = ("lost", "silent", "raw", "hang", "crash", "wrote outside")
 
 
-def campaign(count: int, seed: int) -> dict:
-    """``count`` trials of random attacks on a fresh store; the tally (see the module)."""
+def campaign(count: int, seed: int, attacks: tuple[str, ...] = ATTACKS) -> dict:
+    """``count`` trials of random ``attacks`` on a fresh store; the tally (see the module)."""
     import ckptstore
     import torch
 
@@ -63,15 +64,20 @@ def campaign(count: int, seed: int) -> dict:
         url, outside = os.path.join(tmp, "store"), os.path.join(tmp, "outside")
         digests = _template(ckptstore, torch, url)
         files = _files(url)
+        chunks = [f for f in files if _is_chunk(f)]
+        large = [f for f in chunks if os.path.getsize(os.path.join(url, f)) >= 1 << 20]
         tip_refs = {_tip_ref(url)}
-        t0 = time.perf_counter()
         assert _read_all(url, digests, None)["status"] == "exact"
-        duration = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        _read_all(url, {c: d for c, d in digests.items() if c == large[0].split("/")[1]}, None)
+        duration = time.perf_counter() - t0  # one checkout of the large commit
         kinds: dict[str, int] = {}
         for trial in range(count):
-            attack = rng.choice(ATTACKS)
-            chunks = [f for f in files if _is_chunk(f)]
-            rel = rng.choice(chunks if attack.startswith("truncate") else files)
+            attack = rng.choice(attacks)
+            if attack.startswith("truncate"):  # half of them a large chunk (reused buffers)
+                rel = rng.choice(large if rng.random() < 0.5 else chunks)
+            else:
+                rel = rng.choice(files)
             kinds[attack] = kinds.get(attack, 0) + 1
             os.makedirs(outside, exist_ok=True)
             outcome, detail = _trial(url, outside, rel, attack, digests, rng, duration, trial)
@@ -104,8 +110,8 @@ def _template(ckptstore: Any, torch: Any, url: str) -> dict[str, str]:
                 s += 1
                 info = store.commit(build_state(mode, s), policy=policy_for(mode))
                 digests[info.id] = digest(store.checkout(info.id))
-    big = {"big": torch.randn(3 * 4096, 64, generator=torch.Generator().manual_seed(7))}
-    with ckptstore.open(url, options=ckptstore.EncodingOptions(chunk_bytes=1 << 20)) as store:
+    big = {"big": torch.randn(8 * 4096, 64, generator=torch.Generator().manual_seed(7))}
+    with ckptstore.open(url, options=ckptstore.EncodingOptions(chunk_bytes=1 << 21)) as store:
         info = store.commit(big)
         digests[info.id] = digest(store.checkout(info.id))
     return digests
@@ -206,14 +212,17 @@ def _replace(path: str, attack: str, outside: str) -> None:
 
 def _truncated(url: str, path: str, attack: str, digests: dict[str, str], rng: random.Random,
                duration: float) -> tuple[str, str]:
-    """Truncate ``path`` at a random moment while a child checks out every commit twice."""
+    """Truncate ``path`` at a random moment while a child checks out the commit that owns it
+    ``ROUNDS`` times in a row."""
+    owner = os.path.relpath(path, url).split(os.sep)[1]
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
     ready = ctx.Event()
-    p = ctx.Process(target=_child, args=(url, digests, None, child, ready, 2), daemon=True)
+    p = ctx.Process(target=_child, args=(url, {owner: digests[owner]}, None, child, ready,
+                                         ROUNDS), daemon=True)
     p.start()
     ready.wait(DEADLINE)
-    time.sleep(rng.uniform(0, 2 * duration))
+    time.sleep(rng.uniform(0, ROUNDS * duration))
     size = os.path.getsize(path)
     os.truncate(path, 0 if attack == "truncate-0" else size // 2)
     return _outcome(_collect(p, parent))
@@ -294,8 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--count", type=int, default=200)
     ap.add_argument("--seed", type=int, default=29)
+    ap.add_argument("--attacks", default=",".join(ATTACKS), help="a comma-separated subset")
     args = ap.parse_args(argv)
-    result = campaign(args.count, args.seed)
+    attacks = tuple(a for a in args.attacks.split(",") if a)
+    if set(attacks) - set(ATTACKS):
+        ap.error(f"unknown attacks {sorted(set(attacks) - set(ATTACKS))}; known: {ATTACKS}")
+    result = campaign(args.count, args.seed, attacks)
     print(json.dumps(result, indent=1))
     return 1 if result["failed"] else 0
 
