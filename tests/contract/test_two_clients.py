@@ -185,3 +185,24 @@ def test_a_filesystem_with_a_listings_cache_is_not_trusted(store_url):
     fs.ls(f"{root}/d")  # other code of the process lists the folder through the shared object
     b.put("d/y", b"22")
     assert a.read("d/y") == b"22" and a.size("d/y") == 2 and a.listdir("d") == ["x", "y"]
+
+
+@pytest.mark.parametrize("policy", [{"delta": True},
+                                    {"incremental": "consecutive", "delta": True}])
+def test_chains_across_clients(store_url, policy):
+    """Each client remembers what it committed last (a chain's reference): commits of the two
+    clients taking turns on one branch still check out bit-exact, from either client."""
+    url, opts_a = _client_options(store_url, second=False)
+    _, opts_b = _client_options(store_url, second=True)
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(2000, 16, generator=g)
+    states = {}
+    with ckptstore.open(url, policy=ckptstore.Policy(**policy), **opts_a) as a, \
+            ckptstore.open(url, policy=ckptstore.Policy(**policy), **opts_b) as b:
+        for s in (a, a, b, a, b, b):
+            w = w.clone()
+            w[torch.randint(0, 2000, (40,), generator=g)] += 1
+            states[s.commit({"emb": w}).id] = w
+        for s in (a, b):
+            for commit_id, expected in states.items():
+                assert torch.equal(s.checkout(commit_id)["emb"], expected)
