@@ -2,12 +2,16 @@
 
 Exact: every chunk inside the tensor's bounds; identical duplicate chunks (a replicated shard)
 count once; the rest cover every element exactly once -- their volumes add up to the tensor's
-and no two overlap. Overlaps are looked for by a sweep along the dimension with the most distinct
-offsets: only chunks that start before another ends along it are compared, all at once.
+and no two overlap. Overlaps are found on the grid of cells the chunks' boundaries cut the tensor
+into (a sharding grid: one cell per chunk): each chunk adds 1 to its box of cells through a
+difference array (2^dims corner updates per chunk, then one cumulative sum per dimension). Where
+that grid is too large (a crafted layout, or over 6 dimensions), a sweep along the dimension with
+the most distinct offsets compares only chunks that start before another ends along it.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -15,9 +19,32 @@ import numpy as np
 from .dcp_metadata import DcpTensor
 from .source import ImportSourceError
 
-__all__ = ["MAX_PAIRS", "tiling_chunks"]
+__all__ = ["MAX_CELLS", "MAX_PAIRS", "tiling_chunks"]
 
-MAX_PAIRS = 1 << 22  # chunk pairs compared for overlap, at most (a regular grid needs ~chunks)
+MAX_CELLS = 1 << 24  # cells of the boundary grid counted, at most
+MAX_PAIRS = 1 << 22  # chunk pairs the sweep compares, at most
+
+
+def _cells_covered_once(o: np.ndarray, z: np.ndarray, size: tuple[int, ...]) -> bool | None:
+    """Whether every cell of the chunks' boundary grid is covered exactly once; None when the
+    grid is too large to count."""
+    n, d = o.shape
+    if d > 6:
+        return None
+    bounds = [np.unique(np.concatenate([[0, size[a]], o[:, a], o[:, a] + z[:, a]]))
+              for a in range(d)]
+    shape = [len(b) - 1 for b in bounds]
+    if math.prod(shape) > MAX_CELLS:
+        return None
+    lo = [np.searchsorted(bounds[a], o[:, a]) for a in range(d)]
+    hi = [np.searchsorted(bounds[a], o[:, a] + z[:, a]) for a in range(d)]
+    diff = np.zeros([s + 1 for s in shape], np.int64)
+    for corner in itertools.product((0, 1), repeat=d):  # 2^d updates of all chunks at once
+        np.add.at(diff, tuple(hi[a] if c else lo[a] for a, c in enumerate(corner)),
+                  -1 if sum(corner) % 2 else 1)
+    for a in range(d):
+        diff = np.cumsum(diff, axis=a)
+    return bool((diff[tuple(slice(0, s) for s in shape)] == 1).all())
 
 
 def _first_overlap(o: np.ndarray, z: np.ndarray, fqn: str) -> int | None:
@@ -83,7 +110,12 @@ def tiling_chunks(t: DcpTensor, itemsize: int) -> np.ndarray:
         raise ImportSourceError(
             f"DCP tensor {t.fqn!r} of size {list(t.size)}: its chunks {how} ({covered} elements "
             f"in chunks for {total}); the checkpoint is damaged or crafted")
-    k = _first_overlap(t.offsets[nonempty], t.sizes[nonempty], t.fqn)
+    once = _cells_covered_once(t.offsets[nonempty], t.sizes[nonempty], t.size)
+    if once is False:
+        raise ImportSourceError(
+            f"DCP tensor {t.fqn!r}: its chunks overlap (so some elements are never read); the "
+            "checkpoint is damaged or crafted")
+    k = None if once else _first_overlap(t.offsets[nonempty], t.sizes[nonempty], t.fqn)
     if k is not None:
         raise ImportSourceError(
             f"DCP tensor {t.fqn!r}: its chunk at {t.offsets[nonempty[k]].tolist()} overlaps "
