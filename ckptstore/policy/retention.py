@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from ..chains.walk import Walk
+from ..errors import CkptStoreError
 from ..layout import data_dir, manifest_key
 
 if TYPE_CHECKING:
@@ -211,7 +212,7 @@ def retain_after_commit(repo: Repository, rule: Retention, commit_id: str) -> li
     the next commit applies the policy again."""
     try:
         return apply_retention(repo, rule)
-    except (OSError, KeyError, ValueError) as e:
+    except (OSError, CkptStoreError, KeyError, ValueError) as e:
         warnings.warn(f"commit {commit_id[:12]} landed, but its retention policy could not be "
                       f"applied ({e}); the next commit tries again, or run store.gc()",
                       RetentionWarning, stacklevel=2)

@@ -141,3 +141,19 @@ def test_ref_files_do_not_pile_up(tmp_path):
     assert len(list((tmp_path / "s" / "refs" / "heads" / "main").iterdir())) <= 8
     assert torch.equal(store.checkout("main")["w"], torch.full((4,), 11.0))
     assert store.verify().ok
+
+
+def test_a_failure_to_apply_it_never_fails_the_landed_commit(tmp_path):
+    """A damaged old manifest stops the retention pass (a RetentionWarning), not the commit."""
+    from ckptstore.layout import manifest_key
+    from ckptstore.policy.retention import RetentionWarning
+
+    store = ckptstore.open(tmp_path / "s", keep=BestN(1, "loss"))
+    first = store.commit({"w": torch.ones(4)}, metadata={"loss": 1.0}).id
+    store.commit({"w": torch.ones(4) * 2}, metadata={"loss": 2.0})
+    (tmp_path / "s" / manifest_key(first)).write_bytes(b"not a manifest")
+    store.repo.forget(first)
+    with pytest.warns(RetentionWarning, match="landed"):
+        info = store.commit({"w": torch.ones(4) * 3}, metadata={"loss": 3.0})
+    assert store.resolve("main") == info.id
+    assert torch.equal(store.checkout("main")["w"], torch.ones(4) * 3)
