@@ -81,6 +81,30 @@ def test_dcp_chunks_that_do_not_tile_the_tensor_are_refused(tmp_path, chunks, ma
     refused(src, match, tmp_path)
 
 
+def _tensor(size: list[int], boxes: list[tuple[list[int], list[int]]]):
+    import numpy as np
+
+    from ckptstore.importing.dcp_metadata import DcpTensor, Storage
+    return DcpTensor("w", tuple(size), torch.float32, np.array([b[0] for b in boxes]),
+                     np.array([b[1] for b in boxes]),
+                     tuple(Storage("f", 0, 1 << 40) for _ in boxes))
+
+
+def test_tiling_of_a_large_sharding_grid_and_of_many_dimensions() -> None:
+    from ckptstore.importing.dcp_tiling import tiling_chunks
+
+    grid = [([i * 4, j * 4], [4, 4]) for i in range(64) for j in range(64)]
+    assert len(tiling_chunks(_tensor([256, 256], grid), 4)) == 4096
+    grid[100] = ([grid[100][0][0] + 1, grid[100][0][1]], [4, 4])
+    with pytest.raises(ImportSourceError, match="overlap|outside"):
+        tiling_chunks(_tensor([256, 256], grid), 4)
+    seven = [([i] + [0] * 6, [1] + [2] * 6) for i in range(2)]  # 7 dims: the pair sweep
+    assert len(tiling_chunks(_tensor([2] * 7, seven), 4)) == 2
+    seven = [([0] * 7, [2] * 6 + [1]), ([0] * 7, [1] + [2] * 6)]  # 64 + 64 of 128: overlap
+    with pytest.raises(ImportSourceError, match="overlaps another"):
+        tiling_chunks(_tensor([2] * 7, seven), 4)
+
+
 def test_dcp_identical_duplicate_chunks_are_read_once(tmp_path) -> None:
     src = dcp_folder(tmp_path / "dcp")
     edit_metadata(src, set_chunks("w", [([0, 0], [3, 4]), ([0, 0], [3, 4])]))
