@@ -52,6 +52,10 @@ MAGIC = b"CKPT"
 _HEADER = len(MAGIC) + 1 + 32
 _ID = r"^[0-9a-f]{32}$"
 _LAST_TIME = 253402300799.0  # 9999-12-31T23:59:59Z: the last second a datetime holds
+# state.flatten writes at most 200 levels, each at most 3 nestings ({"dict": [[key, node]]});
+# deeper trees and metadata would make readers recurse past Python's limit
+_TREE_NESTING = 3 * 200 + 12  # (+ an OrderedDict's _metadata at the deepest level)
+_METADATA_NESTING = 32
 
 
 class Layout(str, Enum):
@@ -86,6 +90,19 @@ class _Model(BaseModel):
     # enum fields hold Layout / Kind members; being str enums they pack as their plain values,
     # so the msgpack payload is the same as with strings
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _nesting(value: Any) -> int:
+    """How deeply maps and lists nest in ``value`` (iteratively: no recursion)."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        node, depth = todo.pop()
+        deepest = max(deepest, depth)
+        if isinstance(node, dict):
+            todo += [(v, depth + 1) for v in node.values()]
+        elif isinstance(node, list):
+            todo += [(v, depth + 1) for v in node]
+    return deepest
 
 
 def _bad_name(name: str) -> bool:
@@ -252,6 +269,10 @@ class Manifest(_Model):
 
     @model_validator(mode="after")
     def _check_refs(self) -> Manifest:
+        for field, limit in (("tree", _TREE_NESTING), ("metadata", _METADATA_NESTING)):
+            if _nesting(getattr(self, field)) > limit:
+                raise ValueError(f"{field} nested deeper than {limit} levels, beyond what "
+                                 "ckptstore writes")
         packs = {p.array: p for p in self.packs}
         if len(packs) != len(self.packs) or (self.packed is not None and self.packed.array in packs):
             raise ValueError("two packed arrays share a name")

@@ -5,6 +5,7 @@ Each test checks the error type, that nothing huge was walked, and that the stor
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import itertools
 import json
@@ -350,3 +351,48 @@ def test_a_tensor_no_array_can_hold_is_refused_at_commit(tmp_path, shape):
     with pytest.raises(UnsupportedLeafError, match="could never"):
         store.commit({"ok": torch.ones(3), "a": torch.empty(*shape)})
     assert store.branches() == {} and _contents(store.storage) == before
+
+
+def _deep(level: bytes, depth: int, leaf: object) -> bytes:
+    """msgpack bytes of ``depth`` nested one-key maps or one-item lists (a hostile writer is
+    not held to msgpack's packing recursion limit)."""
+    return level * depth + msgpack.packb(leaf)
+
+
+@pytest.mark.parametrize("where,depth", [("tree", 500), ("metadata", 500)])
+def test_a_manifest_nested_beyond_any_writer_is_refused(tmp_path, where, depth):
+    """A state tree nested deeper than flatten writes (200 levels) made checkout and verify
+    raise a raw RecursionError; deep metadata broke log --json. Both are a ManifestError now."""
+    store, ids = _history(tmp_path, 2)
+    key = manifest_key(ids[1])
+    data = store.storage.read(key)
+    raw = msgpack.unpackb(data[37:], strict_map_key=False)
+    raw[where] = "HOLE"
+    level = b"\x81\xa4list\x91" if where == "tree" else b"\x81\xa1k"
+    payload = msgpack.packb(raw, use_bin_type=True).replace(
+        msgpack.packb("HOLE"), _deep(level, depth, {"tensor": 0} if where == "tree" else 1))
+    store.storage.put(key, data[:5] + hashlib.sha256(payload).digest() + payload)
+    store = ckptstore.open(tmp_path / "s", create=False)
+    with pytest.raises(ManifestError, match="nested"):
+        store.checkout(ids[1])
+    with pytest.raises(ManifestError, match="nested"):
+        store.log()
+    report = store.verify()
+    assert any("nested" in p for p in report.problems), report.problems
+    assert torch.equal(store.checkout(ids[0])["w"], torch.zeros(3))
+
+
+def test_the_deepest_state_a_commit_takes_still_checks_out(tmp_path):
+    """200 levels of dicts and OrderedDicts (what flatten accepts) stay within the nesting a
+    manifest may have."""
+    node: Any = torch.ones(2)
+    for i in range(199):
+        node = {"k": node} if i % 2 else collections.OrderedDict(k=node)
+    node._metadata = {"": {"version": 1}}  # what a module's state_dict carries
+    store = ckptstore.open(tmp_path / "s")
+    commit = store.commit({"x": node}).id
+    store = ckptstore.open(tmp_path / "s", create=False)
+    out = store.checkout(commit)["x"]
+    for _ in range(199):
+        out = out["k"]
+    assert torch.equal(out, torch.ones(2)) and store.verify().ok
