@@ -221,8 +221,9 @@ def _tensor_paths(tree: Tree) -> dict[str, int]:
 def _value_paths(tree: Tree) -> tuple[dict[str, Tree], dict[str, tuple[Any, ...]]]:
     """Every subtree that holds no tensor, by dotted path (DCP asks for a non-tensor value at
     whatever depth its own flattening stopped: a whole ``param_groups`` list, say); and the key
-    path of each such value and of each tensor (DCP's ``planner_data``: dict keys as stored, list
-    indices as ints), which ``_load_state_dict_from_keys`` nests its result by."""
+    path of each such value and of each tensor (DCP's ``planner_data``: dict keys as strings,
+    list indices as ints, as DCP's own flattening records them), which
+    ``_load_state_dict_from_keys`` nests its result by."""
     out: dict[str, Tree] = {}
     keys: dict[str, tuple[Any, ...]] = {}
 
@@ -235,8 +236,8 @@ def _value_paths(tree: Tree) -> tuple[dict[str, Tree], dict[str, tuple[Any, ...]
         children: list[tuple[str, Any, Any]] = []
         for kind in ("dict", "odict"):
             if kind in node and isinstance(node[kind], list):
-                children = [(str(k), k, v) for k, v in (p for p in node[kind]
-                                                         if isinstance(p, list) and len(p) == 2)]
+                pairs = (p for p in node[kind] if isinstance(p, list) and len(p) == 2)
+                children = [(str(k), str(k), v) for k, v in pairs]
         for kind in ("list", "tuple"):
             if kind in node and isinstance(node[kind], list):
                 children = [(str(i), i, v) for i, v in enumerate(node[kind])]

@@ -67,11 +67,14 @@ def test_load_state_dict_from_keys_selects_a_subtree(store):
 
 def test_load_state_dict_from_keys_of_a_plain_commit(store):
     """The same on a commit made by ``Store.commit`` (not by ``dcp.save``): lists of tensors
-    come back as lists."""
-    store.commit({"layers": [torch.ones(2), torch.zeros(3)], "cfg": {"depth": 2}})
+    come back as lists, int dict keys (an optimizer's state) as strings, as DCP keys them."""
+    store.commit({"layers": [torch.ones(2), torch.zeros(3)], "cfg": {"depth": 2},
+                  "optim": {"state": {0: {"m": torch.ones(2)}, 2: {"m": torch.full((2,), 2.)}}}})
     got = _load_state_dict_from_keys(storage_reader=StorageReader(store))
     assert isinstance(got["layers"], list) and torch.equal(got["layers"][1], torch.zeros(3))
     assert got["cfg"] == {"depth": 2}
+    assert set(got["optim"]["state"]) == {"0", "2"}
+    assert torch.equal(got["optim"]["state"]["2"]["m"], torch.full((2,), 2.))
 
 
 # -- test_file_system_checkpoint_cpu.py (single process) --------------------------------------
