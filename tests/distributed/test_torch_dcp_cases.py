@@ -144,6 +144,24 @@ def test_dtype_mismatch_casting(store):
     assert wide["w"].dtype == torch.float32 and torch.equal(wide["w"], half.float())
 
 
+# -- test_list_stored_state_dict.py (single process) -------------------------------------------
+def test_list_stored_sd_metadata(store):
+    """Mirrors ``TestListStateDict.test_list_stored_sd_metadata`` through what
+    ``list_stored_state_dict`` wraps (torch 2.13 has no such function): the reader's metadata
+    names each tensor's size and dtype, and a BytesIO value as bytes."""
+    import io
+
+    from torch.distributed.checkpoint.metadata import (BytesStorageMetadata,
+                                                       TensorStorageMetadata)
+    _save({"distributed_weight": torch.arange(16, dtype=torch.float).view(4, 4),
+           "bytes_data": io.BytesIO(b"TrainingEpoch:4")}, store)
+    md = StorageReader(store).read_metadata().state_dict_metadata
+    assert isinstance(md["distributed_weight"], TensorStorageMetadata)
+    assert md["distributed_weight"].size == torch.Size([4, 4])
+    assert md["distributed_weight"].properties.dtype == torch.float32
+    assert isinstance(md["bytes_data"], BytesStorageMetadata)
+
+
 # -- test_save_load_api.py / e2e/test_e2e_save_and_load.py (single process) -------------------
 def test_partial_load(store):
     """Mirrors ``TestE2ESaveAndLoad.test_partial_load``: a load asks for part of the state (only
