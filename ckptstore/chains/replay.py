@@ -15,6 +15,7 @@ from ..chunkcodec import QuantizedLossy, codec_from_config
 from ..errors import CorruptedChunkError, ManifestError
 from ..floatbits import add_residual
 from ..layout import array_dir, chunk_key
+from ..limits import allocate
 from ..manifest import Blob, Kind, Layout, TensorEntry
 from ..policy.shrink import SHRINKABLE
 from ..storage import Buffer
@@ -149,7 +150,7 @@ def replay_code_deltas(chain: list[TensorEntry], dtype: np.dtype, read: Callable
     from ckptcodecs import dequantize
 
     _, grid, codes_of = chain_codes(chain, read)
-    out = np.empty(chain[0].shape, dtype=dtype)
+    out = allocate(tuple(chain[0].shape), dtype, f"the code deltas of {chain[0].path!r}")
 
     def one(key: str, lo: int, hi: int) -> None:
         codes, params, where = codes_of(key)

@@ -323,15 +323,25 @@ for call in (lambda: store.checkout(sys.argv[2]), lambda: print(store.verify(sys
 """
 
 
-def test_an_array_no_process_can_allocate_is_a_clear_error(tmp_path):
+def _huge(raw: Raw) -> None:
+    for e in [_entry(raw, "m"), *(_entry(raw, "m")["parts"] or {}).values()]:
+        e.update(shape=[2**30, 4], chunks=[2**28, 4])
+
+
+@pytest.mark.parametrize("chain", [False, True], ids=["array", "code-deltas"])
+def test_an_array_no_process_can_allocate_is_a_clear_error(tmp_path, chain):
     """[2**30, 4] float32 in 4 stored chunks of 2**28 rows passes the read limits (4 GiB chunks)
     and asks for 16 GiB: in a process that cannot have them, a ckptstore error (a
     MemoryError) says so, and verify reports it (issue 26 item 7: a raw MemoryError)."""
     root = tmp_path / "s"
     store = ckptstore.open(root, options=ckptstore.EncodingOptions(chunk_bytes=16 * 1024))
-    commit = store.commit({"m": torch.randn(4096, 4)}).id
-    _rewrite(store.storage, commit,
-             lambda raw: _entry(raw, "m").update(shape=[2**30, 4], chunks=[2**28, 4]))
+    policy = ckptstore.Policy(delta=True, quantize=ckptstore.QuantSpec(bits=8),
+                              min_quant_bytes=1024) if chain else None
+    commits = [store.commit({"m": torch.randn(4096, 4)}, policy=policy).id
+               for _ in range(1 + chain)]
+    for c in commits:
+        _rewrite(store.storage, c, _huge)
+    commit = commits[-1]
     out = subprocess.run([sys.executable, "-c", _ALLOCATE, str(root), commit],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
