@@ -76,6 +76,8 @@ def campaign(count: int, seed: int, attacks: tuple[str, ...] = ATTACKS) -> dict:
             attack = rng.choice(attacks)
             if attack.startswith("truncate"):  # half of them a large chunk (reused buffers)
                 rel = rng.choice(large if rng.random() < 0.5 else chunks)
+            elif attack == "folder-outside":  # not the root's own files: a root that is a
+                rel = rng.choice([f for f in files if "/" in f])  # link is a fine root
             else:
                 rel = rng.choice(files)
             kinds[attack] = kinds.get(attack, 0) + 1
@@ -273,6 +275,7 @@ def _child(url: str, digests: dict[str, str], tag: str | None, conn: Any, ready:
 def _read_all(url: str, digests: dict[str, str], tag: str | None) -> dict:
     """Open, log, check out every commit (and tag, a write); the first failure, or exact."""
     import ckptstore
+    from ckptstore.errors import UnsafeFileError
 
     try:
         with open_store(url, {}, create=False) as store:
@@ -283,7 +286,8 @@ def _read_all(url: str, digests: dict[str, str], tag: str | None) -> dict:
             if tag is not None:
                 store.tag(tag, "main")
     except ckptstore.CkptStoreError as e:
-        return {"status": "error", "type": type(e).__name__, "detail": str(e)}
+        kind = "UnsafeFileError" if isinstance(e, UnsafeFileError) else type(e).__name__
+        return {"status": "error", "type": kind, "detail": str(e)}
     except Exception as e:  # noqa: BLE001 - the campaign counts it
         return {"status": "raw", "detail": f"{type(e).__name__}: {e}"}
     return {"status": "exact"}

@@ -27,7 +27,8 @@ import numpy as np
 
 from ..errors import UnsafeFileError
 
-__all__ = ["REUSE_MIN", "Root", "open_regular", "read_bounded", "read_reused"]
+__all__ = ["REUSE_MIN", "FolderInPlace", "Root", "open_regular", "read_bounded",
+           "read_reused"]
 
 REUSE_MIN = 1 << 18
 """Reads of at least this many bytes go into a reused per-thread buffer (smaller ones: a new
@@ -95,10 +96,15 @@ class Root:
         return made
 
 
+class FolderInPlace(UnsafeFileError, IsADirectoryError):
+    """A folder where a file belongs: an :class:`UnsafeFileError` that is also the
+    ``IsADirectoryError`` a chunk read turns into a ``CorruptedChunkError``."""
+
+
 def open_regular(root: Root, path: str, key: str) -> tuple[int, int]:
-    """Open a key's file for reading; ``(fd, size)``. A folder raises ``IsADirectoryError``, a
-    missing file ``FileNotFoundError``; anything but a regular file inside the root,
-    :class:`UnsafeFileError`."""
+    """Open a key's file for reading; ``(fd, size)``. A missing file raises
+    ``FileNotFoundError``; a folder, :class:`FolderInPlace`; anything else but a regular file
+    inside the root, :class:`UnsafeFileError`."""
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as e:
@@ -110,7 +116,7 @@ def open_regular(root: Root, path: str, key: str) -> tuple[int, int]:
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError(errno.EISDIR, "a folder where a file belongs", path)
+            raise _unsafe(key, path, "a folder where a file belongs", FolderInPlace)
         if not stat.S_ISREG(st.st_mode):
             what = next((name for test, name in _KINDS if test(st.st_mode)), "not a file")
             raise _unsafe(key, path, what)
@@ -173,8 +179,9 @@ def _opened_path(fd: int, path: str) -> str:
     return name.removesuffix(" (deleted)")
 
 
-def _unsafe(key: str, path: str, what: str) -> UnsafeFileError:
-    return UnsafeFileError(
+def _unsafe(key: str, path: str, what: str,
+            kind: type[UnsafeFileError] = UnsafeFileError) -> UnsafeFileError:
+    return kind(
         f"{path} (store key {key!r}) is {what}: a store holds only regular files and folders "
         "inside its root. Remove it, or restore the file from a copy of the store",
         key, errno.EPERM)

@@ -54,7 +54,8 @@ def _in_child(fn, *args) -> str:
             fn(*args)
             child.send("ok")
         except BaseException as e:  # noqa: BLE001 - reported to the parent
-            child.send(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+            name = "UnsafeFileError" if isinstance(e, UnsafeFileError) else type(e).__name__
+            child.send(f"{name}: {e}\n{traceback.format_exc()}")
 
     p = ctx.Process(target=run, daemon=True)
     p.start()
@@ -86,6 +87,8 @@ def _make_hostile(path: str, kind: str, outside: str) -> None:
         os.symlink("/dev/zero", path)
     elif kind == "fifo":
         os.mkfifo(path)
+    elif kind == "folder":
+        os.mkdir(path)
     elif kind == "loop":
         os.symlink(os.path.basename(path), path)
     elif kind == "outside":
@@ -122,7 +125,7 @@ def test_hostile_chunk_is_refused_at_once(tmp_path, kind):
 
 
 @pytest.mark.parametrize("which", ["ref", "manifest"])
-@pytest.mark.parametrize("kind", ["dev-zero", "fifo"])
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "folder"])
 def test_hostile_ref_or_manifest_is_refused_at_once(tmp_path, which, kind):
     root = str(tmp_path / "s")
     store, commit_id = _store(root)
@@ -192,7 +195,8 @@ def test_storage_reads_refuse_devices_and_folders(tmp_path):
     with pytest.raises(UnsafeFileError, match="character device") as e:
         storage.read_chunk("k/null")
     assert isinstance(e.value, (CkptStoreError, OSError)) and e.value.key == "k/null"
-    with pytest.raises(IsADirectoryError):
-        storage.read("k")  # a folder: what a chunk read maps to CorruptedChunkError
+    with pytest.raises(UnsafeFileError, match="a folder where a file belongs") as e:
+        storage.read("k")
+    assert isinstance(e.value, IsADirectoryError)  # what a chunk read maps to CorruptedChunkError
     with pytest.raises(FileNotFoundError):
         storage.read("k/none")
