@@ -25,6 +25,7 @@ from .consistency import check_entries
 from .devdecode import start_read_to_device, stored_codes, wants_device_decode
 from .dimorder import with_dim_order
 from .errors import CorruptedChunkError, ManifestError
+from .limits import allocate
 from .manifest import Blob, Kind, Layout, Manifest, ShardPiece, TensorEntry
 from .repository import Repository
 from .storage import Buffer
@@ -123,7 +124,7 @@ class Reader:
         m = self.repo.manifest(e.commit) if e.commit else None
         shards = self._shards_of(e, m)
         self.check_stored(a for _, s in shards for a in self.walk.entry_arrays(s))
-        out = np.zeros(e.shape, dtype=entry_dtype(e))
+        out = allocate(tuple(e.shape), entry_dtype(e), f"sharded tensor {e.path!r}")  # covered
         for piece, s in shards:
             out[tuple(slice(o, o + n) for o, n in zip(piece.offsets, s.shape))] = self.host(s)
         return out

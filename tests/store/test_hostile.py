@@ -25,6 +25,7 @@ from ckptstore.errors import CorruptedChunkError, InvalidRefName, ManifestError,
 from ckptstore.layout import ZARR_JSON, array_dir, check_ref_name, data_dir, manifest_key
 from ckptstore.limits import READ_LIMITS
 from ckptstore.manifest import Manifest, encode_manifest
+from ckptstore.sharded import LocalTensor, commit_shards
 from ckptstore.storage import Storage
 
 Raw = dict[str, Any]
@@ -328,19 +329,35 @@ def _huge(raw: Raw) -> None:
         e.update(shape=[2**30, 4], chunks=[2**28, 4])
 
 
-@pytest.mark.parametrize("chain", [False, True], ids=["array", "code-deltas"])
-def test_an_array_no_process_can_allocate_is_a_clear_error(tmp_path, chain):
+def _huge_shards(raw: Raw) -> None:
+    """Two pieces of [2**28, 4] (one 4 GiB chunk each): an 8 GiB sharded tensor."""
+    raw["tensors"][0]["shape"] = [2**29, 4]
+    raw["tensors"][0]["pieces"][1]["offsets"] = [2**28, 0]
+    for shard in raw["shards"]:
+        shard.update(shape=[2**28, 4], chunks=[2**28, 4])
+
+
+@pytest.mark.parametrize("kind", ["array", "code-deltas", "sharded"])
+def test_an_array_no_process_can_allocate_is_a_clear_error(tmp_path, kind):
     """[2**30, 4] float32 in 4 stored chunks of 2**28 rows passes the read limits (4 GiB chunks)
     and asks for 16 GiB: in a process that cannot have them, a ckptstore error (a
-    MemoryError) says so, and verify reports it (issue 26 item 7: a raw MemoryError)."""
+    MemoryError) says so, and verify reports it (issue 26 item 7: a raw MemoryError). The same
+    for code deltas, and for a sharded tensor of two such pieces."""
     root = tmp_path / "s"
     store = ckptstore.open(root, options=ckptstore.EncodingOptions(chunk_bytes=16 * 1024))
-    policy = ckptstore.Policy(delta=True, quantize=ckptstore.QuantSpec(bits=8),
-                              min_quant_bytes=1024) if chain else None
-    commits = [store.commit({"m": torch.randn(4096, 4)}, policy=policy).id
-               for _ in range(1 + chain)]
-    for c in commits:
-        _rewrite(store.storage, c, _huge)
+    if kind == "sharded":
+        m = torch.randn(16384, 4)  # pieces of 128 KiB: arrays of their own
+        commits = [commit_shards(store, [[LocalTensor("m", (8192 * r, 0), (16384, 4),
+                                                      m[8192 * r:][:8192])] for r in range(2)]).id]
+        _rewrite(store.storage, commits[0], _huge_shards)
+    else:
+        chain = kind == "code-deltas"
+        policy = ckptstore.Policy(delta=True, quantize=ckptstore.QuantSpec(bits=8),
+                                  min_quant_bytes=1024) if chain else None
+        commits = [store.commit({"m": torch.randn(4096, 4)}, policy=policy).id
+                   for _ in range(1 + chain)]
+        for c in commits:
+            _rewrite(store.storage, c, _huge)
     commit = commits[-1]
     out = subprocess.run([sys.executable, "-c", _ALLOCATE, str(root), commit],
                          capture_output=True, text=True, timeout=300)
