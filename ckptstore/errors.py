@@ -26,6 +26,7 @@ input)::
     │   └── UnsafeFileError                      a FIFO, device, link out of the root
     ├── InvalidRetry (ValueError)                a Retry policy with values out of range
     ├── ExportError (ValueError)                 an export file that cannot be written
+    ├── ImportSourceError (ValueError)           a source `ckpt import` refuses (crafted, damaged)
     └── DistributedError (RuntimeError)          a sharded commit or load across ranks failed
 """
 
@@ -46,6 +47,7 @@ __all__ = [
     "NotAStoreError",
     "PendingCommitError",
     "ExportError",
+    "ImportSourceError",
     "RefError",
     "RefExists",
     "RefNotFound",
@@ -177,6 +179,11 @@ class InvalidRetry(CkptStoreError, ValueError):
 class ExportError(CkptStoreError, ValueError):
     """An export that cannot be written: the file exists, its folder is missing, or two tensors
     would get the same key."""
+
+
+class ImportSourceError(CkptStoreError, ValueError):
+    """A source that cannot be imported: unknown format, missing or malformed files, a path that
+    leaves the source folder, or a file that would need pickle to load."""
 
 
 class DistributedError(CkptStoreError, RuntimeError):

@@ -11,15 +11,10 @@ import pickle
 import stat
 from typing import IO, Any
 
-from ..errors import CkptStoreError
+from ..errors import ImportSourceError
 
 __all__ = ["ImportSourceError", "inside", "load_torch", "open_regular", "parse_json",
            "read_json", "read_range", "read_text"]
-
-
-class ImportSourceError(CkptStoreError, ValueError):
-    """A source that cannot be imported: unknown format, missing or malformed files, a path that
-    leaves the source folder, or a file that would need pickle to load."""
 
 
 def _first_line(e: BaseException) -> str:
