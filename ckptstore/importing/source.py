@@ -9,6 +9,7 @@ import json
 import os
 import pickle
 import stat
+import zipfile
 from typing import IO, Any
 
 from ..errors import ImportSourceError
@@ -89,13 +90,28 @@ def parse_json(text: str, path: str, what: str) -> Any:
         raise ImportSourceError(f"{what}: {path} is not valid JSON ({_first_line(e)})") from None
 
 
+def _stored_records_only(f: IO[bytes], what: str) -> None:
+    """Refuse a zip whose records are compressed: torch.save never writes them, and torch.load
+    would inflate them (1,000x and more) before anything could check their size."""
+    try:
+        infos = zipfile.ZipFile(f).infolist() if zipfile.is_zipfile(f) else []
+    except Exception:  # noqa: BLE001 - a damaged zip: torch.load reports it below
+        infos = []
+    f.seek(0)
+    if any(i.compress_type != zipfile.ZIP_STORED for i in infos):
+        raise ImportSourceError(f"{what} has compressed zip records, which torch.save never "
+                                "writes: refusing to inflate them")
+
+
 def load_torch(source: IO[bytes] | bytes, what: str) -> Any:
-    """``torch.load(weights_only=True)`` of untrusted bytes: tensors and plain values only."""
+    """``torch.load(weights_only=True)`` of untrusted bytes: tensors and plain values only, from
+    a zip of stored (uncompressed) records or torch's legacy format."""
     import torch
 
+    f = io.BytesIO(source) if isinstance(source, bytes) else source
+    _stored_records_only(f, what)
     try:
-        return torch.load(io.BytesIO(source) if isinstance(source, bytes) else source,
-                          map_location="cpu", weights_only=True)
+        return torch.load(f, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ImportSourceError(

@@ -260,6 +260,18 @@ def test_hostile_torch_zip_files_are_refused(tmp_path, edit) -> None:
             fmt="torch")
 
 
+def test_torch_zip_with_compressed_records_is_refused_before_inflating(tmp_path) -> None:
+    buf = io.BytesIO()
+    torch.save({"w": torch.zeros(2**20)}, buf)  # 4 MiB of zeros deflate to ~4 KiB
+    src = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as zin, \
+            zipfile.ZipFile(src, "w", zipfile.ZIP_DEFLATED) as zout:
+        for item in zin.infolist():
+            zout.writestr(item.filename, zin.read(item))
+    assert src.stat().st_size < 2**16
+    refused(src, "compressed zip records", tmp_path, fmt="torch")
+
+
 def test_truncated_torch_zip_is_refused(tmp_path) -> None:
     src = tmp_path / "x.pt"
     torch.save({"w": W.clone()}, src)
