@@ -5,8 +5,8 @@ Kinds: ``dcp-layout`` (chunk layouts: gaps, overlaps, duplicates, chunks outside
 to tens of GiB, wrong dtypes), ``dcp-path`` (``relative_path`` leaving the folder, absolute,
 symlinked out, a FIFO, /dev/zero), ``dcp-odd`` (odd ``.metadata`` objects and pickle streams),
 ``dcp-bytes`` (random byte mutations of a real DCP folder), ``safetensors`` (crafted headers
-and byte mutations), ``torch`` (mutated torch.save zip files), ``hf`` (Hugging Face folders:
-index files, shards and config, paths leaving the folder).
+and byte mutations), ``torch`` (mutated torch.save zip and legacy files, deflate bombs),
+``hf`` (Hugging Face folders: index files, shards and config, paths leaving the folder).
 
 Per trial the outcome is: refused (a ckptstore error), read (and equal to what it must be), or a
 failure: ``silent`` (read, but not the data the source holds, or read where it must be refused),
@@ -313,8 +313,16 @@ def build_torch(rng: random.Random, d: str) -> dict:
     src = os.path.join(d, "src.pt")
     buf = io.BytesIO()
     torch.save({"w": torch.randn(3, 4), "step": 3, "names": ["a", "b"]}, buf)
-    how = rng.choice(("bytes", "record", "legacy"))
-    if how == "bytes":
+    how = rng.choice(("bytes", "record", "legacy", "deflate"))
+    if how == "deflate":  # 4 MiB of zeros in a few KiB: a bomb torch.load would inflate
+        plain, out = io.BytesIO(), io.BytesIO()
+        torch.save({"w": torch.zeros(2**20)}, plain)
+        with zipfile.ZipFile(io.BytesIO(plain.getvalue())) as zin, \
+                zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zout:
+            for item in zin.infolist():
+                zout.writestr(item.filename, zin.read(item))
+        raw = out.getvalue()
+    elif how == "bytes":
         raw = _mutate(rng, buf.getvalue())
     elif how == "legacy":
         legacy = io.BytesIO()
