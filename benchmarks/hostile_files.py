@@ -2,7 +2,7 @@
 truncation under a reader.
 
 A real store holds commits of every kind the reliability campaign makes (full, quantized, row
-increments, XOR chains) and one of large chunks (~2 MiB: read into reused buffers). Each trial
+increments, XOR chains) and one of large chunks (~2 MiB: mapped before issue 26). Each trial
 picks an attack and a stored file (or folder) at random:
 
 - ``dev-zero``, ``fifo``, ``socket``, ``loop`` (a link to itself), ``folder`` (an empty folder)

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from ..layout import TEMP_PREFIX
 from .base import Buffer, Storage, as_parts
-from .localfiles import REUSE_MIN, Root, open_regular, read_bounded, read_reused
+from .localfiles import Root, open_regular, read_bounded
 
 __all__ = ["LocalStorage", "cpu_share"]
 
@@ -83,21 +83,12 @@ class LocalStorage(Storage):
 
     # -- reads -----------------------------------------------------------------------------
     def read(self, key: str) -> bytes:
-        """The bytes of a regular file inside the root, at most its size when opened."""
+        """The bytes of a regular file inside the root, at most its size when opened. Chunks
+        (``read_chunk``) too: never a mapping, so a chunk file truncated while it is read is a
+        short chunk that fails its checksum, not a ``SIGBUS`` that ends the process."""
         fd, size = open_regular(self._root, self.path(key), key)
         try:
             return read_bounded(fd, size)
-        finally:
-            os.close(fd)
-
-    def read_chunk(self, key: str) -> Buffer:
-        """A chunk of at least :data:`~ckptstore.storage.localfiles.REUSE_MIN` bytes is read
-        into this thread's reusable buffer (a read-only view; the buffer is reused only once the
-        caller dropped it), a smaller one as ``bytes``. Never a mapping: a chunk file truncated
-        while it is read is a short chunk that fails its checksum, not a ``SIGBUS``."""
-        fd, size = open_regular(self._root, self.path(key), key)
-        try:
-            return read_reused(fd, size) if size >= REUSE_MIN else read_bounded(fd, size)
         finally:
             os.close(fd)
 

@@ -1,5 +1,5 @@
 """Safe access to the files under a local store's root: regular files only, never a link out of
-the root, reads bounded by the file's size, large reads into reused buffers.
+the root, reads bounded by the file's size.
 
 A store is untrusted input. A key may have been replaced by a FIFO (an ``open`` that waits
 forever), a link to ``/dev/zero`` (a read that never ends), a link loop, or a folder linked out
@@ -9,10 +9,9 @@ under the root (the kernel's own name for the open file, ``/proc/self/fd``; noth
 link between the check and the read), and :class:`Root` checks a folder before anything is
 written into it or deleted under it. Anything else is an :class:`~ckptstore.UnsafeFileError`.
 
-Large chunks are read with ``readv`` into a per-thread buffer that is reused once its previous
-reader dropped it (the caller's buffer is never overwritten while referenced): no page faults
-of a fresh allocation, no mapping (a mapped file truncated by another program ends the process
-with ``SIGBUS``; a read of one is short and fails its checksum).
+Files are read, never mapped: a mapped file truncated by another program ends the process with
+``SIGBUS``; a read of one is short, and a short chunk fails its checksum. (Reads into reused
+per-thread buffers were measured too, and were no faster: ``benchmarks/mapped_reads.py``.)
 """
 
 from __future__ import annotations
@@ -20,26 +19,16 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import sys
-import threading
-
-import numpy as np
 
 from ..errors import UnsafeFileError
 
-__all__ = ["REUSE_MIN", "FolderInPlace", "Root", "open_regular", "read_bounded",
-           "read_reused"]
-
-REUSE_MIN = 1 << 18
-"""Reads of at least this many bytes go into a reused per-thread buffer (smaller ones: a new
-``bytes`` costs less than the bookkeeping)."""
+__all__ = ["FolderInPlace", "Root", "open_regular", "read_bounded"]
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | \
     getattr(os, "O_CLOEXEC", 0)  # O_NONBLOCK: a FIFO opens at once (and is then refused)
 _PROC_FD = "/proc/self/fd/"
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-_local = threading.local()
 
 
 class Root:
@@ -140,33 +129,6 @@ def read_bounded(fd: int, size: int) -> bytes:
         parts.append(part)
         left -= len(part)
     return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-def read_reused(fd: int, size: int) -> memoryview:
-    """At most ``size`` bytes of an open file, read into this thread's reusable buffer; a
-    read-only view of them. The buffer is reused only once nothing refers to it any more."""
-    buf = _buffer(size)
-    view = memoryview(buf)[:size]
-    done = 0
-    while done < size:
-        n = os.preadv(fd, [view[done:]], done)
-        if not n:
-            break  # truncated meanwhile: a short chunk fails its checksum
-        done += n
-    view.release()
-    return memoryview(buf)[:done].toreadonly()
-
-
-def _buffer(size: int) -> np.ndarray:
-    """This thread's buffer of at least ``size`` bytes, not referenced elsewhere (a new one, kept
-    for the next read, where the last one is too small or still held by a caller)."""
-    buf = _local.__dict__.get("buf")
-    # referenced by this thread's slot, ``buf`` and getrefcount's argument: nothing else holds it
-    if buf is not None and len(buf) >= size and sys.getrefcount(buf) <= 3:
-        return buf
-    buf = np.empty(size + (size >> 4), dtype=np.uint8)  # room for the next chunk's few more bytes
-    _local.buf = buf
-    return buf
 
 
 def _opened_path(fd: int, path: str) -> str:
