@@ -65,9 +65,9 @@ def _full_disk(method: F) -> F:
     what = method.__name__.replace("_", " ")
 
     @functools.wraps(method)
-    def wrapped(self: Refs, name: str, *args: str) -> None:
+    def wrapped(self: Refs, name: str, *args: str, **kwargs: str) -> None:
         try:
-            return method(self, name, *args)
+            return method(self, name, *args, **kwargs)
         except OSError as e:
             if isinstance(e, StorageError) or e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
