@@ -58,10 +58,10 @@ def detect_format(source: str | os.PathLike[str]) -> str:
         raise ImportSourceError(f"{source} does not exist or is not a regular file")
     with open_regular(source, "import source") as f:
         head = f.read(9)
+    if len(head) == 9 and head[8:9] == b"{":  # first: a header length may start with 0x80
+        return "safetensors"
     if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
         return "torch"  # torch.save's zip format, or its legacy pickle format
-    if len(head) == 9 and head[8:9] == b"{":
-        return "safetensors"
     raise ImportSourceError(f"{source}: not a safetensors or torch.save file; pass the format "
                             f"(one of {', '.join(FORMATS)})")
 

@@ -226,6 +226,16 @@ HEADERS = {
 }
 
 
+def test_a_safetensors_header_length_starting_with_0x80_is_still_safetensors(tmp_path) -> None:
+    for pad in range(0, 200, 4):  # one of these header lengths has 0x80 as its low byte
+        src = tmp_path / f"x{pad}.safetensors"
+        save_file({"w": W.clone()}, str(src), metadata={"k": "v" * pad})
+        if src.read_bytes()[0] == 0x80:
+            assert read_source(src)[2] == "safetensors"
+            return
+    pytest.fail("no header of length 0x..80 was produced")
+
+
 @pytest.mark.parametrize("name", sorted(HEADERS))
 def test_hostile_safetensors_headers_are_refused(tmp_path, name) -> None:
     src = tmp_path / "x.safetensors"
