@@ -5,8 +5,8 @@ A real store holds commits of every kind the reliability campaign makes (full, q
 increments, XOR chains) and one of large chunks (~2 MiB: mapped before issue 26). Each trial
 picks an attack and a stored file (or folder) at random:
 
-- ``dev-zero``, ``fifo``, ``socket``, ``loop`` (a link to itself), ``folder`` (an empty folder)
-  in the file's place;
+- ``dev-zero``, ``fifo``, ``socket``, ``loop`` (a link to itself), ``folder`` (an empty folder),
+  ``huge`` (a sparse file of 5 GiB) in the file's place;
 - ``outside``: a link to a copy of the file out of the store's root (the same bytes: following
   it would read right data -- still refused);
 - ``folder-outside``: the file's folder moved out of the root and linked back; the reader also
@@ -47,7 +47,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reliability import Tally, build_state, digest, open_store, policy_for  # noqa: E402
 
-ATTACKS = ("dev-zero", "fifo", "socket", "loop", "folder", "outside", "folder-outside",
+ATTACKS = ("dev-zero", "fifo", "socket", "loop", "folder", "huge", "outside", "folder-outside",
            "truncate-0", "truncate-half")
 DEADLINE = 30.0
 ROUNDS = 10  # checkouts of the commit whose chunk is truncated under them
@@ -201,6 +201,9 @@ def _replace(path: str, attack: str, outside: str) -> None:
         os.symlink(os.path.basename(path), path)
     elif attack == "folder":
         os.mkdir(path)
+    elif attack == "huge":  # sparse: no disk used, 5 GiB to read
+        with open(path, "wb") as f:
+            f.truncate(5 << 30)
     elif attack == "outside":
         os.symlink(os.path.join(outside, "copy"), path)
     elif attack == "socket":

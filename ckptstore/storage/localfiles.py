@@ -4,8 +4,8 @@ the root, reads bounded by the file's size.
 A store is untrusted input. A key may have been replaced by a FIFO (an ``open`` that waits
 forever), a link to ``/dev/zero`` (a read that never ends), a link loop, or a folder linked out
 of the root (``refs/tags -> /elsewhere``: a ``tag()`` that writes there). :func:`open_regular`
-opens a key without blocking, checks that it is a regular file and that the file it opened lies
-under the root (the kernel's own name for the open file, ``/proc/self/fd``; nothing can swap a
+opens a key without blocking, checks that it is a regular file no larger than any a store writes
+(:func:`max_file_bytes`) and that the file it opened lies under the root (the kernel's own name for the open file, ``/proc/self/fd``; nothing can swap a
 link between the check and the read), and :class:`Root` checks a folder before anything is
 written into it or deleted under it. Anything else is an :class:`~ckptstore.UnsafeFileError`.
 
@@ -22,7 +22,7 @@ import stat
 
 from ..errors import UnsafeFileError
 
-__all__ = ["FolderInPlace", "Root", "open_regular", "read_bounded"]
+__all__ = ["FolderInPlace", "Root", "max_file_bytes", "open_regular", "read_bounded"]
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | \
     getattr(os, "O_CLOEXEC", 0)  # O_NONBLOCK: a FIFO opens at once (and is then refused)
@@ -112,10 +112,24 @@ def open_regular(root: Root, path: str, key: str) -> tuple[int, int]:
         resolved = _opened_path(fd, path)
         if not root.inside(resolved):
             raise _unsafe(key, path, f"a link leading out of the store (to {resolved})")
+        if st.st_size > max_file_bytes():
+            raise _unsafe(key, path, f"a file of {st.st_size} bytes, larger than any a store "
+                          f"writes ({max_file_bytes()}; a store written with larger chunks is read "
+                          "after raising ckptstore.limits.READ_LIMITS.max_chunk_bytes)")
     except BaseException:
         os.close(fd)
         raise
     return fd, st.st_size
+
+
+def max_file_bytes() -> int:
+    """The largest file a store holds: a chunk of ``READ_LIMITS.max_chunk_bytes`` decoded bytes
+    (with room for a codec that expands incompressible bytes a little); manifests are far
+    smaller. A larger file (a sparse one of a terabyte) is refused before it is read."""
+    from .. import limits
+
+    most = limits.READ_LIMITS.max_chunk_bytes
+    return most + (most >> 3) + (1 << 20)
 
 
 def read_bounded(fd: int, size: int) -> bytes:

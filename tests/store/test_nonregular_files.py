@@ -89,6 +89,9 @@ def _make_hostile(path: str, kind: str, outside: str) -> None:
         os.mkfifo(path)
     elif kind == "folder":
         os.mkdir(path)
+    elif kind == "huge":  # sparse: no disk used, 5 GiB to read
+        with open(path, "wb") as f:
+            f.truncate(5 << 30)
     elif kind == "loop":
         os.symlink(os.path.basename(path), path)
     elif kind == "outside":
@@ -111,7 +114,7 @@ def _log(root: str) -> None:
         store.log("main")
 
 
-@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "loop", "outside", "socket"])
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "loop", "outside", "socket", "huge"])
 def test_hostile_chunk_is_refused_at_once(tmp_path, kind):
     root = str(tmp_path / "s")
     (tmp_path / "out").mkdir()
