@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from .leaves import Leaves, PlainValue, as_tensor, entry_nbytes, read_tensors
+from .batches import read_tensors
+from .leaves import Leaves, PlainValue, as_tensor, entry_nbytes
 from .manifest import Layout, Manifest, TensorEntry
 from .progress import bar
 from .repository import Repository

@@ -1,5 +1,5 @@
-"""A commit's leaves by dotted path: which there are, which globs select, and their tensors read
-a batch at a time.
+"""A commit's leaves by dotted path: which there are, which globs select, and their sizes (reading
+their tensors a batch at a time is :mod:`ckptstore.batches`).
 
 Diff, usage, export and ``Store.iter_tensors`` select entries the way ``checkout(paths=...)``
 does -- a glob selects an entry when it matches its dotted path or the path of a container of it
@@ -14,7 +14,7 @@ Only reading tensors imports torch: paths, selection and sizes serve ``ckpt show
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -23,14 +23,12 @@ import numpy as np
 from .dtypes import nbytes
 from .errors import ManifestError, StateMismatchError
 from .manifest import Manifest, TensorEntry
-from .repository import Repository
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["BATCH_BYTES", "Leaves", "PlainValue", "TensorLike", "as_tensor", "check_patterns",
-           "entry_nbytes", "iter_tensors", "join_path", "matches", "nothing_selected", "read_tensors",
-           "select_tree", "tree_paths"]
+           "entry_nbytes", "join_path", "matches", "nothing_selected", "select_tree", "tree_paths"]
 
 BATCH_BYTES = 256 * 2**20  # tensor bytes read per round trip
 
@@ -195,52 +193,3 @@ def as_tensor(value: TensorLike) -> torch.Tensor:
         return value
     a = np.asarray(value)  # (np.ascontiguousarray would make a 0-d array 1-d)
     return torch.from_numpy(a if a.flags.c_contiguous else a.copy())
-
-
-def read_tensors(repo: Repository, m: Manifest, indices: Sequence[int],
-                 batch_bytes: int = BATCH_BYTES) -> Iterator[TensorLike]:
-    """The tensors at ``indices`` of commit ``m``, in that order, read about ``batch_bytes`` at a
-    time (a batch holds at least one tensor)."""
-    from .reader import Reader  # imports torch
-
-    reader = Reader(repo)
-    batch: list[int] = []
-    size = 0
-    for n, i in enumerate(indices):
-        batch.append(i)
-        size += entry_nbytes(m.tensors[i])
-        if size < batch_bytes and n < len(indices) - 1:
-            continue
-        got = reader.read_tensors(m, batch)
-        yield from (got[j] for j in batch)
-        batch, size = [], 0
-
-
-def iter_tensors(repo: Repository, ref: str, paths: Sequence[str] | None = None,
-                 batch_bytes: int = BATCH_BYTES) -> Iterator[tuple[str, TensorLike]]:
-    """``(dotted path, tensor)`` of a commit's tensors, read a batch at a time.
-
-    Parameters
-    ----------
-    repo
-        The store's history (``store.repo``).
-    ref
-        Branch, tag, commit id or unique prefix, with ``~N`` / ``^``.
-    paths
-        Globs as in ``checkout(paths=...)``: only the entries they select.
-    batch_bytes
-        About how many tensor bytes are read at once; the tensors of one batch are released as
-        the caller moves on.
-
-    Yields
-    ------
-    tuple of (str, tensor)
-        In the order of the state; tied tensors come back once per path. Numpy leaves come back
-        as numpy arrays or scalars, as from ``checkout``.
-    """
-    m = repo.manifest(repo.resolve(ref))
-    chosen = Leaves.of(m).select(paths)
-    if paths and not chosen.tensors and not chosen.values:
-        raise nothing_selected(check_patterns(paths), m)
-    tensors = chosen.tensors
-    yield from zip(tensors, read_tensors(repo, m, list(tensors.values()), batch_bytes))

@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import AllocationError, ManifestError
-from .storage import Storage
+
+if TYPE_CHECKING:  # limits sits below storage: local files read READ_LIMITS
+    from .storage import Storage
 
 __all__ = ["READ_LIMITS", "ReadLimits", "allocate", "check_grid", "missing_chunks"]
 

@@ -19,7 +19,8 @@ from .errors import NotAStoreError
 from .gc import collect
 from .info import CommitInfo, GCResult, VerifyReport
 from .layout import MARKER, check_ref_name
-from .leaves import BATCH_BYTES, TensorLike, iter_tensors
+from .batches import iter_tensors
+from .leaves import BATCH_BYTES, TensorLike
 from .manifest import Manifest, decode_marker, encode_marker
 from .pending import PendingCommit
 from .plan import EncodingOptions
@@ -311,7 +312,7 @@ class Store:
     def iter_tensors(self, ref: str = "main", paths: Sequence[str] | None = None,
                      batch_bytes: int = BATCH_BYTES) -> Iterator[tuple[str, TensorLike]]:
         """``(dotted path, tensor)`` of a commit's tensors, read about ``batch_bytes`` at a time
-        so the whole state is never in memory; see :func:`ckptstore.leaves.iter_tensors`."""
+        so the whole state is never in memory; see :func:`ckptstore.batches.iter_tensors`."""
         return iter_tensors(self.repo, ref, paths, batch_bytes)
 
 

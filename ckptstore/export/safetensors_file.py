@@ -19,7 +19,8 @@ import numpy as np
 
 from ..arrays import tensor_to_host
 from ..errors import ManifestError
-from ..leaves import Leaves, as_tensor, entry_nbytes, read_tensors
+from ..batches import read_tensors
+from ..leaves import Leaves, as_tensor, entry_nbytes
 from ..manifest import Manifest
 from ..progress import bar
 from ..repository import Repository
