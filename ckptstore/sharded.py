@@ -32,6 +32,7 @@ from .errors import DistributedError
 from .manifest import Layout, Manifest, PackedInfo, ShardPiece, TensorEntry, version_needed
 from .plan import plan_commit
 from .policy import Policy
+from .policy.retention import retain_after_commit
 from .records import plan_entries, plan_packed_info
 from .sensitivity import capture_gradients, score_snapshot
 from .shrinking import shrink_snapshot
@@ -239,4 +240,7 @@ def commit_shards(store: Any, ranks: Sequence[Sequence[LocalTensor]], message: s
     m = assemble_manifest(commit_id, parent, message, {}, tree, shapes, parts)
     repo.write_manifest(m)
     repo.refs.advance(branch, tip, commit_id)
+    keep = getattr(store, "keep", None)  # open(url, keep=...): once the commit landed
+    if keep is not None:
+        retain_after_commit(repo, keep, commit_id)
     return m

@@ -157,3 +157,17 @@ def test_a_failure_to_apply_it_never_fails_the_landed_commit(tmp_path):
         info = store.commit({"w": torch.ones(4) * 3}, metadata={"loss": 3.0})
     assert store.resolve("main") == info.id
     assert torch.equal(store.checkout("main")["w"], torch.ones(4) * 3)
+
+
+def test_sharded_commits_apply_it_too(tmp_path):
+    """A sharded commit assembled from ranks' parts (``ckptstore.sharded.commit_shards``)
+    applies the store's retention as ``Store.commit`` does."""
+    from ckptstore.sharded import LocalTensor, commit_shards
+
+    store = ckptstore.open(tmp_path / "s", keep=LatestN(2))
+    for i in range(4):
+        blocks = [[LocalTensor("w", (4 * r,), (8,), torch.full((4,), float(i + r)))]
+                  for r in range(2)]
+        commit_shards(store, blocks)
+    assert len(store.commit_ids()) == 2
+    assert torch.equal(store.checkout("main")["w"], torch.tensor([3.0] * 4 + [4.0] * 4))
