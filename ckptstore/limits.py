@@ -39,7 +39,13 @@ from .errors import AllocationError, ManifestError
 if TYPE_CHECKING:  # limits sits below storage: local files read READ_LIMITS
     from .storage import Storage
 
-__all__ = ["READ_LIMITS", "ReadLimits", "allocate", "check_grid", "missing_chunks"]
+__all__ = ["METADATA_NESTING", "READ_LIMITS", "TREE_NESTING", "ReadLimits", "allocate",
+           "check_grid", "missing_chunks", "nesting"]
+
+# state.flatten writes at most 200 levels, each at most 3 nestings ({"dict": [[key, node]]});
+# deeper trees and metadata would make readers recurse past Python's limit
+TREE_NESTING = 3 * 200 + 12  # (+ an OrderedDict's _metadata at the deepest level)
+METADATA_NESTING = 32
 
 
 @dataclass(frozen=True)
@@ -110,3 +116,16 @@ def allocate(shape: tuple[int, ...], dtype: np.dtype, where: str) -> np.ndarray:
             f"more than this process can allocate ({type(e).__name__}). Check out fewer tensors "
             "(paths=...) or on a machine with more memory; if the store is not yours, run "
             "verify: the manifest may be hostile.") from None
+
+
+def nesting(value: object) -> int:
+    """How deeply maps and lists nest in ``value`` (iteratively: no recursion)."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        node, depth = todo.pop()
+        deepest = max(deepest, depth)
+        if isinstance(node, dict):
+            todo += [(v, depth + 1) for v in node.values()]
+        elif isinstance(node, list):
+            todo += [(v, depth + 1) for v in node]
+    return deepest

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .errors import FormatVersionError, ManifestError, NotAStoreError
 from .grid import ChunkGrid, boxes_overlap
 from .layout import is_array_name
+from .limits import METADATA_NESTING, TREE_NESTING, nesting
 
 __all__ = [
     "FORMAT_VERSION",
@@ -52,10 +53,6 @@ MAGIC = b"CKPT"
 _HEADER = len(MAGIC) + 1 + 32
 _ID = r"^[0-9a-f]{32}$"
 _LAST_TIME = 253402300799.0  # 9999-12-31T23:59:59Z: the last second a datetime holds
-# state.flatten writes at most 200 levels, each at most 3 nestings ({"dict": [[key, node]]});
-# deeper trees and metadata would make readers recurse past Python's limit
-_TREE_NESTING = 3 * 200 + 12  # (+ an OrderedDict's _metadata at the deepest level)
-_METADATA_NESTING = 32
 
 
 class Layout(str, Enum):
@@ -90,19 +87,6 @@ class _Model(BaseModel):
     # enum fields hold Layout / Kind members; being str enums they pack as their plain values,
     # so the msgpack payload is the same as with strings
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _nesting(value: Any) -> int:
-    """How deeply maps and lists nest in ``value`` (iteratively: no recursion)."""
-    deepest, todo = 0, [(value, 0)]
-    while todo:
-        node, depth = todo.pop()
-        deepest = max(deepest, depth)
-        if isinstance(node, dict):
-            todo += [(v, depth + 1) for v in node.values()]
-        elif isinstance(node, list):
-            todo += [(v, depth + 1) for v in node]
-    return deepest
 
 
 def _bad_name(name: str) -> bool:
@@ -254,7 +238,7 @@ class Manifest(_Model):
     id: str = Field(pattern=_ID)
     parent: str | None = Field(default=None, pattern=_ID)
     generation: int = Field(default=0, ge=0)  # commits before this one on its first-parent line
-    time: float = Field(ge=0, le=_LAST_TIME, allow_inf_nan=False)  # seconds since 1970 (UTC)
+    time: float = Field(ge=0, le=_LAST_TIME, allow_inf_nan=False)  # seconds since 1970, UTC
     message: str = ""
     metadata: dict[str, Any] = Field(default_factory=dict)
     tree: Any
@@ -269,8 +253,8 @@ class Manifest(_Model):
 
     @model_validator(mode="after")
     def _check_refs(self) -> Manifest:
-        for field, limit in (("tree", _TREE_NESTING), ("metadata", _METADATA_NESTING)):
-            if _nesting(getattr(self, field)) > limit:
+        for field, limit in (("tree", TREE_NESTING), ("metadata", METADATA_NESTING)):
+            if nesting(getattr(self, field)) > limit:
                 raise ValueError(f"{field} nested deeper than {limit} levels, beyond what "
                                  "ckptstore writes")
         packs = {p.array: p for p in self.packs}
