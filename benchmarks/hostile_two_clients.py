@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
 
-from reliability import Tally  # noqa: E402
+from reliability import Tally, start_moto  # noqa: E402
 
 STEPS = 6  # steps of one round
 SOLO = ("commit", "gc", "log", "verify", "tag", "checkout")
@@ -244,22 +244,8 @@ class _S3:
     and s3fs's options -- its defaults otherwise (listings cache on), as a user's."""
 
     def __enter__(self) -> tuple[str, dict]:
-        os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-        os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-        import boto3
-        from moto.server import ThreadedMotoServer
-        from moto_atomic import serialise_conditional_puts
-
-        serialise_conditional_puts()
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        self.server.start()
-        host, port = self.server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
-            Bucket="ckpt-two-clients")
-        return "ckpt-two-clients", {"client_kwargs": {"endpoint_url": endpoint},
-                                    "key": "testing", "secret": "testing"}
+        self.server, options = start_moto("ckpt-two-clients")
+        return "ckpt-two-clients", options
 
     def __exit__(self, *exc: object) -> None:
         self.server.stop()

@@ -541,6 +541,30 @@ def _check_mutation(ckptstore: Any, url: str, digests: dict[str, str], tip: str,
 
 
 # -- locations ------------------------------------------------------------------------------------
+def start_moto(bucket: str) -> tuple[Any, dict]:
+    """A moto S3 server on 127.0.0.1 holding ``bucket``, its conditional PUTs atomic as S3's,
+    and the s3fs options that reach it (s3fs's defaults otherwise)."""
+    from moto.server import ThreadedMotoServer
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
+                                    "tests"))
+    from moto_atomic import serialise_conditional_puts
+
+    serialise_conditional_puts()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+    return server, {"client_kwargs": {"endpoint_url": endpoint}, "key": "testing",
+                    "secret": "testing"}
+
+
 class _location:
     """A fresh store location: a temporary folder, or a prefix on a moto S3 server."""
 
@@ -551,27 +575,8 @@ class _location:
         if self.backend == "local":
             self.tmp = tempfile.mkdtemp(prefix="ckpt-reliability-")
             return os.path.join(self.tmp, "store"), {}
-        from moto.server import ThreadedMotoServer
-
-        os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-        os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
-                                        "tests"))
-        from moto_atomic import serialise_conditional_puts
-
-        serialise_conditional_puts()
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        self.server.start()
-        host, port = self.server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        import boto3
-
-        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
-            Bucket="ckpt")
-        return "s3://ckpt/reliability", {"client_kwargs": {"endpoint_url": endpoint},
-                                         "key": "testing", "secret": "testing",
-                                         "use_listings_cache": False}
+        self.server, options = start_moto("ckpt")
+        return "s3://ckpt/reliability", {**options, "use_listings_cache": False}
 
     def __exit__(self, *exc: object) -> None:
         if self.backend == "local":
