@@ -45,7 +45,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reliability import Tally, build_state, digest, open_store, policy_for  # noqa: E402
+from reliability import Tally, commit_each_kind, digest, open_store  # noqa: E402
 
 ATTACKS = ("dev-zero", "fifo", "socket", "loop", "folder", "huge", "outside", "folder-outside",
            "truncate-0", "truncate-half")
@@ -104,14 +104,8 @@ def campaign(count: int, seed: int, attacks: tuple[str, ...] = ATTACKS) -> dict:
 
 def _template(ckptstore: Any, torch: Any, url: str) -> dict[str, str]:
     """The store: three commits of each kind, then one of large chunks; digests by commit."""
-    digests: dict[str, str] = {}
     with open_store(url, {}) as store:
-        s = 0
-        for mode in ("full", "quantized", "incremental", "delta"):
-            for _ in range(3):
-                s += 1
-                info = store.commit(build_state(mode, s), policy=policy_for(mode))
-                digests[info.id] = digest(store.checkout(info.id))
+        digests = commit_each_kind(store)
     big = {"big": torch.randn(8 * 4096, 64, generator=torch.Generator().manual_seed(7))}
     with ckptstore.open(url, options=ckptstore.EncodingOptions(chunk_bytes=1 << 21)) as store:
         info = store.commit(big)
