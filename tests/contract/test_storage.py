@@ -16,6 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+import numpy as np
 import pytest
 
 from ckptstore.storage import FsspecStorage, LocalStorage, MemoryStorage, Storage, open_storage
@@ -164,6 +165,31 @@ def test_read_chunk_is_read(backend_storage, size):
     assert bytes(got) == data == backend_storage.read("data/c/1")
     with pytest.raises(FileNotFoundError):
         backend_storage.read_chunk("data/c/none")
+
+
+@pytest.mark.parametrize("size", [0, 100, (1 << 20) + 3], ids=["empty", "small", "large"])
+def test_read_chunk_into_fills_the_buffers_in_order(backend_storage, size):
+    """``read_chunk_into`` scatters a chunk's bytes over writable buffers (a numpy array's
+    memory, a bytearray) and returns the bytes the key holds."""
+    data = os.urandom(size)
+    backend_storage.put_chunk("data/c/1", [data[:7], data[7:]])
+    head, crc = np.zeros(min(size, 10), np.uint8), bytearray(min(4, size - min(size, 10)))
+    body = np.zeros(size - len(head) - len(crc), np.uint8)
+    parts = [memoryview(head), memoryview(body), memoryview(crc)]
+    assert backend_storage.read_chunk_into("data/c/1", parts) == size
+    assert head.tobytes() + body.tobytes() + bytes(crc) == data
+    with pytest.raises(FileNotFoundError):
+        backend_storage.read_chunk_into("data/c/none", [memoryview(bytearray(4))])
+
+
+def test_read_chunk_into_tells_a_size_that_is_not_the_buffers(backend_storage):
+    """A chunk shorter or longer than the buffers (truncated, or not this array's): the size it
+    holds comes back, and what the buffers hold is no answer."""
+    backend_storage.put_chunk("data/c/1", b"x" * 100)
+    assert backend_storage.read_chunk_into("data/c/1", [memoryview(bytearray(101))]) == 100
+    assert backend_storage.read_chunk_into("data/c/1", [memoryview(bytearray(60)),
+                                                        memoryview(bytearray(39))]) == 100
+    assert backend_storage.read_chunk_into("data/c/1", []) == 100
 
 
 def test_read_chunk_sees_one_version_while_rewritten(backend_storage):

@@ -31,8 +31,9 @@ def _state() -> dict[str, torch.Tensor]:
     return {"big": torch.randn(4 * 4096, 64, generator=g), "small": torch.randn(7, generator=g)}
 
 
-def _store(root: str) -> tuple[ckptstore.Store, str]:
-    store = ckptstore.open(root, options=EncodingOptions(chunk_bytes=1 << 19))
+def _store(root: str, compression: str = "entropy") -> tuple[ckptstore.Store, str]:
+    store = ckptstore.open(root, options=EncodingOptions(chunk_bytes=1 << 19,
+                                                         compression=compression))
     return store, store.commit(_state(), message="one").id
 
 
@@ -114,11 +115,12 @@ def _log(root: str) -> None:
         store.log("main")
 
 
+@pytest.mark.parametrize("compression", ["entropy", "none"])  # none: read into place
 @pytest.mark.parametrize("kind", ["dev-zero", "fifo", "loop", "outside", "socket", "huge"])
-def test_hostile_chunk_is_refused_at_once(tmp_path, kind):
+def test_hostile_chunk_is_refused_at_once(tmp_path, kind, compression):
     root = str(tmp_path / "s")
     (tmp_path / "out").mkdir()
-    store, _ = _store(root)
+    store, _ = _store(root, compression)
     store.close()
     chunk = _largest_chunk(root)
     _make_hostile(chunk, kind, str(tmp_path / "out"))
@@ -198,8 +200,14 @@ def test_storage_reads_refuse_devices_and_folders(tmp_path):
     with pytest.raises(UnsafeFileError, match="character device") as e:
         storage.read_chunk("k/null")
     assert isinstance(e.value, (CkptStoreError, OSError)) and e.value.key == "k/null"
+    with pytest.raises(UnsafeFileError, match="character device"):
+        storage.read_chunk_into("k/null", [memoryview(bytearray(8))])
     with pytest.raises(UnsafeFileError, match="a folder where a file belongs") as e:
         storage.read("k")
     assert isinstance(e.value, IsADirectoryError)  # what a chunk read maps to CorruptedChunkError
+    with pytest.raises(IsADirectoryError):
+        storage.read_chunk_into("k", [memoryview(bytearray(8))])
     with pytest.raises(FileNotFoundError):
         storage.read("k/none")
+    with pytest.raises(FileNotFoundError):
+        storage.read_chunk_into("k/none", [memoryview(bytearray(8))])
