@@ -222,14 +222,36 @@ def read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: np.dtyp
 def read_chunk(storage: Storage, where: str) -> Buffer:
     """The stored bytes of one chunk (a read-only buffer); a missing one (or a folder in its
     place) is a :class:`CorruptedChunkError`."""
-    try:
-        return storage.read_chunk(where)
-    except FileNotFoundError:
-        raise CorruptedChunkError(f"chunk {where} is missing from the store", where) from None
-    except (IsADirectoryError, NotADirectoryError):  # the manifest's dimensions are not the store's
-        raise CorruptedChunkError(f"chunk {where} is not a chunk in the store (a folder, or under "
-                                  "a file): the manifest's dimensions disagree with the "
-                                  "stored array", where) from None
+    return _Chunk(storage, where).read()
+
+
+class _Chunk:
+    """A stored chunk as a codec reads it (:class:`~ckptstore.chunkcodec.ChunkSource`): whole,
+    or into the decode's destination (``Storage.read_chunk_into``); a missing one (or a folder
+    in its place) is a :class:`CorruptedChunkError`."""
+
+    def __init__(self, storage: Storage, where: str):
+        self.storage, self.where = storage, where
+
+    def read(self) -> Buffer:
+        try:
+            return self.storage.read_chunk(self.where)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+            raise self._error(e) from None
+
+    def read_into(self, parts: Sequence[memoryview]) -> int:
+        try:
+            return self.storage.read_chunk_into(self.where, parts)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+            raise self._error(e) from None
+
+    def _error(self, e: OSError) -> CorruptedChunkError:
+        where = self.where
+        if isinstance(e, FileNotFoundError):
+            return CorruptedChunkError(f"chunk {where} is missing from the store", where)
+        return CorruptedChunkError(  # a folder: the manifest's dimensions are not the store's
+            f"chunk {where} is not a chunk in the store (a folder, or under a file): the "
+            "manifest's dimensions disagree with the stored array", where)
 
 
 def start_read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: np.dtype,
@@ -242,18 +264,13 @@ def start_read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: n
     out = allocate(out_shape, np_dtype, prefix)
 
     def get_chunk(key: str, lo: int, hi: int) -> None:
-        where = chunk_key(prefix, key)
-        data = read_chunk(storage, where)
+        source = _Chunk(storage, chunk_key(prefix, key))
         if not grid.shape:
-            codec.decode(data, out.reshape(()), where)
+            codec.read_rows(source, (), np_dtype, None, out.reshape(()))
             return
-        a, b = max(lo, lo_want), min(hi, hi_want)
-        if hi - lo == grid.chunks[0] and (a, b) == (lo, hi):
-            codec.decode(data, out[lo - lo_want: hi - lo_want], where)  # straight into place
-        else:
-            tmp = allocate(grid.chunks, np_dtype, where)
-            codec.decode(data, tmp, where)
-            out[a - lo_want: b - lo_want] = tmp[a - lo: b - lo]
+        a, b = max(lo, lo_want), min(hi, hi_want)  # its rows wanted, straight into place
+        codec.read_rows(source, grid.chunks, np_dtype, (a - lo, b - lo),
+                        out[a - lo_want: b - lo_want])
 
     futures = []
     if out.size:
@@ -272,8 +289,9 @@ def start_read_region(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: 
     in the other dimensions, a view) -- no array of the whole block is ever built.
 
     ``into`` (a writable array of the block's shape, the destination ``put`` copies to) lets a
-    chunk decode straight into place: whole rows of a C-contiguous destination as a whole
-    chunk, other blocks (a column slice, the padded edge chunk) through the codec's
+    chunk decode straight into place: rows of a C-contiguous destination through the codec's
+    :meth:`~ckptstore.chunkcodec.ChunkCodec.read_rows` (raw chunks are read from the store into
+    them), other blocks (a column slice) through its
     :meth:`~ckptstore.chunkcodec.ChunkCodec.decode_region`, whenever the block is whole past its
     second dimension."""
     if not grid.shape:
@@ -289,18 +307,18 @@ def start_read_region(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: 
     cols = (offsets[1], offsets[1] + lengths[1]) if len(offsets) > 1 else (0, 1)
 
     def get_chunk(key: str, lo: int, hi: int) -> None:
-        where = chunk_key(prefix, key)
-        data = read_chunk(storage, where)
+        source = _Chunk(storage, chunk_key(prefix, key))
         a, b = max(lo, lo_want), min(hi, hi_want)
         dest = into[a - lo_want: b - lo_want] if in_place else None
-        if whole_rows and (a, b) == (lo, hi) and hi - lo == grid.chunks[0]:
-            if dest.flags.c_contiguous:
-                codec.decode(data, dest, where)  # straight into place
-                return
-        if dest is not None:
-            codec.decode_region(data, grid.chunks, np_dtype, where, (a - lo, b - lo), cols, dest)
+        if whole_rows and dest.flags.c_contiguous and dest.flags.writeable:
+            codec.read_rows(source, grid.chunks, np_dtype, (a - lo, b - lo), dest)  # in place
             return
-        chunk = codec.decoded(data, grid.chunks, np_dtype, where)
+        data = source.read()
+        if dest is not None:
+            codec.decode_region(data, grid.chunks, np_dtype, source.where, (a - lo, b - lo),
+                                cols, dest)
+            return
+        chunk = codec.decoded(data, grid.chunks, np_dtype, source.where)
         put(a - lo_want, chunk[(slice(a - lo, b - lo), *rest)])
 
     if not lengths[0] or any(n == 0 for n in lengths):

@@ -53,7 +53,8 @@ A store that records an id this ckptstore does not know fails to read with a
 :class:`~ckptstore.errors.ManifestError` asking for an upgrade.
 """
 
-from .base import ChunkCodec, Encoded, add_crc, check_crc, encoded_size
+from .base import (ChunkCodec, ChunkSource, Encoded, add_crc, check_crc, check_crc_parts,
+                   encoded_size)
 from .lossless import LOSSLESS_IDS, BloscLossless, PlanesLossless, RawLossless, lossless_codec
 from .quantized import CodeDelta, QuantizedLossy
 from .registry import chunk_codec_ids, codec_from_config, register_chunk_codec
@@ -62,6 +63,7 @@ __all__ = [
     "LOSSLESS_IDS",
     "BloscLossless",
     "ChunkCodec",
+    "ChunkSource",
     "CodeDelta",
     "Encoded",
     "PlanesLossless",
@@ -69,6 +71,7 @@ __all__ = [
     "RawLossless",
     "add_crc",
     "check_crc",
+    "check_crc_parts",
     "chunk_codec_ids",
     "codec_from_config",
     "encoded_size",

@@ -4,16 +4,18 @@ with (zarr's ``crc32c`` codec layout)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Protocol
 
 import google_crc32c
 import numpy as np
 
 from ..errors import CorruptedChunkError
+from ..limits import allocate
 from ..storage.base import Buffer
 
-__all__ = ["ChunkCodec", "Encoded", "add_crc", "check_crc", "encoded_size"]
+__all__ = ["ChunkCodec", "ChunkSource", "Encoded", "add_crc", "check_crc", "check_crc_parts",
+           "encoded_size"]
 
 
 _CRC32C_RESIDUE = 0x48674BC7  # crc32c of any message followed by its own little-endian crc32c
@@ -25,8 +27,8 @@ Encoded = tuple[bytes, bytes]  # a stored chunk: its body, then its 4-byte crc32
 try:  # hardware crc32c over any buffer, no copy (19 GB/s here)
     from crc32c import crc32c as _crc32c
 except ImportError:  # pragma: no cover - google_crc32c wants bytes: one copy per chunk
-    def _crc32c(data: Any) -> int:
-        return google_crc32c.value(bytes(data))
+    def _crc32c(data: Any, value: int = 0) -> int:
+        return google_crc32c.extend(value, bytes(data))
 
 
 def add_crc(data: Buffer) -> Encoded:
@@ -52,6 +54,31 @@ def check_crc(data: Buffer, where: str) -> memoryview:
             f"chunk {where} failed its crc32c checksum: the stored bytes are corrupted. "
             "Check out an older commit, or restore the file from a replica.", where)
     return memoryview(data)[:-4]
+
+
+def check_crc_parts(parts: Sequence[Buffer], crc: Buffer, where: str) -> None:
+    """Raise :class:`CorruptedChunkError` naming ``where`` unless ``crc`` (4 bytes, little-endian)
+    is the crc32c of the parts' concatenation (a chunk read in pieces, checked in place)."""
+    value = 0
+    for p in parts:
+        value = _crc32c(p, value)
+    if value != int.from_bytes(crc, "little"):
+        raise CorruptedChunkError(
+            f"chunk {where} failed its crc32c checksum: the stored bytes are corrupted. "
+            "Check out an older commit, or restore the file from a replica.", where)
+
+
+class ChunkSource(Protocol):
+    """One stored chunk, to be read (``arrays.py`` binds a storage and a key to it)."""
+
+    where: str  #: the chunk's key, for messages
+
+    def read(self) -> Buffer:
+        """The stored bytes, crc32c included."""
+
+    def read_into(self, parts: Sequence[memoryview]) -> int:
+        """The stored bytes scattered over ``parts`` (see ``Storage.read_chunk_into``); the
+        bytes the chunk holds."""
 
 
 class ChunkCodec(ABC):
@@ -94,9 +121,23 @@ class ChunkCodec(ABC):
                 where: str) -> np.ndarray:
         """The chunk as an array: a read-only view of ``data`` where the codec stores the bits
         as they are (no copy), else a new array :meth:`decode` fills."""
-        out = np.empty(shape, dtype=dtype)
+        out = allocate(shape, dtype, where)  # an AllocationError, not a raw MemoryError
         self.decode(data, out, where)
         return out
+
+    def read_rows(self, source: ChunkSource, shape: tuple[int, ...], dtype: np.dtype,
+                  rows: tuple[int, int] | None, out: np.ndarray) -> None:
+        """Read the chunk of ``shape`` from ``source`` and fill ``out`` (C-contiguous, writable)
+        with its rows ``rows[0]:rows[1]``, whole in later dimensions (``None``: the whole chunk,
+        as a 0-d one is read). The default reads the stored bytes, then :meth:`decode` or
+        :meth:`decode_region`; a codec that stores the bits as they are reads them straight
+        into ``out``."""
+        data = source.read()
+        if rows is None or rows == (0, shape[0]):
+            self.decode(data, out, source.where)
+        else:
+            cols = (0, shape[1]) if len(shape) > 1 else (0, 1)
+            self.decode_region(data, shape, dtype, source.where, rows, cols, out)
 
     def decode_region(self, data: Buffer, shape: tuple[int, ...], dtype: np.dtype, where: str,
                       rows: tuple[int, int], cols: tuple[int, int], out: np.ndarray) -> None:

@@ -4,13 +4,14 @@ each + crc32c; plain zarr reads all three (``"planes"`` through the ``ckpt.byte_
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 from numcodecs import Blosc
 
 from ..errors import CorruptedChunkError
-from .base import Buffer, ChunkCodec, Encoded, add_crc, check_crc
+from .base import Buffer, ChunkCodec, ChunkSource, Encoded, add_crc, check_crc, check_crc_parts
 from .registry import register_chunk_codec
 
 __all__ = ["LOSSLESS_IDS", "BloscLossless", "PlanesLossless", "RawLossless", "lossless_codec"]
@@ -76,6 +77,32 @@ class RawLossless(ChunkCodec):
         out.reshape(-1).view(np.uint8)[...] = self.decoded(data, (out.nbytes,), np.dtype(
             np.uint8), where)
 
+    def read_rows(self, source: ChunkSource, shape: tuple[int, ...], dtype: np.dtype,
+                  rows: tuple[int, int] | None, out: np.ndarray) -> None:
+        """The stored bits are the output: the chunk is read straight into ``out`` (the rows
+        before and after the wanted ones, and the crc32c, into scratch buffers) and checked
+        there. A chunk of the wrong size is not read; one that fails its crc32c raises, and
+        ``out`` then holds its bytes (no caller hands out a destination a read failed on)."""
+        if not (out.flags.c_contiguous and out.flags.writeable):
+            super().read_rows(source, shape, dtype, rows, out)
+            return
+        row_bytes = math.prod(shape[1:]) * dtype.itemsize
+        lo, hi = rows if rows is not None else (0, shape[0] if shape else 1)
+        total = (shape[0] if shape else 1) * row_bytes
+        if out.nbytes != (hi - lo) * row_bytes:
+            raise ValueError(f"{out.nbytes} bytes to fill with rows {lo}:{hi} of a chunk of "
+                             f"shape {shape} and dtype {dtype}")
+        parts = [memoryview(np.empty(lo * row_bytes, np.uint8)),
+                 memoryview(out.reshape(-1).view(np.uint8)),
+                 memoryview(np.empty(total - hi * row_bytes, np.uint8)), memoryview(bytearray(4))]
+        n = source.read_into(parts)
+        if n != total + 4:
+            raise CorruptedChunkError(
+                f"chunk {source.where} is truncated ({n} bytes)" if n < 4 else
+                f"chunk {source.where} holds {n - 4} bytes, expected {total}: it was truncated, "
+                "or is not this array's chunk", source.where)
+        check_crc_parts(parts[:3], parts[3], source.where)
+
     def decoded(self, data: Buffer, shape: tuple[int, ...], dtype: np.dtype,
                 where: str) -> np.ndarray:
         body = check_crc(data, where)
@@ -109,15 +136,14 @@ class PlanesLossless(ChunkCodec):
         ]
 
     def encode(self, chunk: np.ndarray) -> Encoded:
-        from ckptcodecs.planes import planes_encode  # numba: loaded on first use
+        from ckptcodecs import planes_encode  # numba: loaded on first use
 
         return add_crc(memoryview(planes_encode(
             np.ascontiguousarray(chunk).reshape(-1).view(np.uint8),
             self._itemsize(chunk.dtype.itemsize), True, self.block)))
 
     def decode(self, data: Buffer, out: np.ndarray, where: str) -> None:
-        from ckptcodecs import CodecError
-        from ckptcodecs.planes import planes_decode
+        from ckptcodecs import CodecError, planes_decode
 
         body = check_crc(data, where)
         try:
@@ -129,8 +155,7 @@ class PlanesLossless(ChunkCodec):
                       rows: tuple[int, int], cols: tuple[int, int], out: np.ndarray) -> None:
         """The planes are decoded; only the block's items are put together, straight into
         ``out`` (a column slice costs no copy of the whole chunk)."""
-        from ckptcodecs import CodecError
-        from ckptcodecs.planes import planes_decode_region
+        from ckptcodecs import CodecError, planes_decode_region
 
         if dtype.itemsize > 8:  # complex128: two float64 halves an item
             super().decode_region(data, shape, dtype, where, rows, cols, out)

@@ -2,9 +2,10 @@
 
 :func:`open_storage` picks the implementation for a URL: a local path (or ``file://`` URL) gets
 :class:`LocalStorage`, ``memory://`` gets :class:`MemoryStorage`, every other fsspec URL
-(``s3://``, ``gs://``, ``az://``, ...) gets :class:`FsspecStorage`. To add a back-end, subclass :class:`Storage` (``base.py`` says what each
-primitive guarantees), choose it here, and add it to ``BACKENDS`` in ``tests/conftest.py`` so the
-contract suite (``tests/contract/test_storage.py``) and the behaviour suites run against it.
+(``s3://``, ``gs://``, ``az://``, ...) gets :class:`FsspecStorage`. To add a back-end, subclass
+:class:`Storage` (``base.py`` says what each primitive guarantees), choose it here, and add it
+to ``BACKENDS`` in ``tests/conftest.py`` so the contract suite
+(``tests/contract/test_storage.py``) and the behaviour suites run against it.
 """
 
 from __future__ import annotations

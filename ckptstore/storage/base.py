@@ -78,6 +78,22 @@ class Storage(ABC):
         map the file rather than copy it); ``FileNotFoundError`` if it does not exist."""
         return self.read(key)
 
+    def read_chunk_into(self, key: str, parts: Sequence[memoryview]) -> int:
+        """Read a chunk into the writable byte buffers ``parts``, in order (a decode's
+        destination, then a 4-byte crc32c: no bytes object between); return the bytes the key
+        holds. Where that is not the buffers' total (a truncated chunk, or another array's),
+        the buffers' content is unspecified and the caller refuses the chunk.
+        ``FileNotFoundError`` if it does not exist.
+
+        The default reads :meth:`read_chunk` and copies; local disks ``preadv`` into place."""
+        data = memoryview(self.read_chunk(key)).cast("B")
+        if len(data) == sum(len(p) for p in parts):
+            at = 0
+            for p in parts:
+                p[:] = data[at: at + len(p)]
+                at += len(p)
+        return len(data)
+
     @abstractmethod
     def exists(self, key: str) -> bool:
         """Whether a key exists now (never answered from a stale listing cache)."""

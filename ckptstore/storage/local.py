@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from ..layout import TEMP_PREFIX
 from .base import Buffer, Storage, as_parts
-from .localfiles import Root, open_regular, read_bounded
+from .localfiles import Root, open_regular, read_bounded, read_into_bounded
 
 __all__ = ["LocalStorage", "cpu_share"]
 
@@ -89,6 +89,15 @@ class LocalStorage(Storage):
         fd, size = open_regular(self._root, self.path(key), key)
         try:
             return read_bounded(fd, size)
+        finally:
+            os.close(fd)
+
+    def read_chunk_into(self, key: str, parts: Sequence[memoryview]) -> int:
+        """``preadv`` straight into ``parts``, with :meth:`read`'s checks (a regular file inside
+        the root, no larger than any a store writes); a file of another size is not read."""
+        fd, size = open_regular(self._root, self.path(key), key)
+        try:
+            return read_into_bounded(fd, size, parts)
         finally:
             os.close(fd)
 

@@ -5,13 +5,16 @@ A store is untrusted input. A key may have been replaced by a FIFO (an ``open`` 
 forever), a link to ``/dev/zero`` (a read that never ends), a link loop, or a folder linked out
 of the root (``refs/tags -> /elsewhere``: a ``tag()`` that writes there). :func:`open_regular`
 opens a key without blocking, checks that it is a regular file no larger than any a store writes
-(:func:`max_file_bytes`) and that the file it opened lies under the root (the kernel's own name for the open file, ``/proc/self/fd``; nothing can swap a
-link between the check and the read), and :class:`Root` checks a folder before anything is
+(:func:`max_file_bytes`) and that the file it opened lies under the root (the kernel's own
+name for the open file, ``/proc/self/fd``; nothing can swap a link between the check and the
+read), and :class:`Root` checks a folder before anything is
 written into it or deleted under it. Anything else is an :class:`~ckptstore.UnsafeFileError`.
 
 Files are read, never mapped: a mapped file truncated by another program ends the process with
-``SIGBUS``; a read of one is short, and a short chunk fails its checksum. (Reads into reused
-per-thread buffers were measured too, and were no faster: ``benchmarks/mapped_reads.py``.)
+``SIGBUS``; a read of one is short, and a short chunk fails its checksum. Raw chunks are read
+straight into their destination (:func:`read_into_bounded`, ``preadv``), others into a new
+``bytes`` (reads into reused per-thread buffers were measured no faster:
+``benchmarks/mapped_reads.py``).
 """
 
 from __future__ import annotations
@@ -19,14 +22,17 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Sequence
 
 from ..errors import UnsafeFileError
 
-__all__ = ["FolderInPlace", "Root", "max_file_bytes", "open_regular", "read_bounded"]
+__all__ = ["FolderInPlace", "Root", "max_file_bytes", "open_regular", "read_bounded",
+           "read_into_bounded"]
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | \
     getattr(os, "O_CLOEXEC", 0)  # O_NONBLOCK: a FIFO opens at once (and is then refused)
 _PROC_FD = "/proc/self/fd/"
+_IOV_MAX = 1024  # buffers one preadv takes (Linux)
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
@@ -143,6 +149,28 @@ def read_bounded(fd: int, size: int) -> bytes:
         parts.append(part)
         left -= len(part)
     return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def read_into_bounded(fd: int, size: int, parts: Sequence[memoryview]) -> int:
+    """Fill the writable byte buffers ``parts`` in order from the start of an open file of
+    ``size`` bytes (``preadv``: no copy through a bytes object); the bytes the file holds.
+
+    A file whose size is not the buffers' total is not read (its size comes back); one
+    truncated while it is read gives the bytes read before its end."""
+    if size != sum(len(p) for p in parts):
+        return size
+    views = [p for p in parts if len(p)]
+    done = 0
+    while views:
+        n = os.preadv(fd, views[:_IOV_MAX], done)
+        if not n:
+            break
+        done += n
+        while views and n >= len(views[0]):  # drop the buffers filled, cut into the next one
+            n -= len(views.pop(0))
+        if n:
+            views[0] = views[0][n:]
+    return done
 
 
 def _opened_path(fd: int, path: str) -> str:
