@@ -55,7 +55,7 @@ def dequantize_on_device(codes: np.ndarray | PackedCodes, p: QuantParams,
     """The values of a chunk's ``codes`` (flat uint8, or still packed: unpacked on the device)
     as a flat tensor of the chunk's dtype on ``device``, bit for bit those of
     :func:`ckptcodecs.dequantize`; ValueError for codes the parameters do not allow."""
-    from ckptcodecs._floats import from_bf16_bits, from_float
+    from ckptcodecs.floats import from_bf16_bits, from_float
 
     work = _WORK.get(p.dtype, torch.float32)
     if isinstance(codes, PackedCodes):

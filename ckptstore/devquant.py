@@ -81,8 +81,7 @@ KMEANS_MIN_SEGMENT = 1 << 16
 def _left_to_host(quantize: Mapping[str, Any], chunk_shape: tuple[int, ...]) -> bool:
     """True for segments the host quantizes better: adaptive ones it searches value by value,
     k-means ones too short for their buckets to be smaller than their values."""
-    from ckptcodecs.adaptive import use_direct
-    from ckptcodecs.qparams import segment_length
+    from ckptcodecs.kernels import segment_length, use_direct
 
     method = quantize["method"]
     if method not in ("adaptive-asymmetric", "kmeans"):
@@ -140,8 +139,8 @@ def quantize_on_device(chunk: torch.Tensor, quantize: Mapping[str, Any]
     ``quantize``: the codec's :class:`ckptcodecs.Quantize` keyword arguments.
     """
     from ckptcodecs import QuantParams
-    from ckptcodecs._floats import to_bf16_bits
-    from ckptcodecs.qparams import segment_length
+    from ckptcodecs.floats import to_bf16_bits
+    from ckptcodecs.kernels import segment_length
 
     method, bits = quantize["method"], int(quantize["bits"])
     name = _DTYPES[chunk.dtype]
@@ -230,10 +229,10 @@ def _half_params(lo: torch.Tensor, hi: torch.Tensor, nq: int, params: Any, work:
     """``param_dtype="float16"``: zero points rounded down and scales up to float16 by the
     host's own kernel (per segment: small); ``(None, None)`` where one is beyond the float16
     range, and the chunk keeps float32 parameters, as on the host."""
-    from ckptcodecs import _qkernels
+    from ckptcodecs.kernels import uniform_params_f16
 
     zero, scale = np.empty(lo.numel()), np.empty(lo.numel())
-    if not _qkernels.uniform_params_f16(lo.cpu().numpy(), hi.cpu().numpy(), nq, zero, scale):
+    if not uniform_params_f16(lo.cpu().numpy(), hi.cpu().numpy(), nq, zero, scale):
         return None, None
     params.param_dtype = "float16"
     pdt = np.float64 if work == torch.float64 else np.float32
@@ -246,7 +245,7 @@ def _adaptive_ranges(xs: torch.Tensor, vs: torch.Tensor, lo: torch.Tensor, hi: t
     """Check-N-Run's greedy range search: each segment's histogram is counted on the device
     (integers: exact), only the histograms and ranges cross to the host, where
     :func:`ckptcodecs.adaptive.histogram_ranges_from_counts` runs the host path's very search."""
-    from ckptcodecs.adaptive import (
+    from ckptcodecs.kernels import (
         HIST_PER_BIN,
         default_num_bins,
         histogram_ranges_from_counts,
@@ -277,7 +276,7 @@ def _kmeans(x: torch.Tensor, valid: torch.Tensor, seg: int, params: Any,
     sign, exponent and 7 mantissa bits: exact sums) made on the device, the levels fitted on
     the host by the host's own compiled fit (:func:`ckptcodecs.kmeans.fit_from_buckets`), the
     nearest level of every value found on the device (ties to the lower)."""
-    from ckptcodecs.kmeans import MANTISSA_BITS, fit_from_buckets
+    from ckptcodecs.kernels import MANTISSA_BITS, fit_from_buckets
 
     n, nq = x.numel(), params.nq
     nseg = -(-n // seg)

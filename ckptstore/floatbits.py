@@ -30,10 +30,10 @@ def float_values(bits: np.ndarray, dtype: str) -> np.ndarray:
     """The values of a host array of dtype ``dtype``: float32 for the 16-bit floats (exact), the
     array itself for float32 and float64."""
     if dtype == "bfloat16":
-        from ckptcodecs._floats import from_bf16_bits  # ckptcodecs loads in ~0.3 s: when used
+        from ckptcodecs.floats import from_bf16_bits  # ckptcodecs loads in ~0.3 s: when used
         return from_bf16_bits(bits)
     if dtype == "float16":
-        from ckptcodecs._floats import float16_values
+        from ckptcodecs.floats import float16_values
         return float16_values(bits)
     return bits
 
@@ -42,10 +42,10 @@ def from_values(values: np.ndarray, dtype: str) -> np.ndarray:
     """The host array of dtype ``dtype`` holding ``values`` (16-bit floats rounded to nearest,
     ties to even; float32 and float64 as they are)."""
     if dtype == "bfloat16":
-        from ckptcodecs._floats import to_bf16_bits
+        from ckptcodecs.floats import to_bf16_bits
         return to_bf16_bits(values)
     if dtype == "float16":
-        from ckptcodecs._floats import to_float16
+        from ckptcodecs.floats import to_float16
         return to_float16(values)
     return values
 
@@ -84,7 +84,7 @@ def add_residual(base: np.ndarray, residual: np.ndarray, dtype: str,
     value saturates at it (element by element: the same bits whichever block of rows a call
     gets)."""
     if dtype in ("bfloat16", "float16"):
-        from ckptcodecs._floats import add_rounded
+        from ckptcodecs.floats import add_rounded
         return add_rounded(base, residual, dtype, out)
     top = _TOP[dtype]
     overflows = not _largest(base) + _largest(residual) <= top  # NaN too: element by element

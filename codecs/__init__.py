@@ -14,7 +14,24 @@ Depends on numpy, numcodecs, numba and zarr only -- never on ``ckptstore``.
   and parameters computed elsewhere (e.g. codes rebuilt from a BucketDelta).
 - :func:`qdelta_encode` / :func:`qdelta_decode`: DynaQuant code-delta chunks (new parameters +
   RLE+Huffman coded BucketDelta of the codes against a base version's codes).
-- :mod:`ckptcodecs.zarr3`: ``QuantizeCodec`` and ``RLEHuffmanCodec`` for zarr v3 (imported lazily).
+- :func:`pack_bits` / :func:`unpack_bits` / :func:`packed_size`: the dense bit packing of codes.
+- :class:`CodecError` (a ``ValueError``), :class:`CodecTypeError` (also a ``TypeError``).
+- Constants: ``METHODS``, ``GRANULARITIES``, ``PROTECT_MODES``, ``PARAM_DTYPES`` (the values
+  :class:`Quantize` accepts for ``method``, ``granularity``, ``protect_mode``, ``param_dtype``);
+  ``HEADER_SIZE`` (bytes of a Quantize chunk's version-1 header).
+
+Public modules, besides the names above (``__all__``):
+
+- :mod:`ckptcodecs.floats`: casts on bits (bfloat16 as uint16, float16) and the 16-bit residual
+  sum rounded once.
+- :mod:`ckptcodecs.kernels`: the steps of :func:`quantize` another implementation of it (a GPU's)
+  leaves to the host to reproduce its codes bit for bit, and the constants it must agree on.
+- :mod:`ckptcodecs.zarr3`: ``QuantizeCodec``, ``RLEHuffmanCodec``, ``BytePlanesCodec`` and
+  ``CodeDeltaCodec`` for zarr v3 (imported lazily).
+
+Everything else is implementation and may change: the underscore modules (the compiled kernels)
+and the algorithm modules (``quantization``, ``qparams``, ``adaptive``, ``kmeans``, ...). The
+codec classes' modules stay importable under the names the entry points give.
 
 Importing the package registers the numcodecs codecs (the ``numcodecs.codecs`` entry points do
 the same for processes that never import it).
@@ -22,6 +39,7 @@ the same for processes that never import it).
 
 from numcodecs.registry import register_codec
 
+from . import floats, kernels
 from ._qformat import HEADER_SIZE, decode_chunk, decode_chunk_packed, encode_chunk
 from .bitpack import pack_bits, packed_size, unpack_bits
 from .planes import BytePlanes, planes_decode, planes_decode_region, planes_encode
