@@ -16,7 +16,8 @@ decoder follows four independent chains of table lookups at once. Block layout::
 Every kernel checks what it reads against the buffer, so a corrupted payload yields an error code,
 never a read or write out of bounds.
 
-Decoding is in :mod:`ckptcodecs._pdecode`. Encoding is split so that a plane's cost is known before it is coded: :func:`plane_stats` (block
+Decoding is in :mod:`ckptcodecs._pdecode`. Encoding is split so that a plane's cost is known
+before it is coded: :func:`plane_stats` (block
 histograms), :func:`huffman_lengths` (each block's code lengths, and a bound on the bytes the code
 takes), :func:`huffman_encode_lengths` (the bit streams). A block of at most ``PAIRS_MAX`` symbols
 is coded two bytes per table lookup (a table of the codes of every pair of its symbols); the bits

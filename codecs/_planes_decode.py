@@ -11,7 +11,7 @@ import threading
 import numpy as np
 from numcodecs import Zstd
 
-from . import _pkernels as PK
+from ._pkernels import ERR_CODE, _PLANE as _KERNEL_PLANE
 from ._buffers import check_int, out_array, payload
 from ._bytegroup import merge2, merge4, merge8
 from ._pdecode import huffman_decode
@@ -25,7 +25,7 @@ VERSION = 1
 VERSION_TAIL = 2
 _HEAD = struct.Struct("<BBBBQI")
 _PLANE = struct.Struct("<BQ")
-assert _PLANE.size == PK._PLANE
+assert _PLANE.size == _KERNEL_PLANE
 _ITEMSIZES = (1, 2, 4, 8)
 _ZSTD = Zstd(level=1)
 #: zstd expands at most ~32768x (an RLE block of 128 KiB in 4 bytes)
@@ -231,7 +231,7 @@ def _decode_plane(method: int, start: int, stop: int, b: np.ndarray, block: int,
         used = huffman_decode(payload, block, plane)
         if used != payload.size:
             raise CodecError(f"BytePlanes Huffman plane {p} is corrupted "
-                             f"({'bad code' if used == PK.ERR_CODE else 'truncated'})")
+                             f"({'bad code' if used == ERR_CODE else 'truncated'})")
     elif method == ZSTD:
         if _zstd_content_size(payload) != plane.size:
             raise CodecError(f"BytePlanes zstd plane {p} is not one zstd frame of "

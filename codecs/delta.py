@@ -143,7 +143,8 @@ class BucketDelta(Codec):
 
     def _need_base(self) -> np.ndarray:
         if self._base is None:
-            raise CodecError("BucketDelta needs the base version's codes: BucketDelta(levels, base)")
+            raise CodecError("BucketDelta needs the base version's codes: "
+                             "BucketDelta(levels, base)")
         return self._base
 
     def encode(self, buf) -> bytes:

@@ -42,7 +42,14 @@ import math
 
 import numpy as np
 
-from . import _qkernels as K
+from ._qkernels import (
+    dequant_codebook,
+    dequant_uniform,
+    seg_absmax,
+    seg_minmax,
+    uniform_codes,
+    uniform_params_f16,
+)
 from ._floats import as_float, from_bf16_bits, from_float, to_bf16_bits
 from ._select import select_magnitudes
 from .adaptive import adaptive_ranges, default_num_bins
@@ -208,7 +215,7 @@ def quantize(
             xw = xf.astype(np.float64)
             inv = np.divide(1.0, scale.astype(np.float64), out=np.zeros(nseg), where=scale > 0)
         t = np.dtype(xw.dtype).type
-        K.uniform_codes(xw, seg, zero.astype(xw.dtype), inv, t(nq - 1), t(0.5), t(0.0), codes)
+        uniform_codes(xw, seg, zero.astype(xw.dtype), inv, t(nq - 1), t(0.5), t(0.0), codes)
     if has_prune:
         codes[prune_idx] = p.prune_code
     if prot_idx.size:
@@ -232,10 +239,10 @@ def _uniform_params(xf, seg, mask, nseg, nq, method, bits, num_bins, ratio,
     lo = np.empty(nseg, xf.dtype)
     hi = np.empty(nseg, xf.dtype)
     if method == "uniform-symmetric":
-        K.seg_absmax(xf, seg, mask, hi)
+        seg_absmax(xf, seg, mask, hi)
         lo = -hi
     else:
-        K.seg_minmax(xf, seg, mask, lo, hi)
+        seg_minmax(xf, seg, mask, lo, hi)
         if method == "adaptive-asymmetric":
             nb = int(num_bins) if num_bins else default_num_bins(bits)
             lo = lo.astype(np.float64)
@@ -250,7 +257,7 @@ def _uniform_params(xf, seg, mask, nseg, nq, method, bits, num_bins, ratio,
         # the chunk keeps float32 parameters
         zero = np.empty(nseg)
         scale = np.empty(nseg)
-        if K.uniform_params_f16(lo, hi, nq, zero, scale):
+        if uniform_params_f16(lo, hi, nq, zero, scale):
             return zero.astype(pdt), scale.astype(pdt), "float16"
     if nq == 1:
         zero = (lo / 2 + hi / 2).astype(pdt)
@@ -277,11 +284,11 @@ def dequantize(codes: np.ndarray, params: QuantParams) -> np.ndarray:
                              "protect level")
         sparse_vals, prot = prot, prot[:0]
     if p.method == "kmeans":
-        K.dequant_codebook(codes, p.seg_len, p.codebook, p.nq, p.prune_code, p.protect_code,
-                           prot, out)
+        dequant_codebook(codes, p.seg_len, p.codebook, p.nq, p.prune_code, p.protect_code,
+                         prot, out)
     else:
-        K.dequant_uniform(codes, p.seg_len, p.zero, p.scale, p.nq, p.prune_code, p.protect_code,
-                          prot, float(np.finfo(_FINITE_LIMIT.get(p.dtype, work)).max), out)
+        dequant_uniform(codes, p.seg_len, p.zero, p.scale, p.nq, p.prune_code, p.protect_code,
+                        prot, float(np.finfo(_FINITE_LIMIT.get(p.dtype, work)).max), out)
     if p.sparse:
         out[p.protect_positions] = sparse_vals
     return from_float(out, p.dtype)

@@ -30,7 +30,20 @@ import numpy as np
 from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray
 
-from . import _hkernels as HK
+from ._hkernels import (
+    ALPHABET,
+    ERR_BITS,
+    ERR_CODE,
+    ERR_OVERFLOW,
+    ERR_RUN,
+    ERR_SHORT,
+    LUT_BITS,
+    MAX_LEN,
+    MAX_RUN,
+    canonical_codes,
+    decode_symbols,
+    encode_stream,
+)
 from ._buffers import as_input, copy_out, payload
 from .errors import CodecError
 
@@ -40,11 +53,11 @@ VERSION = 1
 _HEAD = struct.Struct("<BBQ")
 _HUFF = struct.Struct("<QI")
 _ERRORS = {
-    HK.ERR_BITS: "bit stream ends early",
-    HK.ERR_CODE: "bit pattern that is no Huffman code",
-    HK.ERR_RUN: "run length before any value",
-    HK.ERR_OVERFLOW: "symbols decode to more bytes than the header announces",
-    HK.ERR_SHORT: "symbols decode to fewer bytes than the header announces",
+    ERR_BITS: "bit stream ends early",
+    ERR_CODE: "bit pattern that is no Huffman code",
+    ERR_RUN: "run length before any value",
+    ERR_OVERFLOW: "symbols decode to more bytes than the header announces",
+    ERR_SHORT: "symbols decode to fewer bytes than the header announces",
 }
 
 
@@ -56,7 +69,7 @@ def rle_huffman_encode(data) -> bytes:
     if n == 0:
         return _HEAD.pack(VERSION, 0, 0)
     head = _HEAD.size + _HUFF.size
-    out, end, nsym, used, lens = HK.encode_stream(arr, head)
+    out, end, nsym, used, lens = encode_stream(arr, head)
     if end < 0:  # coding would not make it smaller: store raw
         return _HEAD.pack(VERSION, 0, n) + arr.tobytes()
     header = (_HEAD.pack(VERSION, 1, n) + _HUFF.pack(nsym, used.size)
@@ -86,7 +99,7 @@ def rle_huffman_decode(buf) -> np.ndarray:
         raise CodecError("RLEHuffman payload truncated in the Huffman header")
     nsym, nused = _HUFF.unpack_from(body)
     table_end = _HUFF.size + 3 * nused
-    if not 1 <= nused <= HK.ALPHABET or body.size < table_end + 4:
+    if not 1 <= nused <= ALPHABET or body.size < table_end + 4:
         raise CodecError(f"RLEHuffman code table of {nused} symbols does not fit the payload")
     (crc,) = struct.unpack_from("<I", body, table_end)
     if crc != zlib.crc32(b[:_HEAD.size + table_end]):
@@ -94,18 +107,18 @@ def rle_huffman_decode(buf) -> np.ndarray:
     syms = body[_HUFF.size:_HUFF.size + 2 * nused].copy().view("<u2").astype(np.int64)
     lens = body[_HUFF.size + 2 * nused:table_end].astype(np.int64)
     stream = body[table_end + 4:]
-    if np.any(np.diff(syms) <= 0) or lens.min() < 1 or lens.max() > HK.MAX_LEN:
+    if np.any(np.diff(syms) <= 0) or lens.min() < 1 or lens.max() > MAX_LEN:
         raise CodecError("RLEHuffman code table is corrupted (symbols not increasing or code "
                          "lengths outside 1..24)")
-    if int((1 << (HK.MAX_LEN - lens)).sum()) > 1 << HK.MAX_LEN:
+    if int((1 << (MAX_LEN - lens)).sum()) > 1 << MAX_LEN:
         raise CodecError("RLEHuffman code lengths violate the Kraft inequality (corrupted table)")
-    if nsym > 8 * stream.size or nsym > n or n > nsym * HK.MAX_RUN:
+    if nsym > 8 * stream.size or nsym > n or n > nsym * MAX_RUN:
         raise CodecError(f"RLEHuffman header inconsistent: {nsym} symbols, {n} bytes, "
                          f"{stream.size} bytes of bit stream")
     out = np.empty(n, np.uint8)
     lut, first, offset, count, sorted_syms, maxlen = _decode_tables(syms, lens)
-    status = HK.decode_symbols(stream, nsym, n, lut, first, offset, count, sorted_syms, maxlen,
-                               out)
+    status = decode_symbols(stream, nsym, n, lut, first, offset, count, sorted_syms, maxlen,
+                            out)
     if status < 0:
         raise CodecError(f"RLEHuffman payload corrupted: {_ERRORS[status]}")
     if (status + 7) // 8 != stream.size:
@@ -116,9 +129,9 @@ def rle_huffman_decode(buf) -> np.ndarray:
 
 def _decode_tables(syms: np.ndarray, lens: np.ndarray):
     codes = np.empty(syms.size, np.int64)
-    HK.canonical_codes(lens, codes)
+    canonical_codes(lens, codes)
     maxlen = int(lens.max())
-    nbits = HK.LUT_BITS
+    nbits = LUT_BITS
     sym1 = np.zeros(1 << nbits, np.int64)
     len1 = np.zeros(1 << nbits, np.int64)
     short = lens <= nbits
@@ -135,11 +148,11 @@ def _decode_tables(syms: np.ndarray, lens: np.ndarray):
     lut = len1 | (sym1 << 8) | np.where(pair, ((len1 + len2) << 24) | (sym1[rest] << 32), 0)
     order = np.lexsort((syms, lens))
     sorted_syms = syms[order]
-    count = np.bincount(lens, minlength=HK.MAX_LEN + 2).astype(np.int64)
-    offset = np.zeros(HK.MAX_LEN + 2, np.int64)
+    count = np.bincount(lens, minlength=MAX_LEN + 2).astype(np.int64)
+    offset = np.zeros(MAX_LEN + 2, np.int64)
     offset[1:] = np.cumsum(count)[:-1]
-    first = np.zeros(HK.MAX_LEN + 2, np.int64)
-    for ln in range(1, HK.MAX_LEN + 1):
+    first = np.zeros(MAX_LEN + 2, np.int64)
+    for ln in range(1, MAX_LEN + 1):
         if count[ln]:
             first[ln] = codes[order[offset[ln]]]
     return lut, first, offset, count, sorted_syms, maxlen

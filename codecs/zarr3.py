@@ -10,7 +10,8 @@ packed codes out); ``RLEHuffmanCodec`` and ``BytePlanesCodec`` are bytes-to-byte
 They are registered under the ``zarr.codecs`` entry point group (names ``ckpt.quantize``,
 ``ckpt.rle_huffman``, ``ckpt.byte_planes`` and ``ckpt.qdelta``), so a process that imports only
 zarr reads such arrays after ``pip install``; ``CodeDeltaCodec`` (``ckpt.qdelta``) lets plain zarr
-open code-delta arrays, whose values only ckptstore rebuilds. The work runs in a thread (``asyncio.to_thread``), off the event loop.
+open code-delta arrays, whose values only ckptstore rebuilds. The work runs in a thread
+(``asyncio.to_thread``), off the event loop.
 """
 
 from __future__ import annotations
