@@ -1,28 +1,33 @@
-"""Loads from a local store: chunks read (today), mapped (before issue 26 item 10), and read
-into reused per-thread buffers (tried, not kept) -- side by side, same process, same store.
+"""Loads from a local store: chunks read (the bounded reads of issue 26), mapped (before issue 26
+item 10), read into reused per-thread buffers (tried, not kept), and raw chunks read straight into
+their destination (today) -- side by side, same process, same store.
 
 Usage::
 
-    .venv/bin/python benchmarks/mapped_reads.py            # warm only (about 40 s)
+    .venv/bin/python benchmarks/mapped_reads.py            # warm only (about 60 s)
     sudo .venv/bin/python benchmarks/mapped_reads.py --cold  # also with the page cache dropped
 
 What is measured: one process commits ``--mb`` MB of float32 (four tensors, 64 wide) to a local
-store once per encoding (the default ``entropy`` and raw bits), then loads it ``--repeat`` times
-per mode into preallocated tensors (``dcp.load`` with ``ckptstore.dcp.StorageReader`` in one
-process: the chunks decode straight into them), the modes alternating:
+store once per encoding (the default ``entropy`` and raw bits, ``none``), then loads it
+``--repeat`` times per mode into preallocated tensors (``dcp.load`` with
+``ckptstore.dcp.StorageReader`` in one process: the chunks decode straight into them), the modes
+alternating:
 
-- *read* -- ``LocalStorage.read_chunk`` as it is: every chunk read into a new ``bytes``
-  (``pread``, at most the size the file had when opened);
-- *mapped* -- the former ``read_chunk``, kept here to compare with: chunks of at least 1 MiB
-  mapped read-only (``MAP_POPULATE``). It is what a truncation under a reader turned into
-  ``SIGBUS``;
-- *reused* -- chunks of at least 256 KiB read with ``preadv`` into a per-thread buffer reused
-  once the decode dropped it (what issue 26 suggested; no faster here, so not kept).
+- *into* -- the library as it is: a raw chunk is read (``preadv``) straight into the slice of
+  the tensor it covers and its crc32c checked there (``LocalStorage.read_chunk_into``,
+  ``RawLossless.read_rows``); compressed chunks are read as in *read*;
+- *read* -- every chunk read into a new ``bytes`` (``pread``, at most the size the file had when
+  opened), then decoded (raw: crc32c, then a copy into the tensor): the code before *into*;
+- *mapped* -- *read* with the former ``read_chunk``: chunks of at least 1 MiB mapped read-only
+  (``MAP_POPULATE``). It is what a truncation under a reader turned into ``SIGBUS``;
+- *reused* -- *read* with chunks of at least 256 KiB read with ``preadv`` into a per-thread
+  buffer reused once the decode dropped it (what issue 26 suggested; a reusable buffer for
+  compressed chunks is this).
 
 Warm: the files are in the page cache (written just before). Cold (``--cold``, root only): the
 page cache is dropped (``/proc/sys/vm/drop_caches``) before every timed load. Medians in seconds,
-and each mode / read. Then one cached chunk file per size, ``read_chunk`` + crc32c in each
-mode (mean of 200).
+and each mode / into. Then one cached raw chunk file per size decoded into a preallocated array
+in each mode (read + crc32c + copy; *into*: read into it + crc32c), mean of 200.
 """
 
 from __future__ import annotations
@@ -50,13 +55,14 @@ from common import command_line, load_average, machine_description, markdown_tab
 import ckptstore  # noqa: E402
 from ckptstore.dcp import StorageReader  # noqa: E402
 from ckptstore.plan import EncodingOptions  # noqa: E402
-from ckptstore.storage import LocalStorage  # noqa: E402
+from ckptstore.chunkcodec import RawLossless  # noqa: E402
+from ckptstore.storage import LocalStorage, Storage  # noqa: E402
 from ckptstore.storage.base import Buffer  # noqa: E402
 
 MAP_MIN = 1 << 20  # the former threshold of mapped reads
 REUSE_MIN = 1 << 18  # the tried reused buffers' threshold
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-MODES = ("read", "mapped", "reused")
+MODES = ("into", "read", "mapped", "reused")
 _local = threading.local()
 
 
@@ -98,9 +104,16 @@ def _reused(storage: LocalStorage, key: str) -> Buffer:
 
 
 def _use(storage: LocalStorage, mode: str) -> None:
-    """Make ``storage.read_chunk`` the one of ``mode`` (an attribute of this object only)."""
-    if "read_chunk" in vars(storage):
-        del storage.read_chunk
+    """Make ``storage``'s chunk reads the ones of ``mode`` (attributes of this object only):
+    every mode but *into* reads raw chunks whole and copies them (``Storage``'s default
+    ``read_chunk_into``, over this mode's ``read_chunk``)."""
+    for name in ("read_chunk", "read_chunk_into"):
+        if name in vars(storage):
+            delattr(storage, name)
+    if mode == "into":
+        return
+    storage.read_chunk_into = (  # type: ignore[method-assign]
+        lambda key, parts: Storage.read_chunk_into(storage, key, parts))
     if mode != "read":
         fn: Callable[[LocalStorage, str], Buffer] = _mapped if mode == "mapped" else _reused
         storage.read_chunk = lambda key: fn(storage, key)  # type: ignore[method-assign]
@@ -162,37 +175,51 @@ def main(argv: list[str] | None = None) -> int:
                 med = {m: statistics.median(times[m]) for m in MODES}
                 rows.append([compression, "cold" if cold else "warm",
                              *(f"{med[m]:.3f}" for m in MODES),
-                             f"{med['mapped'] / med['read']:.2f}",
-                             f"{med['reused'] / med['read']:.2f}"])
+                             *(f"{med[m] / med['into']:.2f}" for m in MODES[1:])])
         finally:
             shutil.rmtree(root, ignore_errors=True)
-    print(markdown_table(["encoding", "page cache", "read s", "mapped s", "reused s",
-                          "mapped / read", "reused / read"], rows, "llrrrrr"))
-    print(f"\nOne chunk file, page cache warm: `read_chunk` + crc32c, mean of 200 (mapped from "
-          f"{MAP_MIN >> 10} KiB, reused from {REUSE_MIN >> 10} KiB)\n")
-    print(markdown_table(["chunk KiB", "read ms", "mapped ms", "reused ms"],
-                         _by_size(args.dir), "rrrr"))
+    print(markdown_table(["encoding", "page cache", *(f"{m} s" for m in MODES),
+                          *(f"{m} / into" for m in MODES[1:])], rows, "ll" + "r" * 7))
+    print(f"\nOne raw chunk file, page cache warm: decoded into a preallocated array, mean of "
+          f"200 (mapped from {MAP_MIN >> 10} KiB, reused from {REUSE_MIN >> 10} KiB)\n")
+    print(markdown_table(["chunk KiB", *(f"{m} ms" for m in MODES)], _by_size(args.dir),
+                         "r" * 5))
     print(f"\n# load average after: {load_average()}")
     return 0
 
 
-def _by_size(where: str | None) -> list[list[str]]:
-    """``read_chunk`` + crc32c of one cached file per size, in each mode."""
-    from ckptstore.chunkcodec.base import _crc32c
+class _Source:
+    """One stored chunk as a codec reads it (``ckptstore.chunkcodec.ChunkSource``)."""
 
+    def __init__(self, storage: LocalStorage, where: str):
+        self.storage, self.where = storage, where
+
+    def read(self) -> Buffer:
+        return self.storage.read_chunk(self.where)
+
+    def read_into(self, parts: list[memoryview]) -> int:
+        return self.storage.read_chunk_into(self.where, parts)
+
+
+def _by_size(where: str | None) -> list[list[str]]:
+    """One cached raw chunk per size read and decoded into a preallocated array (what a load
+    into place does with it), in each mode."""
     root = tempfile.mkdtemp(prefix="ckpt-mapped-", dir=where)
-    rows = []
+    rows, codec = [], RawLossless()
     try:
         storage = LocalStorage(root)
         for kib in (64, 256, 512, 1024, 2048, 4096):
-            storage.put_chunk(f"c{kib}", os.urandom(kib << 10))
+            a = np.random.default_rng(kib).standard_normal(kib << 7)  # kib KiB of float64
+            storage.put_chunk(f"c{kib}", codec.encode(a))
+            out, source = np.empty_like(a), _Source(storage, f"c{kib}")
             ms: dict[str, float] = {}
             for mode in MODES * 2:  # each twice, the second kept
                 _use(storage, mode)
-                _crc32c(storage.read_chunk(f"c{kib}"))
+                codec.read_rows(source, a.shape, a.dtype, None, out)
+                assert np.array_equal(out, a)
                 t0 = time.perf_counter()
                 for _ in range(200):
-                    _crc32c(storage.read_chunk(f"c{kib}"))
+                    codec.read_rows(source, a.shape, a.dtype, None, out)
                 ms[mode] = (time.perf_counter() - t0) / 200 * 1e3
             rows.append([str(kib), *(f"{ms[m]:.3f}" for m in MODES)])
     finally:

@@ -44,10 +44,15 @@ it), implement ``zarr_codecs``, ``encode`` and ``decode``, and register the clas
         def decode(self, data, out, where):
             self._zstd.decode(check_crc(data, where), out=out.reshape(-1).view("u1"))
 
-``decode`` gets the stored chunk as a read-only buffer: ``bytes``, or a ``memoryview`` of the
-file mapped in place (local chunks of at least 1 MiB in the page cache); ``check_crc`` takes
-either and returns a memoryview of the body. Do not rely on ``bytes`` methods, and copy what
-the decoded array must keep.
+``decode`` gets the stored chunk as a read-only buffer (``bytes``, or a ``memoryview`` where a
+back-end hands one out); ``check_crc`` takes either and returns a memoryview of the body. Do not
+rely on ``bytes`` methods, and copy what the decoded array must keep.
+
+Reads go through :meth:`ChunkCodec.read_rows`, which by default reads the stored bytes and calls
+``decode`` (or ``decode_region`` for some of the chunk's rows). A codec whose stored body is
+the decoded bits themselves overrides it to read the chunk straight into the destination
+(``Storage.read_chunk_into``: ``preadv`` on local disks) and checks the crc32c there
+(``check_crc_parts``); ``raw`` does.
 
 A store that records an id this ckptstore does not know fails to read with a
 :class:`~ckptstore.errors.ManifestError` asking for an upgrade.
