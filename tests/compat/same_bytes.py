@@ -102,11 +102,12 @@ def state_at(step: int) -> dict[str, Any]:
 # -- the scenarios -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Scenario:
-    """One 7-commit sequence: store options, the policy, and which path commits."""
+    """One 7-commit sequence: store options, the policy, and which path commits (``commit``,
+    ``commit_async`` or ``sharded``: two ranks through ``ckptstore.dcp.StorageWriter``)."""
 
     options: dict[str, Any]
     policy: Callable[[], Any]
-    sharded: bool = False
+    via: str = "commit"
 
 
 def _q(**kw: Any) -> Any:
@@ -133,7 +134,13 @@ SCENARIOS: dict[str, Scenario] = {
     "xor": Scenario({}, P(delta=True, max_chain=4)),
     "shrink": Scenario({}, P(shrink=_shrink())),
     "dedup": Scenario({"dedup": True}, P()),
-    "sharded-2-ranks": Scenario({}, P(incremental="one-shot", min_rows=512), sharded=True),
+    "quant-device8": Scenario({"device_encode": "always"}, P(quantize=_q(bits=8))),
+    "codes-device": Scenario({"device_encode": "always"},
+                             P(quantize=_q(bits=8), delta=True, max_chain=4)),
+    "xor-async": Scenario({}, P(delta=True, max_chain=4), via="commit_async"),
+    "rows-async-q8": Scenario({}, P(incremental="consecutive", quantize=_q(bits=8)),
+                              via="commit_async"),
+    "sharded-2-ranks": Scenario({}, P(incremental="one-shot", min_rows=512), via="sharded"),
 }
 _BASE_OPTIONS = {"chunk_bytes": 64 * 1024}  # several chunks per table: chunk indices matter
 
@@ -209,11 +216,14 @@ def run(name: str, root: str, io_workers: int | None = None) -> list[str]:
     options = ckptstore.EncodingOptions(**{**_BASE_OPTIONS, **sc.options})
     policy = sc.policy()
     ids = []
-    with ckptstore.open(root, options=options, policy=policy, io_workers=io_workers) as store:
+    with ckptstore.open(root, options=options, policy=policy, io_workers=io_workers,
+                        durable=False) as store:  # fsync changes no byte
         for step in range(COMMITS):
             state, message = state_at(step), f"{name} {step}"
-            if sc.sharded:
+            if sc.via == "sharded":
                 ids.append(_commit_sharded(store, state, policy, message))
+            elif sc.via == "commit_async":
+                ids.append(store.commit_async(state, message=message).wait().id)
             else:
                 ids.append(store.commit(state, message=message).id)
     return ids
@@ -319,7 +329,7 @@ def digest(fp: Fingerprint) -> Fingerprint:
     for name, commits in fp.items():
         out[name] = []
         for c in commits:
-            if "manifest" not in c:  # already condensed
+            if "chunks" not in c:  # already condensed
                 out[name].append(c)
                 continue
             d = {"arrays": {a: _h(ch) for a, ch in c["chunks"].items()},
