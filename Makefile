@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # CPU build of torch, pinned for set-up and CI (an unpinned torch pulls a multi-GB CUDA build).
 TORCH  ?= torch==2.13.0
 
-.PHONY: install test demo bench bench-revisions clean
+.PHONY: install test demo bench bench-revisions same-bytes clean
 
 install: $(STAMP)
 
@@ -44,6 +44,11 @@ bench: $(STAMP)
 BASE ?= HEAD~1
 bench-revisions: $(STAMP)
 	$(PY) benchmarks/revisions.py --base $(BASE)
+
+# the refactoring guard: every policy's 7-commit sequence writes the same bytes as $(BASE)
+# (about 2 minutes: each revision compiles its numba kernels once)
+same-bytes: $(STAMP)
+	$(PY) benchmarks/same_bytes_revisions.py --base $(BASE)
 
 clean:
 	rm -rf $(VENV) build *.egg-info demo-store
