@@ -8,9 +8,12 @@ dropped -- compared with ``tests/data/same_bytes.json``, written from 9f87563 by
 ordinal and the array or manifest entry; ``benchmarks/same_bytes_revisions.py --base 9f87563``
 then lists the chunks that differ.
 
-Checked deterministic on this VM (2 cores): two runs, ``-n 2`` workers, ``io_workers`` 1 and 8,
-torch threads 1 and 2 give the same fingerprint. Nothing is loosened for the machine; see
-:func:`test_same_bytes_with_one_thread` for what could still depend on it.
+Checked deterministic on this VM (2 cores, AMD EPYC, numba target znver4): two runs, ``-n 2``
+workers, ``io_workers`` 1 and 8, torch threads 1 and 2 give the same fingerprint, and so do numba
+kernels compiled for ``NUMBA_CPU_NAME=haswell`` (AVX2 + FMA). Compiled for ``generic`` x86-64
+(no FMA), the adaptive quantizer's bf16 chunks differ (its search kernels use ``fastmath``, which
+lets LLVM contract into FMAs): only there, and only on such a CPU, is that array tolerated
+(:data:`NO_FMA_TOLERATED`).
 
 Regenerate the JSON only when a change of the written bytes is intended (and say so in the
 commit): ``python benchmarks/same_bytes_revisions.py --write <the new revision>``.
@@ -26,6 +29,26 @@ import same_bytes
 import torch
 
 EXPECTED = Path(__file__).parents[1] / "data" / "same_bytes.json"
+#: what differs where numba compiles without FMA (``NUMBA_CPU_NAME=generic``: measured, 12 lines):
+#: quant-adaptive4's bf16 array and, with it, the commit's stored bytes
+NO_FMA_TOLERATED = ("quant-adaptive4 commit {} array model.norm.weight:",
+                    "quant-adaptive4 commit {} manifest stored_bytes:")
+
+
+def _numba_has_fma() -> bool:
+    from llvmlite import binding
+    from numba.core import config
+
+    if config.CPU_NAME:  # NUMBA_CPU_NAME: numba compiles for that CPU
+        return config.CPU_NAME != "generic" and "-fma" not in (config.CPU_FEATURES or "")
+    return "+fma" in binding.get_host_cpu_features().flatten().split(",")
+
+
+def _machine_free(diffs: list[str]) -> list[str]:
+    if _numba_has_fma():
+        return diffs
+    tolerated = tuple(t.format(i) for t in NO_FMA_TOLERATED for i in range(same_bytes.COMMITS))
+    return [d for d in diffs if not d.startswith(tolerated)]
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +71,7 @@ def _report(diffs: list[str]) -> str:
 
 
 def test_same_bytes_as_9f87563(expected, made):
-    diffs = same_bytes.compare(expected, made)
+    diffs = _machine_free(same_bytes.compare(expected, made))
     assert not diffs, _report(diffs)
 
 
@@ -62,9 +85,7 @@ def test_every_path_writes_the_same_chunks(made, a, b):
 
 
 def test_same_bytes_with_one_thread(expected, tmp_path):
-    """The quantizers' search kernels are numba, compiled for the host CPU with ``fastmath``
-    (adaptive.py): they could round differently on another CPU, never with the thread count.
-    One I/O thread and one torch thread give the same bytes as the defaults."""
+    """One I/O thread and one torch thread give the same bytes as the defaults."""
     names = ["quant-adaptive4", "shrink", "sharded-2-ranks"]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -72,7 +93,7 @@ def test_same_bytes_with_one_thread(expected, tmp_path):
         got = same_bytes.fingerprint(names, io_workers=1, tmp=str(tmp_path))
     finally:
         torch.set_num_threads(threads)
-    diffs = same_bytes.compare({n: expected[n] for n in names}, got)
+    diffs = _machine_free(same_bytes.compare({n: expected[n] for n in names}, got))
     assert not diffs, _report(diffs)
 
 
