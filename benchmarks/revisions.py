@@ -4,15 +4,25 @@ Usage::
 
     .venv/bin/python benchmarks/revisions.py --base 5eb7ba0              # base vs working tree
     .venv/bin/python benchmarks/revisions.py --base 5eb7ba0 --rounds 2 --scale 0.1 --quick
+    .venv/bin/python benchmarks/revisions.py --base 9f87563 --head 9f87563 --cases sharded \
+        --rounds 1 --repeat 1 --quick                 # smoke run: one revision twice, ratio ~1
 
 How it works
 ------------
 * Each revision's library (``ckptstore/`` and ``codecs/``) is materialised with ``git archive``
   into a temporary folder, next to a folder of two symlinks (``ckptstore`` and ``ckptcodecs``)
   that goes first on ``PYTHONPATH``; the working tree is used in place for ``--head`` (default).
-  The benchmark code is the working tree's (``store_io.py``, ``async_writer.py``) for both, so
-  only the imported library differs. Each measurement runs in a fresh subprocess that prints which
-  files it imported; a subprocess that imported another revision's code stops the run.
+  ``git archive`` takes the folders whole, packages and all, so a revision with another module
+  layout materialises alike. The benchmark code is the working tree's (``store_io.py``,
+  ``async_writer.py``, ``sharded.py``) for both, so only the imported library differs; it uses
+  only API both revisions have (``ckptstore.open``, ``Policy``, ``ckptstore.dcp`` ...), never a
+  module path. Each measurement runs in a fresh subprocess that prints which library files it
+  imported, and those of each of its ranks for ``sharded``; a process that imported another
+  revision's code, or no ckptstore at all, stops the run.
+* Before the timed rounds every case runs once, untimed, on each revision (``--repeat 1``): the
+  freshly archived library has no numba cache (``cache=True`` kernels compile on first use, then
+  load from ``__pycache__``) and no bytecode yet, and the working tree's may be stale; without
+  this the first case of one revision would pay the compiles (``train`` has no warm-up of its own).
 * Rounds alternate the revisions (A B, then B A, ...) so drift of a shared machine's load hits
   both alike. Every case reports medians over its repeats; the table gives the median over rounds
   of each revision, the ratio head/base, and the spread of that ratio across rounds (min-max).
@@ -20,7 +30,12 @@ How it works
   compression), times as in store_io.py (os.sync before each, checkout touches every tensor);
   ``stall`` -- ``commit_async`` of a 256 MB state: stall / bare copy and persist time
   (async_writer.py's stall case, lossless and intermittent+q4); ``train`` -- the training loop of
-  async_writer.py with ``commit_async`` every 100 steps: slowdown against no checkpoints.
+  async_writer.py with ``commit_async`` every 100 steps: slowdown against no checkpoints;
+  ``sharded`` -- sharded.py's rank worker on 2 gloo ranks, ckptstore only: ``dcp.save`` of
+  4 x 200 000 x 64 float32 tables (``Shard(0)``) + a replicated MLP (209 MB) through
+  ``ckptstore.dcp.StorageWriter`` (sharded commit) and ``dcp.load`` into ``Shard(1)`` tables
+  through ``StorageReader`` (resharded load), after one untimed round; ``--scale`` scales the
+  rows, ``--quick`` divides them by 10 more.
 """
 
 from __future__ import annotations
@@ -43,17 +58,18 @@ sys.path.insert(0, HERE)
 from common import command_line, load_average, machine_description, markdown_table  # noqa: E402
 from common import write_text  # noqa: E402
 
-CASES = ("store_io", "stall", "train")
+CASES = ("store_io", "stall", "train", "sharded")
 
 
 # -- inside a subprocess: one case against whatever ckptstore is importable ---------------------
-def _worker(case: str, args: argparse.Namespace) -> dict[str, float]:
-    import ckptcodecs
-    import ckptstore
+def _worker(case: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``{"results": {metric: value}, "imported": [files of this process, of each rank...]}``."""
+    import ckptcodecs  # noqa: F401
+    import ckptstore  # noqa: F401
+    from sharded import library_files
 
     out: dict[str, float] = {}
-    print(json.dumps({"imported": [os.path.realpath(ckptstore.__file__),
-                                   os.path.realpath(ckptcodecs.__file__)]}), flush=True)
+    ranks: list[list[str]] = []
     root = tempfile.mkdtemp(prefix="ckpt-rev-")
     try:
         if case == "store_io":
@@ -89,9 +105,19 @@ def _worker(case: str, args: argparse.Namespace) -> dict[str, float]:
             none.append(A.train_run(trainer, "none", None, steps, root).rate)
             out["train slowdown, commit_async every 100 steps (%)"] = (
                 100 * (statistics.mean(none) / run - 1))
+        elif case == "sharded":
+            import sharded as D
+
+            rows = max(1000, int(200_000 * args.scale / (10 if args.quick else 1)))
+            r = D.run(2, D.parse_args([
+                "--rows", str(rows), "--repeat", str(args.repeat), "--warmup", "1",
+                "--tools", "ckptstore", "--loads", "load", "--no-intervals", "--dir", root]))
+            out["sharded commit, 2 ranks (s)"] = statistics.median(r["commit"]["ckptstore"])
+            out["resharded load, 2 ranks (s)"] = statistics.median(r["load"]["ckptstore"])
+            ranks = r["imported"]
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return out
+    return {"results": out, "imported": [library_files(), *ranks]}
 
 
 # -- the driver ----------------------------------------------------------------------------------
@@ -116,8 +142,8 @@ def materialise(rev: str | None, tmp: str) -> Revision:
         name, source = "working tree", ROOT
     else:
         sha = _git("rev-parse", "--short", f"{rev}^{{commit}}")
-        name, source = f"{rev} ({sha})" if rev != sha else sha, os.path.join(tmp, f"src-{sha}")
-        os.makedirs(source)
+        name = f"{rev} ({sha})" if rev != sha else sha
+        source = tempfile.mkdtemp(prefix=f"src-{sha}-", dir=tmp)  # base and head may be equal
         archive = subprocess.run(["git", "-C", ROOT, "archive", sha, "ckptstore", "codecs"],
                                  check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", source], input=archive, check=True)
@@ -127,20 +153,32 @@ def materialise(rev: str | None, tmp: str) -> Revision:
     return Revision(name, source, path)
 
 
-def run_case(rev: Revision, case: str, args: argparse.Namespace) -> dict[str, float]:
+def check_imported(rev: Revision, imported: list[list[str]]) -> None:
+    """Stop the run unless every process (the worker, then its ranks) imported ckptstore and
+    ckptcodecs, and every library file it imported is ``rev``'s."""
+    want = {"ckptstore": os.path.realpath(os.path.join(rev.source, "ckptstore")) + os.sep,
+            "ckptcodecs": os.path.realpath(os.path.join(rev.source, "codecs")) + os.sep}
+    for i, files in enumerate(imported):
+        who = "the worker" if i == 0 else f"rank {i - 1}"
+        stray = [f for f in files if not f.startswith(tuple(want.values()))]
+        missing = [n for n, w in want.items() if not any(f.startswith(w) for f in files)]
+        if stray or missing:
+            raise SystemExit(f"{rev.name}: {who} imported {stray[:3] or 'no ' + missing[0]}, "
+                             f"not only the library under {rev.source}")
+
+
+def run_case(rev: Revision, case: str, args: argparse.Namespace,
+             repeat: int | None = None) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([rev.path, HERE]))
     argv = [sys.executable, os.path.abspath(__file__), "--worker", case, "--repeat",
-            str(args.repeat), "--scale", str(args.scale)] + (["--quick"] if args.quick else [])
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=HERE)
+            str(repeat or args.repeat), "--scale", str(args.scale)]
+    proc = subprocess.run(argv + (["--quick"] if args.quick else []), env=env,
+                          capture_output=True, text=True, cwd=HERE)
     if proc.returncode != 0:
         raise SystemExit(f"{case} on {rev.name} failed:\n{proc.stderr[-3000:]}")
-    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
-    imported = lines[0]["imported"]
-    want = [os.path.realpath(os.path.join(rev.source, "ckptstore")),
-            os.path.realpath(os.path.join(rev.source, "codecs"))]
-    if not all(f.startswith(w + os.sep) for f, w in zip(imported, want)):
-        raise SystemExit(f"{rev.name}: the subprocess imported {imported}, not {want}")
-    return lines[-1]
+    got = json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
+    check_imported(rev, got["imported"])
+    return got["results"]
 
 
 def report(base: Revision, head: Revision, args: argparse.Namespace, argv: Sequence[str] | None
@@ -184,7 +222,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="A/B rounds (default 3)")
     p.add_argument("--repeat", type=int, default=3, help="repeats per case and round")
     p.add_argument("--scale", type=float, default=1.0, help="state sizes (0.1: quick smoke run)")
-    p.add_argument("--quick", action="store_true", help="shorter training runs")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run: shorter training runs, 10x smaller sharded tables")
     p.add_argument("--markdown-out", default=None, help="also write the report here")
     p.add_argument("--json-out", default=None, help="write every measurement as JSON here")
     p.add_argument("--worker", choices=CASES, help=argparse.SUPPRESS)
@@ -200,6 +239,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cases = [c for c in args.cases.split(",") if c]
     with tempfile.TemporaryDirectory(prefix="ckpt-revisions-") as tmp:
         base, head = materialise(args.base, tmp), materialise(args.head, tmp)
+        for case in cases:  # untimed: compiles and caches each revision's kernels
+            for rev in (base, head):
+                run_case(rev, case, args, repeat=1)
+                print(f"warm    {case:8s} {rev.name}", file=sys.stderr, flush=True)
         for r in range(args.rounds):
             order = (base, head) if r % 2 == 0 else (head, base)
             for case in cases:

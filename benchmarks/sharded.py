@@ -4,6 +4,12 @@ Usage::
 
     .venv/bin/python benchmarks/sharded.py                      # 2 and 4 ranks, 3 repeats
     .venv/bin/python benchmarks/sharded.py --ranks 2 --rows 50000 --repeat 1   # smoke run
+    .venv/bin/python benchmarks/sharded.py --tools ckptstore --loads load --no-intervals
+
+The rank worker (``_rank`` through :func:`run`) is shared with benchmarks/revisions.py's
+``sharded`` case, which runs it under another revision of the library: it uses only public API
+(``ckptstore.open``, ``ckptstore.dcp``, ``ckptstore.Policy`` ...), and every rank leaves the
+library files it imported (:func:`library_files`) in the result.
 
 What is measured
 ----------------
@@ -27,7 +33,8 @@ What is measured
   quantize=QuantSpec(bits=4))`` writes the changed rows of each shard, 4-bit.
 * ckptstore twice: the default encoding, and ``EncodingOptions(compression="none")`` (raw bits
   + crc32c per chunk, as DCP's raw bits).
-* Tools alternate round by round; medians of ``--repeat`` rounds are printed, with ratios.
+* Tools alternate round by round; medians of ``--repeat`` rounds are printed, with ratios
+  (``--warmup`` untimed rounds first: imports, compiled kernels, DCP's first plan).
   ``os.sync()`` runs untimed before every timed save and load, so no tool is throttled by the
   kernel writing back the dirty pages of the one before it.
 """
@@ -49,6 +56,21 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import spawn_ranks  # noqa: E402
+
+
+TOOLS = ("dcp", "ckptstore", "ckptstore-raw")
+LOADS = {"load": "cols", "same": "rows"}  # resharded (by columns), same placement (by rows)
+
+
+def library_files() -> list[str]:
+    """The real paths of every ckptstore and ckptcodecs module this process imported."""
+    mods = [m for name, m in list(sys.modules.items())
+            if name.split(".")[0] in ("ckptstore", "ckptcodecs")]
+    return sorted({os.path.realpath(f) for m in mods if (f := getattr(m, "__file__", None))})
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def _du(path: Path) -> int:
@@ -82,13 +104,10 @@ def _rank(rank: int, world: int, args: argparse.Namespace, root: str) -> None:
 
     import ckptstore
     from ckptstore.dcp import StorageReader, StorageWriter
-    from ckptstore.plan import EncodingOptions
-    from ckptstore.policy import Policy, QuantSpec
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{root}/pg", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=600))
-    tools = ("dcp", "ckptstore", "ckptstore-raw")
-    out: dict = {k: {t: [] for t in tools} for k in ("commit", "load", "same")}
+    out: dict = {k: {t: [] for t in args.tools} for k in ("commit", *args.loads)}
 
     def timed(fn) -> float:
         if rank == 0:
@@ -101,52 +120,59 @@ def _rank(rank: int, world: int, args: argparse.Namespace, root: str) -> None:
 
     state = _state(world, args.rows, "rows")
     workers = {"io_workers": args.io_workers} if args.io_workers else {}
-    store = ckptstore.open(f"{root}/store", **workers)
-    raw = ckptstore.open(f"{root}/raw", options=EncodingOptions(compression="none"), **workers)
-    for r in range(args.repeat):
-        path = f"{root}/dcp{r}"
-        out["commit"]["dcp"].append(timed(lambda: dcp.save(
-            state, storage_writer=dcp.FileSystemWriter(path, sync_files=False))))
-        out["commit"]["ckptstore"].append(timed(lambda: dcp.save(
-            state, storage_writer=StorageWriter(store, message=f"round {r}"))))
-        out["commit"]["ckptstore-raw"].append(timed(lambda: dcp.save(
-            state, storage_writer=StorageWriter(raw, message=f"round {r}"))))
+    stores = {"ckptstore": lambda: ckptstore.open(f"{root}/store", **workers),
+              "ckptstore-raw": lambda: ckptstore.open(
+                  f"{root}/raw", options=ckptstore.EncodingOptions(compression="none"),
+                  **workers)}
+    stores = {t: make() for t, make in stores.items() if t in args.tools}
+    for r in range(-args.warmup, args.repeat):  # r < 0: untimed warm-up rounds
+        path = f"{root}/dcp{max(r, 0)}"
+        writers = {"dcp": lambda: dcp.FileSystemWriter(path, sync_files=False),
+                   **{t: (lambda s=s: StorageWriter(s, message=f"round {r}"))
+                      for t, s in stores.items()}}
         readers = {"dcp": lambda: dcp.FileSystemReader(path),
-                   "ckptstore": lambda: StorageReader(store, "main"),
-                   "ckptstore-raw": lambda: StorageReader(raw, "main")}
-        for kind, placement in (("load", "cols"), ("same", "rows")):
-            loaded = {}
-            for tool, reader in readers.items():
-                loaded[tool] = _state(world, args.rows, placement, zeros=True)
-                out[kind][tool].append(timed(lambda: dcp.load(
-                    loaded[tool], storage_reader=reader())))
-            if r == 0:  # every tool loaded the same values
-                for k in state:
-                    got = [v[k].full_tensor() if hasattr(v[k], "full_tensor") else v[k]
-                           for v in loaded.values()]
-                    assert all(torch.equal(got[0], g) for g in got[1:]), (kind, k)
+                   **{t: (lambda s=s: StorageReader(s, "main")) for t, s in stores.items()}}
+        for tool in args.tools:
+            took = timed(lambda: dcp.save(state, storage_writer=writers[tool]()))
+            if r >= 0:
+                out["commit"][tool].append(took)
+        for kind in args.loads:
+            for tool in args.tools:
+                loaded = _state(world, args.rows, LOADS[kind], zeros=True)
+                took = timed(lambda: dcp.load(loaded, storage_reader=readers[tool]()))
+                if r >= 0:
+                    out[kind][tool].append(took)
+                if r == -args.warmup:  # every tool loaded what was saved
+                    for k, v in state.items():
+                        assert torch.equal(_whole(loaded[k]), _whole(v)), (tool, kind, k)
     if rank == 0:
-        out["bytes"] = {"dcp": _du(Path(f"{root}/dcp0")),
-                        "ckptstore": store.manifest(store.resolve("main")).stored_bytes,
-                        "ckptstore-raw": raw.manifest(raw.resolve("main")).stored_bytes}
-    # intervals: full DCP saves against incremental 4-bit commits
-    policy = Policy(incremental="intermittent", quantize=QuantSpec(bits=4))
-    inc = ckptstore.open(f"{root}/inc")
-    out["intervals"] = {"dcp": [], "ckptstore": []}
-    for i in range(5):
-        sd = _state(world, args.rows, "rows", bump=i)
-        path = f"{root}/int{i}"
-        dcp.save(sd, storage_writer=dcp.FileSystemWriter(path, sync_files=False))
-        w = StorageWriter(inc, message=f"interval {i}", policy=policy)
-        dcp.save(sd, storage_writer=w)
-        dist.barrier()
-        if rank == 0:
-            out["intervals"]["dcp"].append(_du(Path(path)))
-            out["intervals"]["ckptstore"].append(w.last_commit.stored_bytes)
-    store.close()
-    raw.close()
-    inc.close()
+        sizes = {"dcp": lambda: _du(Path(f"{root}/dcp0")),
+                 **{t: (lambda s=s: s.manifest(s.resolve("main")).stored_bytes)
+                    for t, s in stores.items()}}
+        out["bytes"] = {t: sizes[t]() for t in args.tools}
+    if args.intervals:  # full DCP saves against incremental 4-bit commits
+        policy = ckptstore.Policy(incremental="intermittent",
+                                  quantize=ckptstore.QuantSpec(bits=4))
+        inc = ckptstore.open(f"{root}/inc")
+        out["intervals"] = {"dcp": [], "ckptstore": []}
+        for i in range(5):
+            sd = _state(world, args.rows, "rows", bump=i)
+            path = f"{root}/int{i}"
+            dcp.save(sd, storage_writer=dcp.FileSystemWriter(path, sync_files=False))
+            w = StorageWriter(inc, message=f"interval {i}", policy=policy)
+            dcp.save(sd, storage_writer=w)
+            dist.barrier()
+            if rank == 0:
+                out["intervals"]["dcp"].append(_du(Path(path)))
+                out["intervals"]["ckptstore"].append(w.last_commit.stored_bytes)
+        inc.close()
+    for s in stores.values():
+        s.close()
+    Path(root, f"imported-{rank}.json").write_text(json.dumps(library_files()))
+    dist.barrier()
     if rank == 0:
+        out["imported"] = [json.loads(Path(root, f"imported-{i}.json").read_text())
+                           for i in range(world)]
         Path(root, "result.json").write_text(json.dumps(out))
     dist.destroy_process_group()
 
@@ -159,33 +185,50 @@ def run(world: int, args: argparse.Namespace) -> dict:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--rows", type=int, default=200_000)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=3, help="timed rounds (at least 1)")
+    ap.add_argument("--warmup", type=int, default=0, help="untimed rounds before them")
+    ap.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
+    ap.add_argument("--loads", nargs="+", choices=list(LOADS), default=list(LOADS),
+                    help="load: resharded (by columns); same: the saved placement (by rows)")
+    ap.add_argument("--no-intervals", dest="intervals", action="store_false",
+                    help="skip the incremental 4-bit intervals")
     ap.add_argument("--io-workers", type=int, default=None,
                     help="ckptstore's I/O threads per rank (default: the store's choice)")
     ap.add_argument("--dir", default=None, help="where the checkpoints go (default /tmp)")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     print(f"command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
     print(f"tables: 4 x {args.rows} x 64 float32 = {4 * args.rows * 64 * 4 / 1e6:.0f} MB, "
           f"MLP 4.2 MB replicated; {os.cpu_count()} CPUs\n")
-    print("| ranks | tool | commit s | commit vs DCP | resharded load s | load vs DCP | "
-          "same-placement load s | vs DCP | stored MB | stored vs DCP |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    kinds = {"commit": "commit", "load": "resharded load", "same": "same-placement load"}
+    kinds = {k: v for k, v in kinds.items() if k == "commit" or k in args.loads}
+    cols = [f"{v} s" for v in kinds.values()] + ["stored MB"]
+    if "dcp" in args.tools:
+        cols = [c for col in cols for c in (col, "vs DCP")]
+    print("| ranks | tool | " + " | ".join(cols) + " |")
+    print("|---" * (len(cols) + 2) + "|")
     intervals = {}
     for world in args.ranks:
         r = run(world, args)
-        med = {k: {t: statistics.median(v) for t, v in r[k].items()}
-               for k in ("commit", "load", "same")}
-        b = r["bytes"]
-        for tool in ("dcp", "ckptstore", "ckptstore-raw"):
-            c, lo, sm = med["commit"][tool], med["load"][tool], med["same"][tool]
-            print(f"| {world} | {tool} | {c:.3f} | {med['commit']['dcp'] / c:.2f}x | {lo:.3f} | "
-                  f"{med['load']['dcp'] / lo:.2f}x | {sm:.3f} | {med['same']['dcp'] / sm:.2f}x | "
-                  f"{b[tool] / 1e6:.1f} | {b['dcp'] / b[tool]:.2f}x |")
-        intervals[world] = r["intervals"]
+        med = {k: {t: statistics.median(v) for t, v in r[k].items()} for k in kinds}
+        med["bytes"] = {t: b / 1e6 for t, b in r["bytes"].items()}
+        for tool in args.tools:
+            cells = [f"{m[tool]:.3f}" for m in med.values()]
+            if "dcp" in args.tools:  # DCP's over this tool's: above 1 is better than DCP
+                cells = [c for m, x in zip(med.values(), cells)
+                         for c in (x, f"{m['dcp'] / m[tool]:.2f}x")]
+            print(f"| {world} | {tool} | " + " | ".join(cells) + " |")
+        if args.intervals:
+            intervals[world] = r["intervals"]
+    if not intervals:
+        return
     print("\nbytes per interval (interval 0 is the baseline; then 5 % of rows touched each)\n")
     print("| ranks | interval | DCP MB | ckptstore incremental 4-bit MB | ratio |")
     print("|---|---|---|---|---|")

@@ -1,0 +1,59 @@
+"""benchmarks/revisions.py: the library of a revision materialised, and the proof of what each
+process (worker and ranks) imported."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+BENCH = pathlib.Path(__file__).parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+import revisions  # noqa: E402
+
+
+def _tracked(rev: str) -> set[str]:
+    out = subprocess.run(["git", "-C", str(BENCH.parent), "ls-tree", "-r", "--name-only", rev,
+                          "ckptstore", "codecs"], check=True, capture_output=True, text=True)
+    return set(out.stdout.split())
+
+
+def test_one_revision_materialises_twice_with_every_package(tmp_path: pathlib.Path) -> None:
+    """Base and head may name the same commit (a smoke run); each gets its own copy, nested
+    packages included."""
+    a, b = (revisions.materialise("HEAD", str(tmp_path)) for _ in range(2))
+    assert a.source != b.source
+    for rev in (a, b):
+        got = {str(p.relative_to(rev.source)) for p in pathlib.Path(rev.source).rglob("*")
+               if p.is_file()}
+        assert got == _tracked("HEAD")
+        assert os.path.isfile(os.path.join(rev.path, "ckptstore", "dcp", "__init__.py"))
+        assert os.path.isfile(os.path.join(rev.path, "ckptcodecs", "__init__.py"))
+
+
+def test_the_import_check_covers_every_process(tmp_path: pathlib.Path) -> None:
+    rev = revisions.materialise("HEAD", str(tmp_path))
+    mine = [os.path.join(rev.source, "ckptstore", "dcp", "writer.py"),
+            os.path.join(rev.source, "codecs", "_floats.py")]
+    revisions.check_imported(rev, [mine, mine, mine])
+    other = os.path.join(str(BENCH.parent), "ckptstore", "store.py")
+    with pytest.raises(SystemExit, match="rank 1 imported .*store.py"):
+        revisions.check_imported(rev, [mine, mine, [*mine, other]])
+    with pytest.raises(SystemExit, match="rank 0 imported no ckptcodecs"):
+        revisions.check_imported(rev, [mine, mine[:1], mine])
+
+
+@pytest.mark.slow
+def test_the_sharded_case_runs_on_two_ranks() -> None:
+    """The sharded case, tiny, against the installed library: both times, and each rank's
+    library files."""
+    args = argparse.Namespace(repeat=1, scale=0.01, quick=True)
+    got = revisions._worker("sharded", args)
+    assert set(got["results"]) == {"sharded commit, 2 ranks (s)", "resharded load, 2 ranks (s)"}
+    assert len(got["imported"]) == 3
+    assert all(any(f.endswith(os.path.join("dcp", "writer.py")) for f in files)
+               for files in got["imported"][1:])
