@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from .limits import allocate
+
 __all__ = ["dim_order_of", "with_dim_order"]
 
 
@@ -56,11 +58,13 @@ def dim_order_of(value: object) -> tuple[int, ...] | None:
     return None
 
 
-def with_dim_order(a: np.ndarray, order: Sequence[int] | None) -> np.ndarray:
-    """``a``'s values laid out in ``order`` (a copy), or ``a`` itself when there is none."""
+def with_dim_order(a: np.ndarray, order: Sequence[int] | None, where: str = "a tensor"
+                   ) -> np.ndarray:
+    """``a``'s values laid out in ``order`` (a copy), or ``a`` itself when there is none; an
+    :class:`~ckptstore.errors.AllocationError` naming ``where`` if the copy cannot be had."""
     if order is None:
         return a
-    physical = np.empty([a.shape[d] for d in order], dtype=a.dtype)
+    physical = allocate(tuple(a.shape[d] for d in order), a.dtype, where)
     out = physical.transpose(np.argsort(order))
     np.copyto(out, a)
     return out

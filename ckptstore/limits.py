@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # limits sits below storage: local files read READ_LIMITS
     from .storage import Storage
 
 __all__ = ["METADATA_NESTING", "READ_LIMITS", "TREE_NESTING", "ReadLimits", "allocate",
-           "check_grid", "missing_chunks", "nesting"]
+           "check_grid", "copy_of", "missing_chunks", "nesting"]
 
 # state.flatten writes at most 200 levels, each at most 3 nestings ({"dict": [[key, node]]});
 # deeper trees and metadata would make readers recurse past Python's limit
@@ -116,6 +116,13 @@ def allocate(shape: tuple[int, ...], dtype: np.dtype, where: str) -> np.ndarray:
             f"more than this process can allocate ({type(e).__name__}). Check out fewer tensors "
             "(paths=...) or on a machine with more memory; if the store is not yours, run "
             "verify: the manifest may be hostile.") from None
+
+
+def copy_of(a: np.ndarray, where: str) -> np.ndarray:
+    """A C-contiguous copy of ``a`` (an array the store sized) through :func:`allocate`."""
+    out = allocate(a.shape, a.dtype, where)
+    np.copyto(out, a)
+    return out
 
 
 def nesting(value: object) -> int:

@@ -8,7 +8,7 @@ walk (:mod:`ckptstore.chains.walk`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, wait
 
 import numpy as np
@@ -25,7 +25,7 @@ from .consistency import check_entries
 from .devdecode import start_read_to_device, stored_codes, wants_device_decode
 from .dimorder import with_dim_order
 from .errors import CorruptedChunkError, ManifestError
-from .limits import allocate
+from .limits import allocate, copy_of
 from .manifest import Blob, Kind, Layout, Manifest, ShardPiece, TensorEntry
 from .repository import Repository
 from .storage import Buffer
@@ -75,30 +75,45 @@ class Reader:
                           codec_from_config(a.codec), self.repo.executor)
 
     # -- one entry -------------------------------------------------------------------------
-    def host(self, e: TensorEntry) -> np.ndarray:
-        """The bits of a full or chain entry as a host array of its storage dtype."""
+    def host(self, e: TensorEntry, out: np.ndarray | None = None) -> np.ndarray:
+        """The bits of a full or chain entry as a host array of its storage dtype; with ``out``
+        (a writable C-contiguous array of that shape and dtype) rebuilt in place there: the
+        baseline decoded into it, then rows, XORs, residuals or code deltas applied, nothing
+        of the tensor's size allocated besides."""
+        if out is not None and not (out.flags.writeable and out.flags.c_contiguous):
+            raise ValueError("host(out=...) takes a writable C-contiguous array")
+        if out is not None and (out.shape != tuple(e.shape) or out.dtype != entry_dtype(e)):
+            raise ManifestError(f"entry {e.path!r} of shape {e.shape} and dtype {e.dtype} "
+                                f"does not fit the tensor it rebuilds ({list(out.shape)})")
         if e.layout == Layout.ARRAY:
-            return self._read_stored(entry_array(e))
+            if out is None or not e.shape:
+                got = self._read_stored(entry_array(e))
+                return got if out is None else _put(out, got)
+            _wait_all(self._queue_into(e, out))
+            return out
         if e.layout == Layout.PACKED:
-            return self._from_packed(e)
+            return self._from_packed(e, out)
         if e.layout == Layout.CHAIN:
-            chain = self.walk.chain_of(e)
-            self.check_stored(self.walk.entry_arrays(e))  # replays allocate the baseline's shape
-            if e.kind == Kind.DELTA:
-                return replay_code_deltas(chain, entry_dtype(chain[0]), self._read,
-                                          self.repo.executor)
-            if e.kind == Kind.XOR:
-                if any(link.kind != Kind.XOR for link in chain[1:]):
-                    raise ManifestError(f"xor chain of {e.path!r} mixes kinds")
-                return apply_xors(self.host(chain[0]), chain[1:], self.blob)
-            if e.kind == Kind.RESIDUAL:
-                return apply_residuals(self.host(chain[0]), chain[1:], self.blob)
-            if any(link.kind not in (Kind.INCREMENTAL, Kind.CONSECUTIVE) for link in chain[1:]):
-                raise ManifestError(f"row chain of {e.path!r} mixes kinds")
-            return apply_rows(self.host(chain[0]), chain[1:], self.blob)
+            return self._replay(e, out)
         if e.layout == Layout.SHARDED:
-            return self._assemble(e)
+            return self._assemble(e, out)
         raise ManifestError(f"entry {e.path!r} with layout '{e.layout}' has no bits of its own")
+
+    def _replay(self, e: TensorEntry, out: np.ndarray | None) -> np.ndarray:
+        """A chain entry rebuilt from its baseline (into ``out`` where given)."""
+        chain = self.walk.chain_of(e)
+        self.check_stored(self.walk.entry_arrays(e))  # replays allocate the baseline's shape
+        if e.kind == Kind.DELTA:
+            return replay_code_deltas(chain, entry_dtype(chain[0]), self._read,
+                                      self.repo.executor, out)
+        base = self.host(chain[0], out)
+        if e.kind == Kind.XOR:
+            return apply_xors(base, chain[1:], self._blocks)
+        if e.kind == Kind.RESIDUAL:
+            return apply_residuals(base, chain[1:], self._blocks)
+        if any(link.kind not in (Kind.INCREMENTAL, Kind.CONSECUTIVE) for link in chain[1:]):
+            raise ManifestError(f"row chain of {e.path!r} mixes kinds")
+        return apply_rows(base, chain[1:], self.blob)
 
     def region(self, e: TensorEntry, offsets: Sequence[int], lengths: Sequence[int]
                ) -> np.ndarray:
@@ -118,15 +133,20 @@ class Reader:
         whole = self.host(e)
         return whole[tuple(slice(o, o + n) for o, n in zip(offsets, lengths))]
 
-    def _assemble(self, e: TensorEntry) -> np.ndarray:
+    def _assemble(self, e: TensorEntry, out: np.ndarray | None = None) -> np.ndarray:
         """A sharded tensor put together from its pieces (the manifest checked that they cover
-        it exactly once)."""
+        it exactly once), in ``out`` where given."""
         m = self.repo.manifest(e.commit) if e.commit else None
         shards = self._shards_of(e, m)
         self.check_stored(a for _, s in shards for a in self.walk.entry_arrays(s))
-        out = allocate(tuple(e.shape), entry_dtype(e), f"sharded tensor {e.path!r}")  # covered
+        if out is None:  # covered by its pieces
+            out = allocate(tuple(e.shape), entry_dtype(e), f"sharded tensor {e.path!r}")
         for piece, s in shards:
-            out[tuple(slice(o, o + n) for o, n in zip(piece.offsets, s.shape))] = self.host(s)
+            block = out[tuple(slice(o, o + n) for o, n in zip(piece.offsets, s.shape))]
+            if block.flags.c_contiguous and s.dtype == e.dtype:
+                self.host(s, block)
+            else:  # a block across rows: the piece rebuilt apart, then copied in
+                block[...] = self.host(s)
         return out
 
     def _shards_of(self, e: TensorEntry, m: Manifest | None
@@ -139,16 +159,28 @@ class Reader:
         """A chain part (changed rows, their values)."""
         return self._read_stored(blob_array(b))
 
+    def _blocks(self, b: Blob, put: Callable[[int, np.ndarray], None]) -> None:
+        """A chain part read chunk by chunk, ``put(first row, rows)`` for each in the I/O
+        threads (:data:`~ckptstore.chains.replay.ReadBlocks`): never the whole part at once."""
+        a = blob_array(b)
+        self.check_stored([a])
+        if not a.grid.shape:
+            put(0, self._read_stored(a))
+            return
+        _wait_all(start_read_region(self.repo.storage, a.prefix, a.grid, a.dtype,
+                                    codec_from_config(a.codec), self.repo.executor,
+                                    [0] * len(a.grid.shape), list(a.grid.shape), put))
+
     def _read(self, where: str) -> Buffer:
         return read_chunk(self.repo.storage, where)
 
-    def _from_packed(self, e: TensorEntry) -> np.ndarray:
+    def _from_packed(self, e: TensorEntry, out: np.ndarray | None = None) -> np.ndarray:
         dt = entry_dtype(e)
         count = int(np.prod(e.shape, dtype=np.int64))
         if count * dt.itemsize != e.nbytes:
             raise ManifestError(f"tensor {e.path!r}: {e.nbytes} packed bytes for shape {e.shape}")
         if not e.nbytes:
-            return np.empty(e.shape, dtype=dt)
+            return np.empty(e.shape, dtype=dt) if out is None else out
         buf = self._packed.get((e.commit, e.array))
         if buf is None:
             m = self.repo.manifest(e.commit)
@@ -156,7 +188,8 @@ class Reader:
             if info is None or e.offset + e.nbytes > info.nbytes:
                 raise ManifestError(f"tensor {e.path!r} lies outside the packed array")
             buf = self._packed[(e.commit, e.array)] = self._read_stored(entry_packed_array(m, e))
-        return buf[e.offset: e.offset + e.nbytes].view(dt).reshape(e.shape).copy()
+        got = buf[e.offset: e.offset + e.nbytes].view(dt).reshape(e.shape)
+        return copy_of(got, f"packed tensor {e.path!r}") if out is None else _put(out, got)
 
     def _start_to_device(self, e: TensorEntry, device: torch.device | str
                          ) -> tuple[torch.Tensor, list[Future]] | None:
@@ -180,36 +213,46 @@ class Reader:
     # -- into live tensors -----------------------------------------------------------------
     def read_into(self, m: Manifest, dests: Mapping[int, torch.Tensor]) -> None:
         """Decode tensors of commit ``m`` into live tensors of their shape (``{tensor index:
-        tensor}``): an ``array`` entry (or each ``array`` piece of a sharded one) chunk by chunk
-        straight into a CPU tensor of its dtype, so no copy of the tensor is ever made; other
-        entries (chains, packed, aliases, another dtype, a device) rebuilt one at a time and
-        copied in. What this allocates is bounded by the chunks in flight and the largest
-        tensor of the second kind, never by the state."""
+        tensor}``), so no copy of a tensor is made where the live one is a C-contiguous CPU
+        tensor of its dtype: an ``array`` entry (or each ``array`` piece of a sharded one)
+        chunk by chunk straight into it; a chain entry's baseline decoded into it and its
+        links applied there (XORs and residuals a chunk at a time); a packed entry copied from
+        the packed array; an alias rebuilt from its base (or copied from it, when the base is
+        live too). Only a live tensor of another dtype or memory order, or on a device, gets
+        its tensor rebuilt apart and copied in (one host copy of one tensor at a time). What
+        this allocates is bounded by the chunks in flight, a chain's changed rows, the packed
+        array and the largest tensor of that last kind, never by the state."""
         check_entries(self.walk, m, *needed_entries(m, dests))  # as verify (consistency.py)
         futures: list[Future] = []
         later: list[int] = []
-        tied: list[int] = []
+        tied = [i for i in dests if m.tensors[i].layout == Layout.ALIAS
+                and m.tensors[i].base in dests]  # tied weights: copied from their base
         try:
+            rebuilt: list[tuple[TensorEntry, np.ndarray]] = []
             for i, t in dests.items():
                 e = m.tensors[i]
                 if tuple(t.shape) != tuple(e.shape):
                     raise ManifestError(f"tensor {e.path!r} of shape {e.shape} read into a "
                                         f"tensor of shape {list(t.shape)}")
-                view = _direct_view(e, t)
+                if i in tied:
+                    continue
+                src = m.tensors[e.base] if e.layout == Layout.ALIAS else e
+                view = _direct_view(src, t) if src.layout != Layout.ALIAS else None
                 if view is None:
                     later.append(i)
-                elif e.layout == Layout.ARRAY:
-                    futures += self._queue_into(e, view)
+                elif src.layout == Layout.ARRAY and src.shape:
+                    futures += self._queue_into(src, view)
+                elif src.layout == Layout.SHARDED:
+                    futures += self._queue_pieces(src, view)
                 else:
-                    futures += self._queue_pieces(e, view)
-            tied = [i for i in later if m.tensors[i].layout == Layout.ALIAS
-                    and m.tensors[i].base in dests]  # tied weights: copied from their base
-            for i in later:  # meanwhile the I/O pool decodes the direct ones
-                if i not in tied:
-                    got = self.read_tensors(m, [i])[i]
-                    with torch.no_grad():
-                        dests[i].copy_(torch.as_tensor(got))
-                    del got
+                    rebuilt.append((src, view))
+            for src, view in rebuilt:  # meanwhile the I/O pool decodes the queued ones
+                self.host(src, view)
+            for i in later:  # no view to rebuild in: the temporary cannot be avoided
+                got = self.read_tensors(m, [i])[i]
+                with torch.no_grad():
+                    dests[i].copy_(torch.as_tensor(got))
+                del got
         finally:
             wait(futures)
         for f in futures:
@@ -292,10 +335,24 @@ class Reader:
         return out
 
 
+def _put(out: np.ndarray, got: np.ndarray) -> np.ndarray:
+    np.copyto(out, got)
+    return out
+
+
+def _wait_all(futures: list[Future]) -> None:
+    """Wait for every future (none still writes into a destination), then raise the first
+    error."""
+    wait(futures)
+    for f in futures:
+        f.result()
+
+
 def _direct_view(e: TensorEntry, t: torch.Tensor) -> np.ndarray | None:
-    """A writable numpy view of ``t`` that entry ``e``'s stored chunks decode straight into (a
-    CPU tensor of the entry's dtype and memory order, an ``array`` or sharded entry); else None."""
-    if e.layout not in (Layout.ARRAY, Layout.SHARDED) or not e.shape or e.dim_order is not None:
+    """A writable numpy view of ``t`` that entry ``e`` is rebuilt straight into (a CPU tensor
+    of the entry's dtype and memory order; C-contiguous for what is not decoded chunk by chunk
+    into its rows: chains, packed entries, 0-d arrays); else None."""
+    if e.layout not in _DIRECT or e.dim_order is not None:
         return None
     if t.dtype != torch_dtype(e.dtype) or type(t) is not torch.Tensor and not isinstance(
             t, torch.nn.Parameter):
@@ -303,7 +360,13 @@ def _direct_view(e: TensorEntry, t: torch.Tensor) -> np.ndarray | None:
     view = writable_host_view(t)
     if view is None or not view.flags.writeable or view.dtype != entry_dtype(e):
         return None
+    if not view.flags.c_contiguous and not (e.shape and e.layout in _BY_ROWS):
+        return None
     return view
+
+
+_BY_ROWS = (Layout.ARRAY, Layout.SHARDED)  # decoded chunk by chunk into any strided view
+_DIRECT = (*_BY_ROWS, Layout.CHAIN, Layout.PACKED)
 
 
 def _view(e: TensorEntry, base: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ applied onto it, or code deltas applied per chunk and dequantized once)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, wait
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -15,7 +15,7 @@ from ..chunkcodec import QuantizedLossy, codec_from_config
 from ..errors import CorruptedChunkError, ManifestError
 from ..floatbits import add_residual
 from ..layout import array_dir, chunk_key
-from ..limits import allocate
+from ..limits import allocate, copy_of
 from ..manifest import Blob, Kind, Layout, TensorEntry
 from ..policy.shrink import SHRINKABLE
 from ..storage import Buffer
@@ -23,9 +23,11 @@ from ..storage import Buffer
 if TYPE_CHECKING:
     from ckptcodecs import QuantParams
 
-__all__ = ["apply_residuals", "apply_rows", "apply_xors", "chain_codes", "changed_rows",
-           "replay_code_deltas", "xor_bits"]
+__all__ = ["ReadBlocks", "apply_residuals", "apply_rows", "apply_xors", "chain_codes",
+           "changed_rows", "replay_code_deltas", "xor_bits"]
 
+# reads a chain part block by block: ``put(first row, block)`` for each (in the I/O threads)
+ReadBlocks = Callable[[Blob, Callable[[int, np.ndarray], None]], None]
 # a chunk key -> its codes and parameters, and the stored chunk they were decoded from last
 ChunkCodesOf = Callable[[str], tuple[np.ndarray, "QuantParams", str]]
 
@@ -63,44 +65,69 @@ def xor_bits(current: np.ndarray, reference: np.ndarray) -> np.ndarray:
     return np.bitwise_xor(_bits(current), _bits(reference)).view(current.dtype)
 
 
-def apply_xors(out: np.ndarray, links: list[TensorEntry],
-               read_blob: Callable[[Blob], np.ndarray]) -> np.ndarray:
-    """XOR the bits of each link, oldest first, onto the baseline ``out``."""
-    if not out.flags.writeable:
-        out = out.copy()
+def apply_xors(out: np.ndarray, links: list[TensorEntry], read_blocks: ReadBlocks
+                ) -> np.ndarray:
+    """XOR the bits of each link, oldest first, onto the baseline ``out`` (in place where it is
+    writable), a chunk of the stored XOR at a time."""
+    out = _writable(out, links)
     acc = _bits(out)
     for link in links:
-        x = read_blob(link.parts["xor"])
-        if x.shape != out.shape or x.dtype.itemsize != out.dtype.itemsize:
-            raise ManifestError(f"xor of {link.path!r} in {link.parts['xor'].commit} does not "
-                                "fit the tensor")
-        np.bitwise_xor(acc, _bits(x), out=acc)
+        x = (link.parts or {}).get("xor")
+        if link.kind != Kind.XOR or x is None:
+            raise ManifestError(f"xor chain of {link.path!r} mixes kinds")
+        if tuple(x.shape) != out.shape or np.dtype(x.dtype).itemsize != out.dtype.itemsize:
+            raise ManifestError(f"xor of {link.path!r} in {x.commit} does not fit the tensor")
+
+        def xor(row: int, part: np.ndarray) -> None:
+            rows = _rows(acc, row, part)
+            np.bitwise_xor(rows, _bits(part), out=rows)
+
+        read_blocks(x, xor)
     return out
 
 
-def apply_residuals(out: np.ndarray, links: list[TensorEntry],
-                    read_blob: Callable[[Blob], np.ndarray]) -> np.ndarray:
+def apply_residuals(out: np.ndarray, links: list[TensorEntry], read_blocks: ReadBlocks
+                    ) -> np.ndarray:
     """Add the dequantized residual of each link, oldest first, onto the baseline ``out`` (in
-    its dtype, in the order the writer added them: the same values, bit for bit; 16-bit floats
-    through float32, see :func:`~ckptstore.floatbits.add_residual`)."""
-    out = np.array(out, copy=True)
+    place where it is writable; in its dtype, in the order the writer added them: the same
+    values, bit for bit; 16-bit floats through float32, see
+    :func:`~ckptstore.floatbits.add_residual`), a chunk of the stored residual at a time."""
+    out = _writable(out, links)
     for link in links:
-        if link.kind != Kind.RESIDUAL:
+        r = (link.parts or {}).get("residual")
+        if link.kind != Kind.RESIDUAL or r is None:
             raise ManifestError(f"residual chain of {link.path!r} mixes kinds")
-        r = read_blob(link.parts["residual"])
-        if r.shape != out.shape or r.dtype != out.dtype or link.dtype not in SHRINKABLE:
-            raise ManifestError(f"residual of {link.path!r} in {link.parts['residual'].commit} "
-                                "does not fit the tensor")
-        add_residual(out, r, link.dtype, out=out)
+        if tuple(r.shape) != out.shape or np.dtype(r.dtype) != out.dtype or (
+                link.dtype not in SHRINKABLE):
+            raise ManifestError(f"residual of {link.path!r} in {r.commit} does not fit the "
+                                "tensor")
+
+        def add(row: int, part: np.ndarray, dtype: str = link.dtype) -> None:
+            rows = _rows(out, row, part)
+            add_residual(rows, part, dtype, out=rows)
+
+        read_blocks(r, add)
     return out
+
+
+def _rows(out: np.ndarray, row: int, part: np.ndarray) -> np.ndarray:
+    """The rows of ``out`` a block of a chain part read from ``row`` on covers."""
+    return out[row: row + part.shape[0]] if out.ndim else out
+
+
+def _writable(out: np.ndarray, links: list[TensorEntry]) -> np.ndarray:
+    """``out``, or a copy of it (:func:`~ckptstore.limits.copy_of`) where it is read-only."""
+    if out.flags.writeable and out.flags.c_contiguous:
+        return out
+    return copy_of(out, f"the chain of {links[0].path!r}" if links else "a chain's baseline")
 
 
 def apply_rows(out: np.ndarray, increments: list[TensorEntry],
                read_blob: Callable[[Blob], np.ndarray]) -> np.ndarray:
     """Apply the changed rows of each increment, oldest first, onto the baseline ``out``
-    (``xvalues``: the new bits are the old ones XOR the stored ones)."""
-    if not out.flags.writeable:
-        out = out.copy()
+    (``xvalues``: the new bits are the old ones XOR the stored ones), in place where it is
+    writable."""
+    out = _writable(out, increments)
     for inc in increments:
         rows = read_blob(inc.parts["rows"])
         xor = "xvalues" in inc.parts
@@ -144,13 +171,17 @@ def chain_codes(chain: list[TensorEntry], read: Callable[[str], Buffer]
 
 
 def replay_code_deltas(chain: list[TensorEntry], dtype: np.dtype, read: Callable[[str], Buffer],
-                       executor: Executor) -> np.ndarray:
+                       executor: Executor, out: np.ndarray | None = None) -> np.ndarray:
     """Rebuild a tensor from a quantized full baseline and its code deltas, chunk by chunk in
-    parallel: codes of each version from the previous one's, then one dequantization."""
+    parallel: codes of each version from the previous one's, then one dequantization (into
+    ``out``, an array of the baseline's shape and ``dtype``, where given)."""
     from ckptcodecs import dequantize
 
     _, grid, codes_of = chain_codes(chain, read)
-    out = allocate(tuple(chain[0].shape), dtype, f"the code deltas of {chain[0].path!r}")
+    if out is None:
+        out = allocate(tuple(chain[0].shape), dtype, f"the code deltas of {chain[0].path!r}")
+    elif out.shape != tuple(chain[0].shape) or out.dtype != dtype:
+        raise ManifestError(f"code deltas of {chain[0].path!r} do not fit the tensor")
 
     def one(key: str, lo: int, hi: int) -> None:
         codes, params, where = codes_of(key)
@@ -160,6 +191,8 @@ def replay_code_deltas(chain: list[TensorEntry], dtype: np.dtype, read: Callable
             raise CorruptedChunkError(f"chunk {where} has the wrong size", where)
         out[lo:hi] = full.reshape(grid.chunks)[: hi - lo]
 
-    for f in [executor.submit(one, key, lo, hi) for _, key, lo, hi in grid]:
+    futures = [executor.submit(one, key, lo, hi) for _, key, lo, hi in grid]
+    wait(futures)  # none still writes into ``out`` when an error is raised
+    for f in futures:
         f.result()
     return out
