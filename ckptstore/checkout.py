@@ -48,8 +48,8 @@ def checkout(store: Any, ref: str, into: Any = None, paths: str | Sequence[str] 
         got = Reader(store.repo).read_tensors(m, wanted, map_location)
         state = unflatten(tree, [got.get(i) for i in range(len(m.tensors))])
     else:
-        store._committer.wait()  # its references must not outlive this load
-        store._committer.chains.forget()  # live tensors change behind any tracker: rebase next
+        store.committer.wait()  # its references must not outlive this load
+        store.committer.chains.forget()  # live tensors change behind any tracker: rebase next
         state = _load_in_place(store, m, tree, wanted, into, bool(patterns), map_location)
     if for_resume:
         store.record_restore(m.id)

@@ -13,21 +13,24 @@ import contextlib
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from .committer import _plain_metadata
 from .dcp import StorageReader, StorageWriter
 from .errors import CkptStoreError, DistributedError, StagingBudgetError
 from .info import CommitInfo
 from .manifest import Manifest
 from .pending import PendingCommit
+from .pipeline import plain_metadata
 from .policy import Policy
-from .state import flatten
+from .state import Leaf, flatten
 from .tracking import RowTracker
+
+if TYPE_CHECKING:
+    from .store import Store
 
 __all__ = ["commit_async_collective", "commit_collective", "load_shards"]
 
@@ -60,30 +63,29 @@ def _unwrapped() -> Iterator[None]:
         raise ours from e
 
 
-def _dcp_state(leaves: list[Any]) -> dict[str, Any]:
+def _dcp_state(leaves: list[Leaf]) -> dict[str, Any]:
     """``{path: tensor}`` for DCP (numpy leaves as tensors over the same memory)."""
     return {leaf.path: leaf.value if isinstance(leaf.value, torch.Tensor)
             else torch.from_numpy(np.asarray(leaf.value)) for leaf in leaves}
 
 
-def commit_collective(store: Any, state: object, message: str, branch: str,
+def commit_collective(store: Store, state: object, message: str, branch: str,
                       tags: Sequence[str], metadata: dict[str, object] | None,
                       policy: Policy, tracker: RowTracker | None = None,
                       process_group: Any = None) -> CommitInfo:
     """``Store.commit`` on every rank of a process group: one commit, DCP's planning."""
     import torch.distributed.checkpoint as dcp
 
-    store._committer.wait()
+    store.committer.wait()
     tree, leaves = flatten(state)
-    writer = StorageWriter(store, message, branch, tags, policy, _plain_metadata(
-        metadata or {}, state), tracker)
-    writer._tree, writer._order = tree, [leaf.path for leaf in leaves]
+    writer = StorageWriter(store, message, branch, tags, policy, plain_metadata(metadata, state),
+                           tracker, tree, [leaf.path for leaf in leaves])
     with _unwrapped():
         dcp.save(_dcp_state(leaves), storage_writer=writer, process_group=process_group)
-    return writer.last_commit or CommitInfo.from_manifest(store.manifest(writer._commit_id))
+    return writer.last_commit or CommitInfo.from_manifest(store.manifest(writer.commit_id))
 
 
-def commit_async_collective(store: Any, state: object, message: str, branch: str,
+def commit_async_collective(store: Store, state: object, message: str, branch: str,
                             tags: Sequence[str], metadata: dict[str, object] | None,
                             policy: Policy, tracker: RowTracker | None = None) -> PendingCommit:
     """``Store.commit_async`` on every rank: DCP's ``async_save`` stages the local shards, then
@@ -97,18 +99,18 @@ def commit_async_collective(store: Any, state: object, message: str, branch: str
             "shards, so the tracker's rows cannot be matched to them nor cleared at the snapshot; "
             "use commit(..., tracker=...) or commit_async without one (rows are compared)")
     t0 = time.perf_counter()
-    store._committer.wait()
-    if getattr(store, "_async_group", None) is None:
-        store._async_group = dist.new_group(backend="gloo")
+    committer = store.committer
+    committer.wait()
+    if committer.async_group is None:
+        committer.async_group = dist.new_group(backend="gloo")
     tree, leaves = flatten(state)
-    writer = StorageWriter(store, message, branch, tags, policy, _plain_metadata(
-        metadata or {}, state))
-    writer._tree, writer._order = tree, [leaf.path for leaf in leaves]
+    writer = StorageWriter(store, message, branch, tags, policy, plain_metadata(metadata, state),
+                           None, tree, [leaf.path for leaf in leaves])
     nbytes = sum(_local_nbytes(leaf.value) for leaf in leaves)
-    _check_staging_budget(nbytes, store._committer.staging.budget, store._async_group)
+    _check_staging_budget(nbytes, committer.staging.budget, committer.async_group)
     sd = _dcp_state(leaves)
     with _unwrapped():
-        fut = dcp.async_save(sd, storage_writer=writer, process_group=store._async_group)
+        fut = dcp.async_save(sd, storage_writer=writer, process_group=committer.async_group)
     pending = PendingCommit(time.perf_counter() - t0, nbytes)
     future = getattr(fut, "upload_completion", fut)
 
@@ -116,13 +118,13 @@ def commit_async_collective(store: Any, state: object, message: str, branch: str
         try:
             f.result()
             info = writer.last_commit or CommitInfo.from_manifest(
-                store.manifest(writer._commit_id))
+                store.manifest(writer.commit_id))
         except BaseException as e:  # noqa: BLE001 - handed to the caller through wait()
-            pending._finish(None, _our_error(e))
+            pending.finish(None, _our_error(e))
         else:
-            pending._finish(info, None)
+            pending.finish(info, None)
 
-    store._committer._inflight = pending
+    committer.inflight = pending
     future.add_done_callback(done)
     return pending
 
@@ -156,7 +158,7 @@ def _check_staging_budget(nbytes: int, budget: int | None, group: Any) -> None:
             "on any rank")
 
 
-def load_shards(store: Any, m: Manifest, shards: dict[str, Any]) -> None:
+def load_shards(store: Store, m: Manifest, shards: dict[str, Any]) -> None:
     """Load commit ``m``'s tensors into DTensors in place (``{dotted path: DTensor}``), reading
     on this rank only the chunks that overlap its shards, each decoded into the local shard
     (``dcp.load(..., no_dist=True)`` over :class:`~ckptstore.dcp.StorageReader`): no

@@ -44,10 +44,17 @@ class PendingCommit:
         self._started = time.perf_counter()
         self._boost = boost
 
-    def _finish(self, info: CommitInfo | None, error: BaseException | None) -> None:
+    def finish(self, info: CommitInfo | None, error: BaseException | None) -> None:
+        """Record the outcome (by whoever runs the commit: the committer's persist thread, or
+        DCP's completion under a process group) and wake the waiters."""
         self._info, self._error = info, error
         self.persist_seconds = time.perf_counter() - self._started
         self._done.set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until the persist ended, without taking its result (``wait()`` takes it);
+        return whether it ended."""
+        return self._done.wait(timeout)
 
     def done(self) -> bool:
         """True once the persist finished (successfully or not)."""

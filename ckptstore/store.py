@@ -13,7 +13,8 @@ from concurrent.futures import Future
 from typing import Any
 
 from .checkout import checkout
-from .committer import Committer, Metadata
+from .committer import Committer
+from .pipeline import Metadata
 from .diff import DiffResult, diff
 from .errors import NotAStoreError
 from .gc import collect
@@ -55,7 +56,6 @@ class Store:
                                     background_priority)
         self._committer.retention = keep  # applied after each commit lands
         self.collective = collective
-        self._async_group: object = None  # a gloo group for collective commit_async
 
     def __repr__(self) -> str:
         return f"<ckptstore.Store {self.storage.url!r}>"
@@ -75,6 +75,12 @@ class Store:
             self._committer.close()
         finally:
             self.repo.close()
+
+    @property
+    def committer(self) -> Committer:
+        """The store's commit pipeline (:class:`~ckptstore.committer.Committer`: chain memory,
+        staging buffers, the commit in flight), which the distributed paths drive."""
+        return self._committer
 
     @property
     def staging_bytes(self) -> int:

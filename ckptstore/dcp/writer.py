@@ -1,17 +1,17 @@
 """``StorageWriter``: ``dcp.save`` into a ckptstore, one commit written by every rank.
 
-Every rank persists the tensors DCP's global plan gives it (:func:`ckptstore.sharded.write_part`);
-the coordinator's ``finish`` writes the manifest and only then moves the ref. Non-tensor values
-are stored as plain msgpack, never pickled (see :mod:`ckptstore.dcp`).
+Every rank's ``write_data`` is its fork of the one commit pipeline
+(:func:`ckptstore.sharded.write_part`); the coordinator's ``finish`` is the merge
+(:func:`ckptstore.sharded.merge`: the manifest, then the ref, then tags and retention). Non-tensor values are stored as plain msgpack, never pickled (see
+:mod:`ckptstore.dcp`).
 """
-
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -19,17 +19,20 @@ from torch.distributed.checkpoint import storage as dcp_storage
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 
-from ..committer import _plain_metadata
-from ..errors import DistributedError, RefExists, UnsupportedLeafError
+from ..errors import DistributedError, UnsupportedLeafError
 from ..ids import new_commit_id
 from ..info import CommitInfo
-from ..layout import check_ref_name, tag_key
+from ..layout import check_ref_name
+from ..pipeline import plain_metadata
 from ..policy import Policy
-from ..policy.retention import retain_after_commit
+from ..publish import Target, check_tags_free, tag_names
 from ..refs import Tip
-from ..sharded import LocalTensor, PartEntry, assemble_manifest, write_part
+from ..sharded import LocalTensor, PartEntry, merge, write_part
 from ..state import Tree, flatten
 from ..tracking import RowTracker
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 __all__ = ["StorageWriter"]
 
@@ -55,29 +58,36 @@ class StorageWriter(dcp_storage.StorageWriter):
 
     ``policy`` (default: the store's) encodes each rank's shards as ``Store.commit`` encodes
     tensors; ``tracker`` (this rank's :func:`ckptstore.track`) supplies the touched rows of the
-    shards it tracks. After the save, :attr:`last_commit` on the coordinator is the new commit's
-    :class:`~ckptstore.CommitInfo`.
+    shards it tracks. ``tree`` and ``order`` (``Store.commit`` under a process group passes
+    them) are the state's own tree and its tensors' paths in the tree's order; without them the
+    tree is rebuilt from DCP's metadata. After the save, :attr:`last_commit` on the coordinator is
+    the new commit's :class:`~ckptstore.CommitInfo`, :attr:`commit_id` on every rank its id.
     """
 
-    def __init__(self, store: Any, message: str = "", branch: str = "main",
+    def __init__(self, store: Store, message: str = "", branch: str = "main",
                  tags: Sequence[str] = (), policy: Policy | None = None,
-                 metadata: dict[str, object] | None = None, tracker: RowTracker | None = None):
+                 metadata: dict[str, object] | None = None, tracker: RowTracker | None = None,
+                 tree: Tree | None = None, order: Sequence[str] | None = None):
         super().__init__()
         self.store = store
         self.message = message
         self.branch = check_ref_name(branch, "branch")
-        self.tags = tuple(check_ref_name(t, "tag") for t in ([tags] if isinstance(tags, str)
-                                                             else tags))
+        self.tags = tag_names(tags)
         self.policy = policy
-        self.metadata = _plain_metadata(metadata or {}, None)
+        self.metadata = plain_metadata(metadata, None)
         self.tracker = tracker
         self.last_commit: CommitInfo | None = None
         self.rank = 0
         self.is_coordinator = True
         self._tip: Tip | None = None
-        self._tree: Tree | None = None   # set by Store.commit: its own tree of the state
-        self._order: list[str] | None = None
+        self._tree = tree
+        self._order = list(order) if order is not None else None
         self._commit_id = ""
+
+    @property
+    def commit_id(self) -> str:
+        """The id of the commit this save writes (known on every rank once it wrote)."""
+        return self._commit_id
 
     # -- DCP's protocol ----------------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
@@ -93,9 +103,7 @@ class StorageWriter(dcp_storage.StorageWriter):
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         """On the coordinator: the commit id, the parent every rank builds chains on."""
         repo = self.store.repo
-        for t in self.tags:
-            if repo.storage.exists(tag_key(t)):
-                raise RefExists(f"tag {t!r} already exists; choose another name")
+        check_tags_free(repo, self.tags)
         self._tip = repo.refs.tip(self.branch)
         commit_id = self._commit_id = new_commit_id()
         parent = self._tip[1] if self._tip else None
@@ -121,7 +129,7 @@ class StorageWriter(dcp_storage.StorageWriter):
                                        tuple(item.tensor_data.size), data.detach()))
         store = self.store
         self._commit_id = a.commit_id  # every rank knows the commit it writes
-        parts = write_part(store._committer, a.commit_id, a.rank, tensors,
+        parts = write_part(store.committer, a.commit_id, a.rank, tensors,
                            self.policy or store.policy, self.branch, a.parent, self.tracker)
         results += [dcp_storage.WriteResult(
             index=MetadataIndex(p.fqn, torch.Size(p.offsets)), size_in_bytes=p.stored_bytes,
@@ -149,23 +157,9 @@ class StorageWriter(dcp_storage.StorageWriter):
             tree, shapes = self._tree, {fqn: shapes[fqn] for fqn in self._order or ()}
         else:
             tree = _nested_tree(metadata, values)
-        repo = self.store.repo
-        parent = repo.manifest(self._tip[1]) if self._tip else None
-        manifest = assemble_manifest(self._commit_id, parent, self.message, self.metadata, tree, shapes,
-                                     parts)
-        repo.write_manifest(manifest)
-        repo.refs.advance(self.branch, self._tip, manifest.id)
-        for t in self.tags:
-            try:
-                repo.refs.create_tag(t, manifest.id)
-            except RefExists:
-                raise RefExists(f"commit {manifest.id} was made on {self.branch!r}, but another "
-                                f"writer created tag {t!r} meanwhile; do not commit again -- tag "
-                                "this commit with another name") from None
+        manifest = merge(self.store.committer, Target(self.branch, self._tip, self.tags),
+                         self._commit_id, self.message, self.metadata, tree, shapes, parts)
         self.last_commit = CommitInfo.from_manifest(manifest)
-        keep = getattr(self.store, "keep", None)  # open(url, keep=...): once the commit landed
-        if keep is not None:
-            retain_after_commit(repo, keep, manifest.id)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
