@@ -44,7 +44,7 @@ from ckptcodecs._qformat import HEADER_SIZE, HEADER_SIZE_V2
 from ckptcodecs.kmeans import fit_codebooks
 from numcodecs import Zstd
 
-from ckptstore.floatbits import add_residual
+from ckptstore.format.floatbits import add_residual
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import best_time as common_best_time  # noqa: E402

@@ -1,10 +1,10 @@
-"""What the checks checkout and verify share (ckptstore/consistency.py) cost beside them.
+"""What the checks checkout and verify share (ckptstore/checkout/consistency.py) cost beside them.
 
 A 48-block MLP (Linear + LayerNorm) and its Adam state, committed three times with
 ``Policy(delta=True)`` (xor chains for the large tensors, packed small ones): the median of 7 runs
 of ``check_entries`` over the whole last commit (a fresh walk each time), of ``commit_problems``
 (verify's call: the state tree too), of a whole checkout and of verify. ``--against REV`` also
-times ``check_entries`` of ``ckptstore/consistency.py`` as it was at git revision REV, in the
+times ``check_entries`` of ``ckptstore/checkout/consistency.py`` as it was at git revision REV, in the
 same process: five pairs of medians of 15 runs, the old one then today's. Usage (from the
 repository root)::
 
@@ -27,12 +27,12 @@ import torch
 
 import ckptstore
 from ckptstore.chains.walk import Walk
-from ckptstore.consistency import check_entries, commit_problems
+from ckptstore.checkout.consistency import check_entries, commit_problems
 
 
 def _at(rev: str) -> Callable:
     """``check_entries`` of consistency.py at git revision ``rev``."""
-    text = subprocess.run(["git", "show", f"{rev}:ckptstore/consistency.py"], check=True,
+    text = subprocess.run(["git", "show", f"{rev}:ckptstore/checkout/consistency.py"], check=True,
                           capture_output=True, text=True).stdout
     text = text.replace("from .", "from ckptstore.")
     path = Path(tempfile.mkdtemp()) / "consistency_at_rev.py"

@@ -27,8 +27,8 @@ synthetic DLRM (Zipf categorical features, a hidden teacher):
   - *CPR-vanilla*: partial recovery with ``T_save = 2 PLS N_emb T_fail`` for the target PLS;
   - *CPR-MFU* / *CPR-SSU*: CPR's prioritisation -- commits 8 times as often, each storing only
     ``r = 1/8`` of every table's rows: the most used since they were last saved
-    (:class:`ckptstore.hotrows.AccessCounts`) or those in a bounded list of rows sampled from
-    1 % of accesses (:class:`ckptstore.hotrows.SampledRows`); stored as consecutive increments
+    (:class:`ckptstore.tracking.hotrows.AccessCounts`) or those in a bounded list of rows sampled from
+    1 % of accesses (:class:`ckptstore.tracking.hotrows.SampledRows`); stored as consecutive increments
     (a :func:`ckptstore.track` tracker re-marked with just those rows), with a full commit at the
     CPR-vanilla interval.
 * Overhead (% of the emulated job): saves x ``O_save`` (prioritised saves count ``r`` of it) +
@@ -55,7 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dlrm import ClickData, Config, Trainer  # noqa: E402
 
 import ckptstore  # noqa: E402
-from ckptstore.hotrows import AccessCounts, SampledRows  # noqa: E402
+from ckptstore.tracking.hotrows import AccessCounts, SampledRows  # noqa: E402
 from ckptstore.policy import (LostSamples, Policy, RecoveryCosts, cpr_interval,  # noqa: E402
                               plan_recovery, pls_interval)
 

@@ -54,7 +54,7 @@ def _rank(rank: int, world: int, cfg: Config, em: Emulation, strategy: str,
     from torch.distributed.tensor import DTensor, Shard
 
     import ckptstore
-    from ckptstore.hotrows import AccessCounts, SampledRows
+    from ckptstore.tracking.hotrows import AccessCounts, SampledRows
     from ckptstore.policy import LostSamples, Policy
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", "Sparse invariant checks", UserWarning)

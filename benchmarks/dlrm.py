@@ -440,7 +440,7 @@ def restore_footprint(store: Any) -> int:
     """Bytes that restoring the branch tip reads: the data folders of its arrays (every link of
     a chain) and their manifests -- what a gc that keeps single arrays would have to keep."""
     from ckptstore.chains.walk import Walk
-    from ckptstore.layout import manifest_key
+    from ckptstore.format.layout import manifest_key
 
     tip = store.manifest(store.resolve("main"))
     arrays = Walk(store.manifest).arrays_read(tip)  # the one walk of what a checkout reads
@@ -474,7 +474,7 @@ def main_pass(cfg: Config, data: dict, test: dict, root: str, log: Any,
               candidates: tuple[str, ...] = ()) -> dict[str, Any]:
     trainer = Trainer(cfg)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", ckptstore.tracking.TrackerWarning)
+        warnings.simplefilter("error", ckptstore.tracking.rows.TrackerWarning)
         tracker = ckptstore.track(trainer.model, [trainer.opt_emb, trainer.opt_mlp])
     runs = []
     for pol in POLICIES:

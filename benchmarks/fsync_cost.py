@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import command_line, load_average, machine_description, markdown_table  # noqa: E402
 
 import ckptstore  # noqa: E402
-from ckptstore.plan import EncodingOptions  # noqa: E402
+from ckptstore.commit.plan import EncodingOptions  # noqa: E402
 
 Writer = Callable[[str, dict[str, torch.Tensor]], None]
 

@@ -31,7 +31,7 @@ What is measured
   kernels are drained first) -- and the store's staging bytes.
 * Restore to the GPU of the model's weights: ``torch.load`` + ``.cuda()`` of a ``torch.save``
   file against ``store.checkout(ref, map_location=device)`` of a lossless, 8-bit and 4-bit
-  commit (quantized commits are dequantized on the GPU, :mod:`ckptstore.devdecode`), medians.
+  commit (quantized commits are dequantized on the GPU, :mod:`ckptstore.device.decode`), medians.
 
 Goals (issue 11): every policy at most 1.1x the bare copy's slowdown, compressed ones below it;
 restore to the GPU at least 2x faster than ``torch.load`` + ``.cuda()``.

@@ -42,8 +42,8 @@ import torch
 import ckptstore
 from ckptstore import EncodingOptions, Policy
 from ckptstore.errors import CkptStoreError
-from ckptstore.layout import manifest_key
-from ckptstore.sharded import LocalTensor, commit_shards
+from ckptstore.format.layout import manifest_key
+from ckptstore.dcp.shards import LocalTensor, commit_shards
 
 OTHER = "0123456789abcdef0123456789abcdef"
 _INTS = [-1, 0, 1, 3, 7, 64, 2**31, 2**62, 10**12]

@@ -17,11 +17,11 @@ each predictor forecasts ``S(n + 1)`` from what it has seen:
 * Check-N-Run: its rebase rule assumes ``S(n + 1) >= S(n)`` and uses ``S(n)`` as the forecast;
 * hot rows: the rows the counters of intervals ``1..n`` have seen, plus the smoothed
   Good-Toulmin estimate of the unseen rows one more interval adds, from the counts of counts
-  (:class:`ckptstore.hotrows.HotRowRebase`, :meth:`~ckptstore.hotrows.AccessCounts.expected_new`).
+  (:class:`ckptstore.tracking.hotrows.HotRowRebase`, :meth:`~ckptstore.tracking.hotrows.AccessCounts.expected_new`).
 
 For consecutive increments (the rows of the next interval alone) the table compares the last
 interval's size with stochastic communication avoidance's ``sum_e 1 - (1 - p_e)^(k B d)``
-from the counted ``p_e`` (:meth:`~ckptstore.hotrows.AccessCounts.expected_touched`).
+from the counted ``p_e`` (:meth:`~ckptstore.tracking.hotrows.AccessCounts.expected_touched`).
 
 The table prints forecasts and the actual ``S(n + 1)``, the absolute and relative errors, their
 means.
@@ -40,7 +40,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dlrm import QUICK, ClickData, Config  # noqa: E402
 
-from ckptstore.hotrows import AccessCounts, HotRowRebase  # noqa: E402
+from ckptstore.tracking.hotrows import AccessCounts, HotRowRebase  # noqa: E402
 from ckptstore.policy import Intermittent  # noqa: E402
 
 

@@ -54,7 +54,7 @@ from common import command_line, load_average, machine_description, markdown_tab
 
 import ckptstore  # noqa: E402
 from ckptstore.dcp import StorageReader  # noqa: E402
-from ckptstore.plan import EncodingOptions  # noqa: E402
+from ckptstore.commit.plan import EncodingOptions  # noqa: E402
 from ckptstore.chunkcodec import RawLossless  # noqa: E402
 from ckptstore.storage import LocalStorage, Storage  # noqa: E402
 from ckptstore.storage.base import Buffer  # noqa: E402

@@ -213,7 +213,7 @@ class Killer:
 
     def __init__(self, workdir: str):
         self.ctx = mp.get_context("forkserver")
-        self.ctx.set_forkserver_preload(["torch", "ckptstore", "ckptstore.gc", "s3fs",
+        self.ctx.set_forkserver_preload(["torch", "ckptstore", "ckptstore.maintenance.gc", "s3fs",
                                          "__main__"])
         self.workdir = workdir
         self.n = 0

@@ -8,7 +8,7 @@ Usage::
 What it does: every simulated rank holds a row shard of each of ``--tables`` embedding tables
 (``--rows-per-rank`` rows x 64 float32, small so the run fits in memory) and the coordinator
 writes ``--dense`` replicated dense tensors once (spread over the ranks). Each rank's part goes
-through the real write path (:func:`ckptstore.sharded.commit_shards`: plan, encode, persist into
+through the real write path (:func:`ckptstore.dcp.shards.commit_shards`: plan, encode, persist into
 its own arrays and packed array), against ``memory://`` with every storage call counted. The run
 makes ``--commits`` commits, then gc keeping the last one, and reports per commit: objects
 written, requests by kind, manifest bytes, the time to assemble/encode/decode the manifest, and
@@ -31,10 +31,10 @@ import uuid
 import torch
 
 import ckptstore
-from ckptstore.arrays import CHUNK_BYTES
-from ckptstore.layout import manifest_key
-from ckptstore.manifest import decode_manifest
-from ckptstore.sharded import LocalTensor, commit_shards
+from ckptstore.format.arrays import CHUNK_BYTES
+from ckptstore.format.layout import manifest_key
+from ckptstore.history.manifest import decode_manifest
+from ckptstore.dcp.shards import LocalTensor, commit_shards
 
 _COUNTED = ("read", "exists", "size", "listdir", "walk_sizes", "put", "put_chunk",
             "put_if_absent", "delete", "delete_tree")
@@ -91,12 +91,12 @@ def main() -> None:
         decode_s = time.perf_counter() - t1
         rows.append((dict(counts), len(raw), elapsed, decode_s, m))
     # what DCP gathers on the coordinator: every rank's write results (PartEntry objects)
-    from ckptstore.sharded import PartEntry
+    from ckptstore.dcp.shards import PartEntry
     m = rows[-1][4]
     sample = [PartEntry(e.path, (0, 0), False, e, None) for e in m.shards[: args.tables]]
     gathered_per_rank = len(pickle.dumps(sample))
     t0 = time.perf_counter()
-    from ckptstore.sharded import assemble_manifest  # assembly alone, from the gathered parts
+    from ckptstore.dcp.shards import assemble_manifest  # assembly alone, from the gathered parts
     packs = {p.array: p for p in m.packs}
     parts = [PartEntry(e.path.split("@")[0], tuple(p.offsets), False, e, packs.get(e.array))
              for t in m.tensors if t.pieces for p, e in

@@ -13,7 +13,7 @@ What is measured, side by side in each round (medians over ``--rounds``):
 * ``commit_async`` of the same increments without a tracker (rows found by comparing against a
   host copy of the table): the whole table is staged, as tracked tables were before;
 * the same without a tracker, the rows found on the table's device against a reference kept
-  there (:mod:`ckptstore.devrows`; ``device_encode="always"`` on the CPU, where the CPU stands in
+  there (:mod:`ckptstore.device.rows`; ``device_encode="always"`` on the CPU, where the CPU stands in
   for the device, ``"auto"`` with ``--device cuda``): the table is staged on its device and only
   the changed rows cross to the host;
 * the bare copies the two stand for: ``torch.index_select`` of the touched rows, and ``copy_`` of

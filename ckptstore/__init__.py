@@ -20,30 +20,30 @@ from .errors import *
 from .errors import __all__ as _errors_all
 
 if TYPE_CHECKING:
-    from .diff import DiffResult
+    from .maintenance.diff import DiffResult
     from .export import ExportResult
     from .info import CommitInfo, GCResult, VerifyReport
-    from .pending import PendingCommit
-    from .plan import EncodingOptions
+    from .commit.pending import PendingCommit
+    from .commit.plan import EncodingOptions
     from .policy import (BestN, BitWidth, EveryN, Frequency, Intermittent, LatestN, MaxChain,
                          Policy, QualitySearch, QuantSpec)
-    from .resume import ResumableLoader, ResumableSampler, RNGState
-    from .sensitivity import GradientEMA
+    from .tracking.resume import ResumableLoader, ResumableSampler, RNGState
+    from .commit.sensitivity import GradientEMA
     from .storage.retry import Retry
     from .store import Store, open
-    from .tracking import RowTracker, track
-    from .usage import UsageReport
+    from .tracking.rows import RowTracker, track
+    from .maintenance.usage import UsageReport
 
 _LAZY = {  # public name -> the submodule it lives in
-    "DiffResult": "diff", "ExportResult": "export",
+    "DiffResult": "maintenance.diff", "ExportResult": "export",
     "CommitInfo": "info", "GCResult": "info", "VerifyReport": "info",
-    "PendingCommit": "pending", "EncodingOptions": "plan",
+    "PendingCommit": "commit.pending", "EncodingOptions": "commit.plan",
     "BitWidth": "policy", "Frequency": "policy", "Intermittent": "policy", "MaxChain": "policy",
     "Policy": "policy", "QualitySearch": "policy", "QuantSpec": "policy",
     "LatestN": "policy", "EveryN": "policy", "BestN": "policy",
-    "ResumableLoader": "resume", "ResumableSampler": "resume", "RNGState": "resume",
-    "Store": "store", "open": "store", "RowTracker": "tracking", "track": "tracking",
-    "UsageReport": "usage", "GradientEMA": "sensitivity", "Retry": "storage.retry",
+    "ResumableLoader": "tracking.resume", "ResumableSampler": "tracking.resume", "RNGState": "tracking.resume",
+    "Store": "store", "open": "store", "RowTracker": "tracking.rows", "track": "tracking.rows",
+    "UsageReport": "maintenance.usage", "GradientEMA": "commit.sensitivity", "Retry": "storage.retry",
 }
 
 __all__ = ["open", "Store", "CommitInfo", "GCResult", "VerifyReport", "EncodingOptions",

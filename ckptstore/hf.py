@@ -32,7 +32,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from .export.hf_dir import CONFIG_ENTRY, to_hf_directory
 from .export.result import ExportResult
-from .layout import check_ref_name
+from .format.layout import check_ref_name
 from .policy import Policy
 from .store import Store
 from .store import open as open_store

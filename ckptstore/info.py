@@ -6,7 +6,7 @@ import datetime as _dt
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .manifest import Manifest
+from .history.manifest import Manifest
 
 __all__ = ["CommitInfo", "GCResult", "VerifyReport"]
 
@@ -65,7 +65,7 @@ class GCResult:
 class VerifyReport:
     """Problems ``Store.verify`` found: each names a path inside the store. ``dangling``: commits
     past a branch tip that no ref names (a lost ref file, or a commit stopped before its ref
-    moved; :mod:`ckptstore.dangling`), each with what to do -- reported, like git fsck's,
+    moved; :mod:`ckptstore.maintenance.dangling`), each with what to do -- reported, like git fsck's,
     without making the report not ``ok``."""
 
     commits_checked: int = 0

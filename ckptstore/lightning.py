@@ -39,10 +39,10 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("ckptstore.lightning needs Lightning: pip install 'lightning>=2.2'") from e
 
 from .errors import RefNotFound, UnsupportedLeafError
-from .ids import is_commit_id
-from .layout import check_ref_name
+from .format.ids import is_commit_id
+from .format.layout import check_ref_name
 from .policy import Policy
-from .state import is_stateful
+from .state.tree import is_stateful
 from .store import Store
 from .store import open as open_store
 

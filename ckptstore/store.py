@@ -1,8 +1,8 @@
 """The Store facade: the verbs of a checkpoint store, each a call into the layer that does it.
 
-History and refs live in :class:`~ckptstore.repository.Repository`, the act of writing in
-:class:`~ckptstore.committer.Committer`, reading in :class:`~ckptstore.reader.Reader`,
-maintenance in :mod:`ckptstore.gc` and :mod:`ckptstore.verify`.
+History and refs live in :class:`~ckptstore.history.repository.Repository`, the act of writing in
+:class:`~ckptstore.commit.committer.Committer`, reading in :class:`~ckptstore.checkout.reader.Reader`,
+maintenance in :mod:`ckptstore.maintenance.gc` and :mod:`ckptstore.maintenance.verify`.
 """
 
 from __future__ import annotations
@@ -12,28 +12,28 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from .checkout import checkout
-from .committer import Committer
-from .pipeline import Metadata
-from .diff import DiffResult, diff
+from .checkout.flow import checkout
+from .commit.committer import Committer
+from .commit.pipeline import Metadata
+from .maintenance.diff import DiffResult, diff
 from .errors import NotAStoreError
-from .gc import collect
+from .maintenance.gc import collect
 from .info import CommitInfo, GCResult, VerifyReport
-from .layout import MARKER, check_ref_name
-from .batches import iter_tensors
-from .leaves import BATCH_BYTES, TensorLike
-from .manifest import Manifest, decode_marker, encode_marker
-from .pending import PendingCommit
-from .plan import EncodingOptions
+from .format.layout import MARKER, check_ref_name
+from .checkout.batches import iter_tensors
+from .state.leaves import BATCH_BYTES, TensorLike
+from .history.manifest import Manifest, decode_marker, encode_marker
+from .commit.pending import PendingCommit
+from .commit.plan import EncodingOptions
 from .policy import Policy
 from .policy.retention import Retention, check_retention
 from .priority import DEFAULT_PRIORITY, check_priority
 from .progress import bar
-from .repository import Repository
+from .history.repository import Repository
 from .storage import Retry, Storage, open_storage
-from .tracking import RowTracker
-from .usage import UsageReport, disk_usage
-from .verify import verify
+from .tracking.rows import RowTracker
+from .maintenance.usage import UsageReport, disk_usage
+from .maintenance.verify import verify
 
 __all__ = ["Store", "open"]
 
@@ -78,7 +78,7 @@ class Store:
 
     @property
     def committer(self) -> Committer:
-        """The store's commit pipeline (:class:`~ckptstore.committer.Committer`: chain memory,
+        """The store's commit pipeline (:class:`~ckptstore.commit.committer.Committer`: chain memory,
         staging buffers, the commit in flight), which the distributed paths drive."""
         return self._committer
 
@@ -127,7 +127,7 @@ class Store:
         the same commit back (:mod:`ckptstore.dcp`).
         """
         if self._distributed():
-            from .distributed import commit_collective
+            from .dcp.collective import commit_collective
             return commit_collective(self, state, message, branch, tags, metadata,
                                      policy or self.policy, tracker)
         return self._committer.commit(state, message, branch, tags, metadata,
@@ -147,7 +147,7 @@ class Store:
         until ``wait()`` returns) and copies nothing.
         """
         if self._distributed():
-            from .distributed import commit_async_collective
+            from .dcp.collective import commit_async_collective
             return commit_async_collective(self, state, message, branch, tags, metadata,
                                            policy or self.policy, tracker)
         return self._committer.commit_async(state, message, branch, tags, metadata,
@@ -213,7 +213,7 @@ class Store:
         for_resume
             Training resumes from this state: counted for the restore budget of quantized commits.
 
-        See :mod:`ckptstore.checkout` for the order of calls.
+        See :mod:`ckptstore.checkout.flow` for the order of calls.
         """
         return checkout(self, ref, into, paths, map_location, for_resume)
 
@@ -288,7 +288,7 @@ class Store:
     def gc(self, keep_last: int | None = None, keep_tags: bool = True,
            keep_every: int | None = None, dry_run: bool = False,
            grace_period: float = 3600.0, progress: bool = False) -> GCResult:
-        """Remove old commits and leftovers; see :func:`ckptstore.gc.collect`."""
+        """Remove old commits and leftovers; see :func:`ckptstore.maintenance.gc.collect`."""
         self._committer.wait()  # never collect the data of our own commit in flight
         return collect(self.repo, keep_last=keep_last, keep_tags=keep_tags, keep_every=keep_every,
                        dry_run=dry_run, grace_period=grace_period, progress=progress)
@@ -306,19 +306,19 @@ class Store:
     def diff(self, a: str, b: str, paths: Sequence[str] | None = None,
              progress: bool = False) -> DiffResult:
         """Tensors and plain values changed, added or removed from ``a`` to ``b``, with the
-        largest absolute difference of each changed tensor; see :func:`ckptstore.diff.diff`."""
+        largest absolute difference of each changed tensor; see :func:`ckptstore.maintenance.diff.diff`."""
         return diff(self.repo, a, b, paths, progress=progress)
 
     def usage(self, ref: str | None = None, limit: int | None = None,
               progress: bool = False) -> UsageReport:
         """Stored bytes per commit (own data, data of other commits it reads), newest first:
-        every commit, or ``ref``'s history; see :func:`ckptstore.usage.disk_usage`."""
+        every commit, or ``ref``'s history; see :func:`ckptstore.maintenance.usage.disk_usage`."""
         return disk_usage(self.repo, ref, limit, progress=progress)
 
     def iter_tensors(self, ref: str = "main", paths: Sequence[str] | None = None,
                      batch_bytes: int = BATCH_BYTES) -> Iterator[tuple[str, TensorLike]]:
         """``(dotted path, tensor)`` of a commit's tensors, read about ``batch_bytes`` at a time
-        so the whole state is never in memory; see :func:`ckptstore.batches.iter_tensors`."""
+        so the whole state is never in memory; see :func:`ckptstore.checkout.batches.iter_tensors`."""
         return iter_tensors(self.repo, ref, paths, batch_bytes)
 
 

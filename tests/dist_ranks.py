@@ -137,7 +137,7 @@ def die_while_writing(rank: int, world: int, url: str, opts: dict) -> None:
     import torch.distributed.checkpoint as dcp
 
     import ckptstore
-    import ckptstore.sharded as sharded
+    import ckptstore.dcp.shards as sharded
     from ckptstore.dcp import StorageWriter
     real = sharded.persist
 
@@ -231,7 +231,7 @@ def fsdp_shrink_commits(rank: int, world: int, url: str, opts: dict) -> None:
     import torch.distributed as dist
 
     import ckptstore
-    from ckptstore.manifest import Kind
+    from ckptstore.history.manifest import Kind
     from ckptstore.policy import Policy, Shrink
 
     model = _fsdp_mlp(world, seed=2)

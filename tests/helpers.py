@@ -71,7 +71,7 @@ def assert_older_reader_refuses(manifest: Any, reader_version: int) -> None:
     FormatVersionError that says to upgrade."""
     import pytest
 
-    import ckptstore.manifest as manifest_module
+    import ckptstore.history.manifest as manifest_module
     from ckptstore.errors import FormatVersionError
 
     raw = manifest_module.encode_manifest(manifest)

@@ -137,7 +137,7 @@ def barrier_wait(directory: str, parties: int, name: str, timeout: float = 60.0)
 
 def arm_barrier(directory: str, parties: int, rounds: int = 1) -> None:
     """Make the first ``rounds`` branch moves and every tag creation wait at the barrier."""
-    from ckptstore.refs import Refs
+    from ckptstore.history.refs import Refs
 
     advance, create_tag = Refs.advance, Refs.create_tag
     seen = [0]
@@ -237,8 +237,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import torch  # noqa: F401
 
     import ckptstore  # noqa: F401 - imported once, inherited by every worker
-    import ckptstore.gc  # noqa: F401
-    import ckptstore.verify  # noqa: F401
+    import ckptstore.maintenance.gc  # noqa: F401
+    import ckptstore.maintenance.verify  # noqa: F401
     try:
         import s3fs  # noqa: F401
     except ImportError:

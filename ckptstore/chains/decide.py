@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..chunkcodec import LOSSLESS_IDS
-from ..manifest import Kind, Layout, Manifest, TensorEntry
+from ..history.manifest import Kind, Layout, Manifest, TensorEntry
 from ..policy import Policy, Want
 
 if TYPE_CHECKING:  # ckptcodecs (and numba) load on first use, not with ckptstore

@@ -1,9 +1,9 @@
 """Remembering chains: what a store keeps between its own commits to build the next chain entry.
 
-Changed rows come from a :class:`~ckptstore.tracking.RowTracker` when the commit is given one,
+Changed rows come from a :class:`~ckptstore.tracking.rows.RowTracker` when the commit is given one,
 else from comparing the tensor's bits with a copy of the reference kept here after the last
 commit (exact, costs one copy of each incremental tensor): on the tensor's device when its
-snapshot was staged there (:mod:`ckptstore.devrows`: only changed rows then cross to the host),
+snapshot was staged there (:mod:`ckptstore.device.rows`: only changed rows then cross to the host),
 else in host memory. A tracked table keeps no copy, unless ``Policy(delta=True)`` asks for its
 lossless changed rows as the XOR of their old bits: then it keeps a host copy as the compare mode
 does. A process without that reference (after a restart) writes a full baseline instead of
@@ -18,13 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..arrays import ChunkGrid, dtype_name
+from ..format.arrays import ChunkGrid, dtype_name
 from ..chunkcodec import LOSSLESS_IDS, QuantizedLossy
-from ..devrows import device_reference
-from ..manifest import Kind, Manifest
-from ..plan import FULL_LOSSLESS, ArrayItem, CommitPlan, Decide, TensorDecision
+from ..device.rows import device_reference
+from ..history.manifest import Kind, Manifest
+from ..commit.plan import FULL_LOSSLESS, ArrayItem, CommitPlan, Decide, TensorDecision
 from ..policy import Policy
-from ..tracking import RowTracker
+from ..tracking.rows import RowTracker
 from .decide import ChainStart, CodesBase, Reference, commit_rebases, plan_chain
 
 __all__ = ["ChainMemory", "Shadow"]

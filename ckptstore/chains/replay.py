@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..arrays import ChunkGrid
+from ..format.arrays import ChunkGrid
 from ..chunkcodec import QuantizedLossy, codec_from_config
 from ..errors import CorruptedChunkError, ManifestError
-from ..floatbits import add_residual
-from ..layout import array_dir, chunk_key
+from ..format.floatbits import add_residual
+from ..format.layout import array_dir, chunk_key
 from ..limits import allocate, copy_of
-from ..manifest import Blob, Kind, Layout, TensorEntry
+from ..history.manifest import Blob, Kind, Layout, TensorEntry
 from ..policy.shrink import SHRINKABLE
 from ..storage import Buffer
 
@@ -91,7 +91,7 @@ def apply_residuals(out: np.ndarray, links: list[TensorEntry], read_blocks: Read
     """Add the dequantized residual of each link, oldest first, onto the baseline ``out`` (in
     place where it is writable; in its dtype, in the order the writer added them: the same
     values, bit for bit; 16-bit floats through float32, see
-    :func:`~ckptstore.floatbits.add_residual`), a chunk of the stored residual at a time."""
+    :func:`~ckptstore.format.floatbits.add_residual`), a chunk of the stored residual at a time."""
     out = _writable(out, links)
     for link in links:
         r = (link.parts or {}).get("residual")

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..dtypes import numpy_dtype
+from ..format.dtypes import numpy_dtype
 from ..errors import ManifestError
-from ..grid import ChunkGrid
-from ..layout import PACKED_ARRAY, array_dir, chunk_key
+from ..format.grid import ChunkGrid
+from ..format.layout import PACKED_ARRAY, array_dir, chunk_key
 from ..limits import check_grid, missing_chunks
-from ..manifest import Blob, Kind, Layout, Manifest, PackedInfo, TensorEntry
+from ..history.manifest import Blob, Kind, Layout, Manifest, PackedInfo, TensorEntry
 from ..storage import Storage
 
 __all__ = ["MAX_CHAIN", "ManifestOf", "StoredArray", "Walk", "blob_array", "entry_array",

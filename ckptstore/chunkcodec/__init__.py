@@ -56,6 +56,8 @@ the decoded bits themselves overrides it to read the chunk straight into the des
 
 A store that records an id this ckptstore does not know fails to read with a
 :class:`~ckptstore.errors.ManifestError` asking for an upgrade.
+
+May import: storage and the top-level helpers (errors, limits, info, priority, progress, _version).
 """
 
 from .base import (ChunkCodec, ChunkSource, Encoded, add_crc, check_crc, check_crc_parts,

@@ -89,7 +89,7 @@ class QuantizedLossy(ChunkCodec):
     def pack(self, codes: np.ndarray | None, params: QuantParams,
              packed: np.ndarray | None = None) -> Encoded:
         """Stored bytes of a chunk's ``codes`` and ``params`` (computed on the host or, by
-        :mod:`ckptstore.devquant`, on the tensor's device); ``packed``: the codes already
+        :mod:`ckptstore.device.quant`, on the tensor's device); ``packed``: the codes already
         bit-packed, in place of ``codes``."""
         from ckptcodecs import encode_chunk, rle_huffman_encode
 

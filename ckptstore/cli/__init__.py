@@ -23,6 +23,8 @@ by ``ckpt import``, which starts one where none is.
 Start-up: ``log``, ``tag``, ``branch``, ``show`` and ``du`` must not import torch (``tests/cli``
 checks each): they use ``ctx.repo``, never ``ctx.store``. Verb modules import the library they
 call (``..store``, ``..usage``, ``..diff``, ``..export``) inside ``run``, never at the top.
+
+May import: everything (it is the top layer); verbs import torch-bound modules inside ``run``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import json
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from ..repository import Repository
+from ..history.repository import Repository
 from ..storage import Storage
 from ._output import jsonable
 

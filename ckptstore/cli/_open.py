@@ -8,8 +8,8 @@ import os
 from typing import Any
 
 from ..errors import NotAStoreError
-from ..layout import MARKER
-from ..manifest import decode_marker
+from ..format.layout import MARKER
+from ..history.manifest import decode_marker
 from ..storage import Storage, open_storage
 from ._context import CliError
 

@@ -8,7 +8,7 @@ from ._context import AddVerb, Context
 from ._output import plural, shape_text, short_value, table
 
 if TYPE_CHECKING:
-    from ..diff import DiffResult, TensorSpec
+    from ..maintenance.diff import DiffResult, TensorSpec
 
 __all__ = ["register", "run"]
 

@@ -1,4 +1,4 @@
-"""``ckpt du``: stored bytes per commit (see :func:`ckptstore.usage.disk_usage`), from
+"""``ckpt du``: stored bytes per commit (see :func:`ckptstore.maintenance.usage.disk_usage`), from
 manifests and store listings: no tensor is read, torch is not imported."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def register(add: AddVerb) -> None:
 
 
 def run(ctx: Context) -> int:
-    from ..usage import disk_usage
+    from ..maintenance.usage import disk_usage
 
     report = disk_usage(ctx.repo, ctx.args.ref, limit=ctx.args.limit, progress=ctx.progress)
     if ctx.json:

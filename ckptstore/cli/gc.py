@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..layout import data_dir
+from ..format.layout import data_dir
 from ._context import AddVerb, Context, positive_int, seconds
 from ._output import human_size, plural
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from ..errors import CkptStoreError
 from ..info import CommitInfo
-from ..layout import check_ref_name
-from ..repository import Repository
+from ..format.layout import check_ref_name
+from ..history.repository import Repository
 from ._context import AddVerb, CliError, Context
 from ._output import one_line, table, utc_time
 

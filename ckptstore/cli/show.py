@@ -1,22 +1,22 @@
 """``ckpt show``: one commit's details, a table of its tensors and one of its plain values.
 
 It reads manifests and store listings only, never a tensor, and needs no torch: sizes come from
-dtype names (:mod:`ckptstore.dtypes`), the store's history from ``ctx.repo``.
+dtype names (:mod:`ckptstore.format.dtypes`), the store's history from ``ctx.repo``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..dtypes import nbytes
+from ..format.dtypes import nbytes
 from ..info import CommitInfo
-from ..layout import PACKED_ARRAY
-from ..manifest import Layout, Manifest
+from ..format.layout import PACKED_ARRAY
+from ..history.manifest import Layout, Manifest
 from ._context import AddVerb, Context
 from ._output import human_size, plural, shape_text, short_value, table, utc_time
 
 if TYPE_CHECKING:
-    from ..usage import StoredSizes
+    from ..maintenance.usage import StoredSizes
 
 __all__ = ["register", "run"]
 
@@ -32,7 +32,7 @@ def register(add: AddVerb) -> None:
 
 def _rows(ctx: Context, m: Manifest, sizes: StoredSizes, wanted: set[int]) -> list[dict[str, Any]]:
     from ..chains.walk import Walk
-    from ..usage import entry_stored_bytes
+    from ..maintenance.usage import entry_stored_bytes
 
     rows = []
     walk = Walk(ctx.repo.manifest)
@@ -60,8 +60,8 @@ def _rows(ctx: Context, m: Manifest, sizes: StoredSizes, wanted: set[int]) -> li
 
 
 def run(ctx: Context) -> int:
-    from ..leaves import Leaves
-    from ..usage import StoredSizes
+    from ..state.leaves import Leaves
+    from ..maintenance.usage import StoredSizes
 
     repo, args = ctx.repo, ctx.args  # manifests and listings only: no tensor is read
     m = repo.manifest(repo.resolve(args.ref))

@@ -11,7 +11,7 @@ import io
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -21,13 +21,16 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
                                                    TensorStorageMetadata)
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 
-from ..arrays import host_to_tensor, start_read_region, torch_dtype, writable_host_view
+from ..format.arrays import host_to_tensor, start_read_region, torch_dtype, writable_host_view
 from ..chains.walk import entry_array
 from ..chunkcodec import codec_from_config
 from ..errors import DistributedError, ManifestError
-from ..manifest import Layout, Manifest, TensorEntry
-from ..reader import Reader
-from ..state import Tree, tree_paths, unflatten
+from ..history.manifest import Layout, Manifest, TensorEntry
+from ..checkout.reader import Reader
+from ..state.tree import Tree, tree_paths, unflatten
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 __all__ = ["StorageReader"]
 
@@ -46,7 +49,7 @@ class StorageReader(dcp_storage.StorageReader):
     reads the same commit while the branch moves).
     """
 
-    def __init__(self, store: Any, ref: str = "main"):
+    def __init__(self, store: Store, ref: str = "main"):
         super().__init__()
         self.store = store
         self.ref = ref

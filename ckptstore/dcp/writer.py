@@ -1,8 +1,8 @@
 """``StorageWriter``: ``dcp.save`` into a ckptstore, one commit written by every rank.
 
 Every rank's ``write_data`` is its fork of the one commit pipeline
-(:func:`ckptstore.sharded.write_part`); the coordinator's ``finish`` is the merge
-(:func:`ckptstore.sharded.merge`: the manifest, then the ref, then tags and retention). Non-tensor values are stored as plain msgpack, never pickled (see
+(:func:`ckptstore.dcp.shards.write_part`); the coordinator's ``finish`` is the merge
+(:func:`ckptstore.dcp.shards.merge`: the manifest, then the ref, then tags and retention). Non-tensor values are stored as plain msgpack, never pickled (see
 :mod:`ckptstore.dcp`).
 """
 
@@ -20,16 +20,16 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, Tenso
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 
 from ..errors import DistributedError, UnsupportedLeafError
-from ..ids import new_commit_id
+from ..format.ids import new_commit_id
 from ..info import CommitInfo
-from ..layout import check_ref_name
-from ..pipeline import plain_metadata
+from ..format.layout import check_ref_name
+from ..commit.pipeline import plain_metadata
 from ..policy import Policy
-from ..publish import Target, check_tags_free, tag_names
-from ..refs import Tip
-from ..sharded import LocalTensor, PartEntry, merge, write_part
-from ..state import Tree, flatten
-from ..tracking import RowTracker
+from ..commit.publish import Target, check_tags_free, tag_names
+from ..history.refs import Tip
+from .shards import LocalTensor, PartEntry, merge, write_part
+from ..state.tree import Tree, flatten
+from ..tracking.rows import RowTracker
 
 if TYPE_CHECKING:
     from ..store import Store

@@ -6,6 +6,8 @@
 >>> out = os.path.join(tempfile.mkdtemp(), "model.safetensors")
 >>> ckptstore.export.to_safetensors(store, "main", out, strip_prefix="model.").tensors
 1
+
+May import: the store facade (``ckptstore.store``) and everything below it.
 """
 
 from .dcp_dir import to_dcp

@@ -42,7 +42,7 @@ def to_dcp(store: Store, ref: str, directory: str | os.PathLike[str],
     from torch.distributed.checkpoint import save as dcp_save
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from ..state import flatten
+    from ..state.tree import flatten
     directory = target_path(directory)
     if os.path.isdir(directory) and os.listdir(directory) and not overwrite:
         raise ExportError(f"{directory} exists and is not empty; pass overwrite=True "

@@ -14,8 +14,8 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..leaves import Leaves
-from ..repository import Repository
+from ..state.leaves import Leaves
+from ..history.repository import Repository
 from .result import ExportError, ExportResult, target_path
 from .safetensors_file import to_safetensors
 

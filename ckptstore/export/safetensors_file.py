@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..arrays import tensor_to_host
+from ..format.arrays import tensor_to_host
 from ..errors import ManifestError
-from ..batches import read_tensors
-from ..leaves import Leaves, as_tensor, entry_nbytes
-from ..manifest import Manifest
+from ..checkout.batches import read_tensors
+from ..state.leaves import Leaves, as_tensor, entry_nbytes
+from ..history.manifest import Manifest
 from ..progress import bar
-from ..repository import Repository
+from ..history.repository import Repository
 from .result import ExportError, ExportResult, target_path
 
 if TYPE_CHECKING:

@@ -18,6 +18,8 @@ Every source is untrusted input: a file it names (an index's ``weight_map``, DCP
 ``relative_path``) must stay inside the source folder, symlinks resolved; only regular files are
 read; nothing is allocated beyond what the source holds; every refusal is one
 :class:`ImportSourceError` line and commits nothing.
+
+May import: the store facade (``ckptstore.store``) and everything below it.
 """
 
 from __future__ import annotations

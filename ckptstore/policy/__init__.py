@@ -1,5 +1,9 @@
 """Policies: how tensors are encoded, when chains rebase, how many bits a restore budget allows,
-which commits a store keeps."""
+which commits a store keeps.
+
+May import: state, history, format, chunkcodec, storage, chains, tracking and the top-level helpers
+(errors, limits, info, priority, progress, _version).
+"""
 
 from .autotune import TableChoice, Tuning, autotune
 from .bitwidth import BitWidth

@@ -13,7 +13,7 @@ from .rebase import Intermittent, RebasePredictor
 from .shrink import SHRINKABLE, Shrink
 
 if TYPE_CHECKING:
-    from ..sensitivity import GradientEMA
+    from ..commit.sensitivity import GradientEMA
 
 __all__ = ["Decision", "Policy", "QuantSpec", "Want"]
 

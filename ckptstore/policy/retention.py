@@ -4,7 +4,7 @@
 every branch, the union of what each rule selects along the branch's first-parent line (as
 torchtitan's ``keep_latest_k``, Orbax's ``max_to_keep`` / ``EveryNSteps`` / ``BestN`` and
 Lightning's ``save_top_k``); branch tips and tagged commits are always kept, and so is every commit
-a kept one builds on (chain bases, dedup'd data), as :func:`ckptstore.gc.collect` marks them.
+a kept one builds on (chain bases, dedup'd data), as :func:`ckptstore.maintenance.gc.collect` marks them.
 
 The store applies the policy right after each commit's ref moved (for ``commit_async``, on the
 persist thread once that commit landed: it never lags behind). It removes only commits a branch
@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Literal
 
 from ..chains.walk import Walk
 from ..errors import CkptStoreError
-from ..layout import data_dir, manifest_key
+from ..format.layout import data_dir, manifest_key
 
 if TYPE_CHECKING:
-    from ..repository import Repository
+    from ..history.repository import Repository
 
 __all__ = ["AnyOf", "BestN", "Candidate", "EveryN", "LatestN", "Retention", "RetentionWarning",
            "apply_retention", "check_retention", "retain_after_commit"]

@@ -27,7 +27,7 @@ def simulate(state: Mapping[str, Any], spec: QuantSpec, min_bytes: int = 64 * 10
              chunk_bytes: int | None = None) -> dict[str, Any]:
     """The state as a checkout would return it after committing with ``spec``: every float
     tensor of at least ``min_bytes`` quantized and dequantized chunk by chunk, like the store."""
-    from ..arrays import CHUNK_BYTES, ChunkGrid, dtype_name, host_to_tensor, tensor_to_host
+    from ..format.arrays import CHUNK_BYTES, ChunkGrid, dtype_name, host_to_tensor, tensor_to_host
     from ..chunkcodec import QuantizedLossy
 
     out: dict[str, Any] = {}

@@ -37,7 +37,7 @@ _SAMPLE = 1 << 20  # saliencies sampled for the model-wide threshold
 
 SHRINKABLE = ("float32", "bfloat16", "float16")
 """Dtypes (torch names) of the weights and moments a :class:`Shrink` shrinks (16-bit floats'
-residuals are taken in float32 and rounded back; see :mod:`ckptstore.floatbits`)."""
+residuals are taken in float32 and rounded back; see :mod:`ckptstore.format.floatbits`)."""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@
 :class:`Storage` (``base.py`` says what each primitive guarantees), choose it here, and add it
 to ``BACKENDS`` in ``tests/conftest.py`` so the contract suite
 (``tests/contract/test_storage.py``) and the behaviour suites run against it.
+
+May import: the top-level helpers (errors, limits, info, priority, progress, _version) only.
 """
 
 from __future__ import annotations

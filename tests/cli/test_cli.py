@@ -19,9 +19,9 @@ import torch
 import ckptstore
 from ckptstore.cli import main, parse_storage_options
 from ckptstore.cli._output import human_size
-from ckptstore.diff import max_abs_diff
-from ckptstore.ids import new_commit_id
-from ckptstore.layout import array_dir, data_dir
+from ckptstore.maintenance.diff import max_abs_diff
+from ckptstore.format.ids import new_commit_id
+from ckptstore.format.layout import array_dir, data_dir
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 

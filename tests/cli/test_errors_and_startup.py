@@ -31,7 +31,7 @@ from ckptstore.cli import (
     EXIT_USAGE,
     main,
 )
-from ckptstore.layout import MARKER, manifest_key
+from ckptstore.format.layout import MARKER, manifest_key
 
 
 @pytest.fixture
@@ -374,7 +374,7 @@ def test_history_and_ref_verbs_do_not_import_torch(small, argv):
                                   ["show", "{url}", "--paths", "model.emb"], ["du", "{url}"],
                                   ["du", "{url}", "--json"], ["du", "{url}", "--ref", "main~1"]])
 def test_show_and_du_do_not_import_torch(chained, argv):
-    """They read manifests and listings only; sizes come from dtype names (ckptstore.dtypes)."""
+    """They read manifests and listings only; sizes come from dtype names (ckptstore.format.dtypes)."""
     argv = [a.format(url=chained) for a in argv]
     done = _run_without_torch(argv)
     if argv[0] == "show" and "--json" not in argv:

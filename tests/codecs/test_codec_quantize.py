@@ -716,7 +716,7 @@ def test_float16_large_offset_rows_fall_back():
 @pytest.mark.parametrize("bits,dim,ratio", [(4, 200, 1.0), (3, 1000, 0.5), (8, 3000, 1.0)])
 def test_adaptive_search_from_counts_equals_the_search_of_values(bits, dim, ratio):
     """The histogram search fed with cell counts made elsewhere (a GPU counts them,
-    ckptstore.devquant) finds exactly the ranges it finds from the values."""
+    ckptstore.device.quant) finds exactly the ranges it finds from the values."""
     from ckptcodecs.adaptive import (
         HIST_PER_BIN,
         default_num_bins,
@@ -750,7 +750,7 @@ def test_adaptive_search_from_counts_equals_the_search_of_values(bits, dim, rati
 @pytest.mark.parametrize("k,lam", [(4, 1.0), (16, 0.3), (255, 0.1)])
 def test_kmeans_fit_from_buckets_equals_the_fit_of_values(k, lam):
     """The k-means fit fed with bucket counts and sums made elsewhere (a GPU makes them,
-    ckptstore.devquant) gives exactly the levels it fits from the values."""
+    ckptstore.device.quant) gives exactly the levels it fits from the values."""
     from ckptcodecs.kmeans import MANTISSA_BITS, fit_codebooks, fit_from_buckets
 
     seg = 3000

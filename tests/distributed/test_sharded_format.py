@@ -13,10 +13,10 @@ import torch.distributed.checkpoint as dcp
 
 from ckptstore.dcp import StorageReader, StorageWriter
 from ckptstore.errors import DistributedError, ManifestError, UnsupportedLeafError
-from ckptstore.layout import manifest_key
-from ckptstore.manifest import CHUNK_DIGESTS_VERSION, Layout, decode_manifest, encode_manifest
+from ckptstore.format.layout import manifest_key
+from ckptstore.history.manifest import CHUNK_DIGESTS_VERSION, Layout, decode_manifest, encode_manifest
 from ckptstore.policy import Policy, QuantSpec
-from ckptstore.sharded import LocalTensor, commit_shards
+from ckptstore.dcp.shards import LocalTensor, commit_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -71,7 +71,7 @@ def test_region_reads_only_the_overlapping_chunks(store, tables):
     big = torch.randn(40_000, 64)  # 10 MB: two shards of several chunks each
     m = commit_shards(store, [[t] for t in _rows("big", big, 2)],
                       policy=Policy())
-    from ckptstore.reader import Reader
+    from ckptstore.checkout.reader import Reader
     reads = []
     real = store.storage.read_chunk
     store.storage.read_chunk = lambda key: reads.append(key) or real(key)
@@ -164,7 +164,7 @@ def test_dcp_refuses_objects_that_need_pickle(store):
         dcp.save({"w": torch.zeros(3), "evil": _Exploit()}, storage_writer=StorageWriter(store))
     assert "main" not in store.refs.branches()
     with pytest.raises(UnsupportedLeafError, match="'evil'"):  # the Store verbs unwrap it
-        from ckptstore.distributed import _unwrapped
+        from ckptstore.dcp.collective import _unwrapped
         with _unwrapped():
             dcp.save({"evil": _Exploit()}, storage_writer=StorageWriter(store))
 
@@ -189,7 +189,7 @@ def test_reader_refuses_a_value_the_safe_loader_refuses(monkeypatch):
 
 
 def test_a_part_missing_from_the_plan_fails_the_commit(store, tables):
-    from ckptstore.sharded import assemble_manifest
+    from ckptstore.dcp.shards import assemble_manifest
     with pytest.raises(DistributedError, match="no rank wrote"):
         assemble_manifest("0" * 32, None, "", {}, {"dict": []}, {"x": [3]}, [])
     assert "main" not in store.refs.branches()
@@ -257,7 +257,7 @@ def test_dcp_load_of_a_hostile_grid_lists_once_instead_of_reading_every_chunk(tm
     import msgpack
 
     import ckptstore
-    from ckptstore.plan import EncodingOptions
+    from ckptstore.commit.plan import EncodingOptions
     store = ckptstore.open(tmp_path / "s", options=EncodingOptions(pack_below=0, chunk_bytes=4096))
     dcp.save({"w": torch.randn(8192, 1)}, storage_writer=StorageWriter(store))
     m = store.manifest(store.resolve("main"))

@@ -10,9 +10,9 @@ import torch
 
 import ckptstore
 from ckptstore import Policy
-from ckptstore.manifest import Layout
+from ckptstore.history.manifest import Layout
 from ckptstore.policy import Shrink
-from ckptstore.sharded import LocalTensor, commit_shards
+from ckptstore.dcp.shards import LocalTensor, commit_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -99,7 +99,7 @@ def test_sharded_bf16_shrink_rebuilds_what_the_writer_keeps(tmp_path):
     """bfloat16 weights and moments in a sharded commit: each block's residual is taken in
     float32 and rounded back, and the next reference of a block is bit for bit what checkout
     rebuilds of it (format version 7)."""
-    from ckptstore.manifest import HALF_RESIDUAL_VERSION
+    from ckptstore.history.manifest import HALF_RESIDUAL_VERSION
 
     model, _ = _model()
     model = model.to(torch.bfloat16)

@@ -16,8 +16,8 @@ import pytest
 from proxy import FaultProxy
 
 import ckptstore
-from ckptstore.layout import MARKER
-from ckptstore.manifest import encode_marker
+from ckptstore.format.layout import MARKER
+from ckptstore.history.manifest import encode_marker
 from ckptstore.storage import FsspecStorage
 from ckptstore.storage.retry import Retry
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import assert_bit_exact
 
-from ckptstore.layout import branch_seq
+from ckptstore.format.layout import branch_seq
 
 def _state(n: int) -> dict:
     return {"w": torch.full((16, 4), float(n)), "step": n}

@@ -16,8 +16,8 @@ from fulldisk import FullDiskStorage
 from workers import build_state
 
 import ckptstore
-from ckptstore.layout import MARKER
-from ckptstore.manifest import encode_marker
+from ckptstore.format.layout import MARKER
+from ckptstore.history.manifest import encode_marker
 from ckptstore.storage.retry import Retry, storage_error
 
 

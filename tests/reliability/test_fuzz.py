@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ckptstore
-from ckptstore.layout import manifest_key
-from ckptstore.manifest import FORMAT_VERSION, MAGIC, decode_manifest
+from ckptstore.format.layout import manifest_key
+from ckptstore.history.manifest import FORMAT_VERSION, MAGIC, decode_manifest
 
 FAST = settings(max_examples=25, deadline=None, derandomize=True,
                 suppress_health_check=list(HealthCheck))

@@ -21,7 +21,7 @@ from ckptstore.errors import (
     RefNotFound,
     UnsupportedLeafError,
 )
-from ckptstore.layout import manifest_key
+from ckptstore.format.layout import manifest_key
 
 
 @pytest.fixture

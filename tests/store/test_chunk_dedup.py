@@ -16,7 +16,7 @@ from helpers import assert_bit_exact, assert_older_reader_refuses
 import ckptstore
 from ckptstore import EncodingOptions, Policy, QuantSpec
 from ckptstore.errors import ManifestError
-from ckptstore.manifest import CHUNK_DIGESTS_VERSION, TensorEntry, decode_manifest, encode_manifest
+from ckptstore.history.manifest import CHUNK_DIGESTS_VERSION, TensorEntry, decode_manifest, encode_manifest
 
 CHUNK = 64 << 10  # 256 rows of 64 float32 a chunk: the table below has 16
 
@@ -137,7 +137,7 @@ def test_without_dedup_no_chunk_digests(tmp_path):
 
 
 def test_du_counts_a_shared_chunk_once(tmp_path):
-    from ckptstore.usage import disk_usage
+    from ckptstore.maintenance.usage import disk_usage
 
     root = tmp_path / "s"
     store = ckptstore.open(root, options=EncodingOptions(dedup=True, chunk_bytes=CHUNK))
@@ -177,7 +177,7 @@ def test_verify_finds_a_linked_chunk_with_other_bits(tmp_path):
 def test_a_rank_indexes_only_the_chunks_of_its_own_blocks(tmp_path):
     """Dedup.against(parent, paths): the chunk index of a sharded commit's rank holds its own
     blocks' chunks, not every rank's (a thousand ranks' manifests hold millions of chunks)."""
-    from ckptstore.dedup import Dedup
+    from ckptstore.commit.dedup import Dedup
 
     store = ckptstore.open(tmp_path / "s", options=EncodingOptions(dedup=True, chunk_bytes=CHUNK))
     m = store.manifest(store.commit({"a": _table(0), "b": _table(1)}).id)

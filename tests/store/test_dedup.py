@@ -10,7 +10,7 @@ from helpers import assert_bit_exact
 
 import ckptstore
 from ckptstore import EncodingOptions
-from ckptstore.manifest import BASE_VERSION, CHUNK_DIGESTS_VERSION, TensorEntry
+from ckptstore.history.manifest import BASE_VERSION, CHUNK_DIGESTS_VERSION, TensorEntry
 
 
 def _frozen(n: int = 8) -> dict[str, torch.Tensor]:
@@ -96,15 +96,15 @@ def test_same_bits_under_another_path_get_an_array_of_their_own(tmp_path):
 def test_a_parent_with_only_a_whole_array_digest_is_still_reused(tmp_path):
     """A parent committed before format 6 recorded one sha256 of the whole array (``digest``)
     and no chunk digests: the next commit computes that digest to compare, and reuses."""
-    from ckptstore.layout import manifest_key
-    from ckptstore.manifest import XOR_VERSION, decode_manifest, encode_manifest
+    from ckptstore.format.layout import manifest_key
+    from ckptstore.history.manifest import XOR_VERSION, decode_manifest, encode_manifest
 
     root = tmp_path / "s"
     frozen = _frozen(2)
     first = ckptstore.open(root, options=EncodingOptions(dedup=True)).commit({"frozen": frozen})
     path = root / manifest_key(first.id)
     m = decode_manifest(path.read_bytes())
-    from ckptstore.dedup import content_digest
+    from ckptstore.commit.dedup import content_digest
     old = [e.model_copy(update={"chunk_digests": None, "digest": content_digest(
         frozen[e.path.split(".")[1]].numpy())}) for e in m.tensors]
     path.write_bytes(encode_manifest(m.model_copy(update={"tensors": old,

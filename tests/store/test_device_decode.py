@@ -1,4 +1,4 @@
-"""Checkout straight to the device (issue 11, :mod:`ckptstore.devdecode`): quantized chunks
+"""Checkout straight to the device (issue 11, :mod:`ckptstore.device.decode`): quantized chunks
 upload their codes and are dequantized on the device, to the very values the host path makes.
 CI has no GPU: the same code runs on CPU tensors, and every test compares it with the host path
 bit for bit."""
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import ckptstore
-import ckptstore.reader as reader_module
+import ckptstore.checkout.reader as reader_module
 from ckptcodecs import dequantize, quantize
 from ckptstore import Policy, QuantSpec
-from ckptstore.arrays import tensor_to_host
-from ckptstore.devdecode import dequantize_on_device, wants_device_decode
+from ckptstore.format.arrays import tensor_to_host
+from ckptstore.device.decode import dequantize_on_device, wants_device_decode
 from ckptstore.errors import CorruptedChunkError
 
 
@@ -61,7 +61,7 @@ def test_values_equal_the_host_dequantization(dtype):
 def test_packed_codes_are_checked_on_the_device():
     from ckptcodecs import pack_bits
 
-    from ckptstore.devbits import PackedCodes
+    from ckptstore.device.bits import PackedCodes
 
     codes, params = quantize(np.linspace(-1, 1, 64, dtype=np.float32), "kmeans", 3, levels=5)
     packed = PackedCodes(pack_bits(codes, 3), 64, 3)
@@ -84,7 +84,7 @@ def test_only_accelerators_decode_on_the_device():
 def device_decode_on_cpu(monkeypatch):
     """Checkout with ``map_location="cpu"`` takes the device path (as "cuda" would); returns
     the list of tensors it produced."""
-    import ckptstore.devdecode as devdecode
+    import ckptstore.device.decode as devdecode
 
     made = []
     real = devdecode.start_read_to_device

@@ -1,4 +1,4 @@
-"""Quantization on the tensor's device (issue 11, :mod:`ckptstore.devquant`): the torch path
+"""Quantization on the tensor's device (issue 11, :mod:`ckptstore.device.quant`): the torch path
 computes the codes and parameters of the host path bit for bit, so a commit quantized on a GPU
 and one quantized on the CPU store the same chunks. CI has no GPU: ``device_encode="always"``
 runs the very same code on CPU tensors, and every test compares it with the host path."""
@@ -15,9 +15,9 @@ import torch
 import ckptstore
 from ckptcodecs import quantize
 from ckptstore import EncodingOptions, Policy, QuantSpec
-from ckptstore.devquant import device_items, device_quantizable, quantize_on_device
-from ckptstore.plan import plan_commit
-from ckptstore.state import flatten
+from ckptstore.device.quant import device_items, device_quantizable, quantize_on_device
+from ckptstore.commit.plan import plan_commit
+from ckptstore.state.tree import flatten
 
 UNIFORM = ("uniform-asymmetric", "uniform-symmetric")
 
@@ -105,7 +105,7 @@ def test_values_on_the_search_grid_fall_in_the_host_cells(dtype):
 def test_kmeans_levels_and_codes_equal_the_host_fit(dtype, monkeypatch):
     """DynaQuant's k-means: buckets (counts, exact float64 sums) made on the device, fitted by
     the host's kernel, nearest levels found on the device: the host path's codebook and codes."""
-    import ckptstore.devquant as devquant_module
+    import ckptstore.device.quant as devquant_module
 
     monkeypatch.setattr(devquant_module, "KMEANS_MIN_SEGMENT", 1)  # short segments too
     rng = np.random.default_rng(2)
@@ -142,7 +142,7 @@ def test_protect_prune_and_half_parameters_equal_the_host_path(method, monkeypat
     the device, ties to the lowest indices as on the host -- many exact zeros included -- and
     left out of every range, histogram and fit; float16 parameters rounded by the host's kernel
     (float32 kept where they overflow float16): the host path's codes and parameters."""
-    import ckptstore.devquant as devquant_module
+    import ckptstore.device.quant as devquant_module
 
     monkeypatch.setattr(devquant_module, "KMEANS_MIN_SEGMENT", 1)
     rng = np.random.default_rng(3)
@@ -242,9 +242,9 @@ SPECS = [QuantSpec("uniform-asymmetric", 4), QuantSpec("uniform-symmetric", 8, "
 def test_device_encoded_commits_store_the_host_paths_chunks(tmp_path, monkeypatch, spec,
                                                            asynchronous, delta):
     """Full commits send packed codes from the device; code-delta chains keep their codes."""
-    import ckptstore.writer as writer_module
+    import ckptstore.commit.persist as writer_module
 
-    import ckptstore.devquant as devquant_module
+    import ckptstore.device.quant as devquant_module
 
     monkeypatch.setattr(devquant_module, "KMEANS_MIN_SEGMENT", 1024)  # the test's small chunks
     calls, packs = [], []
@@ -326,7 +326,7 @@ def test_cuda_commit_equals_the_cpu_commit(tmp_path):
 def test_bit_packing_on_the_device_is_ckptcodecs_layout(bits):
     from ckptcodecs import pack_bits
 
-    from ckptstore.devbits import pack_on_device, unpack_on_device
+    from ckptstore.device.bits import pack_on_device, unpack_on_device
 
     rng = np.random.default_rng(bits)
     for n in (0, 1, 7, 8, 9, 1001):

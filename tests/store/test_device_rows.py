@@ -1,4 +1,4 @@
-"""Changed rows found on the device (issue 11, :mod:`ckptstore.devrows`): an increment of a
+"""Changed rows found on the device (issue 11, :mod:`ckptstore.device.rows`): an increment of a
 tensor staged on its device is compared there with a reference kept there, and only the changed
 rows cross to the host. CI has no GPU: ``device_encode="always"`` runs the same code on CPU
 tensors, and every commit is compared byte for byte with the host path's (``"off"``)."""
@@ -11,10 +11,10 @@ import torch
 
 import ckptstore
 from ckptstore import EncodingOptions, Policy, QuantSpec
-from ckptstore.devrows import changed_rows_on_device
+from ckptstore.device.rows import changed_rows_on_device
 from ckptstore.errors import StorageError
-from ckptstore.layout import data_dir
-from ckptstore.staging import StagingPool
+from ckptstore.format.layout import data_dir
+from ckptstore.commit.staging import StagingPool
 from ckptstore.chains.replay import changed_rows, xor_bits
 
 ROWS, DIM = 3000, 16
@@ -196,9 +196,9 @@ def test_the_next_reference_reuses_the_old_ones_memory(tmp_path, mode):
 
 
 def test_sharded_commits_compare_each_ranks_blocks_on_the_device(tmp_path):
-    """Each rank's blocks of a sharded commit (``ckptstore.sharded``) are compared on their
+    """Each rank's blocks of a sharded commit (``ckptstore.dcp.shards``) are compared on their
     device as one process's tensors are: the same stored bytes as the host path."""
-    from ckptstore.sharded import LocalTensor, commit_shards
+    from ckptstore.dcp.shards import LocalTensor, commit_shards
 
     def shards(step: int) -> list[list[LocalTensor]]:
         table = _state(step)["emb"]
@@ -227,7 +227,7 @@ def test_out_of_device_memory_compares_on_the_host(tmp_path, monkeypatch):
     """A device that runs out of memory mid-compare: the table comes over whole and is compared
     on the host with a host copy of the reference -- the same bytes, the next reference still
     on the device."""
-    import ckptstore.snapshot as snapshot_module
+    import ckptstore.commit.snapshot as snapshot_module
 
     def oom(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("no room")

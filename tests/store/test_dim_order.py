@@ -11,9 +11,9 @@ from helpers import assert_older_reader_refuses
 
 import ckptstore
 from ckptstore import Policy, QuantSpec
-from ckptstore.dimorder import dim_order_of, with_dim_order
+from ckptstore.format.dimorder import dim_order_of, with_dim_order
 from ckptstore.errors import ManifestError
-from ckptstore.manifest import (BASE_VERSION, DIM_ORDER_VERSION, TensorEntry, decode_manifest,
+from ckptstore.history.manifest import (BASE_VERSION, DIM_ORDER_VERSION, TensorEntry, decode_manifest,
                                 encode_manifest)
 
 

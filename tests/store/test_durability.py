@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import ckptstore
-from ckptstore.layout import TEMP_PREFIX
-from ckptstore.plan import EncodingOptions
+from ckptstore.format.layout import TEMP_PREFIX
+from ckptstore.commit.plan import EncodingOptions
 
 
 class Calls:

@@ -22,10 +22,10 @@ import torch
 import ckptstore
 from ckptstore.errors import CorruptedChunkError, InvalidRefName, ManifestError, \
     UnsupportedLeafError
-from ckptstore.layout import ZARR_JSON, array_dir, check_ref_name, data_dir, manifest_key
+from ckptstore.format.layout import ZARR_JSON, array_dir, check_ref_name, data_dir, manifest_key
 from ckptstore.limits import READ_LIMITS
-from ckptstore.manifest import Manifest, encode_manifest
-from ckptstore.sharded import LocalTensor, commit_shards
+from ckptstore.history.manifest import Manifest, encode_manifest
+from ckptstore.dcp.shards import LocalTensor, commit_shards
 from ckptstore.storage import Storage
 
 Raw = dict[str, Any]

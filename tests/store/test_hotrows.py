@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ckptstore.hotrows import AccessCounts, HotRowRebase, SampledRows
+from ckptstore.tracking.hotrows import AccessCounts, HotRowRebase, SampledRows
 from ckptstore.policy import Intermittent
 
 

@@ -17,10 +17,10 @@ import torch
 import ckptstore
 import ckptstore.export
 from ckptstore import CorruptedChunkError, DiffResult, ExportResult, UsageReport
-from ckptstore.diff import max_abs_diff
+from ckptstore.maintenance.diff import max_abs_diff
 from ckptstore.export import ExportError
-from ckptstore.ids import new_commit_id
-from ckptstore.layout import COMMITS, DATA, ZARR_JSON, array_dir, data_dir, manifest_key
+from ckptstore.format.ids import new_commit_id
+from ckptstore.format.layout import COMMITS, DATA, ZARR_JSON, array_dir, data_dir, manifest_key
 from ckptstore.policy import Policy
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -256,7 +256,7 @@ def test_iter_tensors_reads_one_batch_at_a_time(tmp_path):
 
 
 # -- docstrings ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["ckptstore.leaves", "ckptstore.diff", "ckptstore.export",
+@pytest.mark.parametrize("name", ["ckptstore.state.leaves", "ckptstore.maintenance.diff", "ckptstore.export",
                                   "ckptstore.cli", "ckptstore.cli._output"])
 def test_doctests(name):
     result = doctest.testmod(importlib.import_module(name))

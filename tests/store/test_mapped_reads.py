@@ -14,11 +14,11 @@ import pytest
 import torch
 
 import ckptstore
-from ckptstore.arrays import ChunkGrid, read_array, start_read_region, write_array
+from ckptstore.format.arrays import ChunkGrid, read_array, start_read_region, write_array
 from ckptstore.chunkcodec import RawLossless
-from ckptstore.dtypes import STORAGE
+from ckptstore.format.dtypes import STORAGE
 from ckptstore.errors import CorruptedChunkError
-from ckptstore.plan import EncodingOptions
+from ckptstore.commit.plan import EncodingOptions
 from ckptstore.policy import Policy, QuantSpec
 from ckptstore.storage import LocalStorage, open_storage
 

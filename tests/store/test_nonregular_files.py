@@ -20,7 +20,7 @@ import torch
 
 import ckptstore
 from ckptstore.errors import CkptStoreError, StorageError, UnsafeFileError
-from ckptstore.plan import EncodingOptions
+from ckptstore.commit.plan import EncodingOptions
 from ckptstore.storage import LocalStorage
 
 DEADLINE = 20.0  # seconds; the reads below take milliseconds once they cannot hang

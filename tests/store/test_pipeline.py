@@ -13,13 +13,13 @@ import pytest
 import torch
 
 import ckptstore
-from ckptstore.committer import Committer
+from ckptstore.commit.committer import Committer
 from ckptstore.dcp import StorageWriter
-from ckptstore.layout import COMMITS, MARKER
-from ckptstore.manifest import encode_marker
-from ckptstore.pending import PendingCommit
+from ckptstore.format.layout import COMMITS, MARKER
+from ckptstore.history.manifest import encode_marker
+from ckptstore.commit.pending import PendingCommit
 from ckptstore.policy import Policy
-from ckptstore.sharded import LocalTensor, commit_shards
+from ckptstore.dcp.shards import LocalTensor, commit_shards
 from ckptstore.storage import LocalStorage
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -85,7 +85,7 @@ def test_a_taken_tag_is_refused_before_anything_is_written_on_every_path(tmp_pat
 
 
 def test_the_committer_surface_the_distributed_paths_use(tmp_path):
-    """Public names for what ckptstore.distributed needs: the committer, the commit in flight,
+    """Public names for what ckptstore.dcp.collective needs: the committer, the commit in flight,
     the async group, a pending commit's completion, the writer's tree, order and commit id."""
     store = ckptstore.open(str(tmp_path / "s"))
     committer = store.committer
@@ -108,7 +108,7 @@ def test_the_committer_surface_the_distributed_paths_use(tmp_path):
 def test_a_ranks_fork_remembers_its_chains_before_the_merge(tmp_path):
     """A rank's part (the pipeline's fork) remembers its chain bases right after its write: the
     coordinator alone knows when the ref moves."""
-    from ckptstore.sharded import write_part
+    from ckptstore.dcp.shards import write_part
 
     store = _store(str(tmp_path / "s"))
     committer = store.committer

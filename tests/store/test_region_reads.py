@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 import ckptstore
-from ckptstore.arrays import start_read_region
+from ckptstore.format.arrays import start_read_region
 from ckptstore.chains.walk import entry_array
 from ckptstore.chunkcodec import (BloscLossless, PlanesLossless, QuantizedLossy, RawLossless,
                                   codec_from_config)
 from ckptstore.errors import CorruptedChunkError
-from ckptstore.plan import EncodingOptions
+from ckptstore.commit.plan import EncodingOptions
 from ckptstore.policy import Policy, QuantSpec
 
 RNG = np.random.default_rng(3)

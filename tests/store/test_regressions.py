@@ -14,7 +14,7 @@ import ckptstore
 from ckptstore import EncodingOptions, Policy
 from ckptstore.chunkcodec import BloscLossless
 from ckptstore.errors import CorruptedChunkError, ManifestError, UnsupportedLeafError
-from ckptstore.layout import manifest_key
+from ckptstore.format.layout import manifest_key
 
 
 @pytest.mark.parametrize("state", [{"a.b": torch.ones(3), "a": {"b": torch.zeros(3)}},

@@ -145,7 +145,7 @@ def test_ref_files_do_not_pile_up(tmp_path):
 
 def test_a_failure_to_apply_it_never_fails_the_landed_commit(tmp_path):
     """A damaged old manifest stops the retention pass (a RetentionWarning), not the commit."""
-    from ckptstore.layout import manifest_key
+    from ckptstore.format.layout import manifest_key
     from ckptstore.policy.retention import RetentionWarning
 
     store = ckptstore.open(tmp_path / "s", keep=BestN(1, "loss"))
@@ -160,9 +160,9 @@ def test_a_failure_to_apply_it_never_fails_the_landed_commit(tmp_path):
 
 
 def test_sharded_commits_apply_it_too(tmp_path):
-    """A sharded commit assembled from ranks' parts (``ckptstore.sharded.commit_shards``)
+    """A sharded commit assembled from ranks' parts (``ckptstore.dcp.shards.commit_shards``)
     applies the store's retention as ``Store.commit`` does."""
-    from ckptstore.sharded import LocalTensor, commit_shards
+    from ckptstore.dcp.shards import LocalTensor, commit_shards
 
     store = ckptstore.open(tmp_path / "s", keep=LatestN(2))
     for i in range(4):

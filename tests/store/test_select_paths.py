@@ -8,7 +8,7 @@ import torch
 
 import ckptstore
 from ckptstore import StateMismatchError
-from ckptstore.leaves import matches
+from ckptstore.state.leaves import matches
 
 
 @pytest.fixture

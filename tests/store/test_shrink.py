@@ -12,7 +12,7 @@ from helpers import assert_older_reader_refuses
 import ckptstore
 from ckptstore import Policy
 from ckptstore.errors import CorruptionError
-from ckptstore.manifest import HALF_RESIDUAL_VERSION, RESIDUAL_VERSION
+from ckptstore.history.manifest import HALF_RESIDUAL_VERSION, RESIDUAL_VERSION
 from ckptstore.policy import Shrink
 from ckptstore.policy.shrink import fisher_threshold, residual_mask, shrink_moments
 
@@ -307,7 +307,7 @@ def test_half_precision_training_state_shrinks(tmp_path, dtype):
 
 
 def test_residuals_of_half_floats_add_in_float32():
-    from ckptstore.floatbits import add_residual, float_values, from_values
+    from ckptstore.format.floatbits import add_residual, float_values, from_values
 
     rng = np.random.default_rng(0)
     for dtype in ("bfloat16", "float16"):
@@ -349,7 +349,7 @@ def test_a_residual_too_large_for_the_dtype_never_checks_out_as_inf(tmp_path, dt
 
 
 def test_residual_arithmetic_saturates_finite_values_only():
-    from ckptstore.floatbits import add_residual, float_values, from_values, residual_values
+    from ckptstore.format.floatbits import add_residual, float_values, from_values, residual_values
 
     for dtype, top in (("float16", 65504.0), ("bfloat16", 3.3895313892515355e38),
                        ("float32", float(np.finfo(np.float32).max))):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from ckptstore.errors import CkptStoreError
-from ckptstore.tracking import NotTrackedError, RowTracker, TrackerWarning, track
+from ckptstore.tracking.rows import NotTrackedError, RowTracker, TrackerWarning, track
 
 
 def _rows(t: torch.Tensor) -> list[int]:

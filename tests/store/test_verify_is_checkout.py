@@ -18,9 +18,9 @@ import ckptstore
 from ckptstore import EncodingOptions, Policy
 from ckptstore.errors import CkptStoreError, ManifestError
 from ckptstore.chunkcodec import codec_from_config
-from ckptstore.grid import ChunkGrid
-from ckptstore.layout import array_dir, chunk_key
-from ckptstore.sharded import LocalTensor, commit_shards
+from ckptstore.format.grid import ChunkGrid
+from ckptstore.format.layout import array_dir, chunk_key
+from ckptstore.dcp.shards import LocalTensor, commit_shards
 
 OPTIONS = EncodingOptions(chunk_bytes=4096, pack_below=256)
 OTHER = "0123456789abcdef0123456789abcdef"  # a commit the store does not hold

@@ -12,7 +12,7 @@ import torch
 
 import ckptstore
 from ckptstore import EncodingOptions, Policy, QuantSpec
-from ckptstore.layout import ZARR_JSON, array_dir, data_dir
+from ckptstore.format.layout import ZARR_JSON, array_dir, data_dir
 from ckptstore.policy import Shrink
 
 DATA = Path(__file__).parents[1] / "data"

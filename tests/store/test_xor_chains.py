@@ -9,7 +9,7 @@ import torch
 from helpers import assert_bit_exact, assert_older_reader_refuses
 
 from ckptstore import EncodingOptions, Policy, QuantSpec
-from ckptstore.manifest import BASE_VERSION, XOR_VERSION, encode_manifest
+from ckptstore.history.manifest import BASE_VERSION, XOR_VERSION, encode_manifest
 
 
 def _kinds(store, info):
@@ -221,7 +221,7 @@ def test_a_row_chain_on_an_xor_entry_is_refused(tmp_path):
 
     import ckptstore
     from ckptstore.errors import ManifestError
-    from ckptstore.layout import manifest_key
+    from ckptstore.format.layout import manifest_key
 
     store = ckptstore.open(tmp_path / "s", policy=Policy(delta=True))
     w = torch.randn(4096, 16)

@@ -1,0 +1,373 @@
+"""Reusable host staging buffers for two-phase commits (snapshot now, persist later).
+
+A snapshot copies each tensor's bits into a buffer kept from the previous commit of the same
+shape and dtype, so steady-state commits allocate nothing. CUDA tensors are copied into pinned
+buffers with non-blocking copies on a side stream; the training stream then waits for those
+copies on the GPU (not on the CPU), so the caller returns at once and later kernels cannot modify
+a tensor before it was copied. The persist thread waits for the copies' event before reading.
+
+Tensors the writer quantizes on their device (:mod:`ckptstore.device.quant`) are staged on that
+device instead, while it has room (a device-to-device copy), so that only their codes ever cross
+to the host.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..format.arrays import bit_view_dtype, is_bit_view, storage_dtype, tensor_to_host
+
+__all__ = ["DEVICE_FREE_FLOOR", "PACKED_KEY", "Buffer", "StagingPool"]
+
+#: :meth:`StagingPool.to_host`'s key of the packed small tensors gathered on a device (no array
+#: is named so: array names start with a letter or digit).
+PACKED_KEY = "\0packed"
+
+#: Device staging (:meth:`StagingPool.stage_device`) leaves at least this share of the device's
+#: memory free; past it, tensors are staged in pinned host memory.
+DEVICE_FREE_FLOOR = 0.10
+
+# host numpy buffer, pinned torch buffer for CUDA tensors, or a device buffer (device encoding)
+Buffer = np.ndarray | torch.Tensor
+
+
+def _nbytes(b: Buffer) -> int:
+    return b.nbytes if isinstance(b, np.ndarray) else b.numel() * b.element_size()
+
+
+def _on_device(b: Buffer) -> bool:
+    return isinstance(b, torch.Tensor) and b.device.type != "cpu"
+
+
+class StagingPool:
+    """Host buffers keyed by (path, shape, dtype), reused across commits.
+
+    Each snapshot keeps only the buffers it used (:meth:`begin` / :meth:`release_unused`): a
+    tensor that changes shape, or leaves the state, does not leave its old buffer behind, so the
+    pool holds at most one copy of the latest committed state (plus what :meth:`reserve` added
+    for the next one)."""
+
+    def __init__(self, budget: int | None = None) -> None:
+        if budget is not None and budget < 0:
+            raise ValueError(f"staging_budget must be >= 0 bytes, not {budget!r}")
+        self.budget = budget  # bytes of buffers a snapshot may hold (None: no bound)
+        self._buffers: dict[tuple[object, ...], Buffer] = {}
+        self._used: set[tuple[object, ...]] = set()
+        self._lock = threading.Lock()
+        self._streams: dict[int, Any] = {}  # the snapshot's side stream of each device
+        self._d2h: dict[int, Any] = {}      # the persist thread's device-to-host copy streams
+
+    def begin(self) -> None:
+        """A snapshot starts: count the buffers it uses."""
+        with self._lock:
+            self._used.clear()
+
+    def release_unused(self) -> int:
+        """A snapshot ended: drop the buffers it did not use; returns the bytes released."""
+        with self._lock:
+            stale = [k for k in self._buffers if k not in self._used]
+            freed = sum(_nbytes(self._buffers.pop(k)) for k in stale)
+        return freed
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes held by the pool (pinned buffers included)."""
+        return sum(_nbytes(b) for b in self._buffers.values() if not _on_device(b))
+
+    @property
+    def device_nbytes(self) -> int:
+        """Accelerator bytes held by the pool (device staging, :meth:`stage_device`)."""
+        return sum(_nbytes(b) for b in self._buffers.values() if _on_device(b))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._buffers.clear()
+
+    def reserve(self, key: str, t: torch.Tensor) -> int:
+        """Allocate (and fault in) the buffer :meth:`stage` will use for ``t``, ahead of the
+        first commit; returns the bytes newly allocated (0 if it exists)."""
+        t = t.detach()
+        dtype = storage_dtype(t.dtype)
+        if t.device.type == "cuda":
+            k = ("cuda", key, tuple(t.shape), t.dtype)
+            make: Callable[[], Buffer] = lambda: torch.empty(  # noqa: E731
+                t.shape, dtype=t.dtype, pin_memory=True)  # pinning faults every page in
+        else:
+            k = ("cpu", key, tuple(t.shape), dtype.str)
+
+            def make() -> Buffer:
+                buf = np.empty(t.shape, dtype)
+                buf.reshape(-1).view(np.uint8)[::4096] = 0  # one write per page: faulted in
+                return buf
+        with self._lock:
+            if k in self._buffers:
+                return 0
+        buf = make()  # outside the lock: a commit meanwhile makes its own and keeps it
+        with self._lock:
+            if k in self._buffers:
+                return 0
+            self._buffers[k] = buf
+        return t.numel() * t.element_size()
+
+    def stage(self, key: str, t: torch.Tensor) -> tuple[np.ndarray, torch.cuda.Event | None]:
+        """Copy ``t``'s bits into its staging buffer; return ``(host array, event or None)``.
+
+        The host array must not be read before ``event.synchronize()`` when an event is given.
+        """
+        t = t.detach()
+        if t.device.type == "cuda":
+            return self._stage_cuda(key, t)
+        if t.device.type == "cpu" and t.layout == torch.strided and not (t.is_conj() or t.is_neg()):
+            # torch's copy_ runs on its intra-op threads and reads any strides: one pass into
+            # the C-ordered buffer (np.copyto is one thread, and strided sources needed a copy)
+            shape, dtype = tuple(t.shape), storage_dtype(t.dtype)
+            buf = self._buffer(("cpu", key, shape, dtype.str), lambda: np.empty(shape, dtype))
+            dst = torch.from_numpy(buf)
+            (dst.view(t.dtype) if is_bit_view(t.dtype) else dst).copy_(t)
+            return buf, None
+        src = tensor_to_host(t)
+        buf = self._buffer(("cpu", key, src.shape, src.dtype.str),
+                           lambda: np.empty(src.shape, src.dtype))
+        np.copyto(buf, src)
+        return buf, None
+
+    def stage_device(self, key: str, t: torch.Tensor, to_host: bool = False
+                     ) -> tuple[torch.Tensor, torch.cuda.Event | None] | None:
+        """Copy ``t`` into a buffer on its own device, to be quantized there
+        (:mod:`ckptstore.device.quant`) or, with ``to_host``, moved to the host later by
+        :meth:`to_host` (whose host buffer is then this snapshot's too); None when the device
+        lacks room: the copy would leave less than :data:`DEVICE_FREE_FLOOR` of its memory
+        free. A device-to-device copy on the side stream (~TB/s on a GPU); CPU tensors
+        (``device_encode="always"``) get a torch buffer."""
+        t = t.detach()
+        if to_host:
+            with self._lock:
+                self._used.add(self._host_key(key, t))
+        buf = self._device_buffer(key, t)
+        if buf is None:
+            return None
+        k = ("device", key, tuple(t.shape), t.dtype, t.device)
+        with self._lock:
+            self._used.add(k)
+            buf = self._buffers.setdefault(k, buf)
+        if t.device.type != "cuda":
+            buf.copy_(t)
+            return buf, None
+        return buf, self._copy_on_side_stream(buf, t)
+
+    def reserve_device(self, key: str, t: torch.Tensor) -> int:
+        """Allocate ahead of the first commit the device buffer :meth:`stage_device` copies
+        ``t`` into, if the device has room; returns the bytes newly allocated."""
+        k = ("device", key, tuple(t.shape), t.dtype, t.device)
+        with self._lock:
+            if k in self._buffers:
+                return 0
+        buf = self._device_buffer(key, t)
+        if buf is None:
+            return 0
+        with self._lock:
+            if k in self._buffers:
+                return 0
+            self._buffers[k] = buf
+        return t.numel() * t.element_size()
+
+    def _device_buffer(self, key: str, t: torch.Tensor) -> torch.Tensor | None:
+        """The existing device buffer for ``t``, else a new one if the device keeps
+        :data:`DEVICE_FREE_FLOOR` of its memory free with it (not yet in the pool); None: no
+        room."""
+        k = ("device", key, tuple(t.shape), t.dtype, t.device)
+        with self._lock:
+            have = self._buffers.get(k)
+        if have is not None:
+            return have
+        if t.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(t.device)
+            if free - t.numel() * t.element_size() < DEVICE_FREE_FLOOR * total:
+                return None
+            try:
+                return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+            except torch.cuda.OutOfMemoryError:  # free memory is the driver's: staged on the host
+                return None
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+    def stage_rows(self, key: str, t: torch.Tensor, rows: np.ndarray
+                   ) -> tuple[np.ndarray, torch.cuda.Event | None]:
+        """Copy rows ``rows`` of ``t`` (a tracker's changed rows of a table) into a host buffer
+        kept for the table, grown as needed and reused; return ``(those rows, event or
+        None)`` like :meth:`stage`. A table whose 5 % rows changed stages 5 % of its bytes."""
+        t = t.detach()
+        n, row_shape = int(rows.size), tuple(t.shape[1:])
+        cuda = t.device.type == "cuda"
+        k = ("rows", key, row_shape, t.dtype, cuda)
+        dtype = storage_dtype(t.dtype)
+        with self._lock:
+            self._used.add(k)
+            buf = self._buffers.get(k)
+        if buf is None or buf.shape[0] < n:  # grown by a quarter at least: few regrowths
+            cap = max(n, int(1.25 * buf.shape[0]) if buf is not None else n)
+            if cuda:
+                buf = torch.empty((cap, *row_shape), dtype=t.dtype, pin_memory=True)
+            else:
+                buf = torch.from_numpy(np.empty((cap, *row_shape), dtype))
+                buf = buf.view(t.dtype) if is_bit_view(t.dtype) else buf
+            with self._lock:
+                self._buffers[k] = buf
+        dst = buf[:n]
+        index = torch.from_numpy(rows.astype(np.int64, copy=False))
+        event = None
+        if cuda:
+            stream = self._side_stream(t.device)
+            current = torch.cuda.current_stream(t.device)
+            stream.wait_stream(current)
+            with torch.cuda.stream(stream):
+                gathered = t.index_select(0, index.to(t.device, non_blocking=True))
+                dst.copy_(gathered, non_blocking=True)
+                event = torch.cuda.Event(blocking=True)
+                event.record(stream)
+            t.record_stream(stream)
+            current.wait_stream(stream)
+        else:
+            torch.index_select(t, 0, index, out=dst)
+        host = dst.view(bit_view_dtype(t.dtype)) if is_bit_view(t.dtype) else dst
+        return host.numpy(), event
+
+    def packed_device(self, nbytes: int, device: torch.device) -> torch.Tensor | None:
+        """A zeroed byte buffer on ``device`` for the packed small tensors that live there
+        (:meth:`stage_bytes`), zeroed on the side stream; None when the device lacks room."""
+        k = ("packed-device", nbytes, device)
+        with self._lock:
+            have = k in self._buffers
+            self._used.add(("cuda", PACKED_KEY, (nbytes,), torch.uint8))  # to_host's buffer
+        if not have:
+            free, total = torch.cuda.mem_get_info(device)
+            if free - nbytes < DEVICE_FREE_FLOOR * total:
+                return None
+            try:
+                buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            except torch.cuda.OutOfMemoryError:
+                return None
+            buf = self._buffer(k, lambda: buf)
+        else:
+            buf = self._buffer(k, lambda: torch.empty(nbytes, dtype=torch.uint8, device=device))
+        stream = self._side_stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            buf.zero_()
+        return buf
+
+    def stage_bytes(self, dst: torch.Tensor, t: torch.Tensor) -> None:
+        """Copy the bits of CUDA tensor ``t`` (C order) into the byte range ``dst`` of a
+        :meth:`packed_device` buffer, on the side stream; training's stream waits for it on the
+        GPU. :meth:`record_side_stream` marks the end of such copies."""
+        t = t.detach()
+        if t.is_conj():
+            t = t.resolve_conj()
+        if t.is_neg():
+            t = t.resolve_neg()
+        stream = self._side_stream(t.device)
+        current = torch.cuda.current_stream(t.device)
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            dst.copy_(t.contiguous().reshape(-1).view(torch.uint8))
+        t.record_stream(stream)
+        current.wait_stream(stream)
+
+    def record_side_stream(self, device: torch.device) -> torch.cuda.Event:
+        """An event after every copy queued so far on the side stream of ``device``."""
+        event = torch.cuda.Event(blocking=True)
+        event.record(self._side_stream(device))
+        return event
+
+    def to_host(self, key: str, t: torch.Tensor) -> np.ndarray:
+        """On the persist thread: the bits of ``t`` (a device staging buffer) copied into a
+        reused host buffer (pinned for CUDA) on a stream of its own that training's stream never
+        waits for; returns once the copy has landed."""
+        dtype = storage_dtype(t.dtype)
+        if t.device.type != "cuda":
+            buf = self._buffer(self._host_key(key, t), lambda: np.empty(t.shape, dtype))
+            dst = torch.from_numpy(buf)
+            (dst.view(t.dtype) if is_bit_view(t.dtype) else dst).copy_(t)
+            return buf
+        pinned = self._buffer(self._host_key(key, t),
+                              lambda: torch.empty(t.shape, dtype=t.dtype, pin_memory=True))
+        stream = self._stream_of(self._d2h, t.device)
+        with torch.cuda.stream(stream):  # the current stream of t's device, not of device 0
+            pinned.copy_(t, non_blocking=True)
+            landed = torch.cuda.Event(blocking=True)  # waited for without spinning a core
+            landed.record(stream)
+        landed.synchronize()
+        host = pinned.view(bit_view_dtype(t.dtype)) if is_bit_view(t.dtype) else pinned
+        return host.numpy()
+
+    @staticmethod
+    def _host_key(key: str, t: torch.Tensor) -> tuple[object, ...]:
+        """The key of the host buffer of ``t``: pinned for CUDA tensors, as :meth:`stage`."""
+        if t.device.type == "cuda":
+            return ("cuda", key, tuple(t.shape), t.dtype)
+        return ("cpu", key, tuple(t.shape), storage_dtype(t.dtype).str)
+
+    def reserve_packed(self, nbytes: int) -> int:
+        """Allocate the packed buffer of :meth:`packed` ahead of time (pages faulted in)."""
+        def make() -> np.ndarray:
+            buf = np.empty(nbytes, np.uint8)
+            buf[::4096] = 0
+            return buf
+        with self._lock:
+            if ("packed", nbytes) in self._buffers:
+                return 0
+            self._buffers[("packed", nbytes)] = make()
+        return nbytes
+
+    def packed(self, nbytes: int) -> np.ndarray:
+        """The zeroed byte buffer of a commit's packed small tensors (reused)."""
+        buf = self._buffer(("packed", nbytes), lambda: np.zeros(nbytes, np.uint8))
+        buf[...] = 0  # alignment padding between tensors stays zero
+        return buf
+
+    def _buffer(self, k: tuple[object, ...], make: Callable[[], Buffer]) -> Buffer:
+        with self._lock:
+            self._used.add(k)
+            buf = self._buffers.get(k)
+            if buf is None:
+                buf = self._buffers[k] = make()
+            return buf
+
+    def _stage_cuda(self, key: str, t: torch.Tensor) -> tuple[np.ndarray, torch.cuda.Event]:
+        storage_dtype(t.dtype)
+        pinned = self._buffer(("cuda", key, tuple(t.shape), t.dtype),
+                              lambda: torch.empty(t.shape, dtype=t.dtype, pin_memory=True))
+        event = self._copy_on_side_stream(pinned, t)
+        host = pinned.view(bit_view_dtype(t.dtype)) if is_bit_view(t.dtype) else pinned
+        return host.numpy(), event
+
+    def _copy_on_side_stream(self, dst: torch.Tensor, t: torch.Tensor) -> torch.cuda.Event:
+        """``dst.copy_(t)`` on the side stream, after what training queued so far; training's
+        later kernels wait for it on the GPU (not on the CPU). Returns the copy's event."""
+        stream = self._side_stream(t.device)
+        current = torch.cuda.current_stream(t.device)
+        stream.wait_stream(current)                # copy what training computed so far
+        with torch.cuda.stream(stream):
+            dst.copy_(t, non_blocking=True)
+            event = torch.cuda.Event(blocking=True)
+            event.record(stream)
+        t.record_stream(stream)
+        current.wait_stream(stream)                # later kernels wait for the copy (on the GPU)
+        return event
+
+    def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
+        """The snapshot's side stream of ``device`` (``torch.cuda.stream(s)`` sets the current
+        stream of ``s``'s own device only: a tensor on another GPU needs a stream there)."""
+        return self._stream_of(self._streams, device)
+
+    def _stream_of(self, streams: dict[int, Any], device: torch.device) -> torch.cuda.Stream:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        with self._lock:
+            stream = streams.get(index)
+            if stream is None:
+                stream = streams[index] = torch.cuda.Stream(device=index)
+            return stream

@@ -1,0 +1,171 @@
+"""The Store verbs under a ``torch.distributed`` process group, on :mod:`ckptstore.dcp`.
+
+``Store.commit`` / ``Store.commit_async`` with a process group of more than one rank are
+collectives built on DCP's ``save`` / ``async_save`` with a :class:`~ckptstore.dcp.StorageWriter`;
+``Store.checkout(ref, into=state)`` loads the DTensors of the live state (:mod:`ckptstore.checkout.flow`
+finds them) with ``dcp.load(..., no_dist=True)``: each rank only the chunks that overlap its
+shards, straight into them, no collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import StorageReader, StorageWriter
+from ..errors import CkptStoreError, DistributedError, StagingBudgetError
+from ..info import CommitInfo
+from ..history.manifest import Manifest
+from ..commit.pending import PendingCommit
+from ..commit.pipeline import plain_metadata
+from ..policy import Policy
+from ..state.tree import Leaf, flatten
+from ..tracking.rows import RowTracker
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+__all__ = ["commit_async_collective", "commit_collective", "load_shards"]
+
+
+def _our_error(e: BaseException) -> BaseException:
+    """DCP reports failures as a ``CheckpointException`` (a BaseException, not an Exception):
+    the first rank's ckptstore error itself, else a :class:`DistributedError` naming the failed
+    ranks; any other exception as it is."""
+    from torch.distributed.checkpoint.api import CheckpointException
+    if not isinstance(e, CheckpointException):
+        return e
+    errors = {r: f[0] if isinstance(f, tuple) else f for r, f in e.failures.items()}
+    ours = next((x for x in errors.values() if isinstance(x, CkptStoreError)), None)
+    if ours is not None:
+        return ours
+    first = next(iter(errors.values()), None)
+    return DistributedError(f"failed on rank(s) {sorted(errors)}: "
+                            f"{type(first).__name__}: {first}")
+
+
+@contextlib.contextmanager
+def _unwrapped() -> Iterator[None]:
+    """Raise DCP's failures as ckptstore errors (:func:`_our_error`)."""
+    try:
+        yield
+    except BaseException as e:
+        ours = _our_error(e)
+        if ours is e:
+            raise
+        raise ours from e
+
+
+def _dcp_state(leaves: list[Leaf]) -> dict[str, Any]:
+    """``{path: tensor}`` for DCP (numpy leaves as tensors over the same memory)."""
+    return {leaf.path: leaf.value if isinstance(leaf.value, torch.Tensor)
+            else torch.from_numpy(np.asarray(leaf.value)) for leaf in leaves}
+
+
+def commit_collective(store: Store, state: object, message: str, branch: str,
+                      tags: Sequence[str], metadata: dict[str, object] | None,
+                      policy: Policy, tracker: RowTracker | None = None,
+                      process_group: Any = None) -> CommitInfo:
+    """``Store.commit`` on every rank of a process group: one commit, DCP's planning."""
+    import torch.distributed.checkpoint as dcp
+
+    store.committer.wait()
+    tree, leaves = flatten(state)
+    writer = StorageWriter(store, message, branch, tags, policy, plain_metadata(metadata, state),
+                           tracker, tree, [leaf.path for leaf in leaves])
+    with _unwrapped():
+        dcp.save(_dcp_state(leaves), storage_writer=writer, process_group=process_group)
+    return writer.last_commit or CommitInfo.from_manifest(store.manifest(writer.commit_id))
+
+
+def commit_async_collective(store: Store, state: object, message: str, branch: str,
+                            tags: Sequence[str], metadata: dict[str, object] | None,
+                            policy: Policy, tracker: RowTracker | None = None) -> PendingCommit:
+    """``Store.commit_async`` on every rank: DCP's ``async_save`` stages the local shards, then
+    a background thread commits them over a gloo group of the store's own, so the commit's
+    collectives never interleave with training's."""
+    import torch.distributed.checkpoint as dcp
+
+    if tracker is not None:
+        raise DistributedError(
+            "commit_async under a process group takes no tracker: DCP stages copies of the "
+            "shards, so the tracker's rows cannot be matched to them nor cleared at the snapshot; "
+            "use commit(..., tracker=...) or commit_async without one (rows are compared)")
+    t0 = time.perf_counter()
+    committer = store.committer
+    committer.wait()
+    if committer.async_group is None:
+        committer.async_group = dist.new_group(backend="gloo")
+    tree, leaves = flatten(state)
+    writer = StorageWriter(store, message, branch, tags, policy, plain_metadata(metadata, state),
+                           None, tree, [leaf.path for leaf in leaves])
+    nbytes = sum(_local_nbytes(leaf.value) for leaf in leaves)
+    _check_staging_budget(nbytes, committer.staging.budget, committer.async_group)
+    sd = _dcp_state(leaves)
+    with _unwrapped():
+        fut = dcp.async_save(sd, storage_writer=writer, process_group=committer.async_group)
+    pending = PendingCommit(time.perf_counter() - t0, nbytes)
+    future = getattr(fut, "upload_completion", fut)
+
+    def done(f: Any) -> None:
+        try:
+            f.result()
+            info = writer.last_commit or CommitInfo.from_manifest(
+                store.manifest(writer.commit_id))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller through wait()
+            pending.finish(None, _our_error(e))
+        else:
+            pending.finish(info, None)
+
+    committer.inflight = pending
+    future.add_done_callback(done)
+    return pending
+
+
+def _local_nbytes(value: Any) -> int:
+    """Bytes DCP's staging copies of a leaf on this rank (a DTensor: its local shard)."""
+    if not isinstance(value, torch.Tensor):
+        return int(getattr(value, "nbytes", 0))
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        value = value.to_local()
+    return value.numel() * value.element_size()
+
+
+def _check_staging_budget(nbytes: int, budget: int | None, group: Any) -> None:
+    """``staging_budget`` for a collective ``commit_async``: every rank learns whether any rank's
+    staging copy would exceed its budget (one all-reduce, always run, so ranks opened with
+    different budgets cannot disagree into a hang) and all raise
+    :class:`StagingBudgetError` before anything is staged or written."""
+    over = torch.tensor([nbytes if budget is not None and nbytes > budget else 0,
+                         nbytes], dtype=torch.int64)
+    dist.all_reduce(over, op=dist.ReduceOp.MAX, group=group)
+    if over[0] > 0:
+        mine = (f"this rank needs {nbytes} bytes against staging_budget={budget}"
+                if budget is not None else "this rank has no budget")
+        raise StagingBudgetError(
+            f"commit_async would stage {int(over[0])} bytes on one rank, more than its "
+            f"staging_budget ({mine}; the largest rank needs {int(over[1])}): raise the budget, "
+            "shard the state over more ranks, or use commit(); nothing was staged or written "
+            "on any rank")
+
+
+def load_shards(store: Store, m: Manifest, shards: dict[str, Any]) -> None:
+    """Load commit ``m``'s tensors into DTensors in place (``{dotted path: DTensor}``), reading
+    on this rank only the chunks that overlap its shards, each decoded into the local shard
+    (``dcp.load(..., no_dist=True)`` over :class:`~ckptstore.dcp.StorageReader`): no
+    collective, so one restarted rank recovers alone."""
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        with _unwrapped():
+            dcp.load(dict(shards), storage_reader=StorageReader(store, m.id), no_dist=True)
