@@ -82,7 +82,7 @@ def select_magnitudes(x: np.ndarray, k: int, largest: bool,
     if need < cand.size:
         # ties at the k-th magnitude go to the lowest indices (``cand`` is ascending and the
         # sort stable): the selection is a function of the values alone, which a GPU's stable
-        # sort reproduces (ckptstore.devquant)
+        # sort reproduces (ckptstore.device.quant)
         mag = np.abs(x[cand].astype(np.float64))
         cand = cand[np.argsort(-mag if largest else mag, kind="stable")[:need]]
     return np.concatenate([sure, cand])

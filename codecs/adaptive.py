@@ -137,7 +137,7 @@ def histogram_ranges_from_counts(counts, lo, hi, nq, num_bins, ratio) -> None:
     ``counts[s, j]`` is the number of unmasked values ``v`` of segment ``s`` with
     ``min(max(int((float64(v) - lo[s]) * (H / (hi[s] - lo[s]))), 0), H - 1) == j``, ``H`` the
     row length (:func:`cell_counts_shape`). The same search, so the same ranges: the counts may
-    come from elsewhere (a GPU, :mod:`ckptstore.devquant`)."""
+    come from elsewhere (a GPU, :mod:`ckptstore.device.quant`)."""
     counts = np.ascontiguousarray(counts)
     if counts.shape != cell_counts_shape(lo.size, num_bins):
         raise ValueError(f"counts of shape {counts.shape}, expected "

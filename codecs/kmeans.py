@@ -161,7 +161,7 @@ def fit_from_buckets(counts, sums, offsets, k, lam, seed, out):  # pragma: no co
     has the buckets ``offsets[s]:offsets[s + 1]`` of ``counts``/``sums`` (the number and the
     float64 sum of its unmasked values in each non-empty bucket, buckets in ascending key
     order). The same fit, so the same levels: the buckets may be counted elsewhere (a GPU,
-    ``ckptstore.devquant``; a bucket's sum is exact in float64 whatever the order of its terms,
+    ``ckptstore.device.quant``; a bucket's sum is exact in float64 whatever the order of its terms,
     its values sharing one exponent)."""
     for s in range(out.shape[0]):
         a, b = offsets[s], offsets[s + 1]
