@@ -137,7 +137,7 @@ def die_while_writing(rank: int, world: int, url: str, opts: dict) -> None:
     import torch.distributed.checkpoint as dcp
 
     import ckptstore
-    import ckptstore.dcp.shards as sharded
+    import ckptstore.commit.pipeline as sharded  # where a rank's write calls persist
     from ckptstore.dcp import StorageWriter
     real = sharded.persist
 

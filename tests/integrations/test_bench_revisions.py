@@ -13,7 +13,13 @@ import pytest
 
 BENCH = pathlib.Path(__file__).parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
+# benchmarks/common.py, not tests/codecs/common.py (on pytest's pythonpath), is what revisions uses
+_theirs = sys.modules.pop("common", None)
 import revisions  # noqa: E402
+
+sys.modules.pop("common", None)  # revisions keeps its own; the codec tests import theirs
+if _theirs is not None:
+    sys.modules["common"] = _theirs
 
 
 def _tracked(rev: str) -> set[str]:
