@@ -11,6 +11,7 @@ import numpy as np
 from numcodecs import Blosc
 
 from ..errors import CorruptedChunkError
+from ..limits import allocate
 from .base import Buffer, ChunkCodec, ChunkSource, Encoded, add_crc, check_crc, check_crc_parts
 from .registry import register_chunk_codec
 
@@ -92,9 +93,11 @@ class RawLossless(ChunkCodec):
         if out.nbytes != (hi - lo) * row_bytes:
             raise ValueError(f"{out.nbytes} bytes to fill with rows {lo}:{hi} of a chunk of "
                              f"shape {shape} and dtype {dtype}")
-        parts = [memoryview(np.empty(lo * row_bytes, np.uint8)),
-                 memoryview(out.reshape(-1).view(np.uint8)),
-                 memoryview(np.empty(total - hi * row_bytes, np.uint8)), memoryview(bytearray(4))]
+        def scratch(nbytes: int) -> memoryview:  # the rows not wanted (a chunk's claim)
+            return memoryview(allocate((nbytes,), np.dtype(np.uint8), f"chunk {source.where}"))
+
+        parts = [scratch(lo * row_bytes), memoryview(out.reshape(-1).view(np.uint8)),
+                 scratch(total - hi * row_bytes), memoryview(bytearray(4))]
         n = source.read_into(parts)
         if n != total + 4:
             raise CorruptedChunkError(

@@ -16,13 +16,15 @@ from collections.abc import Callable
 from typing import Any
 
 import msgpack
+import numpy as np
 import pytest
 import torch
 
 import ckptstore
-from ckptstore.errors import CorruptedChunkError, InvalidRefName, ManifestError, \
-    UnsupportedLeafError
+from ckptstore.errors import AllocationError, CorruptedChunkError, InvalidRefName, \
+    ManifestError, UnsupportedLeafError
 from ckptstore.format.layout import ZARR_JSON, array_dir, check_ref_name, data_dir, manifest_key
+from ckptstore.chunkcodec import RawLossless
 from ckptstore.limits import READ_LIMITS
 from ckptstore.history.manifest import Manifest, encode_manifest
 from ckptstore.dcp.shards import LocalTensor, commit_shards
@@ -365,6 +367,28 @@ def test_an_array_no_process_can_allocate_is_a_clear_error(tmp_path, kind):
     lines = out.stdout.splitlines()
     assert lines[0].startswith("AllocationError True"), out.stdout
     assert lines[1] == "False", out.stdout
+
+
+class _UnreadChunk:
+    """A chunk source the codec must not read (the test checks what it allocates first)."""
+
+    where = "m/c/0/0"
+
+    def read(self) -> bytes:
+        raise AssertionError("read before its scratch was allocated")
+
+    read_into = read
+
+
+def test_a_region_read_of_a_chunk_no_process_can_hold_is_a_clear_error():
+    """Reading the last row of a raw chunk scatters the rows before it into scratch memory;
+    a chunk claiming 2**40 rows (16 TiB) is an AllocationError naming it, not a raw
+    MemoryError (issue 26 item 7, the last ``np.empty`` a manifest could size)."""
+    out = np.empty((1, 4), np.float32)
+    with pytest.raises(AllocationError, match="chunk m/c/0/0") as e:
+        RawLossless().read_rows(_UnreadChunk(), (2**40, 4), np.dtype(np.float32),
+                                (2**40 - 1, 2**40), out)
+    assert isinstance(e.value, MemoryError)
 
 
 @pytest.mark.parametrize("shape", [(0, 2**62), (2**61, 0, 8)])
