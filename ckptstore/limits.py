@@ -29,6 +29,8 @@ The limits are one module-level value, :data:`READ_LIMITS`; a store whose writer
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,7 +42,7 @@ if TYPE_CHECKING:  # limits sits below storage: local files read READ_LIMITS
     from .storage import Storage
 
 __all__ = ["METADATA_NESTING", "READ_LIMITS", "TREE_NESTING", "ReadLimits", "allocate",
-           "check_grid", "copy_of", "missing_chunks", "nesting"]
+           "check_grid", "copy_of", "memory_bound", "missing_chunks", "nesting"]
 
 # state.flatten writes at most 200 levels, each at most 3 nestings ({"dict": [[key, node]]});
 # deeper trees and metadata would make readers recurse past Python's limit
@@ -116,6 +118,22 @@ def allocate(shape: tuple[int, ...], dtype: np.dtype, where: str) -> np.ndarray:
             f"more than this process can allocate ({type(e).__name__}). Check out fewer tensors "
             "(paths=...) or on a machine with more memory; if the store is not yours, run "
             "verify: the manifest may be hostile.") from None
+
+
+@contextmanager
+def memory_bound(where: str) -> Iterator[None]:
+    """Turn a raw ``MemoryError`` raised inside (a decoder's scratch buffer, a chunk decoded
+    apart) into an :class:`AllocationError` naming ``where``: a read that runs out of memory
+    says so in one line, whichever buffer it was."""
+    try:
+        yield
+    except AllocationError:
+        raise
+    except MemoryError as e:
+        raise AllocationError(
+            f"{where}: reading it needs more memory than this process can allocate ({e}). Check "
+            "out fewer tensors (paths=...), with fewer I/O threads, or on a machine with more "
+            "memory.") from None
 
 
 def copy_of(a: np.ndarray, where: str) -> np.ndarray:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import CorruptedChunkError, ManifestError
+from ..limits import memory_bound
 from .base import Buffer, ChunkCodec, Encoded, add_crc, check_crc
 from .registry import register_chunk_codec
 
@@ -119,8 +120,9 @@ class QuantizedLossy(ChunkCodec):
 
         body = check_crc(data, where)
         try:
-            raw = rle_huffman_decode(body) if self.entropy else np.frombuffer(body, np.uint8)
-            return parse(raw)
+            with memory_bound(f"chunk {where}"):
+                raw = rle_huffman_decode(body) if self.entropy else np.frombuffer(body, np.uint8)
+                return parse(raw)
         except ValueError as e:  # ckptcodecs.CodecError
             raise CorruptedChunkError(f"chunk {where} does not decode: {e}", where) from e
 
@@ -158,7 +160,8 @@ class QuantizedLossy(ChunkCodec):
 
         body = check_crc(data, where)
         try:
-            return qdelta_decode(body, base_codes, base_params)
+            with memory_bound(f"chunk {where}"):
+                return qdelta_decode(body, base_codes, base_params)
         except ValueError as e:  # ckptcodecs.CodecError
             raise CorruptedChunkError(f"chunk {where} does not decode: {e}", where) from e
 

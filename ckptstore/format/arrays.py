@@ -20,7 +20,7 @@ from .dtypes import STORAGE
 from ..errors import CorruptedChunkError, ManifestError, UnsupportedLeafError
 from .grid import CHUNK_BYTES, ChunkGrid
 from .layout import ZARR_JSON, chunk_key
-from ..limits import allocate
+from ..limits import allocate, memory_bound
 from ..storage import Buffer, Storage
 
 __all__ = [
@@ -272,12 +272,13 @@ def start_read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: n
 
     def get_chunk(key: str, lo: int, hi: int) -> None:
         source = _Chunk(storage, chunk_key(prefix, key))
-        if not grid.shape:
-            codec.read_rows(source, (), np_dtype, None, out.reshape(()))
-            return
-        a, b = max(lo, lo_want), min(hi, hi_want)  # its rows wanted, straight into place
-        codec.read_rows(source, grid.chunks, np_dtype, (a - lo, b - lo),
-                        out[a - lo_want: b - lo_want])
+        with memory_bound(f"chunk {source.where}"):
+            if not grid.shape:
+                codec.read_rows(source, (), np_dtype, None, out.reshape(()))
+                return
+            a, b = max(lo, lo_want), min(hi, hi_want)  # its rows wanted, straight into place
+            codec.read_rows(source, grid.chunks, np_dtype, (a - lo, b - lo),
+                            out[a - lo_want: b - lo_want])
 
     futures = []
     if out.size:
@@ -315,6 +316,10 @@ def start_read_region(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: 
 
     def get_chunk(key: str, lo: int, hi: int) -> None:
         source = _Chunk(storage, chunk_key(prefix, key))
+        with memory_bound(f"chunk {source.where}"):
+            read_chunk_region(source, lo, hi)
+
+    def read_chunk_region(source: _Chunk, lo: int, hi: int) -> None:
         a, b = max(lo, lo_want), min(hi, hi_want)
         dest = into[a - lo_want: b - lo_want] if in_place else None
         if whole_rows and dest.flags.c_contiguous and dest.flags.writeable:
