@@ -15,8 +15,9 @@ chunks), both before its buffer is allocated or its grid is iterated:
 and checkout allocates an array only once every chunk of it is listed, so what an entry
 declares is at most ``chunks stored x max_chunk_bytes``, and verify walks at most
 ``max_missing`` chunk keys more than are stored. What a process still cannot allocate within
-that bound is an :class:`~ckptstore.errors.AllocationError` (:func:`allocate`), not a raw
-``MemoryError``; a chunk that decodes to less than its grid says is refused by its codec.
+that bound is an :class:`~ckptstore.errors.AllocationError` (:func:`allocate` for the arrays a
+manifest sizes, :func:`memory_bound` around each chunk's read and decode for every other
+buffer), not a raw ``MemoryError``; a chunk that decodes to less than its grid says is refused by its codec.
 Every other entry is bounded by arrays: a chain entry has its full baseline's shape, a packed
 one lies inside its packed array, a sharded tensor's volume is the sum of its pieces', a view
 stays in its storage.
