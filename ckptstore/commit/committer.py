@@ -17,19 +17,19 @@ from collections.abc import Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import nullcontext
 
-from ..device.quant import staged_items
 from ..errors import StagingBudgetError
 from ..format.ids import new_commit_id
 from ..info import CommitInfo
 from .pending import PendingCommit, Progress
 from .pipeline import CommitJob, Metadata, Pipeline
+from .placement import place, tracked_rows
 from .plan import ArrayItem, CommitPlan, EncodingOptions, plan_commit
 from ..policy import Policy
 from ..priority import DEFAULT_PRIORITY, BackgroundThreads
 from .publish import publish, reporting
 from .records import build_manifest
 from ..history.repository import Repository
-from .snapshot import Snapshot, tracked_rows
+from .snapshot import Snapshot
 from ..state.tree import flatten
 from ..tracking.rows import RowTracker
 
@@ -109,14 +109,14 @@ class Committer(Pipeline):
         _, leaves = flatten(state)
         plan = plan_commit(leaves, self.options)
 
-        on_device = staged_items(plan, self.options.device_encode)
+        placements = place(plan, self.options.device_encode, pooled=True, host_values=True)
 
         def run() -> int:
             done = self.staging.reserve_packed(plan.packed_nbytes) if plan.packed_nbytes else 0
             for p in plan.stored():
                 if isinstance(p, ArrayItem):
                     done += self.staging.reserve(p.array, p.source)
-                    if p.index in on_device:  # the device-to-device snapshot's buffer
+                    if placements[p.index].capture.on_device:  # the device snapshot's buffer
                         done += self.staging.reserve_device(p.array, p.source)
             return done
 

@@ -3,7 +3,7 @@
 ``persist`` finds changed
 rows, encodes (lossless, quantized, code deltas) and writes chunks on a thread pool, at most
 ``max_inflight`` encoded chunks in memory at once. Both key what they produce by the plan item's
-``index`` (:class:`Snapshot.arrays`, :class:`Persisted.results`).
+``index`` (:attr:`Snapshot.items`, :class:`Persisted.results`).
 """
 
 from __future__ import annotations
@@ -345,24 +345,20 @@ def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
     for p in plan.stored():
         if isinstance(p, PackedItem):
             continue
-        host = snap.device.get(p.index)
-        if host is None:
-            host = snap.arrays[p.index]
+        item = snap.items[p.index]
+        host = item.staged
         if isinstance(p, CodesItem):
-            pending.append(_write_code_deltas(storage, commit_id, p, host, submit,
-                                              snap.scores.get(p.index)))
+            pending.append(_write_code_deltas(storage, commit_id, p, host, submit, item.score))
         elif isinstance(p, XorItem):
             pending.append(_write_xor(storage, commit_id, p, host, submit))
         elif isinstance(p, ResidualItem):
             pending.append(_write_residual(storage, commit_id, p, host, submit))
         elif isinstance(p, RowsItem):
             pending.append(_write_rows(storage, commit_id, p, host, submit, chunk_bytes,
-                                       snap.gathered.get(p.index), p.index in snap.xored,
-                                       snap.references.get(p.index)))
+                                       item.rows, item.xored, item.reference))
         else:
             assert isinstance(p, ArrayItem)
-            pending.append(_write_full(storage, commit_id, p, host, submit, dedup,
-                                       snap.scores.get(p.index)))
+            pending.append(_write_full(storage, commit_id, p, host, submit, dedup, item.score))
     packed: list[Future] = []
     if snap.packed is not None:
         packed = write_array(storage, array_dir(commit_id, packed_name), snap.packed,

@@ -6,9 +6,10 @@ Every commit runs these steps, in this order, through one :class:`Pipeline` (the
     1. prepare  names checked, tags free, tip + parent read,    -> CommitJob   (:meth:`prepare`)
                 flatten, plan (the policy and the chain memory
                 decide), gradient averages captured
-    2. capture  snapshot into staging                          -> Snapshot    (:meth:`capture`)
+    2. capture  placement chosen, snapshot into staging        -> Snapshot    (:meth:`capture`)
                 -- commit_async returns here; training may modify the state --
-    3. write    settle, shrink, score, persist                 -> Written     (:meth:`write`)
+    3. write    settle, shrink, score (each a new Snapshot),   -> Written     (:meth:`write`)
+                persist
     4. publish  manifest, then ref, then chain memory updated,  -> Manifest    (:mod:`.publish`)
                 then tags, then retention
 
@@ -27,10 +28,10 @@ from dataclasses import dataclass
 
 from ..chains.memory import ChainMemory
 from .dedup import Dedup
-from ..device.quant import device_items, staged_items
 from ..format.layout import PACKED_ARRAY, check_ref_name
 from ..history.manifest import Manifest
 from .pending import Progress
+from .placement import place
 from .plan import CommitPlan, EncodingOptions, plan_commit
 from ..policy import Policy
 from ..policy.retention import Retention
@@ -173,18 +174,14 @@ class Pipeline:
         """Snapshot the planned tensors (into ``pool``'s buffers: training may go on); the
         tracker's rows are in the plan, so it starts over (kept as unsaved until the ref
         moves)."""
-        snap = snapshot(job.plan, pool, self._on_device(job),
-                        staged_items(job.plan, self.options.device_encode))
+        # a rank's fork, Shrink and sensitivity rework the values on the host
+        host_values = job.fork or job.shrink is not None or job.gradients is not None
+        placements = place(job.plan, self.options.device_encode, pooled=pool is not None,
+                           host_values=host_values, dedup=self.options.dedup)
+        snap = snapshot(job.plan, placements, pool)
         if job.tracker is not None:
             job.tracker.clear()
         return snap
-
-    def _on_device(self, job: CommitJob) -> frozenset[int]:
-        """Items quantized on their device (none in a rank's fork, and none where the values on
-        the host are needed: Shrink and sensitivity rework the snapshot's arrays)."""
-        if job.fork or job.shrink is not None or job.gradients is not None:
-            return frozenset()
-        return device_items(job.plan, self.options.device_encode, self.options.dedup)
 
     # -- 3. write --------------------------------------------------------------------------
     def write(self, job: CommitJob, snap: Snapshot, commit_id: str,
@@ -194,11 +191,11 @@ class Pipeline:
         this commit, so if it never becomes the tip the next commit finds no matching base and
         writes a full one; a whole commit remembers them once its ref moved
         (:meth:`remember`, publish's ``landed``)."""
-        snap.settle(self.staging)  # device-staged tensors not quantized there: to the host
+        snap = snap.settle(self.staging)  # device-staged, not quantized there: to the host
         if job.shrink is not None:  # a rank shrinks its blocks (its own Fisher threshold)
-            shrink_snapshot(job.plan, snap, job.shrink, policy_path=job.policy_path)
+            snap, _ = shrink_snapshot(job.plan, snap, job.shrink, policy_path=job.policy_path)
         if job.gradients is not None and job.gradients.averages:
-            score_snapshot(snap, job.gradients)
+            snap = score_snapshot(snap, job.gradients)
         dedup = Dedup.against(job.parent, job.dedup_paths) if self.options.dedup else None
         done = persist(self.repo.storage, commit_id, job.plan, snap,
                        executor or self.repo.executor, self.max_inflight,
@@ -211,11 +208,13 @@ class Pipeline:
 
     def remember(self, written: Written) -> None:
         """Update the chain memory with what ``written`` stored (the next commit's bases)."""
-        job, snap, results = written.job, written.snap, written.done.results
-        self.chains.commit_done(job.branch, written.commit_id, job.plan, snap.arrays,
+        job, items, results = written.job, written.snap.items, written.done.results
+        self.chains.commit_done(job.branch, written.commit_id, job.plan, written.snap.arrays,
                                 {i: r.codes for i, r in results.items()}, job.tracker,
                                 {i: r.rebuilt for i, r in results.items()},
-                                snap.next_references, snap.gathered)
+                                {i: c.next_reference for i, c in items.items()
+                                 if c.next_reference is not None},
+                                {i for i, c in items.items() if c.rows is not None})
 
 
 def plain_metadata(metadata: Metadata | None, state: object) -> Metadata:

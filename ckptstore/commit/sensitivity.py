@@ -172,15 +172,17 @@ def capture_gradients(plan: CommitPlan, ema: GradientEMA,
     return Gradients(out, ema.score)
 
 
-def score_snapshot(snap: Snapshot, gradients: Gradients) -> None:
-    """``snap.scores[i]``: ``w**2 * E[g**2]`` (``fisher``: the loss that zeroing a value costs
-    to second order, the Fisher diagonal standing for the Hessian) or ``|w| * E|g|``
-    (``taylor``: DynaQuant's first-order sensitivity), on the persist thread."""
+def score_snapshot(snap: Snapshot, gradients: Gradients) -> Snapshot:
+    """``snap`` with each scored item's score: ``w**2 * E[g**2]`` (``fisher``: the loss that
+    zeroing a value costs to second order, the Fisher diagonal standing for the Hessian) or
+    ``|w| * E|g|`` (``taylor``: DynaQuant's first-order sensitivity), on the persist thread."""
     snap.ready()
+    arrays, scores = snap.arrays, {}
     for i, g in gradients.averages.items():
-        w = snap.arrays[i]
+        w = arrays[i]
         if w.shape == g.shape and w.dtype.kind == "f":
             if gradients.score == "taylor":
-                snap.scores[i] = np.abs(w, dtype=np.float32) * g
+                scores[i] = np.abs(w, dtype=np.float32) * g
             else:
-                snap.scores[i] = np.square(w, dtype=np.float32) * g
+                scores[i] = np.square(w, dtype=np.float32) * g
+    return snap.with_scores(scores)

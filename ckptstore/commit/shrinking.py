@@ -1,8 +1,8 @@
 """The shrink step of a commit (ExCP, :class:`~ckptstore.policy.Shrink`): between snapshot and
 persist, each residual entry's snapshot becomes its pruned residual and each shrinking pair's
 moments are pruned jointly. It runs where persist runs (off the training thread for
-``commit_async``) and replaces snapshot arrays; it never writes into them (a synchronous
-snapshot references the live tensors)."""
+``commit_async``) and returns a new snapshot with those arrays replaced; it never writes into
+them (a synchronous snapshot references the live tensors)."""
 
 from __future__ import annotations
 
@@ -36,24 +36,27 @@ def _shrinks(p: ArrayItem | None) -> bool:
             and p.codec.prune_zeros)
 
 
-def _values(snap: Snapshot, p: ArrayItem | None) -> np.ndarray | None:
-    return float_values(snap.arrays[p.index], p.dtype) if p is not None else None
+Arrays = dict[int, np.ndarray]  # the snapshot's host arrays, by item index
 
 
-def _pair(snap: Snapshot, pw: ArrayItem | None, pm: ArrayItem | None, pv: ArrayItem | None
+def _values(arrays: Arrays, p: ArrayItem | None) -> np.ndarray | None:
+    return float_values(arrays[p.index], p.dtype) if p is not None else None
+
+
+def _pair(arrays: Arrays, pw: ArrayItem | None, pm: ArrayItem | None, pv: ArrayItem | None
           ) -> tuple:
     """``(pw, pm, pv, second moment, residual)`` of one weight and its moments, as float values
     (float32 for 16-bit floats; the first moment is taken pair by pair later, to bound the
     temporaries). Where there is no second moment to rank it, the weight's snapshot becomes its
     whole residual, in the weight's dtype, and the residual returned is None (the caller stores
     the pruned one otherwise)."""
-    second = _values(snap, pv)
+    second = _values(arrays, pv)
     residual = None
     if isinstance(pw, ResidualItem):
-        residual = residual_values(_values(snap, pw), float_values(pw.start.reference, pw.dtype),
+        residual = residual_values(_values(arrays, pw), float_values(pw.start.reference, pw.dtype),
                                    pw.dtype)
         if second is None or second.shape != residual.shape:
-            snap.arrays[pw.index] = from_values(residual, pw.dtype)
+            arrays[pw.index] = from_values(residual, pw.dtype)
             residual = None  # no second moment (before the first step): kept whole
     return pw, pm, pv, second, residual
 
@@ -73,22 +76,24 @@ def _blocks(plan: CommitPlan, policy_path: Callable[[str], str] | None
 
 
 def shrink_snapshot(plan: CommitPlan, snap: Snapshot, shrink: Shrink,
-                    policy_path: Callable[[str], str] | None = None) -> ShrinkStats:
-    """Replace, in ``snap``, residual entries by their pruned residuals and shrinking moments by
-    their pruned values; return how much was kept.
+                    policy_path: Callable[[str], str] | None = None
+                    ) -> tuple[Snapshot, ShrinkStats]:
+    """``snap`` with residual entries replaced by their pruned residuals and shrinking moments
+    by their pruned values, and how much was kept.
 
     ``policy_path`` maps an item's path to the one ``shrink.pairs`` names (a rank's block of a
     sharded tensor, ``<fqn>@<offsets>``, to ``<fqn>``): a weight's block pairs with the blocks of
     its moments at the same offsets, and the Fisher threshold is the rank's own (over the
     blocks it holds)."""
     snap.ready()
+    arrays = snap.arrays
     blocks = _blocks(plan, policy_path)
     stats = ShrinkStats()
     found = []
     for w, m, v in shrink.pairs:
         bw, bm, bv = blocks.get(w, {}), blocks.get(m, {}), blocks.get(v, {})
         for suffix in dict.fromkeys([*bw, *bm, *bv]):
-            found.append(_pair(snap, bw.get(suffix), bm.get(suffix), bv.get(suffix)))
+            found.append(_pair(arrays, bw.get(suffix), bm.get(suffix), bv.get(suffix)))
     if shrink.criterion == "fisher":
         cut = fisher_threshold([(r, v) for *_, v, r in found if r is not None], shrink.keep)
     for i, (pw, pm, pv, second, residual) in enumerate(found):
@@ -99,16 +104,16 @@ def shrink_snapshot(plan: CommitPlan, snap: Snapshot, shrink: Shrink,
                 keep = (second * np.square(residual) > cut if shrink.criterion == "fisher" else
                         residual_mask(residual, second, shrink.alpha, shrink.cap))
             residual[~keep] = 0
-            snap.arrays[pw.index] = from_values(residual, pw.dtype)  # itself for float32
+            arrays[pw.index] = from_values(residual, pw.dtype)  # itself for float32
             stats.weights += keep.size
             stats.weights_kept += int(np.count_nonzero(keep))
-        first = _values(snap, pm) if _shrinks(pm) and _shrinks(pv) else None
+        first = _values(arrays, pm) if _shrinks(pm) and _shrinks(pv) else None
         if first is not None and first.shape == second.shape:
             first, second = shrink_moments(first, second, keep if keep is not None and
                                            keep.shape == first.shape else None,
                                            shrink.beta, shrink.fill)
-            snap.arrays[pm.index] = from_values(first, pm.dtype)
-            snap.arrays[pv.index] = from_values(second, pv.dtype)
+            arrays[pm.index] = from_values(first, pm.dtype)
+            arrays[pv.index] = from_values(second, pv.dtype)
             stats.moments += first.size
             stats.moments_kept += int(np.count_nonzero(first))
-    return stats
+    return snap.with_host(arrays), stats

@@ -1,226 +1,249 @@
 """Snapshot: the step of a commit that must happen while training waits -- the bits of every
-stored tensor captured in host buffers (or, for tensors quantized on their device, in device
+stored tensor captured in host buffers (or, for tensors placed on their device, in device
 buffers) that training may overwrite as soon as it returns. :func:`ckptstore.commit.persist.persist`
 then encodes and writes them.
+
+Each item is captured as its :class:`~ckptstore.commit.placement.Placement` says (chosen once,
+before the capture). A :class:`Snapshot` is frozen: the later steps (:meth:`Snapshot.settle`,
+:func:`~ckptstore.commit.shrinking.shrink_snapshot`,
+:func:`~ckptstore.commit.sensitivity.score_snapshot`) return a new one. The buffers it names
+belong to the commit that took it (the staging pool reuses them only for the next snapshot).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
+from ..device.rows import changed_rows_on_device
 from ..format.arrays import tensor_to_host
-from ..chunkcodec import LOSSLESS_IDS
-from ..device.rows import changed_rows_on_device, compared_on_device
-from .plan import ArrayItem, CommitPlan, PackedItem, RowsItem
+from .placement import Capture, Placement
+from .plan import ArrayItem, CommitPlan, PackedItem
 from .staging import PACKED_KEY, StagingPool
 
-__all__ = ["Snapshot", "snapshot", "tracked_rows"]
+__all__ = ["Captured", "Snapshot", "snapshot"]
+
+Event = torch.cuda.Event
 
 
-@dataclass
-class Snapshot:
-    """Host copies of everything a commit writes: one array per stored item (by index), plus the
-    packed bytes of all small tensors."""
+@dataclass(frozen=True, eq=False)
+class Captured:
+    """One array item's snapshot: its bits on the host (``host``: all of them, or the rows
+    ``rows`` names, XOR-ed with their old bits when ``xored``) or on its device (``device``: to
+    be quantized there when placed so, else moved to the host by :meth:`Snapshot.settle`).
 
-    arrays: dict[int, np.ndarray]
-    packed: np.ndarray | None
-    events: list[torch.cuda.Event] = field(default_factory=list)  # CUDA copies to wait for
-    # per item, one importance value per element ranking protect/prune of quantized arrays
-    # (DynaQuant's sensitivity, :mod:`ckptstore.commit.sensitivity`); shaped like the item's array
-    scores: dict[int, np.ndarray] = field(default_factory=dict)
-    # per item, a copy on its own device (or the tensor itself in a synchronous commit): to be
-    # quantized there (:mod:`ckptstore.device.quant`) if in ``encode``, else to be moved to the host
-    # by :meth:`settle`; such items are not in ``arrays``
-    device: dict[int, torch.Tensor] = field(default_factory=dict)
-    encode: frozenset[int] = frozenset()
-    names: dict[int, str] = field(default_factory=dict)  # array names of ``device`` items
-    # the packed bytes of small CUDA tensors, gathered on their device, and their
-    # ``(offset, nbytes)`` in ``packed``
-    device_packed: torch.Tensor | None = None
-    device_ranges: list[tuple[int, int]] = field(default_factory=list)
-    # per item, the rows ``arrays`` holds when it holds only them (a tracker's changed rows, or
-    # those found on the device); ``xored``: items whose rows are already XOR-ed with their old bits
-    gathered: dict[int, np.ndarray] = field(default_factory=dict)
-    xored: set[int] = field(default_factory=set)
-    # increments compared with a reference on their device: (reference, XOR the changed rows);
-    # :meth:`settle` finds the rows there, or, for those staged on the host, copies the reference
-    # to the host into ``references`` for the writer to compare with
-    compare: dict[int, tuple[torch.Tensor, bool]] = field(default_factory=dict)
-    references: dict[int, np.ndarray] = field(default_factory=dict)
-    # per incremental item, this commit's values on their device: the next reference, kept there
-    next_references: dict[int, torch.Tensor] = field(default_factory=dict)
+    ``reference``: the host copy of a device reference the item is compared with on the host;
+    ``next_reference``: this commit's values on their device, the chain's next reference;
+    ``score``: one importance value per element ranking protect/prune (DynaQuant's
+    sensitivity, :mod:`ckptstore.commit.sensitivity`)."""
+
+    name: str                      # the item's array name (its staging key)
+    placement: Placement
+    host: np.ndarray | None = None
+    device: torch.Tensor | None = None
+    rows: np.ndarray | None = None
+    xored: bool = False
+    reference: np.ndarray | None = None
+    next_reference: torch.Tensor | None = None
+    score: np.ndarray | None = None
+
+    @property
+    def staged(self) -> np.ndarray | torch.Tensor:
+        """What persist encodes: the device copy if one is kept, else the host bits."""
+        return self.device if self.device is not None else self.host
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.arrays.values()) + (
-            self.packed.nbytes if self.packed is not None else 0) + sum(
-            t.numel() * t.element_size() for t in self.device.values())
+        d = self.device
+        return (self.host.nbytes if self.host is not None else 0) + (
+            d.numel() * d.element_size() if d is not None else 0)
+
+
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    """Everything a commit writes: one :class:`Captured` per stored array item (by index), the
+    packed bytes of all small tensors and, until :meth:`settle`, the device copies to wait for
+    (``events``) and the packed bytes of small CUDA tensors gathered on their device
+    (``device_packed``, at the ``(offset, nbytes)`` of ``device_ranges``)."""
+
+    items: Mapping[int, Captured]
+    packed: np.ndarray | None
+    events: tuple[Event, ...] = ()
+    device_packed: torch.Tensor | None = None
+    device_ranges: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.items.values()) + (
+            self.packed.nbytes if self.packed is not None else 0)
+
+    @property
+    def arrays(self) -> dict[int, np.ndarray]:
+        """The host bits of every item that has them, by index."""
+        return {i: c.host for i, c in self.items.items() if c.host is not None}
 
     def ready(self) -> None:
-        """Wait until asynchronous device-to-host copies have landed."""
+        """Wait until asynchronous device copies have landed."""
         for e in self.events:
             e.synchronize()
-        self.events.clear()
 
-    def settle(self, pool: StagingPool) -> None:
-        """On the persist thread: copy what was staged on a device but is not quantized there
-        to (pinned, reused) host buffers -- the device-to-host copies that the snapshot's
-        device-to-device copies took off training's path."""
+    def with_host(self, arrays: Mapping[int, np.ndarray]) -> Snapshot:
+        """This snapshot with the host bits of the items of ``arrays`` replaced."""
+        return self._with(lambda i, c: replace(c, host=arrays[i]) if i in arrays else c)
+
+    def with_scores(self, scores: Mapping[int, np.ndarray]) -> Snapshot:
+        """This snapshot with the items of ``scores`` scored."""
+        return self._with(lambda i, c: replace(c, score=scores[i]) if i in scores else c)
+
+    def _with(self, change: Callable[[int, Captured], Captured]) -> Snapshot:
+        return replace(self, items={i: change(i, c) for i, c in self.items.items()})
+
+    def settle(self, pool: StagingPool) -> Snapshot:
+        """On the persist thread: the snapshot with what was staged on a device but is not
+        quantized there copied to (pinned, reused) host buffers -- the device-to-host copies
+        that the snapshot's device-to-device copies took off training's path."""
         self.ready()
-        for i, (reference, xor) in self.compare.items():
-            current = self.device.pop(i, None)
-            if current is not None and current.device == reference.device:
-                try:  # only the changed rows cross to the host
-                    self.gathered[i], self.arrays[i] = changed_rows_on_device(current, reference,
-                                                                              xor)
-                except torch.cuda.OutOfMemoryError:
-                    pass  # compared on the host below
-                else:
-                    if xor:
-                        self.xored.add(i)
-                    self.next_references[i] = current
-                    continue
-            if current is not None:  # the table comes over whole, to be compared on the host
-                self.arrays[i] = pool.to_host(self.names[i], current)
-                self.next_references[i] = current
-            self.references[i] = tensor_to_host(reference)
-        for i in [i for i in self.device if i not in self.encode]:
-            self.arrays[i] = pool.to_host(self.names[i], self.device.pop(i))
+        items = {i: _settled(c, pool) for i, c in self.items.items()}
         if self.device_packed is not None:
             host = pool.to_host(PACKED_KEY, self.device_packed)
             for offset, n in self.device_ranges:
                 self.packed[offset: offset + n] = host[offset: offset + n]
-            self.device_packed = None
+        return Snapshot(items, self.packed)
 
 
-def snapshot(plan: CommitPlan, pool: StagingPool | None = None,
-             encode: frozenset[int] = frozenset(), stage: frozenset[int] = frozenset()
-             ) -> Snapshot:
-    """Capture the bits of every stored tensor on the host.
+def _settled(c: Captured, pool: StagingPool) -> Captured:
+    """One item settled: compared on its device (only the changed rows cross), or moved whole
+    to the host with its reference (compared there), or left on the device to be quantized."""
+    if c.placement.against is None:
+        if c.device is None or c.placement.capture is Capture.ENCODE:
+            return c
+        return replace(c, host=pool.to_host(c.name, c.device), device=None)
+    reference, xor = c.placement.against
+    current = c.device
+    if current is not None and current.device == reference.device:
+        try:  # only the changed rows cross to the host
+            rows, values = changed_rows_on_device(current, reference, xor)
+        except torch.cuda.OutOfMemoryError:
+            pass  # compared on the host below
+        else:
+            return replace(c, host=values, rows=rows, xored=xor, device=None,
+                           next_reference=current)
+    if current is not None:  # the table comes over whole, to be compared on the host
+        c = replace(c, host=pool.to_host(c.name, current), device=None, next_reference=current)
+    return replace(c, reference=tensor_to_host(reference))
+
+
+def snapshot(plan: CommitPlan, placements: Mapping[int, Placement],
+             pool: StagingPool | None = None) -> Snapshot:
+    """Capture the bits of every stored tensor as ``placements`` (:func:`~ckptstore.commit.
+    placement.place`) say.
 
     Without ``pool`` CPU tensors that are already contiguous are referenced, not copied (the
-    synchronous commit path, where training waits anyway). With a
-    :class:`~ckptstore.commit.staging.StagingPool` every tensor is copied into a reusable buffer (pinned,
-    asynchronously for CUDA tensors) so training may modify it as soon as this returns.
-
-    The items of ``encode`` (:func:`ckptstore.device.quant.device_items`) stay on their device, to
-    be quantized there by :func:`~ckptstore.commit.persist.persist`: referenced without a pool, copied
-    into a device buffer with one while the device has room. With a pool, the items of
-    ``stage`` (every CUDA tensor, :func:`ckptstore.device.quant.staged_items`) are copied into
-    device buffers too (but increments whose rows a tracker named: only those rows are staged,
-    :attr:`Snapshot.gathered`), and small CUDA tensors into one device buffer of packed bytes: the
-    snapshot is then device-to-device copies only, and :meth:`Snapshot.settle` moves what is not
-    quantized there to the host on the persist thread. Increments compared with a reference
-    kept on their device (:mod:`ckptstore.device.rows`) are staged there too (referenced as they are
-    in a synchronous commit): :meth:`Snapshot.settle` moves only their changed rows; a baseline
-    of an increment staged there is kept as :attr:`Snapshot.next_references`.
-    """
-    arrays: dict[int, np.ndarray] = {}
-    device: dict[int, torch.Tensor] = {}
-    names: dict[int, str] = {}
-    gathered: dict[int, np.ndarray] = {}
-    compare: dict[int, tuple[torch.Tensor, bool]] = {}
-    next_references: dict[int, torch.Tensor] = {}
-    events: list[torch.cuda.Event] = []
-    packed = None
-    dev_packed: torch.Tensor | None = None  # the small CUDA tensors of one GPU, packed
-    no_room = False
-    ranges: list[tuple[int, int]] = []
+    synchronous commit path, where training waits anyway), and so are the items kept on their
+    device. With a :class:`~ckptstore.commit.staging.StagingPool` every tensor is copied into a
+    reusable buffer (pinned, asynchronously for CUDA tensors; on its device for the device
+    strategies, while the device has room, else on the host) so training may modify it as soon
+    as this returns; :meth:`Snapshot.settle` later moves to the host what is not quantized on
+    its device."""
     if pool is not None:
         pool.begin()
+    packed = None
     if plan.packed_nbytes:
         packed = (np.zeros(plan.packed_nbytes, dtype=np.uint8) if pool is None
                   else pool.packed(plan.packed_nbytes))
+    items: dict[int, Captured] = {}
+    events: list[Event] = []
+    gather = _DevicePacker(pool, plan.packed_nbytes)
     for p in plan.stored():
+        where = placements[p.index]
         if isinstance(p, PackedItem):
-            if not p.nbytes:
-                continue
-            if (pool is not None and stage and p.source.device.type == "cuda" and not no_room
-                    and (dev_packed is None or dev_packed.device == p.source.device)):
-                if dev_packed is None:  # asked once a snapshot, on the first such tensor's GPU
-                    dev_packed = pool.packed_device(plan.packed_nbytes, p.source.device)
-                    no_room = dev_packed is None
-                if dev_packed is not None:
-                    pool.stage_bytes(dev_packed[p.offset: p.offset + p.nbytes], p.source)
-                    ranges.append((p.offset, p.nbytes))
-                    continue
-            host = tensor_to_host(p.source)
-            packed[p.offset: p.offset + p.nbytes] = host.reshape(-1).view(np.uint8)
+            if p.nbytes and not (where.capture is Capture.STAGE and gather.add(p)):
+                host = tensor_to_host(p.source)
+                packed[p.offset: p.offset + p.nbytes] = host.reshape(-1).view(np.uint8)
             continue
         assert isinstance(p, ArrayItem)
-        rows = tracked_rows(p) if pool is not None else None
-        if rows is not None:  # only the rows the increment stores
-            arrays[p.index], event = pool.stage_rows(p.array, p.source, rows)
-            gathered[p.index] = rows
-            if event is not None:
-                events.append(event)
-            continue
-        against = _device_compare(p)
-        if against is not None:
-            compare[p.index] = against
-        # a baseline of an increment staged on its device: the next reference is kept there
-        keep = (p.want == "rows" and against is None and p.index in stage
-                and compared_on_device(p.source))
-        if p.index in encode or (p.index in stage and (pool is not None or against is not None)):
-            staged = _stage_on_device(p, pool, to_host=p.index not in encode and against is None)
-            if staged is not None:
-                device[p.index], event = staged
-                names[p.index] = p.array
-                if event is not None:
-                    events.append(event)
-                if keep:
-                    next_references[p.index] = device[p.index]
-                continue
-        if pool is None:
-            arrays[p.index] = tensor_to_host(p.source)
-            if keep:  # a synchronous commit: training waits until the copy is made
-                next_references[p.index] = p.source.detach()
-            continue
-        arrays[p.index], event = pool.stage(p.array, p.source)
+        items[p.index], event = _CAPTURE[where.capture](p, where, pool)
         if event is not None:
             events.append(event)
-    if dev_packed is not None and ranges:
-        events.append(pool.record_side_stream(dev_packed.device))
+    events += gather.done()
     if pool is not None:
         pool.release_unused()  # buffers of tensors that changed shape or left the state
-    return Snapshot(arrays, packed, events, device=device,
-                    encode=frozenset(i for i in encode if i in device),
-                    names=names, device_packed=dev_packed if ranges else None,
-                    device_ranges=ranges, gathered=gathered, compare=compare,
-                    next_references=next_references)
+    return Snapshot(items, packed, tuple(events), gather.buffer if gather.ranges else None,
+                    tuple(gather.ranges))
 
 
-def _device_compare(p: ArrayItem) -> tuple[torch.Tensor, bool] | None:
-    """An increment compared with a reference on its device: that reference, and whether its
-    changed rows are stored as the XOR of their old bits (an exact, lossless chain)."""
-    if not isinstance(p, RowsItem) or p.start.tracked_rows is not None or (
-            p.start.device_reference is None):
-        return None
-    return p.start.device_reference, p.start.exact and p.codec.codec_id in LOSSLESS_IDS
+Captures = tuple[Captured, Event | None]
 
 
-def tracked_rows(p: ArrayItem) -> np.ndarray | None:
-    """The rows an increment stores, when a tracker named them and nothing else of the table
-    is needed (no reference to XOR the old rows against)."""
-    if not isinstance(p, RowsItem) or p.start.tracked_rows is None or (
-            p.start.reference is not None):
-        return None
-    return np.flatnonzero(p.start.tracked_rows).astype(np.int64)
+def _on_host(p: ArrayItem, where: Placement, pool: StagingPool | None) -> Captures:
+    """HOST: into a host buffer, or referenced (a synchronous commit: training waits until the
+    copy is made, so a baseline kept as the next reference is the tensor itself)."""
+    if pool is None:
+        return Captured(p.array, where, tensor_to_host(p.source),
+                        next_reference=p.source.detach() if where.keep else None), None
+    host, event = pool.stage(p.array, p.source)
+    return Captured(p.array, where, host), event
 
 
-def _stage_on_device(p: ArrayItem, pool: StagingPool | None, to_host: bool
-                     ) -> tuple[torch.Tensor, torch.cuda.Event | None] | None:
-    """A copy of the item's tensor on its device (None: no room there; ``to_host``: it goes
-    to the host later), or, in a synchronous commit, the tensor itself with an event marking
-    what training queued so far."""
+def _rows(p: ArrayItem, where: Placement, pool: StagingPool | None) -> Captures:
+    """ROWS: only the rows the increment stores."""
+    assert pool is not None and where.rows is not None
+    host, event = pool.stage_rows(p.array, p.source, where.rows)
+    return Captured(p.array, where, host, rows=where.rows), event
+
+
+def _on_device(p: ArrayItem, where: Placement, pool: StagingPool | None) -> Captures:
+    """ENCODE, STAGE, COMPARE: a copy on the item's device (on the host when it has no room),
+    or, in a synchronous commit, the tensor itself with an event marking what training queued
+    so far."""
     if pool is not None:
-        return pool.stage_device(p.array, p.source, to_host)
-    t = p.source.detach()
-    if t.device.type != "cuda":
-        return t, None
-    event = torch.cuda.Event(blocking=True)
-    event.record(torch.cuda.current_stream(t.device))
-    return t, event
+        staged = pool.stage_device(p.array, p.source, where.capture is Capture.STAGE)
+        if staged is None:
+            return _on_host(p, where, pool)
+        t, event = staged
+    else:
+        t, event = p.source.detach(), None
+        if t.device.type == "cuda":
+            event = torch.cuda.Event(blocking=True)
+            event.record(torch.cuda.current_stream(t.device))
+    return Captured(p.array, where, device=t, next_reference=t if where.keep else None), event
+
+
+_CAPTURE: dict[Capture, Callable[[ArrayItem, Placement, StagingPool | None], Captures]] = {
+    Capture.HOST: _on_host, Capture.ROWS: _rows, Capture.ENCODE: _on_device,
+    Capture.STAGE: _on_device, Capture.COMPARE: _on_device}
+
+
+class _DevicePacker:
+    """The packed bytes of small CUDA tensors, gathered in one buffer on the first such
+    tensor's GPU (asked once a snapshot; those of other GPUs, or all when it has no room, are
+    packed on the host)."""
+
+    def __init__(self, pool: StagingPool | None, nbytes: int) -> None:
+        self.pool, self.nbytes = pool, nbytes
+        self.buffer: torch.Tensor | None = None
+        self.no_room = False
+        self.ranges: list[tuple[int, int]] = []
+
+    def add(self, p: PackedItem) -> bool:
+        """Copy ``p``'s bits into the device buffer; False when it must be packed on the host."""
+        if self.pool is None or self.no_room or (
+                self.buffer is not None and self.buffer.device != p.source.device):
+            return False
+        if self.buffer is None:
+            self.buffer = self.pool.packed_device(self.nbytes, p.source.device)
+            self.no_room = self.buffer is None
+            if self.buffer is None:
+                return False
+        self.pool.stage_bytes(self.buffer[p.offset: p.offset + p.nbytes], p.source)
+        self.ranges.append((p.offset, p.nbytes))
+        return True
+
+    def done(self) -> list[Event]:
+        """The event after the gathering copies (none when nothing was gathered)."""
+        if self.buffer is None or not self.ranges:
+            return []
+        return [self.pool.record_side_stream(self.buffer.device)]

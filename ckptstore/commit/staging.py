@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..device.memory import DEVICE_FREE_FLOOR, allocate_if_room
 from ..format.arrays import bit_view_dtype, is_bit_view, storage_dtype, tensor_to_host
 
 __all__ = ["DEVICE_FREE_FLOOR", "PACKED_KEY", "Buffer", "StagingPool"]
@@ -27,10 +28,6 @@ __all__ = ["DEVICE_FREE_FLOOR", "PACKED_KEY", "Buffer", "StagingPool"]
 #: :meth:`StagingPool.to_host`'s key of the packed small tensors gathered on a device (no array
 #: is named so: array names start with a letter or digit).
 PACKED_KEY = "\0packed"
-
-#: Device staging (:meth:`StagingPool.stage_device`) leaves at least this share of the device's
-#: memory free; past it, tensors are staged in pinned host memory.
-DEVICE_FREE_FLOOR = 0.10
 
 # host numpy buffer, pinned torch buffer for CUDA tensors, or a device buffer (device encoding)
 Buffer = np.ndarray | torch.Tensor
@@ -185,15 +182,9 @@ class StagingPool:
             have = self._buffers.get(k)
         if have is not None:
             return have
-        if t.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(t.device)
-            if free - t.numel() * t.element_size() < DEVICE_FREE_FLOOR * total:
-                return None
-            try:
-                return torch.empty(t.shape, dtype=t.dtype, device=t.device)
-            except torch.cuda.OutOfMemoryError:  # free memory is the driver's: staged on the host
-                return None
-        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        # (an out-of-memory error too: free memory is the driver's) no room: staged on the host
+        return allocate_if_room(t.device, t.numel() * t.element_size(),
+                                lambda: torch.empty(t.shape, dtype=t.dtype, device=t.device))
 
     def stage_rows(self, key: str, t: torch.Tensor, rows: np.ndarray
                    ) -> tuple[np.ndarray, torch.cuda.Event | None]:
@@ -244,14 +235,11 @@ class StagingPool:
             have = k in self._buffers
             self._used.add(("cuda", PACKED_KEY, (nbytes,), torch.uint8))  # to_host's buffer
         if not have:
-            free, total = torch.cuda.mem_get_info(device)
-            if free - nbytes < DEVICE_FREE_FLOOR * total:
+            new = allocate_if_room(device, nbytes,
+                                   lambda: torch.empty(nbytes, dtype=torch.uint8, device=device))
+            if new is None:
                 return None
-            try:
-                buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
-            except torch.cuda.OutOfMemoryError:
-                return None
-            buf = self._buffer(k, lambda: buf)
+            buf = self._buffer(k, lambda: new)
         else:
             buf = self._buffer(k, lambda: torch.empty(nbytes, dtype=torch.uint8, device=device))
         stream = self._side_stream(device)

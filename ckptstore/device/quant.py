@@ -52,10 +52,8 @@ from .bits import PackedCodes, pack_on_device
 from .streams import worker_stream
 from ..chunkcodec import QuantizedLossy
 from ..format.grid import ChunkGrid
-from ..commit.plan import ArrayItem, CodesItem, CommitPlan
 
-__all__ = ["device_chunk_codes", "device_items", "device_quantizable", "quantize_on_device",
-           "staged_items"]
+__all__ = ["device_chunk_codes", "device_quantizable", "quantize_on_device"]
 
 _METHODS = ("uniform-asymmetric", "uniform-symmetric", "adaptive-asymmetric", "kmeans")
 _DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
@@ -348,37 +346,3 @@ def _padded_chunk(t: torch.Tensor, grid: ChunkGrid, lo: int, hi: int) -> torch.T
         full[: hi - lo] = part
         return full
     return part
-
-
-def device_items(plan: CommitPlan, mode: str, dedup: bool) -> frozenset[int]:
-    """Indices of the plan items a snapshot stages on their device, to be quantized there:
-    full arrays and code deltas whose quantization :func:`device_quantizable` reproduces, of
-    CUDA tensors (``mode="auto"``) or of any tensor (``"always"``); none with ``"off"``.
-    Arrays ``dedup`` digests are left on the host path (the digest is of the bits)."""
-    if mode == "off":
-        return frozenset()
-    out = set()
-    for p in plan.stored():
-        if type(p) not in (ArrayItem, CodesItem) or p.want not in ("full", "codes"):
-            continue
-        codec = p.codec
-        if not (isinstance(codec, QuantizedLossy) and not codec.prune_zeros
-                and device_quantizable(codec.quantize, tuple(p.grid.chunks))):
-            continue
-        if dedup and type(p) is ArrayItem and not p.keep_codes:
-            continue
-        if codec.quantize["method"] == "kmeans" and p.dtype == "float64":
-            continue
-        if p.source.device.type == "cuda" or mode == "always":
-            out.add(p.index)
-    return frozenset(out)
-
-
-def staged_items(plan: CommitPlan, mode: str) -> frozenset[int]:
-    """Indices of the array items ``commit_async`` stages on their device (a device-to-device
-    copy while it has room; :meth:`ckptstore.commit.snapshot.Snapshot.settle` moves those not quantized
-    there to the host in the background): those of CUDA tensors, any with ``"always"``."""
-    if mode == "off":
-        return frozenset()
-    return frozenset(p.index for p in plan.stored() if isinstance(p, ArrayItem) and (
-        mode == "always" or p.source.device.type == "cuda"))

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from ..format.arrays import storage_dtype
+from .memory import has_room
 from .streams import worker_stream
-from ..commit.staging import DEVICE_FREE_FLOOR
 
 __all__ = ["changed_rows_on_device", "compared_on_device", "device_reference"]
 
@@ -73,17 +73,15 @@ def device_reference(t: torch.Tensor, into: torch.Tensor | None = None) -> torch
     """A copy of ``t`` (complete on its device) to compare the next commit with, complete on
     return: into ``into`` (the old reference, done with) when it fits, else a new tensor; None
     when the device lacks room for one (it would leave less than
-    :data:`~ckptstore.commit.staging.DEVICE_FREE_FLOOR` of its memory free)."""
+    :data:`~ckptstore.device.memory.DEVICE_FREE_FLOOR` of its memory free)."""
     t = t.detach()
     fits = into is not None and (into.shape, into.dtype, into.device) == (t.shape, t.dtype,
                                                                           t.device)
     stream = worker_stream(t.device)
     if stream is None:
         return into.copy_(t) if fits else t.clone()
-    if not fits:
-        free, total = torch.cuda.mem_get_info(t.device)
-        if free - t.numel() * t.element_size() < DEVICE_FREE_FLOOR * total:
-            return None
+    if not fits and not has_room(t.device, t.numel() * t.element_size()):
+        return None
     try:
         with torch.cuda.stream(stream):
             copy = into.copy_(t) if fits else t.clone()

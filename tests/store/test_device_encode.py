@@ -15,7 +15,8 @@ import torch
 import ckptstore
 from ckptcodecs import quantize
 from ckptstore import EncodingOptions, Policy, QuantSpec
-from ckptstore.device.quant import device_items, device_quantizable, quantize_on_device
+from ckptstore.commit.placement import device_items
+from ckptstore.device.quant import device_quantizable, quantize_on_device
 from ckptstore.commit.plan import plan_commit
 from ckptstore.state.tree import flatten
 
