@@ -65,7 +65,7 @@ class Placement:
 
 def place(plan: CommitPlan, mode: str, *, pooled: bool, host_values: bool = False,
           dedup: bool = False) -> dict[int, Placement]:
-    """The placement of every stored item of ``plan``, by index.
+    """The placement of every stored item of ``plan``, by index (one pass over the plan).
 
     ``mode``: :attr:`EncodingOptions.device_encode` (``"auto"``: CUDA tensors take the device
     strategies, ``"always"``: any tensor, ``"off"``: none); ``pooled``: the snapshot copies into
@@ -73,16 +73,25 @@ def place(plan: CommitPlan, mode: str, *, pooled: bool, host_values: bool = Fals
     tensors); ``host_values``: the commit needs every value on the host (a rank's fork, Shrink,
     sensitivity scores), so nothing is quantized on a device; ``dedup``: full arrays are
     digested from their bits on the host."""
-    encode = frozenset() if host_values else device_items(plan, mode, dedup)
-    stage = staged_items(plan, mode)
     out: dict[int, Placement] = {}
+    small: list[PackedItem] = []
+    any_staged = False
     for p in plan.stored():
-        if isinstance(p, PackedItem):  # small CUDA tensors gathered on their device
-            on_device = pooled and bool(stage) and p.source.device.type == "cuda"
-            out[p.index] = Placement(Capture.STAGE if on_device else Capture.HOST)
+        if isinstance(p, PackedItem):
+            out[p.index] = _HOST
+            small.append(p)
         elif isinstance(p, ArrayItem):
-            out[p.index] = _place_array(p, pooled, p.index in encode, p.index in stage)
+            stage = _staged(p, mode)
+            any_staged = any_staged or stage
+            encode = not host_values and _device_encoded(p, mode, dedup)
+            out[p.index] = _place_array(p, pooled, encode, stage)
+    if pooled and any_staged:  # small CUDA tensors gathered on their device
+        out.update((p.index, _GATHERED) for p in small if p.source.device.type == "cuda")
     return out
+
+
+_HOST = Placement(Capture.HOST)
+_GATHERED = Placement(Capture.STAGE)
 
 
 def _place_array(p: ArrayItem, pooled: bool, encode: bool, stage: bool) -> Placement:
@@ -125,29 +134,31 @@ def device_items(plan: CommitPlan, mode: str, dedup: bool) -> frozenset[int]:
     quantization :func:`~ckptstore.device.quant.device_quantizable` reproduces, of CUDA tensors
     (``mode="auto"``) or of any tensor (``"always"``); none with ``"off"``. Arrays ``dedup``
     digests are left on the host path (the digest is of the bits)."""
-    if mode == "off":
-        return frozenset()
-    out = set()
-    for p in plan.stored():
-        if type(p) not in (ArrayItem, CodesItem) or p.want not in ("full", "codes"):
-            continue
-        codec = p.codec
-        if not (isinstance(codec, QuantizedLossy) and not codec.prune_zeros
-                and device_quantizable(codec.quantize, tuple(p.grid.chunks))):
-            continue
-        if dedup and type(p) is ArrayItem and not p.keep_codes:
-            continue
-        if codec.quantize["method"] == "kmeans" and p.dtype == "float64":
-            continue
-        if p.source.device.type == "cuda" or mode == "always":
-            out.add(p.index)
-    return frozenset(out)
+    return frozenset(p.index for p in plan.stored() if _device_encoded(p, mode, dedup))
 
 
 def staged_items(plan: CommitPlan, mode: str) -> frozenset[int]:
     """Indices of the array items a pooled snapshot stages on their device (a device-to-device
     copy while it has room): those of CUDA tensors, any with ``"always"``."""
-    if mode == "off":
-        return frozenset()
-    return frozenset(p.index for p in plan.stored() if isinstance(p, ArrayItem) and (
-        mode == "always" or p.source.device.type == "cuda"))
+    return frozenset(p.index for p in plan.stored() if _staged(p, mode))
+
+
+def _device_encoded(p: PlanItem, mode: str, dedup: bool) -> bool:
+    """Whether item ``p`` is quantized on its device (:func:`device_items`)."""
+    if mode == "off" or type(p) not in (ArrayItem, CodesItem) or p.want not in ("full", "codes"):
+        return False
+    codec = p.codec
+    if not (isinstance(codec, QuantizedLossy) and not codec.prune_zeros
+            and device_quantizable(codec.quantize, tuple(p.grid.chunks))):
+        return False
+    if dedup and type(p) is ArrayItem and not p.keep_codes:
+        return False
+    if codec.quantize["method"] == "kmeans" and p.dtype == "float64":
+        return False
+    return p.source.device.type == "cuda" or mode == "always"
+
+
+def _staged(p: PlanItem, mode: str) -> bool:
+    """Whether a pooled snapshot stages item ``p`` on its device (:func:`staged_items`)."""
+    return mode != "off" and isinstance(p, ArrayItem) and (
+        mode == "always" or p.source.device.type == "cuda")
