@@ -104,7 +104,8 @@ class Snapshot:
     def settle(self, pool: StagingPool) -> Snapshot:
         """On the persist thread: the snapshot with what was staged on a device but is not
         quantized there copied to (pinned, reused) host buffers -- the device-to-host copies
-        that the snapshot's device-to-device copies took off training's path."""
+        that the snapshot's device-to-device copies took off training's path (the packed bytes
+        gathered on a device land in this commit's own packed buffer)."""
         self.ready()
         items = {i: _settled(c, pool) for i, c in self.items.items()}
         if self.device_packed is not None:
