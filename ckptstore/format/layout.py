@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 
 from ..errors import InvalidRefName, ManifestError
+from ..storage.base import TEMP_PREFIX  # temporary files of local writes; gc removes them
 from .ids import COMMIT_ID_RE, is_commit_id
 
 __all__ = [
@@ -57,7 +58,6 @@ RESTORES = "stats/restores"  # one file per resume of training (restore budget)
 SEQ_WIDTH = 12  # zero-padded so that lexical order is numeric order
 PACKED_ARRAY = "_packed"  # the array of a commit that holds its small tensors
 ZARR_JSON = "zarr.json"  # zarr v3 metadata document of a group or an array
-TEMP_PREFIX = ".tmp-"  # temporary files of local writes; gc removes interrupted ones
 _MANIFEST_SUFFIX = ".msgpack"
 
 # git-like names, one path component: no '/', no '..', no leading '.' or '-', no ref syntax chars.

@@ -20,14 +20,14 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from ..errors import InvalidRetry
-from .base import Buffer, Storage
+from .base import TEMP_PREFIX, Buffer, Storage
 from .fsspec import FsspecStorage
 from .local import LocalStorage
 from .memory import MemoryStorage
 from .retry import Retry
 
-__all__ = ["Buffer", "FsspecStorage", "LocalStorage", "MemoryStorage", "Retry", "Storage",
-           "open_storage"]
+__all__ = ["TEMP_PREFIX", "Buffer", "FsspecStorage", "LocalStorage", "MemoryStorage", "Retry",
+           "Storage", "open_storage"]
 
 
 def open_storage(url: str | os.PathLike, durable: bool = False, retry: Retry | None = None,

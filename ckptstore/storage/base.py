@@ -18,10 +18,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
-__all__ = ["Buffer", "Storage", "as_parts"]
+__all__ = ["TEMP_PREFIX", "Buffer", "Storage", "as_parts"]
 
 Buffer = bytes | bytearray | memoryview
 """Bytes-like data a write takes (memoryviews of staging buffers are written without a copy)."""
+
+TEMP_PREFIX = ".tmp-"
+"""How a back-end's temporary files are named (a local write, before its rename or link): no
+key of a store starts with it, and gc removes the ones an interrupted write left behind."""
 
 
 def as_parts(data: Buffer | Sequence[Buffer]) -> list[Buffer]:

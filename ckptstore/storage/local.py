@@ -22,8 +22,7 @@ import tempfile
 import threading
 from collections.abc import Sequence
 
-from ..format.layout import TEMP_PREFIX
-from .base import Buffer, Storage, as_parts
+from .base import TEMP_PREFIX, Buffer, Storage, as_parts
 from .localfiles import Root, open_regular, read_bounded, read_into_bounded
 
 __all__ = ["LocalStorage", "cpu_share"]
