@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .policy import (BestN, BitWidth, EveryN, Frequency, Intermittent, LatestN, MaxChain,
                          Policy, QualitySearch, QuantSpec)
     from .tracking.resume import ResumableLoader, ResumableSampler, RNGState
-    from .commit.sensitivity import GradientEMA
+    from .tracking.gradients import GradientEMA
     from .storage.retry import Retry
     from .store import Store, open
     from .tracking.rows import RowTracker, track
@@ -43,7 +43,7 @@ _LAZY = {  # public name -> the submodule it lives in
     "LatestN": "policy", "EveryN": "policy", "BestN": "policy",
     "ResumableLoader": "tracking.resume", "ResumableSampler": "tracking.resume", "RNGState": "tracking.resume",
     "Store": "store", "open": "store", "RowTracker": "tracking.rows", "track": "tracking.rows",
-    "UsageReport": "maintenance.usage", "GradientEMA": "commit.sensitivity", "Retry": "storage.retry",
+    "UsageReport": "maintenance.usage", "GradientEMA": "tracking.gradients", "Retry": "storage.retry",
 }
 
 __all__ = ["open", "Store", "CommitInfo", "GCResult", "VerifyReport", "EncodingOptions",

@@ -13,16 +13,14 @@ DynaQuant's range (prune 20-40 %) quality is the same or better and the commit 2
 (pruned values cluster where gradients never reach); past 50 % magnitude ranking keeps far
 more accuracy once training has converged.
 
-The moving average lives beside each parameter (same device, float32) and is updated by a
-post-accumulate-grad hook: one multiply-add per element and step. DynaQuant records it only for
-the ~50 batches before a checkpoint: :meth:`GradientEMA.pause` / :meth:`~GradientEMA.resume`
-bound the cost the same way.
+Two steps of the commit pipeline: :func:`capture_gradients` (with the snapshot) and
+:func:`score_snapshot` (on the persist thread). The training hook that keeps the averages is
+:class:`~ckptstore.tracking.gradients.GradientEMA`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,89 +28,11 @@ import numpy as np
 import torch
 
 from ..chunkcodec import QuantizedLossy
+from ..policy.sensitivity import GradientAverages
 from .plan import ArrayItem, CodesItem, CommitPlan
 from .snapshot import Snapshot
 
-__all__ = ["GradientEMA", "Gradients", "capture_gradients", "score_snapshot"]
-
-
-class GradientEMA:
-    """``e <- beta * e + (1 - beta) * grad**2`` (``score="fisher"``) or ``|grad|``
-    (``"taylor"``) for every trainable float parameter of ``model``, for a state committed as
-    ``{model_key: model, ...}`` (paths ``model_key.<parameter name>``).
-
-    Sparse gradients (``nn.Embedding(sparse=True)``) add only their rows; every row decays.
-    """
-
-    def __init__(self, model: torch.nn.Module, beta: float = 0.9, model_key: str = "model",
-                 score: str = "fisher"):
-        if not 0.0 <= beta < 1.0:
-            raise ValueError(f"beta must be in [0, 1), not {beta!r}")
-        if score not in ("fisher", "taylor"):
-            raise ValueError(f"score must be 'fisher' or 'taylor', not {score!r}")
-        self.beta = float(beta)
-        self.score = score
-        self.enabled = True
-        self._ema: dict[str, torch.Tensor] = {}
-        self._handles = []
-        for name, p in model.named_parameters():
-            if p.requires_grad and p.dtype.is_floating_point:
-                path = f"{model_key}.{name}"
-                self._handles.append(p.register_post_accumulate_grad_hook(
-                    lambda param, path=path: self._update(path, param)))
-
-    def _update(self, path: str, param: torch.Tensor) -> None:
-        g = param.grad
-        if not self.enabled or g is None:
-            return
-        with torch.no_grad():
-            ema = self._ema.get(path)
-            if ema is None:  # a DTensor's average is a DTensor of the same placement
-                ema = self._ema[path] = torch.zeros_like(param, dtype=torch.float32)
-            ema.mul_(self.beta)
-            if g.is_sparse:
-                g = g.coalesce()
-                ema.index_add_(0, g.indices()[0], self._stat(g.values()) * (1.0 - self.beta))
-            else:
-                ema.add_(self._stat(g), alpha=1.0 - self.beta)
-
-    def _stat(self, g: torch.Tensor) -> torch.Tensor:
-        g = g.to(torch.float32)
-        return g.abs() if self.score == "taylor" else g * g
-
-    def pause(self) -> None:
-        """Stop updating (the averages are kept)."""
-        self.enabled = False
-
-    def resume(self) -> None:
-        """Update again from the next backward pass."""
-        self.enabled = True
-
-    @contextmanager
-    def paused(self) -> Iterator[GradientEMA]:
-        self.pause()
-        try:
-            yield self
-        finally:
-            self.resume()
-
-    def reset(self) -> None:
-        """Forget every average (e.g. after a resume)."""
-        self._ema.clear()
-
-    def close(self) -> None:
-        """Remove the hooks."""
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-
-    def average(self, path: str) -> torch.Tensor | None:
-        """The moving average of ``grad**2`` (``score="fisher"``) or ``|grad|`` (``"taylor"``)
-        for a state path (None before any gradient)."""
-        return self._ema.get(path)
-
-    def __repr__(self) -> str:
-        return f"GradientEMA(beta={self.beta}, tensors={len(self._ema)}, enabled={self.enabled})"
+__all__ = ["Gradients", "capture_gradients", "score_snapshot"]
 
 
 def _scored(p: Any) -> bool:
@@ -123,7 +43,8 @@ def _scored(p: Any) -> bool:
 
 @dataclass(frozen=True)
 class Gradients:
-    """Host copies of a :class:`GradientEMA`'s averages, by plan item, and how to score them."""
+    """Host copies of a :class:`~ckptstore.GradientEMA`'s averages, by plan item, and how to
+    score them."""
 
     averages: dict[int, np.ndarray]
     score: str
@@ -152,7 +73,7 @@ def _local_block(g: torch.Tensor, offsets: tuple[int, ...], shape: tuple[int, ..
     return g[tuple(slice(o, o + n) for o, n in zip(offsets, shape))]
 
 
-def capture_gradients(plan: CommitPlan, ema: GradientEMA,
+def capture_gradients(plan: CommitPlan, ema: GradientAverages,
                       block_of: Callable[[str], Block] | None = None) -> Gradients:
     """Host copies of the averages of the plan's quantized tensors that protect or prune
     (taken with the snapshot: training may go on updating them). ``block_of`` maps an item's

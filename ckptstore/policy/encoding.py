@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 
 from .bitwidth import BitWidth
 from .rebase import Intermittent, RebasePredictor
+from .sensitivity import GradientAverages
 from .shrink import SHRINKABLE, Shrink
-
-if TYPE_CHECKING:
-    from ..commit.sensitivity import GradientEMA
 
 __all__ = ["Decision", "Policy", "QuantSpec", "Want"]
 
@@ -143,10 +141,11 @@ class Policy:
         copy of each is kept between commits), its moments pruned jointly and quantized.
         ``lossless`` patterns still win.
     sensitivity
-        A :class:`ckptstore.GradientEMA`: quantized tensors that ``protect`` or ``prune`` rank
-        their values by DynaQuant's sensitivity ``|w * g|`` (protect: the largest magnitudes
-        and the largest sensitivities; prune: the smallest sensitivities) where it has seen
-        gradients, by magnitude elsewhere.
+        A :class:`ckptstore.GradientEMA` (any
+        :class:`~ckptstore.policy.sensitivity.GradientAverages`): quantized tensors that
+        ``protect`` or ``prune`` rank their values by DynaQuant's sensitivity ``|w * g|``
+        (protect: the largest magnitudes and the largest sensitivities; prune: the smallest
+        sensitivities) where it has seen gradients, by magnitude elsewhere.
 
     Notes
     -----
@@ -171,7 +170,7 @@ class Policy:
     min_rows: int = 1024
     min_quant_bytes: int = 64 * 1024
     shrink: Shrink | None = None
-    sensitivity: GradientEMA | None = None
+    sensitivity: GradientAverages | None = None
 
     def __post_init__(self) -> None:
         if self.incremental not in ("off", "one-shot", "consecutive", "intermittent"):

@@ -131,3 +131,35 @@ def test_without_gradients_ranking_is_by_magnitude(tmp_path):
                                                       sensitivity=GradientEMA(model)))
     ta, tb = store.checkout(a.id)["model"], store.checkout(b.id)["model"]
     assert all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+class _Fixed:
+    """Gradient averages given outright: any ``GradientAverages`` may stand for GradientEMA."""
+
+    def __init__(self, averages, score):
+        self.averages, self.score = averages, score
+
+    def average(self, path):
+        return self.averages.get(path)
+
+
+def test_policy_takes_any_gradient_averages(tmp_path):
+    from ckptstore.tracking.gradients import GradientEMA as Hook
+
+    assert GradientEMA is Hook  # the hook is tracking's; the policy only names what it reads
+    model, x, y = _model_and_batches()
+    ema = GradientEMA(model, score="taylor")
+    _train(model, x, y, 5)
+    fixed = _Fixed({"model.0.weight": ema.average("model.0.weight").clone()}, "taylor")
+    spec = QuantSpec("kmeans", 4, "tensor", prune=0.3)
+    store = ckptstore.open(tmp_path / "s")
+    a = store.commit({"model": model}, policy=Policy(quantize=spec, min_quant_bytes=0,
+                                                      sensitivity=ema))
+    b = store.commit({"model": model}, policy=Policy(quantize=spec, min_quant_bytes=0,
+                                                      sensitivity=fixed))
+    ta, tb = store.checkout(a.id)["model"], store.checkout(b.id)["model"]
+    assert torch.equal(ta["0.weight"], tb["0.weight"])
+    plain = store.checkout(store.commit({"model": model}, policy=Policy(
+        quantize=spec, min_quant_bytes=0)).id)["model"]
+    assert not torch.equal(ta["0.weight"], plain["0.weight"])  # ranked by the averages
+    assert torch.equal(tb["2.weight"], plain["2.weight"])  # no average: by magnitude
