@@ -8,7 +8,6 @@ rows, encodes (lossless, quantized, code deltas) and writes chunks on a thread p
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, Future, wait
@@ -28,6 +27,7 @@ from ..device.bits import PackedCodes
 from ..device.quant import ChunkCodes, device_chunk_codes
 from ..format.floatbits import add_residual
 from ..format.layout import PACKED_ARRAY, ZARR_JSON, array_dir, data_dir, part_array
+from ..format.zarrjson import GROUP_METADATA, PACKED_ATTRIBUTES, array_attributes
 from ..history.manifest import Blob
 from .pending import Progress
 from .plan import ArrayItem, CodesItem, CommitPlan, PackedItem, PlanItem, ResidualItem, RowsItem, \
@@ -38,9 +38,8 @@ from ..storage import Storage
 if TYPE_CHECKING:
     from ckptcodecs import QuantParams
 
-__all__ = ["GROUP_METADATA", "Persisted", "WriteResult", "bounded_submit", "persist"]
+__all__ = ["Persisted", "WriteResult", "bounded_submit", "persist"]
 
-GROUP_METADATA = json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}).encode()
 _ROWS_CODEC = BloscLossless()
 Submit = Callable[..., Future]
 Staged = np.ndarray | torch.Tensor  # an item's snapshot: host bits, or a tensor on its device
@@ -114,18 +113,6 @@ class _Pending:
         return WriteResult(self.index, sum(f.result() for f in self.futures), self.parts,
                            self.fraction, self.codes, self.digest, self.reused, self.rebuilt,
                            self.chunk_digests)
-
-
-# the ``attributes`` of the zarr.json of the packed array of small tensors
-PACKED_ATTRIBUTES: dict[str, dict[str, object]] = {"ckptstore": {"packed": True}}
-
-
-def array_attributes(dtype: str, path: str, part: str | None = None
-                     ) -> dict[str, dict[str, object]]:
-    """The ``attributes`` of an array's zarr.json: the tensor's dtype and path, and for a part
-    of a chain link its key (``verify`` rebuilds them from the manifest)."""
-    own: dict[str, object] = {"torch_dtype": dtype, "path": path}
-    return {"ckptstore": own if part is None else {**own, "part": part}}
 
 
 def _attrs(p: PlanItem, part: str | None = None) -> dict[str, dict[str, object]]:

@@ -7,7 +7,7 @@ the chunks stored are reported, not walked.
 
 A ``zarr.json`` is written once and never rewritten, so it is compared byte for byte with what
 the writer makes of the manifest (:func:`ckptstore.format.arrays.array_metadata`, with the attributes
-``writer.py`` gives the array; :data:`ckptstore.commit.persist.GROUP_METADATA`): a changed field, a
+:mod:`ckptstore.format.zarrjson` gives the array, and its ``GROUP_METADATA``): a changed field, a
 changed attribute, an extra key or a change JSON parsing tolerates (white space) is reported.
 """
 
@@ -25,10 +25,10 @@ from ..commit.dedup import chunk_digest
 from ..errors import CkptStoreError, CorruptedChunkError
 from ..info import VerifyReport
 from ..format.layout import ZARR_JSON, data_dir
+from ..format.zarrjson import GROUP_METADATA, PACKED_ATTRIBUTES, array_attributes
 from ..history.manifest import Kind, Layout, TensorEntry
 from ..progress import bar
 from ..history.repository import Repository
-from ..commit.persist import GROUP_METADATA, PACKED_ATTRIBUTES, array_attributes
 
 __all__ = ["verify"]
 
