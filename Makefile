@@ -10,7 +10,8 @@ TORCH  ?= torch==2.13.0
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+# setup.py builds ckptcodecs' C kernels (codecs/csrc): an editable install rebuilds them only here
+$(STAMP): pyproject.toml Makefile setup.py $(wildcard codecs/csrc/*.c codecs/csrc/*.h)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"

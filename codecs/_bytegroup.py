@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ._backend import kernels
+
 __all__ = ["merge2", "merge4", "merge8", "sample_rows", "split_rows"]
 
 
@@ -146,3 +148,10 @@ def sample_rows(out, base, stride, n, itemsize, step, start, length, freq, near,
             near[p, v] += lanes[0, v] + lanes[1, v] + lanes[2, v] + lanes[3, v]
         repeats[p] = same
     return count
+
+
+# The implementation this process runs (ckptcodecs._backend): C, or the numba kernels above.
+_K = kernels("bytegroup", split_rows=split_rows, merge2=merge2, merge4=merge4, merge8=merge8,
+             sample_rows=sample_rows)
+split_rows, merge2, merge4, merge8, sample_rows = (
+    _K.split_rows, _K.merge2, _K.merge4, _K.merge8, _K.sample_rows)

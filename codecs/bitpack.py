@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ._backend import kernels
 from .errors import CodecError
 
 __all__ = ["pack_bits", "packed_size", "unpack_bits"]
@@ -53,6 +54,10 @@ def _unpack(buf, bits, count, out):  # pragma: no cover - compiled
         nacc -= bits
 
 
+# The implementation this process runs (ckptcodecs._backend): C, or the numba kernels above.
+_K = kernels("bitpack", pack=_pack, unpack=_unpack)
+
+
 def pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
     """Pack ``codes`` (any unsigned integer array, values < 2**bits) into a uint8 array.
 
@@ -75,7 +80,7 @@ def pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
         return codes.copy()
     out = np.empty(packed_size(codes.size, bits), dtype=np.uint8)
     if codes.size:
-        _pack(codes, bits, out)
+        _K.pack(codes, bits, out)
     return out
 
 
@@ -93,5 +98,5 @@ def unpack_bits(buf: np.ndarray, bits: int, count: int) -> np.ndarray:
         return buf[:count].copy()
     out = np.empty(count, dtype=np.uint8)
     if count:
-        _unpack(buf, bits, count, out)
+        _K.unpack(buf, bits, count, out)
     return out

@@ -24,6 +24,7 @@ from numba import njit
 from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray
 
+from ._backend import kernels
 from ._buffers import as_input, copy_out, payload
 from .errors import CodecError
 
@@ -64,6 +65,10 @@ def _decode(res, base, k, out):  # pragma: no cover - compiled
         pos[b] += 1
 
 
+# The implementation this process runs (ckptcodecs._backend): C, or the numba kernels above.
+_K = kernels("delta", encode=_encode, decode=_decode)
+
+
 def _levels(levels: int | tuple[int, int]) -> int:
     k = max(levels) if isinstance(levels, tuple | list) else levels
     k = int(k)
@@ -96,7 +101,7 @@ def delta_encode(new_codes: np.ndarray, base_codes: np.ndarray,
         raise CodecError(f"codes must be below K={k}")
     out = np.empty(new.size, np.uint8)
     if new.size:
-        _encode(new, base, k, out)
+        _K.encode(new, base, k, out)
     return out
 
 
@@ -112,7 +117,7 @@ def delta_decode(residuals: np.ndarray, base_codes: np.ndarray,
         raise CodecError(f"residuals and base codes must be below K={k}")
     out = np.empty(base.size, np.uint8)
     if base.size:
-        _decode(res, base, k, out)
+        _K.decode(res, base, k, out)
     return out
 
 

@@ -1,0 +1,99 @@
+"""Which implementation runs ckptcodecs' kernels: the compiled C one or the numba reference.
+
+The one place that chooses (issue 28). ``CKPTCODECS_KERNELS`` picks for the whole process, once,
+at import:
+
+- unset or empty: ``c`` where the extension ``ckptcodecs._native`` imports, else ``numba`` with
+  one :class:`RuntimeWarning` (the package was installed without building it);
+- ``c``: the compiled kernels; a :class:`~ckptcodecs.errors.CodecError` at import when the
+  extension is not built (``pip install -e .`` builds it; it needs a C compiler);
+- ``numba``: the numba kernels, the reference the C ones reproduce bit for bit until the port
+  is done.
+
+A kernel family (a module's kernels: ``bytegroup``, ``bitpack``, ``delta``) hands its numba
+kernels to :func:`kernels` and calls what it returns; the C twin of kernel ``name`` of family
+``f`` is ``ckptcodecs._native.f_name``, with the same arguments. Families not yet ported do not
+come here and stay numba.
+
+``CKPTCODECS_SIMD`` is kept for the runtime CPU dispatch the compiled core will get (``auto``,
+the default, or ``portable``: the only path built so far, plain C); other values are refused.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from collections.abc import Callable
+from types import ModuleType, SimpleNamespace
+
+from .errors import CodecError
+
+__all__ = ["CHOICE", "KERNELS_ENV", "SIMD", "SIMD_ENV", "implementation", "kernels", "native"]
+
+KERNELS_ENV = "CKPTCODECS_KERNELS"
+SIMD_ENV = "CKPTCODECS_SIMD"
+_IMPLEMENTATIONS = ("c", "numba")
+_SIMD_PATHS = ("auto", "portable")
+#: the numba kernels of each family that came through :func:`kernels`
+_REFERENCE: dict[str, dict[str, Callable]] = {}
+
+
+def native() -> ModuleType | None:
+    """The compiled extension, or None where it is not built."""
+    try:
+        return importlib.import_module("ckptcodecs._native")
+    except ImportError:
+        return None
+
+
+def _simd() -> str:
+    simd = os.environ.get(SIMD_ENV, "").strip().lower() or "auto"
+    if simd not in _SIMD_PATHS:
+        raise CodecError(f"{SIMD_ENV}={simd!r}: expected one of {', '.join(_SIMD_PATHS)}")
+    return simd
+
+
+def _choose() -> str:
+    wanted = os.environ.get(KERNELS_ENV, "").strip().lower()
+    if wanted not in ("", *_IMPLEMENTATIONS):
+        raise CodecError(f"{KERNELS_ENV}={wanted!r}: expected one of {', '.join(_IMPLEMENTATIONS)}"
+                         " (or unset)")
+    if wanted == "numba" or (wanted == "c" and native() is not None):
+        return wanted
+    if wanted == "c":
+        raise CodecError(f"{KERNELS_ENV}=c but ckptcodecs' compiled kernels are not built: "
+                         "reinstall with `pip install -e .` (needs a C compiler)")
+    if native() is None:
+        warnings.warn("ckptcodecs' compiled kernels are not built (reinstall with `pip install "
+                      "-e .`, which needs a C compiler): running the numba kernels",
+                      RuntimeWarning, stacklevel=2)
+        return "numba"
+    return "c"
+
+
+#: the CPU path of the compiled kernels asked for (only "portable" plain C is built so far)
+SIMD = _simd()
+#: the implementation this process runs: "c" or "numba"
+CHOICE = _choose()
+
+
+def implementation(family: str, which: str) -> SimpleNamespace:
+    """The kernels of ``family`` in implementation ``which`` ("c" or "numba"), whatever this
+    process chose: what tests and benchmarks compare side by side."""
+    reference = _REFERENCE.get(family)
+    if reference is None or which not in _IMPLEMENTATIONS:
+        raise CodecError(f"no kernel family {family!r} in implementation {which!r}")
+    if which == "numba":
+        return SimpleNamespace(**reference)
+    module = native()
+    if module is None:
+        raise CodecError("ckptcodecs' compiled kernels are not built")
+    return SimpleNamespace(**{name: getattr(module, f"{family}_{name}") for name in reference})
+
+
+def kernels(family: str, **reference: Callable) -> SimpleNamespace:
+    """The kernels of ``family`` this process runs: the C twins of ``reference`` (name -> numba
+    kernel) under :data:`CHOICE` ``c``, else ``reference`` itself."""
+    _REFERENCE[family] = dict(reference)
+    return implementation(family, CHOICE)

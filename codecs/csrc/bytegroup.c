@@ -1,0 +1,231 @@
+/* Byte grouping of BytePlanes (the twins of ckptcodecs/_bytegroup.py's numba kernels): split
+   items into byte planes, merge planes back into items (whole arrays or blocks of rows and
+   columns), and sample the planes for the choice of each plane's coding. */
+#include "native.h"
+
+static void split_planes(const uint8_t *src, Py_ssize_t n, int itemsize, int rotate,
+                         uint8_t *out, Py_ssize_t stride)
+{
+    if (itemsize == 1) {
+        memmove(out, src, (size_t)n);
+    } else if (itemsize == 2) {
+        uint8_t *p0 = out, *p1 = out + stride;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint16_t x = ck_load16(src + 2 * i);
+            if (rotate)
+                x = (uint16_t)((x << 1) | (x >> 15));
+            p0[i] = (uint8_t)x;
+            p1[i] = (uint8_t)(x >> 8);
+        }
+    } else if (itemsize == 4) {
+        uint8_t *p0 = out, *p1 = out + stride, *p2 = out + 2 * stride, *p3 = out + 3 * stride;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t x = ck_load32(src + 4 * i);
+            if (rotate)
+                x = (x << 1) | (x >> 31);
+            p0[i] = (uint8_t)x;
+            p1[i] = (uint8_t)(x >> 8);
+            p2[i] = (uint8_t)(x >> 16);
+            p3[i] = (uint8_t)(x >> 24);
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint64_t x = ck_load64(src + 8 * i);
+            if (rotate)
+                x = (x << 1) | (x >> 63);
+            for (int p = 0; p < 8; p++)
+                out[p * stride + i] = (uint8_t)(x >> (8 * p));
+        }
+    }
+}
+
+PyObject *ck_split_rows(PyObject *self, PyObject *args)
+{
+    PyObject *src_obj, *out_obj;
+    Py_ssize_t itemsize, base, stride;
+    int rotate;
+    Py_buffer v[2];
+    if (!PyArg_ParseTuple(args, "OnpOnn", &src_obj, &itemsize, &rotate, &out_obj, &base,
+                          &stride))
+        return NULL;
+    if (itemsize != 1 && itemsize != 2 && itemsize != 4 && itemsize != 8)
+        return PyErr_Format(PyExc_ValueError, "split_rows: itemsize must be 1, 2, 4 or 8, "
+                            "not %zd", itemsize);
+    if (ck_buffer(src_obj, &v[0], 0, 1, "split_rows src") < 0)
+        return NULL;
+    if (ck_buffer(out_obj, &v[1], 1, 1, "split_rows out") < 0) {
+        ck_release(v, 1);
+        return NULL;
+    }
+    Py_ssize_t n = v[0].len / itemsize;
+    if (v[0].len % itemsize) {
+        PyErr_Format(PyExc_ValueError, "split_rows: %zd bytes are not whole %zd-byte items",
+                     v[0].len, itemsize);
+    } else if (itemsize > 1 && stride < n) {
+        PyErr_Format(PyExc_ValueError, "split_rows: planes of %zd bytes every %zd bytes "
+                     "overlap", n, stride);
+    } else if (ck_runs_fit(base, itemsize, stride, n, v[1].len, "split_rows out")) {
+        const uint8_t *src = v[0].buf;
+        uint8_t *out = (uint8_t *)v[1].buf + base;
+        Py_BEGIN_ALLOW_THREADS
+        split_planes(src, n, (int)itemsize, rotate && itemsize > 1, out, stride);
+        Py_END_ALLOW_THREADS
+        ck_release(v, 2);
+        Py_RETURN_NONE;
+    }
+    ck_release(v, 2);
+    return NULL;
+}
+
+/* Runs of `length` items: run r from item src + r * src_pitch of the planes to item
+   r * pitch of dst, each item `nplanes` bytes, lowest byte first, rotated right when asked. */
+typedef struct {
+    const uint8_t *planes[8];
+    int nplanes, rotate;
+    void *dst;
+    Py_ssize_t rows, length, pitch, src, src_pitch;
+} merge_job;
+
+#define MERGE_LOOP(T, BITS, WORD)                                                         \
+    for (Py_ssize_t r = 0; r < j->rows; r++) {                                           \
+        T *d = (T *)j->dst + r * j->pitch;                                                \
+        Py_ssize_t s = j->src + r * j->src_pitch;                                         \
+        if (j->rotate) {                                                                  \
+            for (Py_ssize_t i = 0; i < j->length; i++) {                                  \
+                T x = WORD(s + i);                                                        \
+                d[i] = (T)((x >> 1) | (x << (BITS - 1)));                                 \
+            }                                                                             \
+        } else {                                                                          \
+            for (Py_ssize_t i = 0; i < j->length; i++)                                    \
+                d[i] = WORD(s + i);                                                       \
+        }                                                                                 \
+    }
+
+#define P(k) (j->planes[k])
+#define WORD2(i) ((uint16_t)(P(0)[i] | (P(1)[i] << 8)))
+#define WORD4_AT(a, i) ((uint32_t)P(a)[i] | ((uint32_t)P(a + 1)[i] << 8)                  \
+                        | ((uint32_t)P(a + 2)[i] << 16) | ((uint32_t)P(a + 3)[i] << 24))
+#define WORD4(i) WORD4_AT(0, i)
+#define WORD8(i) ((uint64_t)WORD4_AT(0, i) | ((uint64_t)WORD4_AT(4, i) << 32))
+
+static void merge_runs(const merge_job *j)
+{
+    if (j->nplanes == 2) {
+        MERGE_LOOP(uint16_t, 16, WORD2)
+    } else if (j->nplanes == 4) {
+        MERGE_LOOP(uint32_t, 32, WORD4)
+    } else {
+        MERGE_LOOP(uint64_t, 64, WORD8)
+    }
+}
+
+static PyObject *merge(PyObject *args, int nplanes, const char *name)
+{
+    merge_job job = {.nplanes = nplanes};
+    Py_buffer v[9];
+    int held = 0;
+    PyObject *rest;
+    if (PyTuple_GET_SIZE(args) != nplanes + 7)
+        return PyErr_Format(PyExc_TypeError, "%s takes %d arguments", name, nplanes + 7);
+    PyObject *dst_obj;
+    rest = PyTuple_GetSlice(args, nplanes, nplanes + 7);
+    if (rest == NULL)
+        return NULL;
+    int ok = PyArg_ParseTuple(rest, "pOnnnnn", &job.rotate, &dst_obj, &job.rows, &job.length,
+                              &job.pitch, &job.src, &job.src_pitch);
+    Py_DECREF(rest);
+    if (!ok)
+        return NULL;
+    for (; held < nplanes; held++) {
+        if (ck_buffer(PyTuple_GET_ITEM(args, held), &v[held], 0, 1, "merge plane") < 0)
+            goto fail;
+        if (!ck_runs_fit(job.src, job.rows, job.src_pitch, job.length, v[held].len,
+                         "merge plane")) {
+            held++;
+            goto fail;
+        }
+        job.planes[held] = v[held].buf;
+    }
+    if (ck_buffer(dst_obj, &v[held], 1, nplanes, "merge dst") < 0)
+        goto fail;
+    held++;
+    if (!ck_runs_fit(0, job.rows, job.pitch, job.length, ck_items(&v[nplanes]), "merge dst"))
+        goto fail;
+    job.dst = v[nplanes].buf;
+    Py_BEGIN_ALLOW_THREADS
+    merge_runs(&job);
+    Py_END_ALLOW_THREADS
+    ck_release(v, held);
+    Py_RETURN_NONE;
+fail:
+    ck_release(v, held);
+    return NULL;
+}
+
+PyObject *ck_merge2(PyObject *self, PyObject *args) { return merge(args, 2, "merge2"); }
+PyObject *ck_merge4(PyObject *self, PyObject *args) { return merge(args, 4, "merge4"); }
+PyObject *ck_merge8(PyObject *self, PyObject *args) { return merge(args, 8, "merge8"); }
+
+/* The histograms and repeats of one plane (see sample_rows). */
+static void sample_plane(const uint8_t *row, Py_ssize_t n, Py_ssize_t step, Py_ssize_t start,
+                         Py_ssize_t length, int64_t *freq, int64_t *near, int64_t *repeats)
+{
+    int64_t lanes[4][256];
+    int64_t same = 0;
+    Py_ssize_t i = start, end = start + length;
+    for (Py_ssize_t k = 0; k < n; k += step)
+        freq[row[k]]++;
+    memset(lanes, 0, sizeof lanes);
+    for (; i + 4 <= end; i += 4) {  /* 4 counters a byte: a run does not wait on itself */
+        lanes[0][row[i]]++;
+        lanes[1][row[i + 1]]++;
+        lanes[2][row[i + 2]]++;
+        lanes[3][row[i + 3]]++;
+    }
+    for (; i < end; i++)
+        lanes[0][row[i]]++;
+    for (Py_ssize_t k = start; k + 1 < end; k++)
+        same += row[k] == row[k + 1];
+    for (int b = 0; b < 256; b++)
+        near[b] += lanes[0][b] + lanes[1][b] + lanes[2][b] + lanes[3][b];
+    *repeats = same;
+}
+
+PyObject *ck_sample_rows(PyObject *self, PyObject *args)
+{
+    PyObject *out_obj, *freq_obj, *near_obj, *rep_obj;
+    Py_ssize_t base, stride, n, itemsize, step, start, length;
+    Py_buffer v[4];
+    int held = 0;
+    if (!PyArg_ParseTuple(args, "OnnnnnnnOOO", &out_obj, &base, &stride, &n, &itemsize, &step,
+                          &start, &length, &freq_obj, &near_obj, &rep_obj))
+        return NULL;
+    if (ck_buffer(out_obj, &v[held++], 0, 1, "sample_rows out") < 0
+        || ck_buffer(freq_obj, &v[held++], 1, 8, "sample_rows freq") < 0
+        || ck_buffer(near_obj, &v[held++], 1, 8, "sample_rows near") < 0
+        || ck_buffer(rep_obj, &v[held++], 1, 8, "sample_rows repeats") < 0) {
+        ck_release(v, held - 1);
+        return NULL;
+    }
+    if (n < 0 || itemsize < 0 || step < 1 || start < 0 || length < 0 || start > n
+        || length > n - start) {
+        PyErr_Format(PyExc_ValueError, "sample_rows: n=%zd, itemsize=%zd, step=%zd and the "
+                     "sample [%zd, +%zd) do not fit", n, itemsize, step, start, length);
+    } else if (itemsize > ck_items(&v[1]) / 256 || itemsize > ck_items(&v[2]) / 256
+               || itemsize > ck_items(&v[3])) {
+        PyErr_Format(PyExc_ValueError, "sample_rows: freq, near (256 a plane) or repeats "
+                     "too small for %zd planes", itemsize);
+    } else if (ck_runs_fit(base, itemsize, stride, n, v[0].len, "sample_rows out")) {
+        const uint8_t *out = (const uint8_t *)v[0].buf + base;
+        int64_t *freq = v[1].buf, *near = v[2].buf, *rep = v[3].buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t p = 0; p < itemsize; p++)
+            sample_plane(out + p * stride, n, step, start, length, freq + 256 * p,
+                         near + 256 * p, rep + p);
+        Py_END_ALLOW_THREADS
+        ck_release(v, 4);
+        return PyLong_FromSsize_t(itemsize > 0 && n > 0 ? (n - 1) / step + 1 : 0);
+    }
+    ck_release(v, 4);
+    return NULL;
+}

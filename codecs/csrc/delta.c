@@ -1,0 +1,92 @@
+/* BucketDelta's residuals (the twins of ckptcodecs/delta.py's numba kernels): residuals
+   (new - base) mod k, laid out bucket by bucket of the base codes (stable within a bucket). */
+#include "native.h"
+
+/* Start of each base code's bucket into pos[0..k); 0 when a base code is >= k. */
+static int bucket_offsets(const uint8_t *base, Py_ssize_t n, int k, int64_t *pos)
+{
+    int64_t cnt[257] = {0};
+    for (Py_ssize_t i = 0; i < n; i++)
+        cnt[base[i]]++;
+    for (int b = k; b < 256; b++)
+        if (cnt[b])
+            return 0;
+    int64_t at = 0;
+    for (int b = 0; b < k; b++) {
+        pos[b] = at;
+        at += cnt[b];
+    }
+    return 1;
+}
+
+static int encode(const uint8_t *new, const uint8_t *base, Py_ssize_t n, int k, uint8_t *out)
+{
+    int64_t pos[256];
+    if (!bucket_offsets(base, n, k, pos))
+        return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int b = base[i];
+        int d = (int)new[i] - b;
+        out[pos[b]++] = (uint8_t)(d < 0 ? d + k : d);
+    }
+    return 1;
+}
+
+static int decode(const uint8_t *res, const uint8_t *base, Py_ssize_t n, int k, uint8_t *out)
+{
+    int64_t pos[256];
+    if (!bucket_offsets(base, n, k, pos))
+        return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int b = base[i];
+        int v = b + res[pos[b]++];
+        out[i] = (uint8_t)(v >= k ? v - k : v);
+    }
+    return 1;
+}
+
+typedef int (*delta_kernel)(const uint8_t *, const uint8_t *, Py_ssize_t, int, uint8_t *);
+
+/* Parse (first, base, k, out), check sizes, run `kernel` without the GIL. */
+static PyObject *run(PyObject *args, delta_kernel kernel, const char *name)
+{
+    PyObject *first_obj, *base_obj, *out_obj;
+    Py_ssize_t k;
+    Py_buffer v[3];
+    int held = 0, ok = 0;
+    if (!PyArg_ParseTuple(args, "OOnO", &first_obj, &base_obj, &k, &out_obj))
+        return NULL;
+    if (k < 1 || k > 256)
+        return PyErr_Format(PyExc_ValueError, "%s: k must be in 1..256, not %zd", name, k);
+    if (ck_buffer(first_obj, &v[held++], 0, 1, name) < 0
+        || ck_buffer(base_obj, &v[held++], 0, 1, name) < 0
+        || ck_buffer(out_obj, &v[held++], 1, 1, name) < 0) {
+        ck_release(v, held - 1);
+        return NULL;
+    }
+    Py_ssize_t n = v[1].len;
+    if (v[0].len != n || v[2].len < n) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd codes against %zd base codes into %zd bytes",
+                     name, v[0].len, n, v[2].len);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        ok = kernel(v[0].buf, v[1].buf, n, (int)k, v[2].buf);
+        Py_END_ALLOW_THREADS
+        if (!ok)
+            PyErr_Format(PyExc_ValueError, "%s: a base code is not below k=%zd", name, k);
+    }
+    ck_release(v, 3);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyObject *ck_delta_encode(PyObject *self, PyObject *args)
+{
+    return run(args, encode, "delta encode");
+}
+
+PyObject *ck_delta_decode(PyObject *self, PyObject *args)
+{
+    return run(args, decode, "delta decode");
+}

@@ -1,0 +1,41 @@
+/* ckptcodecs._native: shared helpers of the compiled kernels (buffers and bounds). */
+#ifndef CKPTCODECS_NATIVE_H
+#define CKPTCODECS_NATIVE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Acquire a C-contiguous buffer of `itemsize`-byte items (writable when asked); on failure a
+   Python exception is set and -1 returned, nothing held. */
+int ck_buffer(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize,
+              const char *name);
+
+/* Release the first `count` views. */
+void ck_release(Py_buffer *views, int count);
+
+/* 1 when the runs [start + r * pitch, ... + length) for r < count all lie in [0, size);
+   0 (after setting a ValueError naming `what`) when a value is negative or a run is outside. */
+int ck_runs_fit(Py_ssize_t start, Py_ssize_t count, Py_ssize_t pitch, Py_ssize_t length,
+                Py_ssize_t size, const char *what);
+
+/* The items of a view. */
+static inline Py_ssize_t ck_items(const Py_buffer *v) { return v->len / v->itemsize; }
+
+/* Unaligned little-endian loads and stores (the buffers are any numpy slices). */
+static inline uint16_t ck_load16(const uint8_t *p) { uint16_t x; memcpy(&x, p, 2); return x; }
+static inline uint32_t ck_load32(const uint8_t *p) { uint32_t x; memcpy(&x, p, 4); return x; }
+static inline uint64_t ck_load64(const uint8_t *p) { uint64_t x; memcpy(&x, p, 8); return x; }
+
+PyObject *ck_split_rows(PyObject *self, PyObject *args);
+PyObject *ck_merge2(PyObject *self, PyObject *args);
+PyObject *ck_merge4(PyObject *self, PyObject *args);
+PyObject *ck_merge8(PyObject *self, PyObject *args);
+PyObject *ck_sample_rows(PyObject *self, PyObject *args);
+PyObject *ck_pack(PyObject *self, PyObject *args);
+PyObject *ck_unpack(PyObject *self, PyObject *args);
+PyObject *ck_delta_encode(PyObject *self, PyObject *args);
+PyObject *ck_delta_decode(PyObject *self, PyObject *args);
+
+#endif
