@@ -215,7 +215,19 @@ class Store:
 
         See :mod:`ckptstore.checkout.flow` for the order of calls.
         """
-        return checkout(self, ref, into, paths, map_location, for_resume)
+        return checkout(self.repo, ref, into, paths, map_location, for_resume,
+                        settle=self._settle, load_shards=self._load_shards)
+
+    def _settle(self) -> None:
+        """Before a load in place: the commit in flight lands (its references must not outlive
+        the load) and the chain memory is forgotten (live tensors change behind any tracker)."""
+        self._committer.wait()
+        self._committer.chains.forget()
+
+    def _load_shards(self, m: Manifest, shards: dict[str, Any]) -> None:
+        """Load commit ``m`` into live DTensors by shard (:mod:`ckptstore.dcp.collective`)."""
+        from .dcp.collective import load_shards
+        load_shards(self, m, shards)
 
     def _distributed(self) -> bool:
         if not self.collective:

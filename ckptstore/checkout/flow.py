@@ -7,39 +7,44 @@ The order of calls:
    (:func:`~ckptstore.state.tree.select`, ``"!glob"`` leaves entries out); a selection of nothing
    raises :class:`StateMismatchError`.
 3. Without ``into=``: :meth:`Reader.read_tensors` then :func:`~ckptstore.state.tree.unflatten`.
-4. With ``into=``: the committer's work in flight lands and the chain memory is forgotten (live
-   tensors change behind any tracker); :func:`~ckptstore.state.tree.live_targets` finds the live
-   tensors at the places of the commit's tensors -- as ``dcp.load`` does, through the
-   ``state_dict()`` of objects that have one -- and the reader decodes straight into them
-   (DTensors by shard, :func:`ckptstore.dcp.collective.load_shards`); only the commit's tensors
-   that ``into`` has no place for are read into new memory; then
+4. With ``into=``: ``settle()`` -- the store's part: its commit in flight lands and its chain
+   memory is forgotten (live tensors change behind any tracker);
+   :func:`~ckptstore.state.tree.live_targets` finds the live tensors at the places of the
+   commit's tensors -- as ``dcp.load`` does, through the ``state_dict()`` of objects that have
+   one -- and the reader decodes straight into them (DTensors by shard through ``load_shards``,
+   which the store gives: :func:`ckptstore.dcp.collective.load_shards`); only the commit's
+   tensors that ``into`` has no place for are read into new memory; then
    :func:`~ckptstore.state.tree.load_into` hands objects their part and replaces plain values.
 5. ``for_resume=True``: ``Repository.record_restore(id)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from ..errors import DistributedError, ManifestError, StateMismatchError
 from ..state.leaves import check_patterns, nothing_selected, tree_paths
 from ..history.manifest import Manifest
+from ..history.repository import Repository
 from .reader import Reader
 from ..state.tree import Tree, live_targets, load_into, select, unflatten
 
-if TYPE_CHECKING:
-    from ..store import Store
+__all__ = ["ShardLoader", "checkout"]
 
-__all__ = ["checkout"]
+ShardLoader = Callable[[Manifest, dict[str, torch.Tensor]], None]
+"""Loads commit ``m``'s tensors into DTensors in place, by shard (``{dotted path: DTensor}``)."""
 
 
-def checkout(store: Store, ref: str, into: Any = None, paths: str | Sequence[str] | None = None,
-             map_location: Any = None, for_resume: bool = False) -> Any:
-    """:meth:`ckptstore.Store.checkout` (see there)."""
-    m = store.manifest(store.resolve(ref))
+def checkout(repo: Repository, ref: str, into: Any = None,
+             paths: str | Sequence[str] | None = None, map_location: Any = None,
+             for_resume: bool = False, *, settle: Callable[[], None],
+             load_shards: ShardLoader) -> Any:
+    """:meth:`ckptstore.Store.checkout` (see there) on ``repo``: ``settle`` is called before
+    a load into ``into`` (step 4), ``load_shards`` loads the DTensors of ``into``."""
+    m = repo.manifest(repo.resolve(ref))
     patterns = check_patterns(paths) if paths is not None else []
     tree = select(m.tree, patterns) if patterns else m.tree
     if patterns and not _holds_anything(tree):
@@ -48,14 +53,14 @@ def checkout(store: Store, ref: str, into: Any = None, paths: str | Sequence[str
     if any(not isinstance(i, int) or not 0 <= i < len(m.tensors) for i in wanted):
         raise ManifestError(f"commit {m.id} refers to tensors it does not have")
     if into is None:
-        got = Reader(store.repo).read_tensors(m, wanted, map_location)
+        got = Reader(repo).read_tensors(m, wanted, map_location)
         state = unflatten(tree, [got.get(i) for i in range(len(m.tensors))])
     else:
-        store.committer.wait()  # its references must not outlive this load
-        store.committer.chains.forget()  # live tensors change behind any tracker: rebase next
-        state = _load_in_place(store, m, tree, wanted, into, bool(patterns), map_location)
+        settle()
+        state = _load_in_place(repo, m, tree, wanted, into, bool(patterns), map_location,
+                               load_shards)
     if for_resume:
-        store.record_restore(m.id)
+        repo.record_restore(m.id)
     return state
 
 
@@ -71,8 +76,8 @@ def _holds_anything(tree: Tree) -> bool:
     return True
 
 
-def _load_in_place(store: Store, m: Manifest, tree: Tree, wanted: list[int], into: Any,
-                   partial: bool, map_location: Any) -> Any:
+def _load_in_place(repo: Repository, m: Manifest, tree: Tree, wanted: list[int], into: Any,
+                   partial: bool, map_location: Any, load_shards: ShardLoader) -> Any:
     """Decode the commit's tensors straight into the live ones of ``into``, read the rest,
     and load the state (step 4 of the module docstring)."""
     from torch.distributed.tensor import DTensor
@@ -100,9 +105,8 @@ def _load_in_place(store: Store, m: Manifest, tree: Tree, wanted: list[int], int
             raise DistributedError(
                 f"the live state lacks {len(fresh)} tensors of commit {m.id[:10]} (e.g. "
                 f"{path!r}): load with paths= to restore part of it")
-        from ..dcp.collective import load_shards
-        load_shards(store, m, shards)
-    reader = Reader(store.repo)
+        load_shards(m, shards)
+    reader = Reader(repo)
     reader.read_into(m, {i: t for i, t in dests.items() if not isinstance(t, DTensor)})
     got = reader.read_tensors(m, fresh, map_location) if fresh else {}
     state = unflatten(tree, [dests[i] if i in dests else got.get(i)
