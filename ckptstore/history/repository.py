@@ -43,6 +43,8 @@ class Repository:
         self.storage = storage
         self.refs = Refs(storage)
         self.io_workers = io_workers or storage.io_threads
+        # every thread started now, from the opener's thread: a thread inherits its creator's
+        # CPU priority (priority.py's fact; storage only says how many threads suit it)
         self.executor = started_executor(self.io_workers, "ckptstore-io")
         self._manifests: OrderedDict[str, Manifest] = OrderedDict()
         self._lock = threading.Lock()
