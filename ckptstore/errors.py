@@ -23,6 +23,7 @@ input)::
     ├── AllocationError (MemoryError)            an array a manifest declares cannot be allocated
     ├── StorageError (OSError)                   the back-end failed a request, after retries
     │   ├── StorageFullError                     no space left (ENOSPC, EDQUOT)
+    │   ├── UploadError                          a tiered store's upload to its remote failed
     │   └── UnsafeFileError                      a FIFO, device, link out of the root
     ├── InvalidRetry (ValueError)                a Retry policy with values out of range
     ├── ExportError (ValueError)                 an export file that cannot be written
@@ -57,6 +58,7 @@ __all__ = [
     "StateMismatchError",
     "UnsafeFileError",
     "UnsupportedLeafError",
+    "UploadError",
 ]
 
 
@@ -163,6 +165,18 @@ class StorageError(CkptStoreError, OSError):
 
 class StorageFullError(StorageError):
     """No space left where the store lives (``ENOSPC``/``EDQUOT``): free space, then retry."""
+
+
+class UploadError(StorageError):
+    """A tiered store (``ckptstore.open(url, local=...)``) could not upload a commit to its
+    remote after the storage layer's retries; ``commit_id`` names it. The commit is safe on the
+    local tier and still queued; nothing of it is visible remotely: ``store.push()`` (or
+    ``ckpt push``) tries again."""
+
+    def __init__(self, message: str, commit_id: str | None = None, key: str | None = None,
+                 errno: int | None = None):
+        super().__init__(message, key=key, errno=errno)
+        self.commit_id = commit_id
 
 
 class UnsafeFileError(StorageError):

@@ -31,6 +31,7 @@ from .priority import DEFAULT_PRIORITY, check_priority
 from .progress import bar
 from .history.repository import Repository
 from .storage import Retry, Storage, open_storage
+from .tiers import Tiers, Upload
 from .tracking.rows import RowTracker
 from .maintenance.usage import UsageReport, disk_usage
 from .maintenance.verify import verify
@@ -44,9 +45,11 @@ class Store:
     def __init__(self, storage: Storage, options: EncodingOptions | None = None,
                  io_workers: int | None = None, policy: Policy | None = None,
                  collective: bool = True, staging_budget: int | None = None,
-                 background_priority: str = DEFAULT_PRIORITY, keep: Retention | None = None):
+                 background_priority: str = DEFAULT_PRIORITY, keep: Retention | None = None,
+                 tiers: Tiers | None = None):
         check_priority(background_priority)
         check_retention(keep)
+        self.tiers = tiers  # open(url, local=...): the local tier, the journal, the uploads
         self.repo = Repository(storage, io_workers)
         self.storage = storage
         self.refs = self.repo.refs
@@ -74,6 +77,8 @@ class Store:
         try:
             self._committer.close()
         finally:
+            if self.tiers is not None:
+                self.tiers.close()  # uploads left stay in the journal for the next open
             self.repo.close()
 
     @property
@@ -126,12 +131,18 @@ class Store:
         it with its part of the state (DTensor shards, replicated tensors written once) and gets
         the same commit back (:mod:`ckptstore.dcp`).
         """
+        if self.tiers is not None:
+            self.tiers.make_room()
         if self._distributed():
             from .dcp.collective import commit_collective
-            return commit_collective(self, state, message, branch, tags, metadata,
+            info = commit_collective(self, state, message, branch, tags, metadata,
                                      policy or self.policy, tracker)
-        return self._committer.commit(state, message, branch, tags, metadata,
-                                      policy or self.policy, tracker)
+        else:
+            info = self._committer.commit(state, message, branch, tags, metadata,
+                                          policy or self.policy, tracker)
+        if self.tiers is not None:
+            self.tiers.queue(info.id, branch)
+        return info
 
     def commit_async(self, state: object, message: str = "", branch: str = "main",
                      tags: Sequence[str] = (), metadata: Metadata | None = None,
@@ -146,12 +157,18 @@ class Store:
         state as an already-made snapshot (e.g. a dict of pinned CPU tensors nobody modifies
         until ``wait()`` returns) and copies nothing.
         """
+        if self.tiers is not None:
+            self.tiers.make_room()
         if self._distributed():
             from .dcp.collective import commit_async_collective
-            return commit_async_collective(self, state, message, branch, tags, metadata,
-                                           policy or self.policy, tracker)
-        return self._committer.commit_async(state, message, branch, tags, metadata,
-                                            policy or self.policy, tracker, staged)
+            pending = commit_async_collective(self, state, message, branch, tags, metadata,
+                                              policy or self.policy, tracker)
+        else:
+            pending = self._committer.commit_async(state, message, branch, tags, metadata,
+                                                   policy or self.policy, tracker, staged)
+        if self.tiers is not None:
+            self.tiers.queue_pending(pending, branch)
+        return pending
 
     def reserve(self, state: object) -> Future[int]:
         """Allocate in the background the host staging buffers ``commit_async(state)`` copies
@@ -302,8 +319,27 @@ class Store:
            grace_period: float = 3600.0, progress: bool = False) -> GCResult:
         """Remove old commits and leftovers; see :func:`ckptstore.maintenance.gc.collect`."""
         self._committer.wait()  # never collect the data of our own commit in flight
+        if self.tiers is not None:  # the local tier only, nothing not uploaded yet
+            return self.tiers.gc(keep_last=keep_last, keep_tags=keep_tags,
+                                 keep_every=keep_every, dry_run=dry_run,
+                                 grace_period=grace_period, progress=progress)
         return collect(self.repo, keep_last=keep_last, keep_tags=keep_tags, keep_every=keep_every,
                        dry_run=dry_run, grace_period=grace_period, progress=progress)
+
+    # -- tiers: open(url, local=...) ------------------------------------------------------
+    @property
+    def uploads(self) -> list[Upload]:
+        """Where each commit of a tiered store stands (queued, uploading, uploaded, failed),
+        in commit order; empty for a store of one tier."""
+        return [] if self.tiers is None else self.tiers.uploads()
+
+    def push(self, timeout: float | None = None) -> None:
+        """Wait until every commit of a tiered store is on the remote (a failed upload is
+        tried again); raises :class:`UploadError` or ``TimeoutError``. Nothing to do for a
+        store of one tier."""
+        if self.tiers is not None:
+            self._committer.wait()
+            self.tiers.push(timeout)
 
     def verify(self, ref: str | None = None, progress: bool = False) -> VerifyReport:
         """Check every chunk (existence and checksum) of ``ref``'s commit, or of every commit
@@ -338,7 +374,9 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
          policy: Policy | None = None, io_workers: int | None = None, durable: bool = True,
          collective: bool = True, retry: Retry | None = None,
          staging_budget: int | None = None, background_priority: str = DEFAULT_PRIORITY,
-         keep: Retention | None = None, **storage_options: Any) -> Store:
+         keep: Retention | None = None, local: str | os.PathLike | None = None,
+         upload_budget: int | None = None, local_keep: Retention | None = None,
+         **storage_options: Any) -> Store:
     """Open the store at ``url`` (a local path or any fsspec URL), creating it unless
     ``create=False``. ``durable=True`` (the default) makes a commit to a local store
     crash-consistent: its chunk files and folders, then its manifest, then its ref are fsynced
@@ -374,11 +412,34 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
     is applied after each commit of this store lands, tags and branch tips always kept; see
     :mod:`ckptstore.policy.retention`.
 
+    ``local`` (a local path) makes a tiered store (docs/tiers.md): commits land there and are
+    uploaded to ``url`` in the background, in commit order; reads prefer the local tier.
+    ``upload_budget`` bounds the bytes of commits waiting for upload (a commit then waits, with
+    an :class:`~ckptstore.tiers.UploadBudgetWarning`); ``local_keep`` (a retention rule) is
+    applied to the local tier after each upload lands. ``keep=`` is refused with ``local=``.
+
     Other keywords (``storage_options``) go to fsspec.
     """
     check_priority(background_priority)  # before anything is created
     check_retention(keep)
-    storage = open_storage(url, durable=durable, retry=retry, **storage_options)
+    if local is None and (upload_budget is not None or local_keep is not None):
+        raise TypeError("upload_budget= and local_keep= need local= (a tiered store)")
+    if local is not None and keep is not None:
+        raise TypeError("keep= with local=: give the local tier's rule as local_keep=")
+    storage = _opened(open_storage(url, durable=durable, retry=retry, **storage_options), url,
+                      create)
+    tiers = None
+    if local is not None:
+        local_storage = _opened(open_storage(local, durable=durable), local, True)
+        tiers = Tiers(local_storage, storage, storage_options, upload_budget, local_keep)
+        storage = tiers.storage
+    return Store(storage, options, io_workers=io_workers, policy=policy, collective=collective,
+                 staging_budget=staging_budget, background_priority=background_priority,
+                 keep=keep, tiers=tiers)
+
+
+def _opened(storage: Storage, url: str | os.PathLike, create: bool) -> Storage:
+    """``storage`` once it holds a store (made unless ``create`` is False)."""
     try:
         decode_marker(storage.read(MARKER), storage.path(MARKER))
     except FileNotFoundError:
@@ -393,6 +454,4 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
                 "choose an empty location") from None
         storage.put_if_absent(MARKER, encode_marker())
         decode_marker(storage.read(MARKER), storage.path(MARKER))
-    return Store(storage, options, io_workers=io_workers, policy=policy, collective=collective,
-                 staging_budget=staging_budget, background_priority=background_priority,
-                 keep=keep)
+    return storage

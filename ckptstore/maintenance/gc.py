@@ -14,7 +14,7 @@ flight in another process is never touched (git prunes its dangling objects the 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ..chains.walk import Walk
 from .dangling import find_dangling
@@ -28,11 +28,11 @@ __all__ = ["collect"]
 
 
 def _retained(repo: Repository, walk: Walk, keep_last: int | None, keep_tags: bool,
-              keep_every: int | None, young: Callable[[str], bool]
+              keep_every: int | None, young: Callable[[str], bool], protect: Iterable[str] = ()
               ) -> tuple[set[str], set[str]]:
     """(retained commits, every commit reachable from a ref)."""
     reachable = set(repo.reachable())
-    keep: set[str] = set()
+    keep: set[str] = set(protect)
     for tip in repo.refs.branches().values():
         line = repo.reachable([tip])  # newest first along first parents
         keep.update(line if keep_last is None else line[: max(keep_last, 1)])
@@ -53,8 +53,12 @@ def _retained(repo: Repository, walk: Walk, keep_last: int | None, keep_tags: bo
 
 def collect(repo: Repository, keep_last: int | None = None, keep_tags: bool = True,
             keep_every: int | None = None, dry_run: bool = False,
-            grace_period: float = 3600.0, progress: bool = False) -> GCResult:
+            grace_period: float = 3600.0, progress: bool = False,
+            protect: Iterable[str] = ()) -> GCResult:
     """Apply the retention policy and delete what nothing needs; see the module docstring.
+
+    ``protect``: commits kept whatever the policy says, with what they read (a tiered store's
+    commits not uploaded yet).
 
     ``progress`` shows bars on stderr: commits and data folders scanned (each removable folder
     is listed to count its bytes), then refs, manifests and folders removed.
@@ -71,7 +75,7 @@ def collect(repo: Repository, keep_last: int | None = None, keep_tags: bool = Tr
         return commit_time(commit_id) + grace_period <= now
 
     keep, reachable = _retained(repo, walk, keep_last, keep_tags, keep_every,
-                                lambda c: not old(c))
+                                lambda c: not old(c), protect)
     # keep is closed under chain bases: the folders of its commits' own entries are every folder
     # they read
     live_data = {d for c in keep for d in repo.manifest(c).data_commits()}

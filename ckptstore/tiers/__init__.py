@@ -1,0 +1,20 @@
+"""Tiered stores: commits land on a local tier and are uploaded to the remote in the background.
+
+``ckptstore.open("s3://bucket/run", local="/nvme/ckpts")`` gives a store of two tiers, each a
+complete store of the same format: commits land on the local one (durable when they return),
+an upload journal on it (:mod:`.journal`) lists the commits not yet on the remote, and one
+thread (:mod:`.uploader`) copies them key for key (:mod:`.copy`: chunks, then manifest, then
+ref, then tags), in commit order. Reads go local first (:mod:`.storage`); gc and local
+retention never delete what is not uploaded (:mod:`.tiered`). See docs/tiers.md.
+
+May import: commit, maintenance, policy, history, format, storage and the top-level helpers
+(errors, limits, info, priority, progress, _version).
+"""
+
+from .journal import Journal, Record
+from .storage import TieredStorage
+from .tiered import Tiers, UploadBudgetWarning, pending_uploads
+from .uploader import Upload, Uploader
+
+__all__ = ["Journal", "Record", "TieredStorage", "Tiers", "Upload", "UploadBudgetWarning",
+           "Uploader", "pending_uploads"]

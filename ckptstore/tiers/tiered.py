@@ -1,0 +1,159 @@
+"""A tiered store's two tiers tied together: where commits queue, upload, and what gc may touch.
+
+:class:`Tiers` is what ``ckptstore.open(url, local=path)`` hands the :class:`~ckptstore.Store`:
+the storage it commits and reads through (:class:`~ckptstore.tiers.storage.TieredStorage`), the
+upload journal and thread, the local byte budget (``upload_budget``) and the local retention
+rule (``local_keep``, applied after each upload lands). Opening resumes the journal, and also
+queues any commit a local branch has that the remote branch lacks (a process killed after its
+ref moved but before its record was written loses nothing).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..commit.pending import PendingCommit
+from ..format.layout import data_dir, manifest_key
+from ..history.refs import Refs
+from ..history.repository import Repository
+from ..info import GCResult
+from ..maintenance.gc import collect
+from ..policy.retention import Candidate, Retention, check_retention, retain_after_commit
+from ..storage import Storage
+from .journal import Journal
+from .storage import TieredStorage
+from .uploader import Upload, Uploader
+
+__all__ = ["Tiers", "UploadBudgetWarning", "pending_uploads"]
+
+
+class UploadBudgetWarning(UserWarning):
+    """A commit of a tiered store waited for uploads: the local tier held ``upload_budget``
+    bytes of commits not yet on the remote."""
+
+
+class _Protect(Retention):
+    """``rule`` plus the commits not uploaded yet (never deleted locally)."""
+
+    def __init__(self, rule: Retention, protected: set[str]):
+        self.rule, self.protected = rule, protected
+
+    def select(self, line: Sequence[Candidate]) -> set[str]:
+        return self.rule.select(line) | {c.id for c in line if c.id in self.protected}
+
+
+class Tiers:
+    """The local tier, the remote, the journal and the uploader of one tiered store."""
+
+    def __init__(self, local: Storage, remote: Storage, remote_options: dict[str, Any],
+                 upload_budget: int | None = None, local_keep: Retention | None = None):
+        check_retention(local_keep)
+        if upload_budget is not None and upload_budget < 0:
+            raise ValueError(f"upload_budget={upload_budget}: a number of bytes >= 0, or None")
+        self.local, self.remote = local, remote
+        self.storage = TieredStorage(local, remote)
+        self.upload_budget, self.local_keep = upload_budget, local_keep
+        self.journal = Journal(local)
+        self.journal.set_remote(remote.url, remote_options)
+        # the local tier as gc and retention see it: local listings, reads falling back
+        self.local_view = Repository(TieredStorage(local, remote, union=False), 2)
+        self.uploader = Uploader(local, remote, self.journal, self._landed)
+        self._queuer = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-upload-queue")
+        self._resume()
+
+    def _resume(self) -> None:
+        """Queue the journal's records, then what local branches have beyond the remote's."""
+        records = self.journal.records()
+        for rec in records:
+            self.uploader.add(rec)
+        queued = {r.commit for r in records}
+        remote_refs = Refs(self.remote)
+        for branch, tip in Refs(self.local).branches().items():
+            on_remote = set(remote_refs.history(branch))
+            line: list[str] = []
+            commit: str | None = tip
+            while commit is not None and commit not in on_remote and commit not in queued:
+                if not self.local.exists(manifest_key(commit)):
+                    break  # removed locally (uploaded before, then local retention)
+                line.append(commit)
+                commit = self.local_view.manifest(commit).parent
+            for c in reversed(line):
+                self.uploader.add(self.journal.add(c, branch, self._local_bytes(c)))
+
+    def _local_bytes(self, commit: str) -> int:
+        return sum(self.local.walk_sizes(data_dir(commit)).values()) + self.local.size(
+            manifest_key(commit))
+
+    # -- what the store calls --------------------------------------------------------------
+    def make_room(self) -> None:
+        """Before a commit: wait (with a warning) while the queued bytes fill the budget."""
+        budget = self.upload_budget
+        if budget is None or self.uploader.queued_bytes() < max(budget, 1):
+            return
+        warnings.warn(f"the local tier holds {self.uploader.queued_bytes()} bytes of commits "
+                      f"not yet uploaded (upload_budget={budget}): this commit waits for "
+                      f"uploads to {self.remote.url}", UploadBudgetWarning, stacklevel=3)
+        self.uploader.wait(below=max(budget, 1))
+
+    def queue(self, commit: str, branch: str) -> None:
+        """A commit that landed on the local tier: journal it, then upload it in turn."""
+        self._queuer.submit(self._add, commit, branch).result()
+
+    def queue_pending(self, pending: PendingCommit, branch: str) -> None:
+        """A ``commit_async`` commit: journalled and queued once it landed (a failed one is
+        not)."""
+        def add() -> None:
+            pending.join()
+            if not pending.failed:
+                self._add(pending.wait().id, branch)
+
+        self._queuer.submit(add)
+
+    def _add(self, commit: str, branch: str) -> None:
+        self.uploader.add(self.journal.add(commit, branch, self._local_bytes(commit)))
+
+    def push(self, timeout: float | None = None) -> None:
+        """Wait until every commit queued is on the remote (a failed one is tried again);
+        raises :class:`UploadError` or ``TimeoutError``."""
+        self._queuer.submit(lambda: None).result()  # the commit_async ones queued first
+        self.uploader.wait(timeout=timeout)
+
+    def uploads(self) -> list[Upload]:
+        return self.uploader.status()
+
+    def gc(self, **options: Any) -> GCResult:
+        """:func:`~ckptstore.maintenance.gc.collect` on the local tier, never deleting a commit
+        not uploaded yet (nor what it reads)."""
+        return collect(self.local_view, protect=self._protected(), **options)
+
+    def _protected(self) -> set[str]:
+        self._queuer.submit(lambda: None).result()
+        return self.uploader.pending()
+
+    def _landed(self, commit: str) -> None:
+        if self.local_keep is not None:
+            retain_after_commit(self.local_view, _Protect(self.local_keep,
+                                                          self.uploader.pending()), commit)
+
+    def close(self) -> None:
+        """Queue what landed, stop the uploads (the journal keeps the rest for the next open)."""
+        try:
+            self._queuer.shutdown(wait=True)
+        finally:
+            self.uploader.close()
+            self.local_view.close()
+
+
+def pending_uploads(journal: Journal, remote: Storage | None) -> list[Upload]:
+    """The journal's commits not on the remote yet, with their last failure; ``sent``: the
+    bytes of their own data the remote holds already (None ``remote``: not asked)."""
+    out = []
+    for rec in journal.records():
+        error = journal.failure(rec)
+        sent = 0 if remote is None else sum(remote.walk_sizes(data_dir(rec.commit)).values())
+        state = "failed" if error else "uploading" if sent else "local-only"
+        out.append(Upload(rec.commit, rec.branch, state, rec.bytes, min(sent, rec.bytes), error))
+    return out

@@ -1,0 +1,168 @@
+"""The upload thread of a tiered store: the journal's records, one commit at a time, in order.
+
+Commit order is upload order: a record uploads only once every record before it did, so a
+chain's base is on the remote before what reads it, and the remote branch moves through the same
+commits as the local one. A failed upload (after the storage layer's retries) stops the queue
+at that record -- what comes after it waits, nothing of it is visible remotely -- and is tried
+again by the next commit, :meth:`Uploader.wait` (``store.push()``) or the next ``open``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+from ..errors import CkptStoreError, UploadError
+from ..format.layout import data_dir
+from ..storage import Storage
+from .copy import copy_commit
+from .journal import Journal, Record
+
+__all__ = ["Upload", "Uploader"]
+
+_THREADS = 8  # concurrent key copies of one commit
+
+
+@dataclass(frozen=True)
+class Upload:
+    """Where one commit of a tiered store stands: ``state`` is ``"local-only"`` (queued),
+    ``"uploading"``, ``"uploaded"`` or ``"failed"`` (``error`` says why; it is tried again);
+    ``sent`` of ``bytes`` copied so far (``bytes`` counts the local tier's files)."""
+
+    commit: str
+    branch: str
+    state: str
+    bytes: int
+    sent: int = 0
+    error: str | None = None
+
+
+class Uploader:
+    """Uploads the journal's records from ``local`` to ``remote`` on one background thread;
+    ``landed(commit)`` is called after each upload (local retention)."""
+
+    def __init__(self, local: Storage, remote: Storage, journal: Journal,
+                 landed: Callable[[str], None] | None = None):
+        self.local, self.remote, self.journal, self.landed = local, remote, journal, landed
+        self._cond = threading.Condition()
+        self._queue: list[Record] = []
+        self._status: dict[str, Upload] = {}  # by commit, in the order queued
+        self._halted: UploadError | None = None  # the head's failure: the queue waits
+        self._stopping = False
+        self._attempt = 0  # failed attempts so far (wait() retries only after a new one)
+        self._copies = ThreadPoolExecutor(_THREADS, thread_name_prefix="ckptstore-upload-io")
+        self._thread = threading.Thread(target=self._run, name="ckptstore-upload", daemon=True)
+        self._thread.start()
+
+    # -- the queue -------------------------------------------------------------------------
+    def add(self, rec: Record) -> None:
+        """Queue a journal record (a commit durable locally); a halted queue tries again."""
+        with self._cond:
+            if any(r.seq == rec.seq for r in self._queue):
+                return
+            self._queue.append(rec)
+            self._status[rec.commit] = Upload(rec.commit, rec.branch, "local-only", rec.bytes)
+            self._halted = None
+            self._cond.notify_all()
+
+    def queued_bytes(self) -> int:
+        with self._cond:
+            return sum(r.bytes for r in self._queue)
+
+    def pending(self) -> set[str]:
+        """Commits queued and not uploaded yet."""
+        with self._cond:
+            return {r.commit for r in self._queue}
+
+    def status(self) -> list[Upload]:
+        with self._cond:
+            return list(self._status.values())
+
+    def wait(self, commit: str | None = None, timeout: float | None = None,
+             below: int | None = None) -> None:
+        """Wait until ``commit`` (None: every queued commit) is uploaded, or (``below``) until
+        the queued bytes are under that; a halted queue is tried once more first. Raises the
+        :class:`UploadError` of a failure, or ``TimeoutError``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            if self._halted is not None:
+                self._halted, attempt = None, self._attempt
+                self._cond.notify_all()
+            else:
+                attempt = self._attempt
+            while not self._reached(commit, below):
+                if self._halted is not None and self._attempt > attempt:
+                    raise self._halted
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"uploads still running after {timeout} s")
+                self._cond.wait(left)
+
+    def _reached(self, commit: str | None, below: int | None) -> bool:
+        if below is not None:
+            return sum(r.bytes for r in self._queue) < below
+        return not self._queue if commit is None else all(
+            r.commit != commit for r in self._queue)
+
+    def close(self) -> None:
+        """Stop after the key copies under way; what is left stays in the journal."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join()
+        self._copies.shutdown(wait=True)
+
+    # -- the thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and (not self._queue or self._halted is not None):
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                rec = self._queue[0]
+                self._set(rec.commit, state="uploading", error=None)
+            error = self._upload(rec)
+            with self._cond:
+                if error is None:
+                    self._queue.pop(0)
+                    self._set(rec.commit, state="uploaded", sent=rec.bytes)
+                elif not self._stopping:
+                    self._attempt += 1
+                    self._halted = error
+                    self._set(rec.commit, state="failed", error=str(error))
+                self._cond.notify_all()
+            if error is None and self.landed is not None:
+                self.landed(rec.commit)
+
+    def _upload(self, rec: Record) -> UploadError | None:
+        def sent(n: int) -> None:
+            with self._cond:
+                s = self._status[rec.commit]
+                self._status[rec.commit] = replace(s, sent=s.sent + n)
+
+        try:
+            copy_commit(self.local, self.remote, rec.commit, rec.branch, self._copies, sent,
+                        lambda: self._stopping)
+            self.journal.done(rec)
+            return None
+        except InterruptedError:
+            return UploadError(f"upload of commit {rec.commit[:12]} stopped (store closed); "
+                               "it resumes on the next open", commit_id=rec.commit)
+        except (OSError, CkptStoreError) as e:
+            error = e if isinstance(e, UploadError) else UploadError(
+                f"upload of commit {rec.commit[:12]} ({data_dir(rec.commit)}) to "
+                f"{self.remote.url} failed: {e}. The commit is safe on the local tier and "
+                "queued; nothing of it is visible remotely: store.push() or `ckpt push` tries "
+                "again", commit_id=rec.commit, key=getattr(e, "key", None))
+            try:
+                self.journal.failed(rec, error)
+            except OSError:
+                pass  # the local tier failing too: the status in memory still says it
+            return error
+
+    def _set(self, commit: str, **changes: object) -> None:
+        self._status[commit] = replace(self._status[commit], **changes)
