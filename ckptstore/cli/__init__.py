@@ -5,10 +5,10 @@
     ckpt VERB STORE_URL [ARGS] [--json] [--storage-option KEY=VALUE ...] [--progress]
 
 Verbs: ``log``, ``show``, ``tag``, ``branch``, ``gc``, ``rebase``, ``verify``, ``du``, ``diff``,
-``export``, one module each (or per group) with ``register(add)`` and ``run(ctx)``: a call into
-the library plus rendering. Every verb prints aligned tables with human sizes, or with ``--json``
-one JSON document on stdout and nothing else. Progress bars (verify, diff, export, du, gc,
-rebase) go to stderr, shown when stderr is a terminal or with ``--progress``.
+``export``, ``status``, ``push``, one module each (or per group) with ``register(add)`` and
+``run(ctx)``: a call into the library plus rendering. Every verb prints aligned tables with human
+sizes, or with ``--json`` one JSON document on stdout and nothing else. Progress bars (verify,
+diff, export, du, gc, rebase) go to stderr, shown when stderr is a terminal or with ``--progress``.
 
 Exit statuses are defined in :mod:`ckptstore.cli._exit` (0 ok, 1 verify/diff found
 something, 2 usage or other error, 3 not found, 4 corrupted store, 5 storage failed, 130
@@ -38,7 +38,7 @@ from typing import Any, TextIO
 
 from .._version import __version__
 from ..errors import CkptStoreError
-from . import diff, du, export, gc, log, refs, show, transfer, verify
+from . import diff, du, export, gc, log, refs, show, tiers, transfer, verify
 from ._context import AddVerb, CliError, Context, Parser, UsageError
 from ._exit import (
     EXIT_CORRUPT,
@@ -58,7 +58,8 @@ __all__ = ["EXIT_CORRUPT", "EXIT_DIFFERS", "EXIT_ERROR", "EXIT_INTERRUPTED", "EX
            "EXIT_OK", "EXIT_STORAGE", "EXIT_USAGE", "build_parser", "main",
            "parse_storage_options"]
 
-_VERBS = (log, show, refs, gc, verify, du, diff, export, transfer)  # in the order of `ckpt --help`
+# in the order of `ckpt --help`
+_VERBS = (log, show, refs, gc, verify, du, diff, export, transfer, tiers)
 
 _EPILOG = """\
 examples:
