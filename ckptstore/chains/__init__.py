@@ -1,6 +1,7 @@
-"""Chains of commits: deciding (decide), remembering (memory), replaying (replay), and the one
-walk of what a commit reads (walk). See :mod:`ckptstore.chains.walk` for the entry kinds.
+"""Chains of commits: each chain kind in one module behind one protocol (kinds), the records
+they speak (links), deciding (decide), remembering (memory), the helpers replays share (replay),
+and the one walk of what a commit reads (walk). See :mod:`ckptstore.chains.kinds` for the kinds.
 
-May import: state, history, format, chunkcodec, storage, policy, tracking and the top-level helpers
-(errors, limits, info, priority, progress, _version).
+May import: device, state, history, format, chunkcodec, storage, policy, tracking and the
+top-level helpers (errors, limits, info, priority, progress, _version).
 """

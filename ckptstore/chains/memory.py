@@ -12,45 +12,45 @@ guessing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
+from typing import Protocol, cast
 
 import numpy as np
 import torch
 
+from ..chunkcodec import QuantizedLossy
 from ..format.arrays import ChunkGrid, dtype_name
-from ..chunkcodec import LOSSLESS_IDS, QuantizedLossy
-from ..device.rows import device_reference
-from ..history.manifest import Kind, Manifest
-from ..commit.plan import FULL_LOSSLESS, ArrayItem, CommitPlan, Decide, TensorDecision
-from ..policy import Policy
+from ..history.manifest import Layout, Manifest
+from ..policy import Policy, Want
 from ..tracking.rows import RowTracker
-from .decide import ChainStart, CodesBase, Reference, commit_rebases, plan_chain
+from .decide import commit_rebases, plan_chain
+from .kinds import Kept, Remembered, kind_for_want
+from .links import FULL_LOSSLESS, CodesBase, Decide, Shadow, TensorDecision
 
-__all__ = ["ChainMemory", "Shadow"]
+__all__ = ["ChainMemory", "PlannedItem", "PlannedItems", "Shadow"]
+
+_OWN_ARRAYS = (Layout.ARRAY, Layout.CHAIN)
 
 
-@dataclass
-class Shadow:
-    """What the store remembers of a tensor after committing it on a branch.
+class PlannedItem(Protocol):
+    """A planned item as the memory first sees it (``commit.plan.PlanItem``); an ``array`` or
+    ``chain`` one is a :class:`~ckptstore.chains.kinds.Remembered` array item."""
 
-    ``commit`` is the commit the reference belongs to: the baseline (one-shot, intermittent) or
-    the last commit (consecutive, delta, xor). Tracker rows are updated in place as commits land.
-    """
+    @property
+    def index(self) -> int: ...
 
-    commit: str
-    values: np.ndarray | None = None          # host bits of the reference (compare mode)
-    device_values: torch.Tensor | None = None  # or the reference on the tensor's device
-    since_base: np.ndarray | None = None      # bool rows changed since the baseline (tracker)
-    unsaved: np.ndarray | None = None         # bool rows consumed from the tracker, not yet saved
-    codes: CodesBase | None = None            # per chunk (codes, params): deltas
-    grid_chunks: tuple[int, ...] | None = None
-    exact: bool = False                       # the store rebuilds ``values`` bit for bit
+    @property
+    def want(self) -> Want: ...
 
-    def reference(self) -> Reference:
-        return Reference(self.commit,
-                         self.values is not None or self.device_values is not None,
-                         self.codes is not None)
+    @property
+    def layout(self) -> Layout: ...
+
+
+class PlannedItems(Protocol):
+    """A commit's plan as the memory reads it (``commit.plan.CommitPlan``)."""
+
+    @property
+    def tensors(self) -> Sequence[PlannedItem]: ...
 
 
 class ChainMemory:
@@ -108,38 +108,30 @@ class ChainMemory:
                                    d.quant.prune_zeros) if d.quant is not None else None
             if d.want == "full":
                 return TensorDecision("full", codec) if codec is not None else FULL_LOSSLESS
-            if d.want == "rows" and policy.delta and codec is None:
+            kind = kind_for_want(d.want)
+            if kind is not None and kind.keeps_bits(policy, d.quant is not None):
                 self._xor_rows.add((branch, path))
             else:
                 self._xor_rows.discard((branch, path))
             shadow = self._shadows.get((branch, path))
-            tracked = (tracker is not None and d.want == "rows"
+            if kind is None:
+                return TensorDecision(d.want, codec)
+            tracked = (tracker is not None and kind.tracks_rows
                        and tracker.lookup(tensor) is not None)
             if tracked:
                 self._consume_tracked(path, tracker, tensor)
             link = plan_chain(policy, d.want, d.quant is not None, tip, prev_by_path.get(path),
                               shadow.reference() if shadow is not None else None, tracked,
                               list(tensor.shape), dtype, rebase)
-            if link is None:  # a full entry; a residual chain's baseline is lossless
-                return TensorDecision(d.want, None if d.want == "residual" else codec)
-            if link.kind == Kind.DELTA:
-                if shadow.grid_chunks != tuple(grid.chunks):
-                    return TensorDecision(d.want, codec)
-                return TensorDecision(d.want, codec, ChainStart(link, base_codes=shadow.codes))
-            if link.kind in (Kind.XOR, Kind.RESIDUAL):
-                return TensorDecision(d.want, codec, ChainStart(link, reference=shadow.values))
-            mask = None
-            if tracked and shadow.unsaved is not None:
-                mask = shadow.unsaved.copy()
-                if link.kind == Kind.INCREMENTAL and shadow.since_base is not None:
-                    mask |= shadow.since_base
-            return TensorDecision(d.want, codec, ChainStart(
-                link, tracked_rows=mask, reference=shadow.values,
-                device_reference=shadow.device_values, exact=shadow.exact))
+            start = kind.start(link, shadow, tracked, grid) if link is not None else None
+            if start is None:  # a full entry (its baseline codec: a residual's is lossless)
+                return TensorDecision(d.want, kind.baseline_codec(codec) if link is None
+                                      else codec)
+            return TensorDecision(d.want, codec, start)
 
         return decide
 
-    def commit_done(self, branch: str, commit_id: str, plan: CommitPlan,
+    def commit_done(self, branch: str, commit_id: str, plan: PlannedItems,
                     host: dict[int, np.ndarray], codes: dict[int, CodesBase | None],
                     tracker: RowTracker | None,
                     rebuilt: dict[int, np.ndarray | None] | None = None,
@@ -149,71 +141,19 @@ class ChainMemory:
         ``codes`` and ``rebuilt`` are the snapshot's arrays, the kept codes and the values a
         checkout rebuilds of residual entries, by plan item index; ``on_device``: this commit's
         values of incremental tensors on their device (the next reference is kept there);
-        ``rows_only``: items whose ``host`` array holds only their changed rows."""
+        ``rows_only``: items whose ``host`` array holds only their changed rows. Each item's
+        chain kind says what it keeps (:meth:`~ckptstore.chains.kinds.ChainKind.remember`)."""
         for p in plan.tensors:
-            if not isinstance(p, ArrayItem) or p.want not in ("rows", "codes", "xor", "residual"):
-                continue
-            key = (branch, p.path)
-            if p.want == "residual":  # the next residual is taken against what checkout rebuilds
-                values = (rebuilt or {}).get(p.index) if p.kind == Kind.RESIDUAL else (
-                    _host_copy(host[p.index], self._shadows.get(key))
-                    if p.codec.codec_id in LOSSLESS_IDS else None)
-                if values is None:
-                    self._shadows.pop(key, None)
-                else:
-                    self._shadows[key] = Shadow(commit_id, values=values,
-                                                exact=p.kind == Kind.FULL)
-                continue
-            if p.want == "xor":  # every commit is the reference of the next XOR
-                if p.codec.codec_id in LOSSLESS_IDS:
-                    self._shadows[key] = Shadow(commit_id, values=_host_copy(
-                        host[p.index], self._shadows.get(key)), exact=True)
-                else:
-                    self._shadows.pop(key, None)
-                continue
-            if p.want == "codes":
-                kept = codes.get(p.index)
-                if kept:
-                    self._shadows[key] = Shadow(commit_id, codes=kept,
-                                                grid_chunks=tuple(p.grid.chunks))
-                else:
-                    self._shadows.pop(key, None)
-                continue
-            old = self._shadows.get(key)
-            if p.kind == Kind.INCREMENTAL and old is not None:  # baseline stays the reference
-                if old.since_base is not None and old.unsaved is not None:
-                    old.since_base |= old.unsaved
-                    old.unsaved[:] = False
-                continue
-            # full baseline or consecutive: this commit is the new reference, rebuilt exactly
-            # when it is lossless and so is everything it builds on
-            is_tracked = tracker is not None and tracker.lookup(p.source) is not None
-            keep = not is_tracked or key in self._xor_rows  # old bits to compare or XOR with
-            rows = p.shape[0]
-            exact = p.codec.codec_id in LOSSLESS_IDS and (
-                p.kind == Kind.FULL or (old is not None and old.exact))
-            device = None if is_tracked else (on_device or {}).get(p.index)
-            if device is not None:
-                device = device_reference(device, old.device_values if old else None)
-            if device is None and not is_tracked and p.index in rows_only:
-                # no room on the device for the next reference, and the snapshot holds only the
-                # changed rows: the next commit is a full baseline
+            kind = kind_for_want(p.want)
+            if kind is None or not kind.remembers or p.layout not in _OWN_ARRAYS:
+                continue  # no chain wanted, or not an array of its own (packed, alias, view)
+            item = cast(Remembered, p)
+            i, key = p.index, (branch, item.path)
+            kept = Kept(host.get(i), codes.get(i), (rebuilt or {}).get(i),
+                        (on_device or {}).get(i), i in rows_only, tracker,
+                        key in self._xor_rows)
+            shadow = kind.remember(item, commit_id, kept, self._shadows.get(key))
+            if shadow is None:
                 self._shadows.pop(key, None)
-                continue
-            self._shadows[key] = Shadow(
-                commit_id,
-                values=None if not keep or device is not None else _host_copy(host[p.index],
-                                                                               old),
-                device_values=device,
-                since_base=np.zeros(rows, bool) if is_tracked else None,
-                unsaved=np.zeros(rows, bool) if is_tracked else None, exact=exact)
-
-
-def _host_copy(values: np.ndarray, old: Shadow | None) -> np.ndarray:
-    """A host copy of a new reference: into the old reference's buffer when it fits (its commit
-    is done with it; a fresh gigabyte costs its page faults on every commit), else a new one."""
-    kept = old.values if old is not None else None
-    if kept is not None and kept.shape == values.shape and kept.dtype == values.dtype:
-        np.copyto(kept, values)
-        return kept
-    return np.array(values, copy=True)
+            else:
+                self._shadows[key] = shadow

@@ -1,8 +1,8 @@
 """The one walk of what a commit reads: chains back to their baselines, and the stored arrays.
 
-A tensor entry of a commit may rebuild from other commits' data: a chain entry (incremental,
-consecutive, delta) applies its own parts to the same path in its base commit, down to a full
-baseline. The reader, gc, verify and usage all ask the same questions, answered here once by a
+A tensor entry of a commit may rebuild from other commits' data: a chain entry (any kind but
+``full``, :mod:`ckptstore.chains.kinds`: its parts are what it reads) applies its own parts to
+the same path in its base commit, down to a full baseline. The reader, gc, verify and usage all ask the same questions, answered here once by a
 :class:`Walk` over a store's (immutable) manifests:
 
 - :meth:`Walk.chain_of`: the entries from the full baseline to an entry, oldest first;
@@ -28,6 +28,7 @@ from ..format.layout import PACKED_ARRAY, array_dir, chunk_key
 from ..limits import check_grid, missing_chunks
 from ..history.manifest import Blob, Kind, Layout, Manifest, PackedInfo, TensorEntry
 from ..storage import Storage
+from .kinds import chain_kind
 
 __all__ = ["MAX_CHAIN", "ManifestOf", "StoredArray", "Walk", "blob_array", "entry_array",
            "entry_dtype", "entry_packed_array", "needed_entries", "packed_array"]
@@ -159,7 +160,7 @@ class Walk:
         """Arrays one entry stores itself (no chain walk). Over a set of commits closed under
         :meth:`commits_read` their union is everything those commits read (verify; gc needs
         only their folders: :meth:`Manifest.data_commits`)."""
-        out = [blob_array(b) for b in (e.parts or {}).values()]
+        out = [blob_array(b) for b in chain_kind(e.kind).reads(e)]
         if e.layout == Layout.ARRAY:
             out.insert(0, entry_array(e))
         elif e.layout == Layout.PACKED and e.nbytes:

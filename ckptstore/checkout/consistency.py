@@ -4,8 +4,8 @@ verify (git's fsck habit: "verify ok" means "checkout will succeed").
 The pydantic models (:mod:`ckptstore.history.manifest`) check each manifest on its own; rebuilding a
 tensor also needs what they cannot see alone -- the chain's base commits, the packed array of
 another commit, the storage a view looks into -- and what the reader will allocate. The reader
-calls :func:`check_entries` before it allocates or reads anything; :mod:`ckptstore.maintenance.verify` calls
-:func:`commit_problems` for each commit it checks. Both walk chains through the same
+calls :func:`check_entries` before it allocates or reads anything;
+:mod:`ckptstore.maintenance.verify` calls :func:`commit_problems` for each commit it checks. Both walk chains through the same
 :class:`~ckptstore.chains.walk.Walk`, so a cycle, a missing base or a grid beyond
 :mod:`ckptstore.limits` is refused the same way. Only what the chunks hold (their checksums,
 the row indices of an increment) is left to the reads.
@@ -16,21 +16,16 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-import numpy as np
 
+from ..chains.kinds import chain_kind
 from ..chains.walk import Walk, entry_array, entry_dtype
-from ..chunkcodec import QuantizedLossy, codec_from_config
 from ..errors import CkptStoreError, ManifestError
 from ..format.grid import allocatable
 from ..state.leaves import tree_paths
-from ..history.manifest import Blob, Kind, Layout, Manifest, TensorEntry
-from ..policy.shrink import SHRINKABLE
+from ..history.manifest import Layout, Manifest, TensorEntry
 from ..state.tree import unflatten
 
 __all__ = ["check_entries", "check_entry", "check_tree", "commit_problems"]
-
-_ROWS = (Kind.INCREMENTAL, Kind.CONSECUTIVE)
-
 
 def check_tree(m: Manifest) -> None:
     """The state tree rebuilds and every tensor it names is an entry of ``m``."""
@@ -85,44 +80,18 @@ def _check_view(e: TensorEntry, base: TensorEntry) -> None:
         raise ManifestError(f"view {e.path!r} reaches outside its storage")
 
 
-def _fits(b: Blob, shape: list[int], itemsize: int | None = None) -> bool:
-    """Whether a chain part (its dtype checked by :meth:`Walk.entry_arrays`) has ``shape``
-    (and items of ``itemsize`` bytes)."""
-    return b.shape == list(shape) and itemsize in (None, np.dtype(b.dtype).itemsize)
-
-
 def _check_chain(walk: Walk, m: Manifest, e: TensorEntry) -> None:
     """The chain reaches a full baseline of the same shape and dtype, its links are of the
-    entry's kind, and their parts fit the tensor."""
+    entry's kind, and their parts fit the tensor (each kind's check)."""
     chain = walk.chain_of(e)
     walk.entry_arrays(e)  # every grid of the chain within the read limits
     base, links = chain[0], chain[1:]
     check_entry(walk, m, base)
-    kinds = _ROWS if e.kind in _ROWS else (e.kind,)
-    if any(link.kind not in kinds for link in links):
+    kind = chain_kind(e.kind)
+    if any(link.kind not in kind.kinds for link in links):
         raise ManifestError(f"chain of {e.path!r} mixes kinds")
-    itemsize = entry_dtype(base).itemsize
-    where = f"a chain link of {e.path!r}"
     for link in links:
-        parts = link.parts
-        if e.kind == Kind.DELTA:
-            codec = codec_from_config(base.codec) if base.layout == Layout.ARRAY else None
-            if not isinstance(codec, QuantizedLossy):
-                raise ManifestError(f"code deltas of {e.path!r} need a quantized full baseline")
-            if link.chunks != base.chunks:
-                raise ManifestError(f"delta chain of {e.path!r} mixes chunk grids")
-        elif e.kind == Kind.XOR and not _fits(parts["xor"], e.shape, itemsize):
-            raise ManifestError(f"{where} in {parts['xor'].commit} does not fit the tensor")
-        elif e.kind == Kind.RESIDUAL and not (
-                _fits(parts["residual"], e.shape) and link.dtype in SHRINKABLE
-                and np.dtype(parts["residual"].dtype) == entry_dtype(base)):
-            raise ManifestError(f"{where} in {parts['residual'].commit} does not fit the tensor")
-        elif e.kind in _ROWS:
-            rows, values = parts["rows"], parts.get("values") or parts["xvalues"]
-            n = rows.shape[0] if len(rows.shape) == 1 and np.dtype(rows.dtype).kind in "iu" \
-                else -1  # integer indices of rows
-            if not _fits(values, [n, *e.shape[1:]], itemsize if "xvalues" in parts else None):
-                raise ManifestError(f"{where} in {rows.commit} does not fit the tensor")
+        kind.check(e, base, link)
 
 
 def check_entries(walk: Walk, m: Manifest, tensors: Iterable[int],

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, wait
+from concurrent.futures import Executor, Future, wait
 
 import numpy as np
 import torch
 
 from ..format.arrays import host_to_tensor, read_array, read_chunk, start_read_array, \
     start_read_region, torch_dtype, writable_host_view
-from ..chains.replay import apply_residuals, apply_rows, apply_xors, chain_codes, \
-    replay_code_deltas
+from ..chains.kinds import chain_kind
 from ..chains.walk import StoredArray, Walk, blob_array, entry_array, entry_dtype, \
     entry_packed_array, needed_entries
 from ..chunkcodec import QuantizedLossy, codec_from_config
@@ -26,7 +25,7 @@ from ..device.decode import start_read_to_device, stored_codes, wants_device_dec
 from ..format.dimorder import with_dim_order
 from ..errors import CorruptedChunkError, ManifestError
 from ..limits import allocate, copy_of
-from ..history.manifest import Blob, Kind, Layout, Manifest, ShardPiece, TensorEntry
+from ..history.manifest import Blob, Layout, Manifest, ShardPiece, TensorEntry
 from ..history.repository import Repository
 from ..storage import Buffer
 
@@ -100,20 +99,11 @@ class Reader:
         raise ManifestError(f"entry {e.path!r} with layout '{e.layout}' has no bits of its own")
 
     def _replay(self, e: TensorEntry, out: np.ndarray | None) -> np.ndarray:
-        """A chain entry rebuilt from its baseline (into ``out`` where given)."""
+        """A chain entry rebuilt from its baseline (into ``out`` where given) by its kind
+        (:mod:`ckptstore.chains.kinds`), the reader its :class:`ChainSource`."""
         chain = self.walk.chain_of(e)
         self.check_stored(self.walk.entry_arrays(e))  # replays allocate the baseline's shape
-        if e.kind == Kind.DELTA:
-            return replay_code_deltas(chain, entry_dtype(chain[0]), self._read,
-                                      self.repo.executor, out)
-        base = self.host(chain[0], out)
-        if e.kind == Kind.XOR:
-            return apply_xors(base, chain[1:], self._blocks)
-        if e.kind == Kind.RESIDUAL:
-            return apply_residuals(base, chain[1:], self._blocks)
-        if any(link.kind not in (Kind.INCREMENTAL, Kind.CONSECUTIVE) for link in chain[1:]):
-            raise ManifestError(f"row chain of {e.path!r} mixes kinds")
-        return apply_rows(base, chain[1:], self.blob)
+        return chain_kind(e.kind).replay(chain, self, out)
 
     def region(self, e: TensorEntry, offsets: Sequence[int], lengths: Sequence[int]
                ) -> np.ndarray:
@@ -159,7 +149,12 @@ class Reader:
         """A chain part (changed rows, their values)."""
         return self._read_stored(blob_array(b))
 
-    def _blocks(self, b: Blob, put: Callable[[int, np.ndarray], None]) -> None:
+    @property
+    def executor(self) -> Executor:
+        """The I/O pool reads run on."""
+        return self.repo.executor
+
+    def blocks(self, b: Blob, put: Callable[[int, np.ndarray], None]) -> None:
         """A chain part read chunk by chunk, ``put(first row, rows)`` for each in the I/O
         threads (:data:`~ckptstore.chains.replay.ReadBlocks`): never the whole part at once."""
         a = blob_array(b)
@@ -171,7 +166,8 @@ class Reader:
                                     codec_from_config(a.codec), self.repo.executor,
                                     [0] * len(a.grid.shape), list(a.grid.shape), put))
 
-    def _read(self, where: str) -> Buffer:
+    def read(self, where: str) -> Buffer:
+        """One stored chunk's bytes."""
         return read_chunk(self.repo.storage, where)
 
     def _from_packed(self, e: TensorEntry, out: np.ndarray | None = None) -> np.ndarray:
@@ -203,9 +199,12 @@ class Reader:
             if not isinstance(codec, QuantizedLossy):
                 return None
             grid, codes_of = a.grid, stored_codes(self.repo.storage, a.prefix, codec)
-        elif e.layout == Layout.CHAIN and e.kind == Kind.DELTA:
-            self.check_stored(self.walk.entry_arrays(e))
-            _, grid, codes_of = chain_codes(self.walk.chain_of(e), self._read)
+        elif e.layout == Layout.CHAIN:
+            found = chain_kind(e.kind).device_codes(self.walk.chain_of(e), self.read)
+            if found is None:
+                return None
+            self.check_stored(self.walk.entry_arrays(e))  # before the first read of a code
+            grid, codes_of = found
         else:
             return None
         return start_read_to_device(grid, e.dtype, codes_of, self.repo.executor, device)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..format.arrays import ChunkGrid, chunk_view, storage_dtype, write_array, write_chunks
-from ..chains.decide import CodesBase
+from ..chains.links import CodesBase
 from ..chains.replay import changed_rows, xor_bits
 from ..chunkcodec import LOSSLESS_IDS, BloscLossless, CodeDelta, Encoded, PlanesLossless, \
     QuantizedLossy
@@ -30,9 +30,9 @@ from ..format.layout import PACKED_ARRAY, ZARR_JSON, array_dir, data_dir, part_a
 from ..format.zarrjson import GROUP_METADATA, PACKED_ATTRIBUTES, array_attributes
 from ..history.manifest import Blob
 from .pending import Progress
-from .plan import ArrayItem, CodesItem, CommitPlan, PackedItem, PlanItem, ResidualItem, RowsItem, \
-    XorItem
-from .snapshot import Snapshot
+from .plan import ArrayItem, ChainItem, CodesItem, CommitPlan, PackedItem, PlanItem, \
+    ResidualItem, RowsItem, XorItem
+from .snapshot import Captured, Snapshot
 from ..storage import Storage
 
 if TYPE_CHECKING:
@@ -312,6 +312,20 @@ def _write_rows(storage: Storage, commit_id: str, p: RowsItem, host: np.ndarray,
     return pending
 
 
+# the writer of each chain item class: ``(storage, commit id, item, its snapshot, submit,
+# chunk bytes) -> pending writes``
+ChainWriter = Callable[[Storage, str, ChainItem, Captured, Submit, int], "_Pending"]
+_CHAIN_WRITERS: dict[type[ChainItem], ChainWriter] = {
+    CodesItem: lambda st, c, p, item, submit, _: _write_code_deltas(st, c, p, item.staged,
+                                                                    submit, item.score),
+    XorItem: lambda st, c, p, item, submit, _: _write_xor(st, c, p, item.staged, submit),
+    ResidualItem: lambda st, c, p, item, submit, _: _write_residual(st, c, p, item.staged,
+                                                                    submit),
+    RowsItem: lambda st, c, p, item, submit, chunk_bytes: _write_rows(
+        st, c, p, item.staged, submit, chunk_bytes, item.rows, item.xored, item.reference),
+}
+
+
 def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
             executor: Executor, max_inflight: int, chunk_bytes: int,
             progress: Progress | None = None, packed_name: str = PACKED_ARRAY,
@@ -334,15 +348,9 @@ def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
             continue
         item = snap.items[p.index]
         host = item.staged
-        if isinstance(p, CodesItem):
-            pending.append(_write_code_deltas(storage, commit_id, p, host, submit, item.score))
-        elif isinstance(p, XorItem):
-            pending.append(_write_xor(storage, commit_id, p, host, submit))
-        elif isinstance(p, ResidualItem):
-            pending.append(_write_residual(storage, commit_id, p, host, submit))
-        elif isinstance(p, RowsItem):
-            pending.append(_write_rows(storage, commit_id, p, host, submit, chunk_bytes,
-                                       item.rows, item.xored, item.reference))
+        write_link = _CHAIN_WRITERS.get(type(p))
+        if write_link is not None:  # a chain entry: its kind's writer
+            pending.append(write_link(storage, commit_id, p, item, submit, chunk_bytes))
         else:
             assert isinstance(p, ArrayItem)
             pending.append(_write_full(storage, commit_id, p, host, submit, dedup, item.score))

@@ -6,10 +6,10 @@ the shared storages that views point into), each carrying its ``index`` in :attr
 One item class per layout:
 
 - :class:`ArrayItem` -- its own zarr array (lossless or quantized);
-- :class:`RowsItem` (a :class:`ChainItem`) -- an array item stored as the rows changed since its base (Check-N-Run);
-- :class:`CodesItem` (a :class:`ChainItem`) -- an array item stored as code deltas against the previous commit;
-- :class:`XorItem`, :class:`ResidualItem` (:class:`ChainItem` s) -- the XOR with, or a quantized residual
-  against, the previous commit;
+- :class:`ChainItem` -- an array item stored as a chain link, one class per chain kind
+  (:mod:`ckptstore.chains.kinds`): :class:`RowsItem` (the rows changed since its base,
+  Check-N-Run), :class:`CodesItem` (code deltas against the previous commit), :class:`XorItem`,
+  :class:`ResidualItem` (the XOR with, or a quantized residual against, the previous commit);
 - :class:`PackedItem` -- a slice of the commit's one packed array of small tensors;
 - :class:`AliasItem` -- the very same tensor as an earlier entry (tied weights);
 - :class:`ViewItem` -- a strided view of a shared storage.
@@ -18,7 +18,7 @@ One item class per layout:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from ..format.arrays import CHUNK_BYTES, ChunkGrid, dtype_name, storage_dtype
-from ..chains.decide import ChainLink, ChainStart
+from ..chains.kinds import chain_kind, kind_for_want
+from ..chains.links import FULL_LOSSLESS, ChainLink, ChainStart, Decide, TensorDecision
 from ..chunkcodec import ChunkCodec, lossless_codec
 from ..format.dimorder import dim_order_of
 from ..errors import UnsupportedLeafError
@@ -197,8 +198,17 @@ class ResidualItem(ChainItem):
     (:func:`ckptstore.commit.shrinking.shrink_snapshot`)."""
 
 
-_CHAIN_ITEMS: dict[Kind, type[ChainItem]] = {Kind.DELTA: CodesItem, Kind.XOR: XorItem,
-                                             Kind.RESIDUAL: ResidualItem}
+# the item class of each chain kind, by the policy's want that asks for it (its writer in
+# commit.persist is found by the class)
+_CHAIN_ITEMS: dict[str, type[ChainItem]] = {"rows": RowsItem, "codes": CodesItem, "xor": XorItem,
+                                            "residual": ResidualItem}
+
+
+def _own_array(d: TensorDecision) -> bool:
+    """Whether a tensor needs an array of its own whatever its size: a quantized one, a chain
+    entry, or the baseline of a kind that wants one (a chain baseline is never packed)."""
+    kind = kind_for_want(d.want)
+    return d.codec is not None or d.chain is not None or (kind is not None and kind.own_array)
 
 
 # -- the plan ----------------------------------------------------------------------------------
@@ -227,21 +237,6 @@ class CommitPlan:
     def stored(self) -> Iterator[PlanItem]:
         """Items whose bits are written (arrays, chains, packed), storages included."""
         return (p for p in self.items if isinstance(p, (ArrayItem, PackedItem)))
-
-
-@dataclass(frozen=True, eq=False)
-class TensorDecision:
-    """The policy's answer for one tensor: what it wanted (``full``, ``rows``, ``codes``), a
-    codec other than the lossless default (None: lossless), and a chain entry to write instead of
-    the full tensor (None: full)."""
-
-    want: Want = "full"
-    codec: ChunkCodec | None = None
-    chain: ChainStart | None = None
-
-
-Decide = Callable[[str, torch.Tensor, ChunkGrid], TensorDecision]
-FULL_LOSSLESS = TensorDecision()  # what a tensor gets when nobody decides otherwise
 
 
 def _container(value: object) -> str:
@@ -356,15 +351,14 @@ def plan_commit(leaves: list[Leaf], options: EncodingOptions,
                                        options.chunk_bytes)
             if decide is not None and container == "torch" and i < len(leaves):
                 d = decide(path, t, grid)
-        if not nbytes or (d.codec is None and d.chain is None  # a chain baseline needs its own
-                          and d.want not in ("rows", "xor", "residual")  # array
-                          and nbytes < options.pack_below):
+        # small tensors share the packed array; empty ones store nothing
+        if not nbytes or (not _own_array(d) and nbytes < options.pack_below):
             items.append(PackedItem(index=i, path=path, dtype=dtype, shape=shape,
                                     container=container, nbytes=nbytes, source=t,
-                                    offset=packed_nbytes, dim_order=order))  # empty tensors: nothing to store
+                                    offset=packed_nbytes, dim_order=order))
             packed_nbytes += -(-nbytes // PACK_ALIGN) * PACK_ALIGN
             continue
-        cls = ArrayItem if d.chain is None else _CHAIN_ITEMS.get(d.chain.link.kind, RowsItem)
+        cls = ArrayItem if d.chain is None else _CHAIN_ITEMS[chain_kind(d.chain.link.kind).want]
         extra = {} if d.chain is None else {"start": d.chain}
         items.append(cls(index=i, path=path, dtype=dtype, shape=shape, container=container,
                          nbytes=nbytes, source=t, array=_array_name(path, i, taken, array_prefix),

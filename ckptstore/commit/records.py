@@ -16,9 +16,10 @@ from pydantic import ValidationError
 
 from .._version import __version__
 from ..format.arrays import storage_dtype, torch_dtype
+from ..chains.kinds import chain_kind
 from ..errors import DistributedError
 from ..format.layout import PACKED_ARRAY
-from ..history.manifest import (Kind, Layout, Manifest, PackedInfo, ShardPiece, TensorEntry,
+from ..history.manifest import (Layout, Manifest, PackedInfo, ShardPiece, TensorEntry,
                        version_needed)
 from .plan import AliasItem, ArrayItem, ChainItem, CommitPlan, PackedItem, PlanItem
 from ..state.tree import Tree
@@ -35,7 +36,7 @@ def _entry(p: PlanItem, commit_id: str, done: WriteResult | None,
                   dim_order=list(p.dim_order) if p.dim_order is not None else None)
     if isinstance(p, ChainItem):
         link = p.link
-        fractions = [*link.fractions, done.fraction] if link.kind == Kind.INCREMENTAL else None
+        fractions = chain_kind(link.kind).fractions(link, done.fraction)
         return TensorEntry(**common, kind=link.kind, base_commit=link.base_commit,
                            chain=link.chain, parts=dict(done.parts), codec=p.codec.config(),
                            chunks=list(p.grid.chunks), nbytes=p.nbytes, fractions=fractions)

@@ -26,7 +26,7 @@ from ..errors import CkptStoreError, CorruptedChunkError
 from ..info import VerifyReport
 from ..format.layout import ZARR_JSON, data_dir
 from ..format.zarrjson import GROUP_METADATA, PACKED_ATTRIBUTES, array_attributes
-from ..history.manifest import Kind, Layout, TensorEntry
+from ..history.manifest import Layout, TensorEntry
 from ..progress import bar
 from ..history.repository import Repository
 
@@ -144,7 +144,7 @@ def _arrays_read(repo: Repository, commits: list[str], report: VerifyReport
                 own, attrs = walk.own_arrays(e), _entry_attributes(e)
                 if e.chunk_digests and e.commit is not None and e.array is not None:
                     digests[(e.commit, e.array)] = e.chunk_digests
-                if e.kind in (Kind.INCREMENTAL, Kind.CONSECUTIVE) and e.shape:
+                if "rows" in (e.parts or {}) and e.shape:  # an increment's row indices
                     rows = e.parts["rows"]  # checkout refuses an index outside the tensor
                     row_counts[(rows.commit, rows.array)] = e.shape[0]
                 for a in own:  # what is not the entry's array or a part is its packed array
