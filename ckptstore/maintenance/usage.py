@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..chains.kinds import chain_kind
 from ..chains.walk import StoredArray, Walk
 from ..errors import CkptStoreError
 from ..format.ids import commit_time, is_commit_id
@@ -93,7 +94,7 @@ def entry_stored_bytes(sizes: StoredSizes, e: TensorEntry,
     if e.layout == Layout.ARRAY:
         return sizes.array_bytes(e.commit, e.array)
     if e.layout == Layout.CHAIN:
-        return sum(sizes.array_bytes(b.commit, b.array) or 0 for b in (e.parts or {}).values())
+        return sum(sizes.array_bytes(b.commit, b.array) or 0 for b in chain_kind(e.kind).reads(e))
     if e.layout == Layout.SHARDED and shards:
         own = [entry_stored_bytes(sizes, shards[p.entry]) for p in e.pieces or ()
                if p.entry < len(shards)]
