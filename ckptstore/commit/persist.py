@@ -1,9 +1,10 @@
 """Persist: a commit's snapshot (:mod:`ckptstore.commit.snapshot`) -> chunks on the store.
 
-``persist`` finds changed
-rows, encodes (lossless, quantized, code deltas) and writes chunks on a thread pool, at most
-``max_inflight`` encoded chunks in memory at once. Both key what they produce by the plan item's
-``index`` (:attr:`Snapshot.items`, :class:`Persisted.results`).
+``persist`` encodes full arrays (lossless, quantized) and has each
+chain entry's kind write its parts (:meth:`~ckptstore.chains.kinds.ChainKind.write`: changed
+rows, code deltas, XORs, residuals); chunks are written on a thread pool, at most
+``max_inflight`` encoded chunks in memory at once. Snapshot and persist key what they produce by
+the plan item's ``index`` (:attr:`Snapshot.items`, :class:`Persisted.results`).
 """
 
 from __future__ import annotations
@@ -19,19 +20,16 @@ import torch
 
 from ..format.arrays import ChunkGrid, chunk_view, storage_dtype, write_array, write_chunks
 from ..chains.links import CodesBase
-from ..chains.replay import changed_rows, xor_bits
-from ..chunkcodec import LOSSLESS_IDS, BloscLossless, CodeDelta, Encoded, PlanesLossless, \
-    QuantizedLossy
+from ..chains.kinds import chain_kind
+from ..chunkcodec import ChunkCodec, Encoded, QuantizedLossy
 from .dedup import Dedup, Reused, chunk_digest, content_digest
 from ..device.bits import PackedCodes
 from ..device.quant import ChunkCodes, device_chunk_codes
-from ..format.floatbits import add_residual
 from ..format.layout import PACKED_ARRAY, ZARR_JSON, array_dir, data_dir, part_array
 from ..format.zarrjson import GROUP_METADATA, PACKED_ATTRIBUTES, array_attributes
 from ..history.manifest import Blob
 from .pending import Progress
-from .plan import ArrayItem, ChainItem, CodesItem, CommitPlan, PackedItem, PlanItem, \
-    ResidualItem, RowsItem, XorItem
+from .plan import ArrayItem, ChainItem, CommitPlan, PackedItem, PlanItem
 from .snapshot import Captured, Snapshot
 from ..storage import Storage
 
@@ -40,7 +38,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Persisted", "WriteResult", "bounded_submit", "persist"]
 
-_ROWS_CODEC = BloscLossless()
 Submit = Callable[..., Future]
 Staged = np.ndarray | torch.Tensor  # an item's snapshot: host bits, or a tensor on its device
 
@@ -217,113 +214,47 @@ def _write_full(storage: Storage, commit_id: str, p: ArrayItem, host: Staged,
     return _Pending(p.index, futures, codes=codes if p.keep_codes else None)
 
 
-def _write_code_deltas(storage: Storage, commit_id: str, p: CodesItem, host: Staged,
-                       submit: Submit, score: np.ndarray | None = None) -> _Pending:
-    base = p.start.base_codes
-    codec = p.codec
-    assert isinstance(codec, QuantizedLossy) and base is not None
-    codes: CodesBase = {}
-    quantized = _quantized_chunks(p, host, score)
+class _LinkParts:
+    """A chain item's :class:`~ckptstore.chains.kinds.LinkSink`: each part queued as an array
+    ``<array>.<part>`` of the commit, its futures and manifest record kept in ``pending``."""
 
-    def encoded(i: int, lo: int, hi: int) -> Encoded:
-        new_codes, params = quantized(i, lo, hi)
-        codes[i] = (new_codes, params)
-        return codec.pack_delta(new_codes, params, *base[i])
+    def __init__(self, storage: Storage, commit_id: str, p: ChainItem, item: Captured,
+                 submit: Submit, chunk_bytes: int):
+        self.storage, self.commit_id, self.p, self.item = storage, commit_id, p, item
+        self.submit, self.chunk_bytes = submit, chunk_bytes
+        self.host_dtype = _host_dtype(item.staged)
+        self.pending = _Pending(p.index, [])
 
-    name = part_array(p.array, "codes")
-    dtype = _host_dtype(host)
-    futures = write_chunks(storage, array_dir(commit_id, name), p.grid, dtype, CodeDelta(),
-                           _attrs(p, part="codes"), submit, encoded)
-    parts = {"codes": _blob(host, commit_id, name, p.grid, CodeDelta().config(), dtype)}
-    return _Pending(p.index, futures, parts, fraction=1.0, codes=codes)
+    def array(self, part: str, values: np.ndarray, grid: ChunkGrid, codec: ChunkCodec,
+              encode: Callable[[int, np.ndarray], Encoded] | None = None) -> None:
+        name = part_array(self.p.array, part)
+        self.pending.futures += write_array(self.storage, array_dir(self.commit_id, name),
+                                            values, grid, codec, _attrs(self.p, part=part),
+                                            self.submit, encode)
+        self.pending.parts[part] = _blob(values, self.commit_id, name, grid, codec.config())
 
+    def chunks(self, part: str, grid: ChunkGrid, dtype: np.dtype, codec: ChunkCodec,
+               encoded: Callable[[int, int, int], Encoded]) -> None:
+        name = part_array(self.p.array, part)
+        self.pending.futures += write_chunks(self.storage, array_dir(self.commit_id, name),
+                                             grid, dtype, codec, _attrs(self.p, part=part),
+                                             self.submit, encoded)
+        self.pending.parts[part] = Blob(dtype=dtype.name, shape=list(grid.shape),
+                                        commit=self.commit_id, array=name,
+                                        chunks=list(grid.chunks), codec=codec.config())
 
-def _write_xor(storage: Storage, commit_id: str, p: XorItem, host: np.ndarray,
-               submit: Submit) -> _Pending:
-    reference = p.start.reference
-    assert reference is not None and reference.shape == host.shape
-    bits = xor_bits(host, reference)
-    name = part_array(p.array, "xor")
-    codec = PlanesLossless()
-    futures = write_array(storage, array_dir(commit_id, name), bits, p.grid, codec,
-                          _attrs(p, part="xor"), submit)
-    return _Pending(p.index, futures, {"xor": _blob(bits, commit_id, name, p.grid,
-                                                    codec.config())}, fraction=1.0)
-
-
-def _write_residual(storage: Storage, commit_id: str, p: ResidualItem, residual: np.ndarray,
-                    submit: Submit) -> _Pending:
-    """Quantize the pruned residual chunk by chunk; rebuild ``reference + dequantized`` as a
-    checkout will (the next residual's reference)."""
-    from ckptcodecs import dequantize
-
-    reference = p.start.reference
-    codec = p.codec
-    assert reference is not None and reference.shape == residual.shape
-    assert isinstance(codec, QuantizedLossy) and residual.dtype == reference.dtype
-    rebuilt = np.empty_like(reference)
-
-    def encode(i: int, chunk: np.ndarray) -> Encoded:
-        data, codes, params = codec.encode_codes(chunk)
-        lo, hi = p.grid.rows(i)
-        n = reference[lo:hi].size
-        values = dequantize(codes, params).reshape(-1)[:n].reshape(reference[lo:hi].shape)
-        # in the tensor's dtype, as a checkout decodes them; added as it adds them
-        add_residual(reference[lo:hi], values, p.dtype, out=rebuilt[lo:hi])
-        return data
-
-    name = part_array(p.array, "residual")
-    futures = write_array(storage, array_dir(commit_id, name), residual, p.grid, codec,
-                          _attrs(p, part="residual"), submit, encode)
-    parts = {"residual": _blob(residual, commit_id, name, p.grid, codec.config())}
-    return _Pending(p.index, futures, parts, fraction=1.0, rebuilt=rebuilt)
+    def quantized(self) -> ChunkCodes:
+        return _quantized_chunks(self.p, self.item.staged, self.item.score)
 
 
-def _write_rows(storage: Storage, commit_id: str, p: RowsItem, host: np.ndarray,
-                submit: Submit, chunk_bytes: int, gathered: np.ndarray | None = None,
-                xored: bool = False, reference: np.ndarray | None = None) -> _Pending:
-    """``gathered``: the rows ``host`` holds when the snapshot staged only them (``xored``:
-    already XOR-ed with their old bits); ``reference``: the host copy of a reference kept on
-    the device, when the snapshot staged the tensor on the host."""
-    start = p.start
-    if reference is None:
-        reference = start.reference
-    if gathered is not None:
-        rows, values = gathered, host
-    else:
-        rows = (np.flatnonzero(start.tracked_rows).astype(np.int64)
-                if start.tracked_rows is not None else changed_rows(host, reference))
-        values = host[rows]
-    part, codec = "values", p.codec
-    if xored:
-        part, codec = "xvalues", PlanesLossless()
-    elif reference is not None and start.exact and codec.codec_id in LOSSLESS_IDS:
-        # lossless rows whose old values are at hand: store what changed in their bits
-        values, part, codec = xor_bits(values, reference[rows]), "xvalues", PlanesLossless()
-    pending = _Pending(p.index, [], fraction=len(rows) / max(p.shape[0], 1))
-    rgrid = ChunkGrid.for_array(rows.shape, 8, chunk_bytes)
-    vgrid = ChunkGrid.for_array(values.shape, values.dtype.itemsize, chunk_bytes)
-    for part, arr, grid, codec in (("rows", rows, rgrid, _ROWS_CODEC),
-                                   (part, values, vgrid, codec)):
-        name = part_array(p.array, part)
-        pending.futures += write_array(storage, array_dir(commit_id, name), arr, grid, codec,
-                                       _attrs(p, part=part), submit)
-        pending.parts[part] = _blob(arr, commit_id, name, grid, codec.config())
+def _write_link(storage: Storage, commit_id: str, p: ChainItem, item: Captured,
+                submit: Submit, chunk_bytes: int) -> _Pending:
+    """A chain entry's parts, written by its kind (:meth:`ChainKind.write`)."""
+    sink = _LinkParts(storage, commit_id, p, item, submit, chunk_bytes)
+    done = chain_kind(p.kind).write(p, item, sink)
+    pending = sink.pending
+    pending.fraction, pending.codes, pending.rebuilt = done.fraction, done.codes, done.rebuilt
     return pending
-
-
-# the writer of each chain item class: ``(storage, commit id, item, its snapshot, submit,
-# chunk bytes) -> pending writes``
-ChainWriter = Callable[[Storage, str, ChainItem, Captured, Submit, int], "_Pending"]
-_CHAIN_WRITERS: dict[type[ChainItem], ChainWriter] = {
-    CodesItem: lambda st, c, p, item, submit, _: _write_code_deltas(st, c, p, item.staged,
-                                                                    submit, item.score),
-    XorItem: lambda st, c, p, item, submit, _: _write_xor(st, c, p, item.staged, submit),
-    ResidualItem: lambda st, c, p, item, submit, _: _write_residual(st, c, p, item.staged,
-                                                                    submit),
-    RowsItem: lambda st, c, p, item, submit, chunk_bytes: _write_rows(
-        st, c, p, item.staged, submit, chunk_bytes, item.rows, item.xored, item.reference),
-}
 
 
 def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
@@ -348,9 +279,8 @@ def persist(storage: Storage, commit_id: str, plan: CommitPlan, snap: Snapshot,
             continue
         item = snap.items[p.index]
         host = item.staged
-        write_link = _CHAIN_WRITERS.get(type(p))
-        if write_link is not None:  # a chain entry: its kind's writer
-            pending.append(write_link(storage, commit_id, p, item, submit, chunk_bytes))
+        if isinstance(p, ChainItem):  # a chain entry: its kind writes its parts
+            pending.append(_write_link(storage, commit_id, p, item, submit, chunk_bytes))
         else:
             assert isinstance(p, ArrayItem)
             pending.append(_write_full(storage, commit_id, p, host, submit, dedup, item.score))

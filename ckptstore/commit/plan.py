@@ -6,10 +6,11 @@ the shared storages that views point into), each carrying its ``index`` in :attr
 One item class per layout:
 
 - :class:`ArrayItem` -- its own zarr array (lossless or quantized);
-- :class:`ChainItem` -- an array item stored as a chain link, one class per chain kind
-  (:mod:`ckptstore.chains.kinds`): :class:`RowsItem` (the rows changed since its base,
-  Check-N-Run), :class:`CodesItem` (code deltas against the previous commit), :class:`XorItem`,
-  :class:`ResidualItem` (the XOR with, or a quantized residual against, the previous commit);
+- :class:`ChainItem` -- an array item stored as a chain link, written by its kind
+  (:mod:`ckptstore.chains.kinds`); the capture steps tell apart :class:`RowsItem` (the rows
+  changed since its base, Check-N-Run), :class:`CodesItem` (code deltas against the previous
+  commit), :class:`XorItem`, :class:`ResidualItem` (the XOR with, or a quantized residual
+  against, the previous commit);
 - :class:`PackedItem` -- a slice of the commit's one packed array of small tensors;
 - :class:`AliasItem` -- the very same tensor as an earlier entry (tied weights);
 - :class:`ViewItem` -- a strided view of a shared storage.
@@ -198,8 +199,8 @@ class ResidualItem(ChainItem):
     (:func:`ckptstore.commit.shrinking.shrink_snapshot`)."""
 
 
-# the item class of each chain kind, by the policy's want that asks for it (its writer in
-# commit.persist is found by the class)
+# the item class of a chain kind the capture steps tell apart (placement, shrink, sensitivity),
+# by the policy's want that asks for it; any other kind's items are plain ChainItems
 _CHAIN_ITEMS: dict[str, type[ChainItem]] = {"rows": RowsItem, "codes": CodesItem, "xor": XorItem,
                                             "residual": ResidualItem}
 
@@ -358,7 +359,8 @@ def plan_commit(leaves: list[Leaf], options: EncodingOptions,
                                     offset=packed_nbytes, dim_order=order))
             packed_nbytes += -(-nbytes // PACK_ALIGN) * PACK_ALIGN
             continue
-        cls = ArrayItem if d.chain is None else _CHAIN_ITEMS[chain_kind(d.chain.link.kind).want]
+        cls = ArrayItem if d.chain is None else _CHAIN_ITEMS.get(
+            chain_kind(d.chain.link.kind).want, ChainItem)
         extra = {} if d.chain is None else {"start": d.chain}
         items.append(cls(index=i, path=path, dtype=dtype, shape=shape, container=container,
                          nbytes=nbytes, source=t, array=_array_name(path, i, taken, array_prefix),

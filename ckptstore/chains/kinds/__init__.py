@@ -13,9 +13,11 @@ residual                   residual   Residual            :mod:`.residual`
 =========================  =========  ==================  ==============
 
 Adding a chain kind: add its member to ``history.manifest.Kind`` (and its parts to the
-manifest's table of parts), subclass :class:`ChainKind` in a module of this package, decorate
-it with :func:`register_chain_kind`, import the module below; then give ``commit.plan`` an item
-class and ``commit.persist`` its writer. Only this package and the manifest name the kind.
+manifest's table of parts), its want to ``policy.Want`` (and the policy's rule that asks for
+it), subclass :class:`ChainKind` in a module of this package (decide, write, remember, reads,
+replay, check), decorate it with :func:`register_chain_kind` and import the module below. The
+planner, persist, the chain memory, the walk, the reader, consistency and usage find it here;
+only this package and the manifest name the kind.
 
 May import: as ckptstore.chains.
 """

@@ -10,7 +10,9 @@ A :class:`ChainKind` answers, for the entry kinds it owns (:attr:`ChainKind.kind
 3. **reads** -- :meth:`~ChainKind.reads`: the stored parts an entry of the kind reads
    (:attr:`~ChainKind.parts` names them);
 4. **replay** -- :meth:`~ChainKind.replay`: the chain applied onto its rebuilt baseline, in
-   place; :meth:`~ChainKind.check`: what checkout and verify require of each link first.
+   place; :meth:`~ChainKind.check`: what checkout and verify require of each link first;
+5. **write** -- :meth:`~ChainKind.write`: a link's parts from the snapshot, into a
+   :class:`LinkSink` (``commit.persist`` owns the chunks, the pool and the manifest records).
 
 The reader hands a replay a :class:`ChainSource`; the chain memory hands ``remember`` a
 :class:`Remembered` plan item and the :class:`Kept` values of its commit.
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 import numpy as np
 import torch
 
-from ...chunkcodec import ChunkCodec
+from ...chunkcodec import ChunkCodec, Encoded
 from ...errors import ManifestError
 from ...format.grid import ChunkGrid
 from ...history.manifest import Blob, Kind, Manifest, TensorEntry
@@ -36,9 +38,11 @@ from ..links import ChainLink, ChainStart, CodesBase, Reference, Shadow
 if TYPE_CHECKING:
     from ...policy import Policy, Want
     from ...tracking.rows import RowTracker
+    from ...device.quant import ChunkCodes
     from ..replay import ChunkCodesOf
 
-__all__ = ["ChainKind", "ChainSource", "Kept", "Remembered", "fits", "host_copy"]
+__all__ = ["ChainKind", "ChainSource", "Kept", "LinkItem", "LinkSink", "LinkWritten", "Remembered",
+           "StagedLink", "fits", "host_copy"]
 
 
 class ChainSource(Protocol):
@@ -101,6 +105,78 @@ class Kept:
     xor_rows: bool = False
 
 
+class LinkItem(Protocol):
+    """A planned chain item as its kind writes it (``commit.plan.ChainItem``)."""
+
+    @property
+    def start(self) -> ChainStart: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def grid(self) -> ChunkGrid: ...
+
+    @property
+    def codec(self) -> ChunkCodec: ...
+
+
+class StagedLink(Protocol):
+    """A chain item's snapshot (``commit.snapshot.Captured``): its bits (``staged``: on the
+    host, or a tensor on its device), or only the changed ``rows`` (XOR-ed with their old bits
+    when ``xored``), and the host copy of a device reference (``reference``)."""
+
+    @property
+    def staged(self) -> np.ndarray | torch.Tensor: ...
+
+    @property
+    def rows(self) -> np.ndarray | None: ...
+
+    @property
+    def xored(self) -> bool: ...
+
+    @property
+    def reference(self) -> np.ndarray | None: ...
+
+
+class LinkSink(Protocol):
+    """Where a link's parts go: each part an array ``<item's array>.<part>`` of the commit."""
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Target chunk size of parts whose grid the kind chooses (changed rows)."""
+
+    @property
+    def host_dtype(self) -> np.dtype:
+        """The numpy dtype of the item's bits on the host."""
+
+    def array(self, part: str, values: np.ndarray, grid: ChunkGrid, codec: ChunkCodec,
+              encode: Callable[[int, np.ndarray], Encoded] | None = None) -> None:
+        """Queue ``values`` as part ``part`` (``encode(chunk index, chunk)``: instead of
+        ``codec.encode``)."""
+
+    def chunks(self, part: str, grid: ChunkGrid, dtype: np.dtype, codec: ChunkCodec,
+               encoded: Callable[[int, int, int], Encoded]) -> None:
+        """Queue part ``part`` chunk by chunk: ``encoded(chunk index, first row, end row)``."""
+
+    def quantized(self) -> ChunkCodes:
+        """``codes(chunk index, first row, end row) -> (codes, params)`` of the item's values
+        (on their device where they are staged there)."""
+
+
+@dataclass(frozen=True)
+class LinkWritten:
+    """What a link's write reports besides its parts: the fraction of rows stored, the codes
+    kept (the next delta's base), the values a checkout rebuilds (the next residual's base)."""
+
+    fraction: float = 1.0
+    codes: CodesBase | None = None
+    rebuilt: np.ndarray | None = None
+
+
 class ChainKind:
     """One chain kind; subclasses override what their kind does (the defaults: no chain)."""
 
@@ -138,6 +214,11 @@ class ChainKind:
     def fractions(self, link: ChainLink, fraction: float) -> list[float] | None:
         """The changed-row fractions the manifest records for an entry of ``link``."""
         return None
+
+    # -- write ---------------------------------------------------------------------------
+    def write(self, item: LinkItem, staged: StagedLink, sink: LinkSink) -> LinkWritten:
+        """Write the parts of ``item``'s link into ``sink``."""
+        raise NotImplementedError(f"{type(self).__name__} writes no chain link")
 
     # -- remember ------------------------------------------------------------------------
     def remember(self, item: Remembered, commit_id: str, kept: Kept,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from ...chunkcodec import QuantizedLossy, codec_from_config
+from ...chunkcodec import CodeDelta, Encoded, QuantizedLossy, codec_from_config
 from ...errors import CorruptedChunkError, ManifestError
 from ...format.dtypes import numpy_dtype
 from ...format.grid import ChunkGrid
@@ -18,9 +18,10 @@ from ...format.layout import array_dir, chunk_key
 from ...history.manifest import Kind, Layout, Manifest, TensorEntry
 from ...limits import allocate
 from ...storage import Buffer
-from ..links import ChainLink, ChainStart, Reference, Shadow
+from ..links import ChainLink, ChainStart, CodesBase, Reference, Shadow
 from ..replay import ChunkCodesOf
-from .base import ChainKind, ChainSource, Kept, Remembered
+from .base import ChainKind, ChainSource, Kept, LinkItem, LinkSink, LinkWritten, Remembered, \
+    StagedLink
 from .registry import register_chain_kind
 
 if TYPE_CHECKING:
@@ -55,6 +56,20 @@ class Codes(ChainKind):
         if shadow.grid_chunks != tuple(grid.chunks):
             return None
         return ChainStart(link, base_codes=shadow.codes)
+
+    def write(self, item: LinkItem, staged: StagedLink, sink: LinkSink) -> LinkWritten:
+        base, codec = item.start.base_codes, item.codec
+        assert isinstance(codec, QuantizedLossy) and base is not None
+        codes: CodesBase = {}
+        quantized = sink.quantized()
+
+        def encoded(i: int, lo: int, hi: int) -> Encoded:
+            new_codes, params = quantized(i, lo, hi)
+            codes[i] = (new_codes, params)
+            return codec.pack_delta(new_codes, params, *base[i])
+
+        sink.chunks("codes", item.grid, sink.host_dtype, CodeDelta(), encoded)
+        return LinkWritten(1.0, codes=codes)
 
     def remember(self, item: Remembered, commit_id: str, kept: Kept,
                  old: Shadow | None) -> Shadow | None:

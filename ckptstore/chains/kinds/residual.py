@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from ...chunkcodec import LOSSLESS_IDS, ChunkCodec
+from ...chunkcodec import LOSSLESS_IDS, ChunkCodec, Encoded, QuantizedLossy
 from ...errors import ManifestError
 from ...format.dtypes import numpy_dtype
 from ...format.floatbits import add_residual
@@ -16,7 +16,8 @@ from ...format.grid import ChunkGrid
 from ...history.manifest import Kind, Manifest, TensorEntry
 from ..links import ChainLink, ChainStart, Reference, Shadow
 from ..replay import ReadBlocks, block_rows, writable
-from .base import ChainKind, ChainSource, Kept, Remembered, fits, host_copy
+from .base import ChainKind, ChainSource, Kept, LinkItem, LinkSink, LinkWritten, Remembered, \
+    StagedLink, fits, host_copy
 from .registry import register_chain_kind
 
 if TYPE_CHECKING:  # hints only: policy imports the walk, the walk these kinds
@@ -49,6 +50,28 @@ class Residual(ChainKind):
     def start(self, link: ChainLink, shadow: Shadow, tracked: bool,
               grid: ChunkGrid) -> ChainStart | None:
         return ChainStart(link, reference=shadow.values)
+
+    def write(self, item: LinkItem, staged: StagedLink, sink: LinkSink) -> LinkWritten:
+        """Quantize the pruned residual (the snapshot holds it) chunk by chunk; rebuild
+        ``reference + dequantized`` as a checkout will (the next residual's reference)."""
+        from ckptcodecs import dequantize
+
+        residual, reference, codec = staged.staged, item.start.reference, item.codec
+        assert reference is not None and reference.shape == residual.shape
+        assert isinstance(codec, QuantizedLossy) and residual.dtype == reference.dtype
+        rebuilt = np.empty_like(reference)
+
+        def encode(i: int, chunk: np.ndarray) -> Encoded:
+            data, codes, params = codec.encode_codes(chunk)
+            lo, hi = item.grid.rows(i)
+            n = reference[lo:hi].size
+            values = dequantize(codes, params).reshape(-1)[:n].reshape(reference[lo:hi].shape)
+            # in the tensor's dtype, as a checkout decodes them; added as it adds them
+            add_residual(reference[lo:hi], values, item.dtype, out=rebuilt[lo:hi])
+            return data
+
+        sink.array("residual", residual, item.grid, codec, encode)
+        return LinkWritten(1.0, rebuilt=rebuilt)
 
     def remember(self, item: Remembered, commit_id: str, kept: Kept,
                  old: Shadow | None) -> Shadow | None:

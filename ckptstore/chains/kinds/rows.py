@@ -16,21 +16,24 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from ...chunkcodec import LOSSLESS_IDS
+from ...chunkcodec import LOSSLESS_IDS, BloscLossless, PlanesLossless
 from ...device.rows import device_reference
 from ...errors import ManifestError
 from ...format.dtypes import numpy_dtype
 from ...format.grid import ChunkGrid
 from ...history.manifest import Blob, Kind, Manifest, TensorEntry
 from ..links import ChainLink, ChainStart, Reference, Shadow
-from ..replay import bits_of, writable
-from .base import ChainKind, ChainSource, Kept, Remembered, fits, host_copy
+from ..replay import bits_of, changed_rows, writable, xor_bits
+from .base import ChainKind, ChainSource, Kept, LinkItem, LinkSink, LinkWritten, Remembered, \
+    StagedLink, fits, host_copy
 from .registry import register_chain_kind
 
 if TYPE_CHECKING:  # hints only: policy imports the walk, the walk these kinds
     from ...policy import Policy, Want
 
 __all__ = ["Rows", "apply_rows"]
+
+_ROWS_CODEC = BloscLossless()  # of the row indices
 
 
 @register_chain_kind
@@ -101,6 +104,31 @@ class Rows(ChainKind):
                 mask |= shadow.since_base
         return ChainStart(link, tracked_rows=mask, reference=shadow.values,
                           device_reference=shadow.device_values, exact=shadow.exact)
+
+    def write(self, item: LinkItem, staged: StagedLink, sink: LinkSink) -> LinkWritten:
+        """The changed rows (a tracker's, the snapshot's when it staged only them -- then
+        ``xored``: already XOR-ed with their old bits -- else compared with the reference: the
+        host copy of a device one, or the host one) and their values, or the XOR of their bits
+        where the old ones are at hand and exact (lossless)."""
+        host, start = staged.staged, item.start
+        reference = staged.reference if staged.reference is not None else start.reference
+        if staged.rows is not None:
+            rows, values = staged.rows, host
+        else:
+            rows = (np.flatnonzero(start.tracked_rows).astype(np.int64)
+                    if start.tracked_rows is not None else changed_rows(host, reference))
+            values = host[rows]
+        part, codec = "values", item.codec
+        if staged.xored:
+            part, codec = "xvalues", PlanesLossless()
+        elif reference is not None and start.exact and codec.codec_id in LOSSLESS_IDS:
+            # lossless rows whose old values are at hand: store what changed in their bits
+            values, part, codec = xor_bits(values, reference[rows]), "xvalues", PlanesLossless()
+        sink.array("rows", rows, ChunkGrid.for_array(rows.shape, 8, sink.chunk_bytes),
+                   _ROWS_CODEC)
+        sink.array(part, values, ChunkGrid.for_array(values.shape, values.dtype.itemsize,
+                                                     sink.chunk_bytes), codec)
+        return LinkWritten(len(rows) / max(item.shape[0], 1))
 
     def fractions(self, link: ChainLink, fraction: float) -> list[float] | None:
         return [*link.fractions, fraction] if link.kind == Kind.INCREMENTAL else None

@@ -9,14 +9,15 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from ...chunkcodec import LOSSLESS_IDS
+from ...chunkcodec import LOSSLESS_IDS, PlanesLossless
 from ...errors import ManifestError
 from ...format.dtypes import numpy_dtype
 from ...format.grid import ChunkGrid
 from ...history.manifest import Kind, Manifest, TensorEntry
 from ..links import ChainLink, ChainStart, Reference, Shadow
-from ..replay import ReadBlocks, bits_of, block_rows, writable
-from .base import ChainKind, ChainSource, Kept, Remembered, fits, host_copy
+from ..replay import ReadBlocks, bits_of, block_rows, writable, xor_bits
+from .base import ChainKind, ChainSource, Kept, LinkItem, LinkSink, LinkWritten, Remembered, \
+    StagedLink, fits, host_copy
 from .registry import register_chain_kind
 
 if TYPE_CHECKING:  # hints only: policy imports the walk, the walk these kinds
@@ -48,6 +49,12 @@ class Xor(ChainKind):
     def start(self, link: ChainLink, shadow: Shadow, tracked: bool,
               grid: ChunkGrid) -> ChainStart | None:
         return ChainStart(link, reference=shadow.values)
+
+    def write(self, item: LinkItem, staged: StagedLink, sink: LinkSink) -> LinkWritten:
+        host, reference = staged.staged, item.start.reference
+        assert reference is not None and reference.shape == host.shape
+        sink.array("xor", xor_bits(host, reference), item.grid, PlanesLossless())
+        return LinkWritten(1.0)
 
     def remember(self, item: Remembered, commit_id: str, kept: Kept,
                  old: Shadow | None) -> Shadow | None:
