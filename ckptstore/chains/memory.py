@@ -1,13 +1,10 @@
 """Remembering chains: what a store keeps between its own commits to build the next chain entry.
 
-Changed rows come from a :class:`~ckptstore.tracking.rows.RowTracker` when the commit is given one,
-else from comparing the tensor's bits with a copy of the reference kept here after the last
-commit (exact, costs one copy of each incremental tensor): on the tensor's device when its
-snapshot was staged there (:mod:`ckptstore.device.rows`: only changed rows then cross to the host),
-else in host memory. A tracked table keeps no copy, unless ``Policy(delta=True)`` asks for its
-lossless changed rows as the XOR of their old bits: then it keeps a host copy as the compare mode
-does. A process without that reference (after a restart) writes a full baseline instead of
-guessing.
+One :class:`~ckptstore.chains.links.Shadow` per (branch, tensor path) whose policy wants a chain:
+the decider hands it to the kind the policy wants (``link``, ``start``), and once the branch
+moved each item's kind says what to keep of its commit (``remember``): the host or device copy
+of a reference, a tracker's unsaved rows, the kept codes (:mod:`ckptstore.chains.kinds`). A
+process without that reference (after a restart) writes a full baseline instead of guessing.
 """
 
 from __future__ import annotations

@@ -100,3 +100,16 @@ def test_a_chain_decided_and_replayed_through_the_registry(tmp_path, want, polic
     e = store.manifest(info.id).tensors[0]
     assert e.kind == kind and kind in kind_for_want(want).kinds
     assert torch.equal(store.checkout(info.id)["w"], t)
+
+
+def test_every_chain_kind_answers_the_whole_protocol() -> None:
+    """Each kind but the base case decides, writes, remembers, checks and replays itself."""
+    protocol = ("link", "start", "write", "remember", "check", "replay")
+    for kind in chain_kinds():
+        own = [name for name in protocol if name in type(kind).__dict__]
+        if kind.kinds == (Kind.FULL,):
+            assert own == [] and not kind.remembers
+        else:
+            name = type(kind).__name__
+            assert own == list(protocol), f"{name} inherits {set(protocol) - set(own)}"
+            assert kind.parts and all(kind.parts), f"{name} names no parts"
