@@ -113,3 +113,26 @@ def test_every_chain_kind_answers_the_whole_protocol() -> None:
             name = type(kind).__name__
             assert own == list(protocol), f"{name} inherits {set(protocol) - set(own)}"
             assert kind.parts and all(kind.parts), f"{name} names no parts"
+
+
+def test_the_parts_a_kind_names_are_the_ones_the_manifest_accepts(tmp_path) -> None:
+    """The manifest (history, below chains) keeps its own table of parts; a kind's ``parts``
+    must say the same, or a kind would write entries the manifest refuses to read."""
+    from ckptstore.history.manifest import TensorEntry
+
+    store = ckptstore.open(tmp_path / "s", policy=Policy(delta=True, max_chain=3))
+    t = torch.ones(64, 256)
+    store.commit({"w": t})
+    info = store.commit({"w": t * 2})
+    link = store.manifest(info.id).tensors[0].model_dump()
+    blob = link["parts"]["xor"]
+    for kind in chain_kinds():
+        for k in kind.kinds:
+            if k == Kind.FULL:
+                continue
+            for parts in kind.parts:
+                entry = TensorEntry.model_validate(
+                    {**link, "kind": k.value, "parts": {p: blob for p in parts}})
+                assert set(entry.parts) == parts
+            with pytest.raises(ValueError, match="needs parts"):
+                TensorEntry.model_validate({**link, "kind": k.value, "parts": {"other": blob}})
