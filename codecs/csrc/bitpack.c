@@ -18,9 +18,10 @@ static Py_ssize_t packed_bytes(Py_ssize_t count, Py_ssize_t bits)
     return (Py_ssize_t)(((size_t)count * (size_t)bits + 7) / 8);
 }
 
-static void pack(const uint8_t *codes, Py_ssize_t count, int bits, uint8_t *out)
+/* The reference's loop, code by code, from the state it has at a multiple of 8 codes. */
+static void pack_tail(const uint8_t *codes, Py_ssize_t count, int bits, uint64_t acc,
+                      uint8_t *out)
 {
-    uint64_t acc = 0;
     int nacc = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
         acc |= (uint64_t)codes[i] << nacc;
@@ -35,7 +36,40 @@ static void pack(const uint8_t *codes, Py_ssize_t count, int bits, uint8_t *out)
         *out = (uint8_t)acc;
 }
 
-static void unpack(const uint8_t *buf, int bits, Py_ssize_t count, uint8_t *out)
+/* 8 codes fill exactly `bits` bytes; bits a code holds above its width reach the next codes
+   (as in the reference), at most 8 - bits of them past the 8th: the carry. `bits` is a constant
+   in each instance (see pack). */
+static inline __attribute__((always_inline)) void pack_n(const uint8_t *codes, Py_ssize_t count,
+                                                         const int bits, uint8_t *out)
+{
+    uint64_t carry = 0;
+    Py_ssize_t groups = count / 8;
+    for (Py_ssize_t g = 0; g < groups; g++, codes += 8, out += bits) {
+        uint64_t acc = carry;
+        for (int j = 0; j < 8; j++)
+            acc |= (uint64_t)codes[j] << (j * bits);
+        for (int j = 0; j < bits; j++)
+            out[j] = (uint8_t)(acc >> (8 * j));
+        carry = bits < 8 ? acc >> (8 * bits) : 0;
+    }
+    pack_tail(codes, count - 8 * groups, bits, carry, out);
+}
+
+static void pack(const uint8_t *codes, Py_ssize_t count, int bits, uint8_t *out)
+{
+    switch (bits) {
+    case 1: pack_n(codes, count, 1, out); break;
+    case 2: pack_n(codes, count, 2, out); break;
+    case 3: pack_n(codes, count, 3, out); break;
+    case 4: pack_n(codes, count, 4, out); break;
+    case 5: pack_n(codes, count, 5, out); break;
+    case 6: pack_n(codes, count, 6, out); break;
+    case 7: pack_n(codes, count, 7, out); break;
+    default: pack_n(codes, count, 8, out); break;
+    }
+}
+
+static void unpack_tail(const uint8_t *buf, int bits, Py_ssize_t count, uint8_t *out)
 {
     const uint64_t mask = (1u << bits) - 1;
     uint64_t acc = 0;
@@ -48,6 +82,36 @@ static void unpack(const uint8_t *buf, int bits, Py_ssize_t count, uint8_t *out)
         out[i] = (uint8_t)(acc & mask);
         acc >>= bits;
         nacc -= bits;
+    }
+}
+
+/* 8 codes from each `bits` bytes, then the reference's loop for the rest. */
+static inline __attribute__((always_inline)) void unpack_n(const uint8_t *buf, const int bits,
+                                                           Py_ssize_t count, uint8_t *out)
+{
+    const uint64_t mask = (1u << bits) - 1;
+    Py_ssize_t groups = count / 8;
+    for (Py_ssize_t g = 0; g < groups; g++, buf += bits, out += 8) {
+        uint64_t acc = 0;
+        for (int j = 0; j < bits; j++)
+            acc |= (uint64_t)buf[j] << (8 * j);
+        for (int j = 0; j < 8; j++)
+            out[j] = (uint8_t)((acc >> (j * bits)) & mask);
+    }
+    unpack_tail(buf, bits, count - 8 * groups, out);
+}
+
+static void unpack(const uint8_t *buf, int bits, Py_ssize_t count, uint8_t *out)
+{
+    switch (bits) {
+    case 1: unpack_n(buf, 1, count, out); break;
+    case 2: unpack_n(buf, 2, count, out); break;
+    case 3: unpack_n(buf, 3, count, out); break;
+    case 4: unpack_n(buf, 4, count, out); break;
+    case 5: unpack_n(buf, 5, count, out); break;
+    case 6: unpack_n(buf, 6, count, out); break;
+    case 7: unpack_n(buf, 7, count, out); break;
+    default: unpack_n(buf, 8, count, out); break;
     }
 }
 

@@ -3,40 +3,66 @@
    columns), and sample the planes for the choice of each plane's coding. */
 #include "native.h"
 
+static void split2(const uint8_t *restrict src, Py_ssize_t n, int rotate,
+                   uint8_t *restrict p0, uint8_t *restrict p1)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint16_t x = ck_load16(src + 2 * i);
+        if (rotate)
+            x = (uint16_t)((x << 1) | (x >> 15));
+        p0[i] = (uint8_t)x;
+        p1[i] = (uint8_t)(x >> 8);
+    }
+}
+
+static void split4(const uint8_t *restrict src, Py_ssize_t n, int rotate, uint8_t *restrict p0,
+                   uint8_t *restrict p1, uint8_t *restrict p2, uint8_t *restrict p3)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t x = ck_load32(src + 4 * i);
+        if (rotate)
+            x = (x << 1) | (x >> 31);
+        p0[i] = (uint8_t)x;
+        p1[i] = (uint8_t)(x >> 8);
+        p2[i] = (uint8_t)(x >> 16);
+        p3[i] = (uint8_t)(x >> 24);
+    }
+}
+
+static void split8(const uint8_t *restrict src, Py_ssize_t n, int rotate,
+                   uint8_t *restrict out, Py_ssize_t stride)
+{
+    uint8_t *restrict p[8];
+    for (int k = 0; k < 8; k++)
+        p[k] = out + k * stride;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t x = ck_load64(src + 8 * i);
+        if (rotate)
+            x = (x << 1) | (x >> 63);
+        p[0][i] = (uint8_t)x;
+        p[1][i] = (uint8_t)(x >> 8);
+        p[2][i] = (uint8_t)(x >> 16);
+        p[3][i] = (uint8_t)(x >> 24);
+        p[4][i] = (uint8_t)(x >> 32);
+        p[5][i] = (uint8_t)(x >> 40);
+        p[6][i] = (uint8_t)(x >> 48);
+        p[7][i] = (uint8_t)(x >> 56);
+    }
+}
+
+/* Plane p of the n items of src at out + p * stride (stride >= n: the planes do not overlap,
+   and src is another buffer than out). */
 static void split_planes(const uint8_t *src, Py_ssize_t n, int itemsize, int rotate,
                          uint8_t *out, Py_ssize_t stride)
 {
-    if (itemsize == 1) {
+    if (itemsize == 1)
         memmove(out, src, (size_t)n);
-    } else if (itemsize == 2) {
-        uint8_t *p0 = out, *p1 = out + stride;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            uint16_t x = ck_load16(src + 2 * i);
-            if (rotate)
-                x = (uint16_t)((x << 1) | (x >> 15));
-            p0[i] = (uint8_t)x;
-            p1[i] = (uint8_t)(x >> 8);
-        }
-    } else if (itemsize == 4) {
-        uint8_t *p0 = out, *p1 = out + stride, *p2 = out + 2 * stride, *p3 = out + 3 * stride;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            uint32_t x = ck_load32(src + 4 * i);
-            if (rotate)
-                x = (x << 1) | (x >> 31);
-            p0[i] = (uint8_t)x;
-            p1[i] = (uint8_t)(x >> 8);
-            p2[i] = (uint8_t)(x >> 16);
-            p3[i] = (uint8_t)(x >> 24);
-        }
-    } else {
-        for (Py_ssize_t i = 0; i < n; i++) {
-            uint64_t x = ck_load64(src + 8 * i);
-            if (rotate)
-                x = (x << 1) | (x >> 63);
-            for (int p = 0; p < 8; p++)
-                out[p * stride + i] = (uint8_t)(x >> (8 * p));
-        }
-    }
+    else if (itemsize == 2)
+        split2(src, n, rotate, out, out + stride);
+    else if (itemsize == 4)
+        split4(src, n, rotate, out, out + stride, out + 2 * stride, out + 3 * stride);
+    else
+        split8(src, n, rotate, out, stride);
 }
 
 PyObject *ck_split_rows(PyObject *self, PyObject *args)
@@ -64,7 +90,8 @@ PyObject *ck_split_rows(PyObject *self, PyObject *args)
     } else if (itemsize > 1 && stride < n) {
         PyErr_Format(PyExc_ValueError, "split_rows: planes of %zd bytes every %zd bytes "
                      "overlap", n, stride);
-    } else if (ck_runs_fit(base, itemsize, stride, n, v[1].len, "split_rows out")) {
+    } else if (!ck_overlap(&v[0], &v[1], "split_rows")
+               && ck_runs_fit(base, itemsize, stride, n, v[1].len, "split_rows out")) {
         const uint8_t *src = v[0].buf;
         uint8_t *out = (uint8_t *)v[1].buf + base;
         Py_BEGIN_ALLOW_THREADS
@@ -86,36 +113,57 @@ typedef struct {
     Py_ssize_t rows, length, pitch, src, src_pitch;
 } merge_job;
 
-#define MERGE_LOOP(T, BITS, WORD)                                                         \
-    for (Py_ssize_t r = 0; r < j->rows; r++) {                                           \
-        T *d = (T *)j->dst + r * j->pitch;                                                \
-        Py_ssize_t s = j->src + r * j->src_pitch;                                         \
-        if (j->rotate) {                                                                  \
-            for (Py_ssize_t i = 0; i < j->length; i++) {                                  \
-                T x = WORD(s + i);                                                        \
-                d[i] = (T)((x >> 1) | (x << (BITS - 1)));                                 \
-            }                                                                             \
-        } else {                                                                          \
-            for (Py_ssize_t i = 0; i < j->length; i++)                                    \
-                d[i] = WORD(s + i);                                                       \
-        }                                                                                 \
+/* One run of each width: `length` items from item s of the planes into d. */
+static void run2(const uint8_t *restrict p0, const uint8_t *restrict p1, Py_ssize_t s,
+                 Py_ssize_t length, int rotate, uint16_t *restrict d)
+{
+    p0 += s, p1 += s;
+    for (Py_ssize_t i = 0; i < length; i++) {
+        uint16_t x = (uint16_t)(p0[i] | (p1[i] << 8));
+        d[i] = rotate ? (uint16_t)((x >> 1) | (x << 15)) : x;
     }
+}
 
-#define P(k) (j->planes[k])
-#define WORD2(i) ((uint16_t)(P(0)[i] | (P(1)[i] << 8)))
-#define WORD4_AT(a, i) ((uint32_t)P(a)[i] | ((uint32_t)P(a + 1)[i] << 8)                  \
-                        | ((uint32_t)P(a + 2)[i] << 16) | ((uint32_t)P(a + 3)[i] << 24))
-#define WORD4(i) WORD4_AT(0, i)
-#define WORD8(i) ((uint64_t)WORD4_AT(0, i) | ((uint64_t)WORD4_AT(4, i) << 32))
+static void run4(const uint8_t *const *planes, Py_ssize_t s, Py_ssize_t length, int rotate,
+                 uint32_t *restrict d)
+{
+    const uint8_t *restrict p0 = planes[0] + s, *restrict p1 = planes[1] + s;
+    const uint8_t *restrict p2 = planes[2] + s, *restrict p3 = planes[3] + s;
+    for (Py_ssize_t i = 0; i < length; i++) {
+        uint32_t x = (uint32_t)p0[i] | ((uint32_t)p1[i] << 8) | ((uint32_t)p2[i] << 16)
+                     | ((uint32_t)p3[i] << 24);
+        d[i] = rotate ? (x >> 1) | (x << 31) : x;
+    }
+}
 
+static void run8(const uint8_t *const *planes, Py_ssize_t s, Py_ssize_t length, int rotate,
+                 uint64_t *restrict d)
+{
+    const uint8_t *restrict p0 = planes[0] + s, *restrict p1 = planes[1] + s;
+    const uint8_t *restrict p2 = planes[2] + s, *restrict p3 = planes[3] + s;
+    const uint8_t *restrict p4 = planes[4] + s, *restrict p5 = planes[5] + s;
+    const uint8_t *restrict p6 = planes[6] + s, *restrict p7 = planes[7] + s;
+    for (Py_ssize_t i = 0; i < length; i++) {
+        uint64_t x = (uint64_t)p0[i] | ((uint64_t)p1[i] << 8) | ((uint64_t)p2[i] << 16)
+                     | ((uint64_t)p3[i] << 24) | ((uint64_t)p4[i] << 32)
+                     | ((uint64_t)p5[i] << 40) | ((uint64_t)p6[i] << 48)
+                     | ((uint64_t)p7[i] << 56);
+        d[i] = rotate ? (x >> 1) | (x << 63) : x;
+    }
+}
+
+/* dst is another buffer than the planes (checked by the caller: its runs may overlap each
+   other when pitch < length, as in the reference, run after run). */
 static void merge_runs(const merge_job *j)
 {
-    if (j->nplanes == 2) {
-        MERGE_LOOP(uint16_t, 16, WORD2)
-    } else if (j->nplanes == 4) {
-        MERGE_LOOP(uint32_t, 32, WORD4)
-    } else {
-        MERGE_LOOP(uint64_t, 64, WORD8)
+    for (Py_ssize_t r = 0; r < j->rows; r++) {
+        Py_ssize_t s = j->src + r * j->src_pitch, d = r * j->pitch;
+        if (j->nplanes == 2)
+            run2(j->planes[0], j->planes[1], s, j->length, j->rotate, (uint16_t *)j->dst + d);
+        else if (j->nplanes == 4)
+            run4(j->planes, s, j->length, j->rotate, (uint32_t *)j->dst + d);
+        else
+            run8(j->planes, s, j->length, j->rotate, (uint64_t *)j->dst + d);
     }
 }
 
@@ -151,6 +199,9 @@ static PyObject *merge(PyObject *args, int nplanes, const char *name)
     held++;
     if (!ck_runs_fit(0, job.rows, job.pitch, job.length, ck_items(&v[nplanes]), "merge dst"))
         goto fail;
+    for (int p = 0; p < nplanes; p++)
+        if (ck_overlap(&v[p], &v[nplanes], name))
+            goto fail;
     job.dst = v[nplanes].buf;
     Py_BEGIN_ALLOW_THREADS
     merge_runs(&job);

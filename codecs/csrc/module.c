@@ -43,6 +43,15 @@ int ck_runs_fit(Py_ssize_t start, Py_ssize_t count, Py_ssize_t pitch, Py_ssize_t
     return ok;
 }
 
+int ck_overlap(const Py_buffer *a, const Py_buffer *b, const char *what)
+{
+    const char *a0 = a->buf, *b0 = b->buf;
+    if (a->len == 0 || b->len == 0 || a0 + a->len <= b0 || b0 + b->len <= a0)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s: the input and the output share memory", what);
+    return 1;
+}
+
 static PyMethodDef methods[] = {
     {"bytegroup_split_rows", ck_split_rows, METH_VARARGS,
      "split_rows(src, itemsize, rotate, out, base, stride): byte planes of src into out."},

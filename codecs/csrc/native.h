@@ -20,6 +20,9 @@ void ck_release(Py_buffer *views, int count);
 int ck_runs_fit(Py_ssize_t start, Py_ssize_t count, Py_ssize_t pitch, Py_ssize_t length,
                 Py_ssize_t size, const char *what);
 
+/* 1 (after setting a ValueError naming `what`) when the bytes of two views overlap. */
+int ck_overlap(const Py_buffer *a, const Py_buffer *b, const char *what);
+
 /* The items of a view. */
 static inline Py_ssize_t ck_items(const Py_buffer *v) { return v->len / v->itemsize; }
 

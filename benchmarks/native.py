@@ -1,0 +1,231 @@
+"""The compiled kernels against their numba twins, side by side in one run (issue 28).
+
+Usage::
+
+    python benchmarks/native.py                  # both tables, markdown on stdout
+    python benchmarks/native.py --mb 32 --repeat 7 --cold 3
+
+1. Each ported kernel family (byte grouping, bit packing, BucketDelta) on the same inputs under
+   C and numba, calls interleaved (C, numba, C, ...) so that both see the same load: the median
+   CPU time of this process (``time.process_time``: one thread, so the time of one core) after a
+   warm-up call (numba's compile excluded), as GB/s of the kernel's input and numba / C.
+2. BytePlanes' encode and decode as a whole (its Huffman coder still numba in both), one
+   process per implementation, the same median CPU time.
+3. The cold start: a fresh process whose first call is a BytePlanes encode + decode of 10 MB of
+   float32, numba's cache empty (``NUMBA_CACHE_DIR`` a new temporary folder) under each
+   ``CKPTCODECS_KERNELS``; then the same with that cache filled. Wall time, median of ``--cold``
+   runs (the other kernels of BytePlanes -- its Huffman coder -- are still numba in both).
+
+The machine may be shared: the 1-minute load average is printed before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from ckptcodecs import _backend
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import load_average, machine_description, markdown_table  # noqa: E402
+
+IMPLEMENTATIONS = ("c", "numba")
+
+
+def _median_cpu(fns: dict[str, callable], repeat: int) -> dict[str, float]:
+    """Median CPU seconds of each of ``fns``, called in turn ``repeat`` times after a warm-up."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            t0 = time.process_time()
+            fn()
+            times[name].append(time.process_time() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def _bytegroup_cases(mb: int, rng) -> list[tuple[str, int, callable]]:
+    """(label, input bytes, call(kernels)) of the byte grouping."""
+    n4 = (mb << 20) // 4
+    words = rng.standard_normal(n4).astype(np.float32).view(np.uint8)
+    stride, base = n4 + 8, 16
+    out = np.empty(base + 8 * (4 * n4 + 8), np.uint8)
+
+    def split(itemsize, rotate):  # planes of 4 * n4 // itemsize bytes, 8 bytes apart
+        return lambda k: k.split_rows(words, itemsize, rotate, out, base, 4 * n4 // itemsize + 8)
+
+    planes4 = [out[base + p * stride:base + p * stride + n4] for p in range(4)]
+    n2 = 2 * n4
+    planes2 = [np.ascontiguousarray(words.view(np.uint16) >> (8 * p)).astype(np.uint8)
+               for p in range(2)]
+    dst4, dst2 = np.empty(n4, np.uint32), np.empty(n2, np.uint16)
+    nrows, ncols = 4096, n4 // 4096
+    r0, r1, c0, c1 = nrows // 4, 3 * nrows // 4, ncols // 4, 3 * ncols // 4
+    block = np.empty((r1 - r0) * (c1 - c0), np.uint32)
+    step = max(32, n4 // (1 << 14))
+    step += (1, 0, 3, 2, 1, 0)[step % 6]
+
+    def sample(k):
+        freq, near = np.zeros((2, 4, 256), np.int64)
+        k.sample_rows(out, base, stride, n4, 4, step, (n4 - (1 << 14)) // 2, 1 << 14, freq,
+                      near, np.zeros(4, np.int64))
+
+    return [
+        ("split_rows, float32, rotated", 4 * n4, split(4, True)),
+        ("split_rows, 16-bit, rotated", 4 * n4, split(2, True)),
+        ("split_rows, 8-byte", 4 * n4, split(8, False)),
+        ("merge4, whole array, rotated", 4 * n4,
+         lambda k: k.merge4(*planes4, True, dst4, 1, n4, n4, 0, n4)),
+        ("merge2, whole array, rotated", 2 * n2,
+         lambda k: k.merge2(*planes2, True, dst2, 1, n2, n2, 0, n2)),
+        ("merge4, block of 1/2 the rows and columns", 4 * block.size,
+         lambda k: k.merge4(*planes4, True, block, r1 - r0, c1 - c0, c1 - c0, r0 * ncols + c0,
+                            ncols)),
+        ("sample_rows, float32 (the planes' samples)", 4 * n4, sample),
+    ]
+
+
+def _code_cases(mb: int, rng) -> list[tuple[str, str, int, callable]]:
+    """(family, label, input bytes, call(kernels)) of bit packing and BucketDelta."""
+    n = mb << 20
+    cases = []
+    for bits in (3, 4):
+        codes = rng.integers(0, 1 << bits, n, dtype=np.uint8)
+        packed = np.empty((n * bits + 7) // 8, np.uint8)
+        out = np.empty(n, np.uint8)
+        cases += [("bitpack", f"pack, {bits} bits", n,
+                   lambda k, c=codes, p=packed, b=bits: k.pack(c, b, p)),
+                  ("bitpack", f"unpack, {bits} bits", n,
+                   lambda k, p=packed, o=out, b=bits: k.unpack(p, b, n, o))]
+    base = rng.integers(0, 16, n, dtype=np.uint8)
+    new = np.where(rng.random(n) < 0.1, rng.integers(0, 16, n, dtype=np.uint8), base)
+    res, dec = np.empty(n, np.uint8), np.empty(n, np.uint8)
+    cases += [("delta", "encode, K=16, 10% changed", n, lambda k: k.encode(new, base, 16, res)),
+              ("delta", "decode, K=16, 10% changed", n, lambda k: k.decode(res, base, 16, dec))]
+    return cases
+
+
+def kernels_table(mb: int, repeat: int) -> str:
+    rng = np.random.default_rng(0)
+    cases = [("bytegroup", *case) for case in _bytegroup_cases(mb, rng)] + _code_cases(mb, rng)
+    rows = []
+    for family, label, nbytes, call in cases:
+        impl = {which: _backend.implementation(family, which) for which in IMPLEMENTATIONS}
+        t = _median_cpu({which: (lambda k=k: call(k)) for which, k in impl.items()}, repeat)
+        gbps = {which: nbytes / t[which] / 1e9 for which in IMPLEMENTATIONS}
+        rows.append([family, label, f"{nbytes / 1e6:.0f}", f"{gbps['c']:.2f}",
+                     f"{gbps['numba']:.2f}", f"{t['numba'] / t['c']:.2f}×"])
+    return markdown_table(["family", "kernel", "MB in", "C GB/s", "numba GB/s", "numba / C"],
+                          rows, "llrrrr")
+
+
+_CODEC = """
+import json, statistics, sys, time
+import numpy as np
+import ckptcodecs
+mb, repeat = int(sys.argv[1]), int(sys.argv[2])
+x = np.random.default_rng(0).standard_normal((mb << 20) // 4).astype(np.float32)
+inputs = {"float32": (x, 4), "bfloat16": ((x.view(np.uint32) >> 16).astype(np.uint16), 2)}
+out = {}
+for name, (data, itemsize) in inputs.items():
+    enc = ckptcodecs.planes_encode(data, itemsize)
+    ckptcodecs.planes_decode(enc)
+    times = {"encode": [], "decode": []}
+    for _ in range(repeat):
+        t0 = time.process_time()
+        ckptcodecs.planes_encode(data, itemsize)
+        t1 = time.process_time()
+        ckptcodecs.planes_decode(enc)
+        times["encode"].append(t1 - t0)
+        times["decode"].append(time.process_time() - t1)
+    for step, ts in times.items():
+        out[f"{name} {step}"] = data.nbytes / statistics.median(ts) / 1e9
+print(json.dumps(out))
+"""
+
+
+def codec_table(mb: int, repeat: int) -> str:
+    """BytePlanes encode and decode (GB/s of the array) in a process per implementation."""
+    got = {}
+    for which in IMPLEMENTATIONS:
+        env = {**os.environ, "CKPTCODECS_KERNELS": which}
+        run = subprocess.run([sys.executable, "-c", _CODEC, str(mb), str(repeat)], env=env,
+                             capture_output=True, text=True, check=True)
+        got[which] = json.loads(run.stdout.strip().splitlines()[-1])
+    rows = [[case, f"{got['c'][case]:.2f}", f"{got['numba'][case]:.2f}",
+             f"{got['c'][case] / got['numba'][case]:.2f}×"] for case in got["c"]]
+    return markdown_table(["BytePlanes (rotated)", "C GB/s", "numba GB/s", "numba / C"], rows,
+                          "lrrr")
+
+
+_FIRST_CALL = """
+import json, time
+t0 = time.perf_counter()
+import numpy as np
+import ckptcodecs
+t1 = time.perf_counter()
+data = np.random.default_rng(0).standard_normal(10 * 2**20 // 4).astype(np.float32)
+enc = ckptcodecs.planes_encode(data, 4)
+assert ckptcodecs.planes_decode(enc).tobytes() == data.tobytes()
+t2 = time.perf_counter()
+print(json.dumps({"import": t1 - t0, "first": t2 - t1, "kernels": ckptcodecs._backend.CHOICE}))
+"""
+
+
+def _first_call(which: str, cache: str) -> dict:
+    env = {**os.environ, "CKPTCODECS_KERNELS": which, "NUMBA_CACHE_DIR": cache}
+    t0 = time.perf_counter()
+    run = subprocess.run([sys.executable, "-c", _FIRST_CALL], env=env, capture_output=True,
+                         text=True, check=True)
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["kernels"] == which
+    return {**result, "process": time.perf_counter() - t0}
+
+
+def cold_table(runs: int) -> str:
+    got: dict[tuple[str, str], list[dict]] = {}
+    for _ in range(runs):
+        for which in IMPLEMENTATIONS:  # interleaved, as the kernels are
+            with tempfile.TemporaryDirectory(prefix="numba-cache-") as cache:
+                got.setdefault((which, "empty"), []).append(_first_call(which, cache))
+                got.setdefault((which, "filled"), []).append(_first_call(which, cache))
+    rows = []
+    for (which, cache), results in got.items():
+        med = {key: statistics.median(r[key] for r in results)
+               for key in ("import", "first", "process")}
+        rows.append([which, cache, f"{med['import']:.2f}", f"{med['first']:.2f}",
+                     f"{med['process']:.2f}", len(results)])
+    rows.sort(key=lambda r: (r[1], r[0]))
+    return markdown_table(["kernels", "numba cache", "import s", "first encode+decode s",
+                           "whole process s", "runs"], rows, "llrrrr")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=int, default=32, help="MiB of input a kernel call")
+    parser.add_argument("--repeat", type=int, default=7, help="timed calls a kernel")
+    parser.add_argument("--cold", type=int, default=3, help="fresh processes a row")
+    args = parser.parse_args(argv)
+    if _backend.native() is None:
+        sys.exit("ckptcodecs' compiled kernels are not built: pip install -e .")
+    print(f"{machine_description()}; load average {load_average()} at the start\n")
+    print(kernels_table(args.mb, args.repeat) + "\n")
+    print(f"load average {load_average()}\n")
+    print(codec_table(args.mb, args.repeat) + "\n")
+    print(f"load average {load_average()}\n")
+    if args.cold:
+        print(cold_table(args.cold) + "\n")
+        print(f"load average {load_average()} at the end")
+
+
+if __name__ == "__main__":
+    main()
