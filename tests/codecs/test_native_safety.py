@@ -44,6 +44,8 @@ def _sample(n=100, itemsize=2, step=1, start=0, length=10, freq=2, rep=2, out=30
             np.zeros(rep, np.int64))
 
 
+_SHARED = _bytes(64)  # one buffer as input and output
+
 HOSTILE = {
     "split_rows itemsize 3": ("bytegroup", "split_rows", (_bytes(9), 3, False, _bytes(99), 0, 3)),
     "split_rows part of an item": ("bytegroup", "split_rows",
@@ -56,6 +58,9 @@ HOSTILE = {
                                  (_bytes(8), 4, True, _bytes(99), -1, 2)),
     "split_rows read-only out": ("bytegroup", "split_rows",
                                  (_bytes(8), 4, True, _read_only(99), 0, 2)),
+    "split_rows out is src": ("bytegroup", "split_rows", (_SHARED, 4, True, _SHARED, 0, 2)),
+    "merge dst is a plane": ("bytegroup", "merge2", (_SHARED, _bytes(8), False,
+                                                     _SHARED.view(np.uint16), 1, 2, 2, 0, 2)),
     "merge runs past the planes": ("bytegroup", "merge2",
                                    (*_planes(2), False, np.zeros(100, np.uint16),
                                     2, 10, 10, 0, 91)),
@@ -133,6 +138,7 @@ def _progress_during(call) -> list[int]:
     sys.setswitchinterval(1000.0)
     try:
         for _ in range(3):
+            time.sleep(0.01)  # a wait for the GIL begun under the old interval ends here
             before = counts[0]
             call()
             seen.append(counts[0] - before)
