@@ -30,39 +30,49 @@ static void split4(const uint8_t *restrict src, Py_ssize_t n, int rotate, uint8_
 }
 
 static void split8(const uint8_t *restrict src, Py_ssize_t n, int rotate,
-                   uint8_t *restrict out, Py_ssize_t stride)
+                   uint8_t *const *planes)
 {
-    uint8_t *restrict p[8];
-    for (int k = 0; k < 8; k++)
-        p[k] = out + k * stride;
+    uint8_t *restrict p0 = planes[0], *restrict p1 = planes[1], *restrict p2 = planes[2];
+    uint8_t *restrict p3 = planes[3], *restrict p4 = planes[4], *restrict p5 = planes[5];
+    uint8_t *restrict p6 = planes[6], *restrict p7 = planes[7];
     for (Py_ssize_t i = 0; i < n; i++) {
         uint64_t x = ck_load64(src + 8 * i);
         if (rotate)
             x = (x << 1) | (x >> 63);
-        p[0][i] = (uint8_t)x;
-        p[1][i] = (uint8_t)(x >> 8);
-        p[2][i] = (uint8_t)(x >> 16);
-        p[3][i] = (uint8_t)(x >> 24);
-        p[4][i] = (uint8_t)(x >> 32);
-        p[5][i] = (uint8_t)(x >> 40);
-        p[6][i] = (uint8_t)(x >> 48);
-        p[7][i] = (uint8_t)(x >> 56);
+        p0[i] = (uint8_t)x;
+        p1[i] = (uint8_t)(x >> 8);
+        p2[i] = (uint8_t)(x >> 16);
+        p3[i] = (uint8_t)(x >> 24);
+        p4[i] = (uint8_t)(x >> 32);
+        p5[i] = (uint8_t)(x >> 40);
+        p6[i] = (uint8_t)(x >> 48);
+        p7[i] = (uint8_t)(x >> 56);
     }
 }
 
 /* Plane p of the n items of src at out + p * stride (stride >= n: the planes do not overlap,
-   and src is another buffer than out). */
+   and src is another buffer than out): blocks of 16 items by vector code, the rest here. */
 static void split_planes(const uint8_t *src, Py_ssize_t n, int itemsize, int rotate,
                          uint8_t *out, Py_ssize_t stride)
 {
-    if (itemsize == 1)
+    uint8_t *p[8];
+    if (itemsize == 1) {
         memmove(out, src, (size_t)n);
-    else if (itemsize == 2)
-        split2(src, n, rotate, out, out + stride);
+        return;
+    }
+    for (int k = 0; k < itemsize; k++)
+        p[k] = out + k * stride;
+    Py_ssize_t done = ck_split_blocks(src, n, itemsize, rotate, p);
+    for (int k = 0; k < itemsize; k++)
+        p[k] += done;
+    src += done * itemsize;
+    n -= done;
+    if (itemsize == 2)
+        split2(src, n, rotate, p[0], p[1]);
     else if (itemsize == 4)
-        split4(src, n, rotate, out, out + stride, out + 2 * stride, out + 3 * stride);
+        split4(src, n, rotate, p[0], p[1], p[2], p[3]);
     else
-        split8(src, n, rotate, out, stride);
+        split8(src, n, rotate, p);
 }
 
 PyObject *ck_split_rows(PyObject *self, PyObject *args)
@@ -156,14 +166,21 @@ static void run8(const uint8_t *const *planes, Py_ssize_t s, Py_ssize_t length, 
    other when pitch < length, as in the reference, run after run). */
 static void merge_runs(const merge_job *j)
 {
+    const int n = j->nplanes;
+    const uint8_t *p[8];
     for (Py_ssize_t r = 0; r < j->rows; r++) {
         Py_ssize_t s = j->src + r * j->src_pitch, d = r * j->pitch;
-        if (j->nplanes == 2)
-            run2(j->planes[0], j->planes[1], s, j->length, j->rotate, (uint16_t *)j->dst + d);
-        else if (j->nplanes == 4)
-            run4(j->planes, s, j->length, j->rotate, (uint32_t *)j->dst + d);
+        for (int k = 0; k < n; k++)
+            p[k] = j->planes[k] + s;
+        Py_ssize_t done = ck_merge_blocks(p, j->length, n, j->rotate, (uint8_t *)j->dst + d * n);
+        s += done, d += done;
+        if (n == 2)
+            run2(j->planes[0], j->planes[1], s, j->length - done, j->rotate,
+                 (uint16_t *)j->dst + d);
+        else if (n == 4)
+            run4(j->planes, s, j->length - done, j->rotate, (uint32_t *)j->dst + d);
         else
-            run8(j->planes, s, j->length, j->rotate, (uint64_t *)j->dst + d);
+            run8(j->planes, s, j->length - done, j->rotate, (uint64_t *)j->dst + d);
     }
 }
 

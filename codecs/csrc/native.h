@@ -31,6 +31,13 @@ static inline uint16_t ck_load16(const uint8_t *p) { uint16_t x; memcpy(&x, p, 2
 static inline uint32_t ck_load32(const uint8_t *p) { uint32_t x; memcpy(&x, p, 4); return x; }
 static inline uint64_t ck_load64(const uint8_t *p) { uint64_t x; memcpy(&x, p, 8); return x; }
 
+/* The first items of `count` (a multiple of 16) split into planes / merged from planes by
+   vector code (transpose.c); the callers' plain loops do the rest. */
+Py_ssize_t ck_split_blocks(const uint8_t *src, Py_ssize_t count, int itemsize, int rotate,
+                           uint8_t *const *planes);
+Py_ssize_t ck_merge_blocks(const uint8_t *const *planes, Py_ssize_t count, int itemsize,
+                           int rotate, uint8_t *dst);
+
 PyObject *ck_split_rows(PyObject *self, PyObject *args);
 PyObject *ck_merge2(PyObject *self, PyObject *args);
 PyObject *ck_merge4(PyObject *self, PyObject *args);
