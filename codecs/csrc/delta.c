@@ -2,19 +2,30 @@
    (new - base) mod k, laid out bucket by bucket of the base codes (stable within a bucket). */
 #include "native.h"
 
-/* Start of each base code's bucket into pos[0..k); 0 when a base code is >= k. */
+/* Start of each base code's bucket into pos[0..k); 0 when a base code is >= k. Four
+   histograms, summed at the end: a run of one code does not wait on its own counter. */
 static int bucket_offsets(const uint8_t *base, Py_ssize_t n, int k, int64_t *pos)
 {
-    int64_t cnt[257] = {0};
-    for (Py_ssize_t i = 0; i < n; i++)
-        cnt[base[i]]++;
+    int64_t cnt[4][256];
+    Py_ssize_t i = 0;
+    memset(cnt, 0, sizeof cnt);
+    for (; i + 4 <= n; i += 4) {
+        cnt[0][base[i]]++;
+        cnt[1][base[i + 1]]++;
+        cnt[2][base[i + 2]]++;
+        cnt[3][base[i + 3]]++;
+    }
+    for (; i < n; i++)
+        cnt[0][base[i]]++;
+    for (int b = 0; b < 256; b++)
+        cnt[0][b] += cnt[1][b] + cnt[2][b] + cnt[3][b];
     for (int b = k; b < 256; b++)
-        if (cnt[b])
+        if (cnt[0][b])
             return 0;
     int64_t at = 0;
     for (int b = 0; b < k; b++) {
         pos[b] = at;
-        at += cnt[b];
+        at += cnt[0][b];
     }
     return 1;
 }
@@ -22,12 +33,15 @@ static int bucket_offsets(const uint8_t *base, Py_ssize_t n, int k, int64_t *pos
 static int encode(const uint8_t *new, const uint8_t *base, Py_ssize_t n, int k, uint8_t *out)
 {
     int64_t pos[256];
+    uint8_t *next[256];  /* each bucket's next residual */
     if (!bucket_offsets(base, n, k, pos))
         return 0;
+    for (int b = 0; b < k; b++)
+        next[b] = out + pos[b];
     for (Py_ssize_t i = 0; i < n; i++) {
         int b = base[i];
         int d = (int)new[i] - b;
-        out[pos[b]++] = (uint8_t)(d < 0 ? d + k : d);
+        *next[b]++ = (uint8_t)(d + (k & -(d < 0)));  /* no branch: d < 0 is data */
     }
     return 1;
 }
@@ -35,12 +49,15 @@ static int encode(const uint8_t *new, const uint8_t *base, Py_ssize_t n, int k, 
 static int decode(const uint8_t *res, const uint8_t *base, Py_ssize_t n, int k, uint8_t *out)
 {
     int64_t pos[256];
+    const uint8_t *next[256];  /* each bucket's next residual */
     if (!bucket_offsets(base, n, k, pos))
         return 0;
+    for (int b = 0; b < k; b++)
+        next[b] = res + pos[b];
     for (Py_ssize_t i = 0; i < n; i++) {
         int b = base[i];
-        int v = b + res[pos[b]++];
-        out[i] = (uint8_t)(v >= k ? v - k : v);
+        int v = b + *next[b]++;
+        out[i] = (uint8_t)(v - (k & -(v >= k)));  /* no branch: v >= k is data */
     }
     return 1;
 }
