@@ -2,7 +2,8 @@
 
 STORE_URL is the local tier (``ckptstore.open(url, local=PATH)``'s ``PATH``); the remote is
 the one its upload journal names, with the storage options recorded there (no credentials:
-those come from the environment or ``--storage-option``, which also override the recorded ones). The library is imported inside ``run_*`` (torch-free start-up).
+those come from the environment or ``--storage-option``, which also override the recorded
+ones). The library is imported inside ``run_*`` (torch-free start-up).
 """
 
 from __future__ import annotations

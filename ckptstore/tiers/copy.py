@@ -18,7 +18,7 @@ from ..history.manifest import Manifest, decode_manifest
 from ..history.refs import Refs
 from ..storage import Storage
 
-__all__ = ["copy_commit"]
+__all__ = ["copy_commit", "copy_tags"]
 
 Sent = Callable[[int], None]
 """Called with the bytes of each key copied (upload progress)."""
@@ -33,7 +33,7 @@ def copy_commit(local: Storage, remote: Storage, commit: str, branch: str | None
     _copy_objects(local, remote, m, executor, sent, stop, seen=set())
     if branch is not None:
         _move_ref(remote, m, branch)
-        _copy_tags(local, remote, commit)
+        copy_tags(local, remote, commit)
 
 
 def _local_manifest(storage: Storage, commit: str) -> Manifest:
@@ -98,17 +98,19 @@ def _move_ref(remote: Storage, m: Manifest, branch: str) -> None:
         f"ckptstore.open(remote).branch(name, {m.id[:12]!r})", commit_id=m.id)
 
 
-def _copy_tags(local: Storage, remote: Storage, commit: str) -> None:
-    """The local tags naming ``commit``, created on the remote (a tag there already naming it
-    is fine)."""
+def copy_tags(local: Storage, remote: Storage, commit: str | None = None) -> None:
+    """The local tags naming ``commit`` (None: any commit the remote holds whole), created on
+    the remote; a tag there already naming that commit is fine."""
     local_refs, remote_refs = Refs(local), Refs(remote)
+    remote_tags = remote_refs.tags() if commit is None else {}
     for name, target in local_refs.tags().items():
-        if target != commit:
+        if (target != commit if commit is not None else
+                remote_tags.get(name) == target or not remote.exists(manifest_key(target))):
             continue
         try:
-            remote_refs.create_tag(name, commit)
+            remote_refs.create_tag(name, target)
         except RefExists:
-            if remote_refs.tag(name) != commit:
+            if remote_refs.tag(name) != target:
                 raise UploadError(f"tag {name!r} names another commit on the remote; commit "
-                                  f"{commit[:12]} is uploaded without it", commit_id=commit
+                                  f"{target[:12]} is uploaded without it", commit_id=target
                                   ) from None

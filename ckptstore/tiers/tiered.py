@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..commit.pending import PendingCommit
+from ..errors import UploadError
 from ..format.layout import data_dir, manifest_key
 from ..history.refs import Refs
 from ..history.repository import Repository
@@ -23,6 +24,7 @@ from ..info import GCResult
 from ..maintenance.gc import collect
 from ..policy.retention import Candidate, Retention, check_retention, retain_after_commit
 from ..storage import Storage
+from .copy import copy_tags
 from .journal import Journal
 from .storage import TieredStorage
 from .uploader import Upload, Uploader
@@ -120,6 +122,11 @@ class Tiers:
         raises :class:`UploadError` or ``TimeoutError``."""
         self._queuer.submit(lambda: None).result()  # the commit_async ones queued first
         self.uploader.wait(timeout=timeout)
+        try:  # tags made after their commit was queued
+            copy_tags(self.local, self.remote)
+        except OSError as e:
+            raise UploadError(f"tags could not be uploaded to {self.remote.url}: {e}; push "
+                              "again") from e
 
     def uploads(self) -> list[Upload]:
         return self.uploader.status()

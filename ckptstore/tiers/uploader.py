@@ -52,7 +52,8 @@ class Uploader:
         self._status: dict[str, Upload] = {}  # by commit, in the order queued
         self._halted: UploadError | None = None  # the head's failure: the queue waits
         self._stopping = False
-        self._attempt = 0  # failed attempts so far (wait() retries only after a new one)
+        self._attempts = 0  # uploads begun so far
+        self._failed_at = 0  # the number of the attempt that failed last
         self._copies = ThreadPoolExecutor(_THREADS, thread_name_prefix="ckptstore-upload-io")
         self._thread = threading.Thread(target=self._run, name="ckptstore-upload", daemon=True)
         self._thread.start()
@@ -88,14 +89,16 @@ class Uploader:
         :class:`UploadError` of a failure, or ``TimeoutError``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
+            begun = self._attempts  # only a failure of an attempt begun after this counts
             if self._halted is not None:
-                self._halted, attempt = None, self._attempt
+                self._halted = None
                 self._cond.notify_all()
-            else:
-                attempt = self._attempt
             while not self._reached(commit, below):
-                if self._halted is not None and self._attempt > attempt:
-                    raise self._halted
+                if self._halted is not None:
+                    if self._failed_at > begun:
+                        raise self._halted
+                    self._halted = None  # an attempt begun before this wait: try once more
+                    self._cond.notify_all()
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"uploads still running after {timeout} s")
@@ -124,6 +127,8 @@ class Uploader:
                 if self._stopping:
                     return
                 rec = self._queue[0]
+                self._attempts += 1
+                attempt = self._attempts
                 self._set(rec.commit, state="uploading", error=None)
             error = self._upload(rec)
             with self._cond:
@@ -131,7 +136,7 @@ class Uploader:
                     self._queue.pop(0)
                     self._set(rec.commit, state="uploaded", sent=rec.bytes)
                 elif not self._stopping:
-                    self._attempt += 1
+                    self._failed_at = attempt
                     self._halted = error
                     self._set(rec.commit, state="failed", error=str(error))
                 self._cond.notify_all()
