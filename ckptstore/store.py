@@ -132,7 +132,7 @@ class Store:
         the same commit back (:mod:`ckptstore.dcp`).
         """
         if self.tiers is not None:
-            self.tiers.make_room()
+            self.tiers.before_commit(self._distributed())
         if self._distributed():
             from .dcp.collective import commit_collective
             info = commit_collective(self, state, message, branch, tags, metadata,
@@ -158,7 +158,7 @@ class Store:
         until ``wait()`` returns) and copies nothing.
         """
         if self.tiers is not None:
-            self.tiers.make_room()
+            self.tiers.before_commit(self._distributed())
         if self._distributed():
             from .dcp.collective import commit_async_collective
             pending = commit_async_collective(self, state, message, branch, tags, metadata,

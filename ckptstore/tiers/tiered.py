@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..commit.pending import PendingCommit
-from ..errors import UploadError
+from ..errors import DistributedError, UploadError
 from ..format.layout import data_dir, manifest_key
 from ..history.refs import Refs
 from ..history.repository import Repository
@@ -90,8 +90,14 @@ class Tiers:
             manifest_key(commit))
 
     # -- what the store calls --------------------------------------------------------------
-    def make_room(self) -> None:
-        """Before a commit: wait (with a warning) while the queued bytes fill the budget."""
+    def before_commit(self, distributed: bool) -> None:
+        """Before a commit: refuse one under a process group (not yet supported), and wait
+        (with a warning) while the queued bytes fill the budget."""
+        if distributed:
+            raise DistributedError(
+                "a tiered store (open(url, local=...)) commits from one process only, for now: "
+                "per-rank uploads are not there yet. Open it with collective=False on the rank "
+                "that commits, or open the remote without local=")
         budget = self.upload_budget
         if budget is None or self.uploader.queued_bytes() < max(budget, 1):
             return

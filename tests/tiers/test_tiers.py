@@ -185,3 +185,10 @@ def test_options_need_a_local_tier(tmp_path):
     with pytest.raises(TypeError, match="local_keep="):
         ckptstore.open(tmp_path / "s", local=tmp_path / "l", keep=LatestN(1))
     assert os.listdir(tmp_path) == []
+
+
+def test_refused_under_a_process_group(dirs):
+    local, remote = dirs
+    with ckptstore.open(remote, local=local) as store:
+        with pytest.raises(ckptstore.DistributedError, match="collective=False"):
+            store.tiers.before_commit(distributed=True)
