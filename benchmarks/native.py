@@ -6,9 +6,11 @@ Usage::
     python benchmarks/native.py --mb 32 --repeat 7 --cold 3
 
 1. Each ported kernel family (byte grouping, bit packing, BucketDelta) on the same inputs under
-   C and numba, calls interleaved (C, numba, C, ...) so that both see the same load: the median
+   C, on each CPU path this machine runs (``avx2``, ``sse2``, ``portable``: only the byte
+   transposes differ), and numba, calls interleaved so that all see the same load: the median
    CPU time of this process (``time.process_time``: one thread, so the time of one core) after a
-   warm-up call (numba's compile excluded), as GB/s of the kernel's input and numba / C.
+   warm-up call (numba's compile excluded), as GB/s of the kernel's input and numba / C (on the
+   path ``auto`` picks).
 2. BytePlanes' encode and decode as a whole (its Huffman coder still numba in both), one
    process per implementation, the same median CPU time.
 3. The cold start: a fresh process whose first call is a BytePlanes encode + decode of 10 MB of
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -40,7 +43,7 @@ from common import load_average, machine_description, markdown_table  # noqa: E4
 IMPLEMENTATIONS = ("c", "numba")
 
 
-def _median_cpu(fns: dict[str, callable], repeat: int) -> dict[str, float]:
+def _median_cpu(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
     """Median CPU seconds of each of ``fns``, called in turn ``repeat`` times after a warm-up."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     for fn in fns.values():
@@ -114,18 +117,36 @@ def _code_cases(mb: int, rng) -> list[tuple[str, str, int, callable]]:
     return cases
 
 
+def _variants(family: str, call: Callable) -> dict[str, Callable[[], object]]:
+    """One call of the case per implementation: C on each CPU path this machine runs (the
+    path set before each call), then numba."""
+    native, c = _backend.native(), _backend.implementation(family, "c")
+    ref = _backend.implementation(family, "numba")
+    out = {f"C {path}": (lambda p=path: (native.set_simd(p), call(c)))
+           for path in reversed(native.simd_paths())}
+    out["numba"] = lambda: call(ref)
+    return out
+
+
 def kernels_table(mb: int, repeat: int) -> str:
+    """Each kernel on each C path and numba: GB/s of its input, and numba / C on the path
+    ``auto`` picks (the first)."""
     rng = np.random.default_rng(0)
     cases = [("bytegroup", *case) for case in _bytegroup_cases(mb, rng)] + _code_cases(mb, rng)
-    rows = []
-    for family, label, nbytes, call in cases:
-        impl = {which: _backend.implementation(family, which) for which in IMPLEMENTATIONS}
-        t = _median_cpu({which: (lambda k=k: call(k)) for which, k in impl.items()}, repeat)
-        gbps = {which: nbytes / t[which] / 1e9 for which in IMPLEMENTATIONS}
-        rows.append([family, label, f"{nbytes / 1e6:.0f}", f"{gbps['c']:.2f}",
-                     f"{gbps['numba']:.2f}", f"{t['numba'] / t['c']:.2f}×"])
-    return markdown_table(["family", "kernel", "MB in", "C GB/s", "numba GB/s", "numba / C"],
-                          rows, "llrrrr")
+    rows, names = [], []
+    before = _backend.native().simd()
+    try:
+        for family, label, nbytes, call in cases:
+            t = _median_cpu(_variants(family, call), repeat)
+            names = list(t)
+            auto = t[f"C {_backend.native().simd_paths()[-1]}"]  # what "auto" runs
+            rows.append([family, label, f"{nbytes / 1e6:.0f}",
+                         *(f"{nbytes / v / 1e9:.2f}" for v in t.values()),
+                         f"{t['numba'] / auto:.2f}×"])
+    finally:
+        _backend.use_simd(before)
+    header = ["family", "kernel", "MB in", *(f"{n} GB/s" for n in names), "numba / C auto"]
+    return markdown_table(header, rows, "ll" + "r" * (len(header) - 2))
 
 
 _CODEC = """
@@ -192,6 +213,7 @@ def _first_call(which: str, cache: str) -> dict:
 
 
 def cold_table(runs: int) -> str:
+    """Wall seconds of a fresh process's import and first BytePlanes round trip."""
     got: dict[tuple[str, str], list[dict]] = {}
     for _ in range(runs):
         for which in IMPLEMENTATIONS:  # interleaved, as the kernels are

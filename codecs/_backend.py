@@ -15,8 +15,10 @@ kernels to :func:`kernels` and calls what it returns; the C twin of kernel ``nam
 ``f`` is ``ckptcodecs._native.f_name``, with the same arguments. Families not yet ported do not
 come here and stay numba.
 
-``CKPTCODECS_SIMD`` is kept for the runtime CPU dispatch the compiled core will get (``auto``,
-the default, or ``portable``: the only path built so far, plain C); other values are refused.
+``CKPTCODECS_SIMD`` picks the CPU path of the compiled byte transposes, at import: ``auto`` (the
+default: the best this CPU runs), ``portable`` (plain C loops only), ``sse2`` or ``avx2``; a
+path this build or CPU cannot run is a :class:`~ckptcodecs.errors.CodecError`. Every path
+writes the same bytes (``tests/codecs/test_native_twins.py`` runs each).
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ from types import ModuleType, SimpleNamespace
 
 from .errors import CodecError
 
-__all__ = ["CHOICE", "KERNELS_ENV", "SIMD", "SIMD_ENV", "implementation", "kernels", "native"]
+__all__ = ["CHOICE", "KERNELS_ENV", "SIMD", "SIMD_ENV", "implementation", "kernels", "native",
+           "use_simd"]
 
 KERNELS_ENV = "CKPTCODECS_KERNELS"
 SIMD_ENV = "CKPTCODECS_SIMD"
 _IMPLEMENTATIONS = ("c", "numba")
-_SIMD_PATHS = ("auto", "portable")
+_SIMD_PATHS = ("auto", "portable", "sse2", "avx2")
 #: the numba kernels of each family that came through :func:`kernels`
 _REFERENCE: dict[str, dict[str, Callable]] = {}
 
@@ -72,10 +75,26 @@ def _choose() -> str:
     return "c"
 
 
-#: the CPU path of the compiled kernels asked for (only "portable" plain C is built so far)
+def use_simd(path: str) -> None:
+    """Run the compiled transposes on CPU ``path`` (one of ``CKPTCODECS_SIMD``'s values) from
+    now on, in this process: what the variable does at import, and what tests use to run each
+    path."""
+    module = native()
+    if module is None:
+        raise CodecError("ckptcodecs' compiled kernels are not built")
+    try:
+        module.set_simd(path)
+    except ValueError as err:
+        raise CodecError(f"{SIMD_ENV}={path!r}: {err}; this CPU runs "
+                         f"{', '.join(module.simd_paths())}") from err
+
+
+#: the CPU path of the compiled kernels asked for ("auto": the best this CPU runs)
 SIMD = _simd()
 #: the implementation this process runs: "c" or "numba"
 CHOICE = _choose()
+if CHOICE == "c":
+    use_simd(SIMD)
 
 
 def implementation(family: str, which: str) -> SimpleNamespace:

@@ -52,7 +52,24 @@ int ck_overlap(const Py_buffer *a, const Py_buffer *b, const char *what)
     return 1;
 }
 
+static PyObject *set_simd(PyObject *self, PyObject *arg)
+{
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (name == NULL || ck_set_simd(name) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *simd(PyObject *self, PyObject *unused) { return PyUnicode_FromString(ck_simd()); }
+
+static PyObject *simd_paths(PyObject *self, PyObject *unused) { return ck_simd_paths(); }
+
 static PyMethodDef methods[] = {
+    {"set_simd", set_simd, METH_O,
+     "set_simd(name): the CPU path of the byte transposes, 'auto' (the best this CPU runs), "
+     "'portable' (plain loops), 'sse2' or 'avx2'; ValueError where it cannot run."},
+    {"simd", simd, METH_NOARGS, "simd() -> the name of the CPU path in use."},
+    {"simd_paths", simd_paths, METH_NOARGS, "simd_paths() -> the paths this build and CPU run."},
     {"bytegroup_split_rows", ck_split_rows, METH_VARARGS,
      "split_rows(src, itemsize, rotate, out, base, stride): byte planes of src into out."},
     {"bytegroup_merge2", ck_merge2, METH_VARARGS,
@@ -80,10 +97,7 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__native(void)
 {
-    PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddStringConstant(m, "SIMD", "portable") < 0) {
-        Py_DECREF(m);
+    if (ck_set_simd("auto") < 0)  /* until ckptcodecs._backend sets CKPTCODECS_SIMD's */
         return NULL;
-    }
-    return m;
+    return PyModule_Create(&module);
 }

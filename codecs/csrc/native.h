@@ -38,6 +38,13 @@ Py_ssize_t ck_split_blocks(const uint8_t *src, Py_ssize_t count, int itemsize, i
 Py_ssize_t ck_merge_blocks(const uint8_t *const *planes, Py_ssize_t count, int itemsize,
                            int rotate, uint8_t *dst);
 
+/* The CPU path of the transposes: ck_set_simd("auto" | "portable" | "sse2" | "avx2") -> 0, or
+   -1 with a ValueError where this build and CPU cannot run it; ck_simd() its name;
+   ck_simd_paths() a new list of the names they can run. */
+int ck_set_simd(const char *name);
+const char *ck_simd(void);
+PyObject *ck_simd_paths(void);
+
 PyObject *ck_split_rows(PyObject *self, PyObject *args);
 PyObject *ck_merge2(PyObject *self, PyObject *args);
 PyObject *ck_merge4(PyObject *self, PyObject *args);

@@ -1,15 +1,21 @@
-/* Byte transposes of blocks of 16 items with SSE2 (every x86-64 CPU has it): items of 2, 4 or
-   8 bytes to their byte planes and back. Seen as an address of bits [vector | lane], a round
-   of unpacks (vector j with vector j + n/2, low and high halves) rotates the address left by one
-   bit; the 16 lanes are 4 bits, so items -> planes takes 4 rounds and planes -> items log2(n).
-   Elsewhere these return 0 items done and the callers' plain loops do all the work. */
+/* Byte transposes of blocks of items of 2, 4 or 8 bytes to their byte planes and back, with
+   SSE2 (16 items a step; every x86-64 CPU has it) or AVX2 (32 items a step), chosen at run
+   time (ck_set_simd). Seen as an address of bits [vector | lane], a round of unpacks (vector j
+   with vector j + n/2, low and high halves) rotates the address left by one bit; the 16 lanes
+   are 4 bits, so items -> planes takes 4 rounds and planes -> items log2(n). AVX2 runs the
+   same rounds in each 128-bit half, on items 0..15 and 16..31. The "portable" path, and every
+   CPU without SSE2, does no vector code here: the callers' plain loops do all the work. */
 #include "native.h"
 
-/* Built with -DCKPTCODECS_PORTABLE (what a test does), the plain loops do everything. */
-#if defined(__SSE2__) && !defined(CKPTCODECS_PORTABLE)
-#include <emmintrin.h>
+enum { PORTABLE, SSE2, AVX2 };
+static const char *const PATH_NAMES[] = {"portable", "sse2", "avx2"};
+static int path = PORTABLE;  /* set once at import by ckptcodecs._backend (ck_set_simd) */
 
+#if defined(__SSE2__)
+#include <immintrin.h>
+#define HAVE_SSE2 1
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
+#define AVX2_INLINE static inline __attribute__((always_inline, target("avx2")))
 
 ALWAYS_INLINE void unpack_round(__m128i *v, const int n)
 {
@@ -35,11 +41,10 @@ ALWAYS_INLINE __m128i rotate1(__m128i x, const int n, const int left)
                 : _mm_or_si128(_mm_srli_epi64(x, 1), _mm_slli_epi64(x, 63));
 }
 
-ALWAYS_INLINE Py_ssize_t split_n(const uint8_t *src, Py_ssize_t count, const int n, int rotate,
-                                 uint8_t *const *planes)
+ALWAYS_INLINE Py_ssize_t split_sse2(const uint8_t *src, Py_ssize_t i, Py_ssize_t count,
+                                    const int n, int rotate, uint8_t *const *planes)
 {
     __m128i v[8];
-    Py_ssize_t i = 0;
     for (; i + 16 <= count; i += 16) {
         for (int j = 0; j < n; j++) {
             v[j] = _mm_loadu_si128((const __m128i *)(src + i * n + 16 * j));
@@ -54,12 +59,11 @@ ALWAYS_INLINE Py_ssize_t split_n(const uint8_t *src, Py_ssize_t count, const int
     return i;
 }
 
-ALWAYS_INLINE Py_ssize_t merge_n(const uint8_t *const *planes, Py_ssize_t count, const int n,
-                                 int rotate, uint8_t *dst)
+ALWAYS_INLINE Py_ssize_t merge_sse2(const uint8_t *const *planes, Py_ssize_t i,
+                                    Py_ssize_t count, const int n, int rotate, uint8_t *dst)
 {
     const int rounds = n == 2 ? 1 : n == 4 ? 2 : 3;
     __m128i v[8];
-    Py_ssize_t i = 0;
     for (; i + 16 <= count; i += 16) {
         for (int j = 0; j < n; j++)
             v[j] = _mm_loadu_si128((const __m128i *)(planes[j] + i));
@@ -72,24 +76,129 @@ ALWAYS_INLINE Py_ssize_t merge_n(const uint8_t *const *planes, Py_ssize_t count,
     return i;
 }
 
+AVX2_INLINE void unpack_round256(__m256i *v, const int n)
+{
+    __m256i t[8];
+    for (int j = 0; j < n / 2; j++) {
+        t[2 * j] = _mm256_unpacklo_epi8(v[j], v[j + n / 2]);
+        t[2 * j + 1] = _mm256_unpackhi_epi8(v[j], v[j + n / 2]);
+    }
+    for (int j = 0; j < n; j++)
+        v[j] = t[j];
+}
+
+AVX2_INLINE __m256i rotate256(__m256i x, const int n, const int left)
+{
+    if (n == 2)
+        return left ? _mm256_or_si256(_mm256_slli_epi16(x, 1), _mm256_srli_epi16(x, 15))
+                    : _mm256_or_si256(_mm256_srli_epi16(x, 1), _mm256_slli_epi16(x, 15));
+    if (n == 4)
+        return left ? _mm256_or_si256(_mm256_slli_epi32(x, 1), _mm256_srli_epi32(x, 31))
+                    : _mm256_or_si256(_mm256_srli_epi32(x, 1), _mm256_slli_epi32(x, 31));
+    return left ? _mm256_or_si256(_mm256_slli_epi64(x, 1), _mm256_srli_epi64(x, 63))
+                : _mm256_or_si256(_mm256_srli_epi64(x, 1), _mm256_slli_epi64(x, 63));
+}
+
+/* 16 bytes at lo in the low half, 16 at hi in the high half. */
+AVX2_INLINE __m256i load_halves(const uint8_t *lo, const uint8_t *hi)
+{
+    return _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)lo)),
+        _mm_loadu_si128((const __m128i *)hi), 1);
+}
+
+AVX2_INLINE Py_ssize_t split_avx2(const uint8_t *src, Py_ssize_t count, const int n,
+                                  int rotate, uint8_t *const *planes)
+{
+    __m256i v[8];
+    Py_ssize_t i = 0;
+    for (; i + 32 <= count; i += 32) {  /* items i..i+15 in the low halves, i+16.. high */
+        for (int j = 0; j < n; j++) {
+            v[j] = load_halves(src + i * n + 16 * j, src + (i + 16) * n + 16 * j);
+            if (rotate)
+                v[j] = rotate256(v[j], n, 1);
+        }
+        for (int r = 0; r < 4; r++)
+            unpack_round256(v, n);
+        for (int j = 0; j < n; j++)
+            _mm256_storeu_si256((__m256i *)(planes[j] + i), v[j]);
+    }
+    return i;
+}
+
+AVX2_INLINE Py_ssize_t merge_avx2(const uint8_t *const *planes, Py_ssize_t count, const int n,
+                                  int rotate, uint8_t *dst)
+{
+    const int rounds = n == 2 ? 1 : n == 4 ? 2 : 3;
+    __m256i v[8];
+    Py_ssize_t i = 0;
+    for (; i + 32 <= count; i += 32) {
+        for (int j = 0; j < n; j++)
+            v[j] = _mm256_loadu_si256((const __m256i *)(planes[j] + i));
+        for (int r = 0; r < rounds; r++)
+            unpack_round256(v, n);
+        for (int j = 0; j < n; j++) {
+            __m256i x = rotate ? rotate256(v[j], n, 0) : v[j];
+            _mm_storeu_si128((__m128i *)(dst + i * n + 16 * j), _mm256_castsi256_si128(x));
+            _mm_storeu_si128((__m128i *)(dst + (i + 16) * n + 16 * j),
+                             _mm256_extracti128_si256(x, 1));
+        }
+    }
+    return i;
+}
+
+__attribute__((target("avx2")))
+static Py_ssize_t split_avx2_any(const uint8_t *src, Py_ssize_t count, int n, int rotate,
+                                 uint8_t *const *planes)
+{
+    if (n == 2)
+        return split_sse2(src, split_avx2(src, count, 2, rotate, planes), count, 2, rotate,
+                          planes);
+    if (n == 4)
+        return split_sse2(src, split_avx2(src, count, 4, rotate, planes), count, 4, rotate,
+                          planes);
+    return split_sse2(src, split_avx2(src, count, 8, rotate, planes), count, 8, rotate, planes);
+}
+
+__attribute__((target("avx2")))
+static Py_ssize_t merge_avx2_any(const uint8_t *const *planes, Py_ssize_t count, int n,
+                                 int rotate, uint8_t *dst)
+{
+    if (n == 2)
+        return merge_sse2(planes, merge_avx2(planes, count, 2, rotate, dst), count, 2, rotate,
+                          dst);
+    if (n == 4)
+        return merge_sse2(planes, merge_avx2(planes, count, 4, rotate, dst), count, 4, rotate,
+                          dst);
+    return merge_sse2(planes, merge_avx2(planes, count, 8, rotate, dst), count, 8, rotate, dst);
+}
+
 Py_ssize_t ck_split_blocks(const uint8_t *src, Py_ssize_t count, int itemsize, int rotate,
                            uint8_t *const *planes)
 {
+    if (path == AVX2)
+        return split_avx2_any(src, count, itemsize, rotate, planes);
+    if (path == PORTABLE)
+        return 0;
     if (itemsize == 2)
-        return split_n(src, count, 2, rotate, planes);
+        return split_sse2(src, 0, count, 2, rotate, planes);
     if (itemsize == 4)
-        return split_n(src, count, 4, rotate, planes);
-    return itemsize == 8 ? split_n(src, count, 8, rotate, planes) : 0;
+        return split_sse2(src, 0, count, 4, rotate, planes);
+    return split_sse2(src, 0, count, 8, rotate, planes);
 }
 
 Py_ssize_t ck_merge_blocks(const uint8_t *const *planes, Py_ssize_t count, int itemsize,
                            int rotate, uint8_t *dst)
 {
+    if (path == AVX2)
+        return merge_avx2_any(planes, count, itemsize, rotate, dst);
+    if (path == PORTABLE)
+        return 0;
     if (itemsize == 2)
-        return merge_n(planes, count, 2, rotate, dst);
+        return merge_sse2(planes, 0, count, 2, rotate, dst);
     if (itemsize == 4)
-        return merge_n(planes, count, 4, rotate, dst);
-    return itemsize == 8 ? merge_n(planes, count, 8, rotate, dst) : 0;
+        return merge_sse2(planes, 0, count, 4, rotate, dst);
+    return merge_sse2(planes, 0, count, 8, rotate, dst);
 }
 
 #else
@@ -107,3 +216,52 @@ Py_ssize_t ck_merge_blocks(const uint8_t *const *planes, Py_ssize_t count, int i
 }
 
 #endif
+
+/* 1 when this build and CPU can run path p. */
+static int supported(int p)
+{
+#if defined(HAVE_SSE2)
+    if (p == AVX2) {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2");
+    }
+    return 1;
+#else
+    return p == PORTABLE;
+#endif
+}
+
+int ck_set_simd(const char *name)
+{
+    int best = PORTABLE;
+    for (int p = PORTABLE; p <= AVX2; p++)
+        best = supported(p) ? p : best;
+    if (strcmp(name, "auto") == 0) {
+        path = best;
+        return 0;
+    }
+    for (int p = PORTABLE; p <= AVX2; p++)
+        if (strcmp(name, PATH_NAMES[p]) == 0 && supported(p)) {
+            path = p;
+            return 0;
+        }
+    PyErr_Format(PyExc_ValueError, "SIMD path %s is not one this build and CPU run "
+                 "(see simd_paths())", name);
+    return -1;
+}
+
+const char *ck_simd(void) { return PATH_NAMES[path]; }
+
+PyObject *ck_simd_paths(void)
+{
+    PyObject *paths = PyList_New(0);
+    for (int p = PORTABLE; paths != NULL && p <= AVX2; p++) {
+        if (!supported(p))
+            continue;
+        PyObject *name = PyUnicode_FromString(PATH_NAMES[p]);
+        if (name == NULL || PyList_Append(paths, name) < 0)
+            Py_CLEAR(paths);
+        Py_XDECREF(name);
+    }
+    return paths;
+}

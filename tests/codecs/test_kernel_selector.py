@@ -86,11 +86,36 @@ def test_unknown_values_are_refused(environment, kernels, simd):
         check()
 
 
-def test_simd_paths_kept_for_the_dispatch(environment):
-    environment(None, "portable")
-    assert _backend._simd() == "portable"
+def test_simd_values(environment):
+    environment(None, " AVX2 ")
+    assert _backend._simd() == "avx2"
     environment(None, None)
     assert _backend._simd() == "auto"
+
+
+@pytest.mark.skipif(_backend.native() is None, reason="ckptcodecs' compiled kernels are not built")
+def test_each_simd_path_this_cpu_runs_can_be_chosen():
+    native = _backend.native()
+    before, paths = native.simd(), native.simd_paths()
+    assert paths[0] == "portable" and set(paths) <= {"portable", "sse2", "avx2"}
+    try:
+        for path in paths:
+            _backend.use_simd(path)
+            assert native.simd() == path
+        _backend.use_simd("auto")
+        assert native.simd() == paths[-1]  # the best
+        with pytest.raises(CodecError, match="this CPU runs"):
+            _backend.use_simd("neon")
+    finally:
+        _backend.use_simd(before)
+
+
+def test_this_process_runs_the_simd_path_asked_for():
+    if _backend.CHOICE != "c":
+        pytest.skip("the numba kernels have no CPU paths")
+    native = _backend.native()
+    assert native.simd() == (native.simd_paths()[-1] if _backend.SIMD == "auto"
+                             else _backend.SIMD)
 
 
 def test_unknown_family_or_implementation():

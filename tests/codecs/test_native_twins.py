@@ -2,7 +2,7 @@
 
 Each C kernel and its numba reference run on the same inputs -- sizes from empty to large,
 every itemsize, rotation on and off, every bit width, blocks of rows and columns, codes with
-bits above their width -- into identical output buffers, compared byte for byte (what a kernel
+bits above their width, each CPU path of the byte transposes -- into identical output buffers, compared byte for byte (what a kernel
 leaves alone counts too). The references are reached through ``ckptcodecs._backend``, whatever
 implementation this process runs.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ckptcodecs import _backend
@@ -23,6 +23,19 @@ FAMILIES = ("bytegroup", "bitpack", "delta")
 SIZES = st.one_of(st.integers(0, 40), st.integers(0, 5000),
                   st.sampled_from([1 << 16, (1 << 17) + 3]))
 UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+@pytest.fixture(params=_backend.native().simd_paths() if _backend.native() else ["portable"])
+def simd(request):
+    """Each CPU path of the byte transposes this machine runs, in turn (restored after)."""
+    before = _backend.native().simd()
+    _backend.use_simd(request.param)
+    yield request.param
+    _backend.use_simd(before)
+
+
+#: a fixture that sets the CPU path once for all of a test's examples
+ONCE = [HealthCheck.function_scoped_fixture]
 
 
 def _twins(family: str):
@@ -48,11 +61,11 @@ def test_each_family_has_both_implementations(family):
     assert all(type(f).__name__ == "builtin_function_or_method" for f in vars(c).values())
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=100, deadline=None, suppress_health_check=ONCE)
 @given(n=SIZES, itemsize=st.sampled_from([1, 2, 4, 8]), rotate=st.booleans(),
        base=st.integers(0, 9), gap=st.integers(0, 9), seed=st.integers(0, 2**32 - 1),
        runs=st.booleans())
-def test_split_rows(n, itemsize, rotate, base, gap, seed, runs):
+def test_split_rows(simd, n, itemsize, rotate, base, gap, seed, runs):
     c, ref = _twins("bytegroup")
     src = _bytes(seed, n * itemsize, runs)
     stride = n + gap
@@ -98,10 +111,10 @@ def blocks(draw):
     return nrows * ncols * depth, (r0 * ncols + c0) * depth, ncols * depth, r1 - r0, length, pitch
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=120, deadline=None, suppress_health_check=ONCE)
 @given(itemsize=st.sampled_from([2, 4, 8]), rotate=st.booleans(), block=st.one_of(
     blocks(), SIZES.map(lambda n: (n, 0, n, 1, n, n))), seed=st.integers(0, 2**32 - 1))
-def test_merge(itemsize, rotate, block, seed):
+def test_merge(simd, itemsize, rotate, block, seed):
     c, ref = _twins("bytegroup")
     n, src, src_pitch, rows, length, pitch = block
     planes = [_bytes(seed + p, n, False) for p in range(itemsize)]
