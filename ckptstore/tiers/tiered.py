@@ -59,7 +59,8 @@ class Tiers:
         self.storage = TieredStorage(local, remote)
         self.upload_budget, self.local_keep = upload_budget, local_keep
         self.journal = Journal(local)
-        self.journal.set_remote(remote.url, remote_options)
+        # a local remote by its absolute path: `ckpt push` may run from another folder
+        self.journal.set_remote(remote.root if remote.local_disk else remote.url, remote_options)
         # the local tier as gc and retention see it: local listings, reads falling back
         self.local_view = Repository(TieredStorage(local, remote, union=False), 2)
         self.uploader = Uploader(local, remote, self.journal, self._landed)
