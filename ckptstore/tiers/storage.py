@@ -5,9 +5,8 @@ it to the remote). Reads try the local tier and fall back to the remote where th
 lacks the key -- except a chunk of a commit whose manifest the local tier holds: that commit's
 data is all local (gc deletes a manifest before its data), so a missing chunk there is a chunk
 zarr never wrote and the remote is not asked. Listings: ``refs/heads``, ``refs/tags`` and
-``commits`` are the union of both tiers (with ``union=True``); any other folder is the local
-tier's when it has one, else the remote's. With ``union=False`` every listing is the local
-tier's: the view gc and local retention take, so they see and delete local data only.
+``commits`` are the union of both tiers; any other folder is the local tier's when it has one,
+else the remote's. (gc and local retention take the local tier alone: :mod:`.tiered`.)
 """
 
 from __future__ import annotations
@@ -25,8 +24,8 @@ _UNION = (HEADS, TAGS, COMMITS)
 class TieredStorage(Storage):
     """``local`` over ``remote``: one :class:`~ckptstore.storage.Storage` with both tiers."""
 
-    def __init__(self, local: Storage, remote: Storage, union: bool = True):
-        self.local, self.remote, self.union = local, remote, union
+    def __init__(self, local: Storage, remote: Storage):
+        self.local, self.remote = local, remote
         self.url = remote.url
         self.root = local.root
         self.durable = local.durable
@@ -92,15 +91,13 @@ class TieredStorage(Storage):
 
     def listdir(self, key: str) -> list[str]:
         names = self.local.listdir(key)
-        if not self.union:
-            return names
         if key.rstrip("/") in _UNION:
             return sorted(set(names) | set(self.remote.listdir(key)))
         return names or self.remote.listdir(key)
 
     def walk_sizes(self, key: str) -> dict[str, int]:
         sizes = self.local.walk_sizes(key)
-        return sizes if sizes or not self.union else self.remote.walk_sizes(key)
+        return sizes or self.remote.walk_sizes(key)
 
     # -- writes: the local tier ------------------------------------------------------------
     def put(self, key: str, data: bytes) -> None:

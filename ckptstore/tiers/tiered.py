@@ -61,8 +61,9 @@ class Tiers:
         self.journal = Journal(local)
         # a local remote by its absolute path: `ckpt push` may run from another folder
         self.journal.set_remote(remote.root if remote.local_disk else remote.url, remote_options)
-        # the local tier as gc and retention see it: local listings, reads falling back
-        self.local_view = Repository(TieredStorage(local, remote, union=False), 2)
+        # the local tier alone, as gc and local retention see it: a line of history ends where
+        # its older commits were removed locally (after their upload)
+        self.local_view = Repository(local, 2)
         self.uploader = Uploader(local, remote, self.journal, self._landed)
         self._queuer = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-upload-queue")
         self._resume()

@@ -64,7 +64,3 @@ def test_listings(tiers):
     assert both.listdir("refs/heads/main") == ["000000000001"]  # the local tier's moves
     assert both.listdir("refs/heads/exp") == ["000000000000"]  # a branch only remote
     assert both.walk_sizes(f"data/{C2}") == {f"data/{C2}/zarr.json": 2}
-    local_view = TieredStorage(local, remote, union=False)
-    assert local_view.listdir("commits") == [f"{C1}.msgpack"]
-    assert local_view.listdir("refs/heads") == ["main"]
-    assert local_view.walk_sizes(f"data/{C2}") == {}
