@@ -426,12 +426,15 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
         raise TypeError("upload_budget= and local_keep= need local= (a tiered store)")
     if local is not None and keep is not None:
         raise TypeError("keep= with local=: give the local tier's rule as local_keep=")
-    storage = _opened(open_storage(url, durable=durable, retry=retry, **storage_options), url,
-                      create)
+    storage = open_storage(url, durable=durable, retry=retry, **storage_options)
     tiers = None
-    if local is not None:
-        local_storage = _opened(open_storage(local, durable=durable), local, True)
-        tiers = Tiers(local_storage, storage, storage_options, upload_budget, local_keep)
+    if local is None:
+        storage = _opened(storage, url, create)
+    else:  # a remote that does not answer yet: commits land locally, uploads wait for it
+        remote = storage
+        tiers = Tiers(_opened(open_storage(local, durable=durable), local, True), remote,
+                      storage_options, upload_budget, local_keep,
+                      lambda: _opened(remote, url, create))
         storage = tiers.storage
     return Store(storage, options, io_workers=io_workers, policy=policy, collective=collective,
                  staging_budget=staging_budget, background_priority=background_priority,

@@ -13,8 +13,8 @@ May import: commit, maintenance, policy, history, format, storage and the top-le
 
 from .journal import Journal, Record
 from .storage import TieredStorage
-from .tiered import Tiers, UploadBudgetWarning, pending_uploads
+from .tiered import Tiers, UploadBudgetWarning, UploadWarning, pending_uploads
 from .uploader import Upload, Uploader
 
 __all__ = ["Journal", "Record", "TieredStorage", "Tiers", "Upload", "UploadBudgetWarning",
-           "Uploader", "pending_uploads"]
+           "UploadWarning", "Uploader", "pending_uploads"]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 
 from ..errors import RefExists, UploadError
-from ..format.layout import data_dir, manifest_key
+from ..format.layout import MARKER, data_dir, manifest_key
 from ..history.manifest import Manifest, decode_manifest
 from ..history.refs import Refs
 from ..storage import Storage
@@ -30,6 +30,7 @@ def copy_commit(local: Storage, remote: Storage, commit: str, branch: str | None
     and create its local tags there. ``stop()`` true between keys abandons the copy (nothing
     of it becomes visible)."""
     m = _local_manifest(local, commit)
+    remote.put_if_absent(MARKER, local.read(MARKER))  # a remote that was not there at open
     _copy_objects(local, remote, m, executor, sent, stop, seen=set())
     if branch is not None:
         _move_ref(remote, m, branch)

@@ -11,12 +11,12 @@ ref moved but before its record was written loses nothing).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..commit.pending import PendingCommit
-from ..errors import DistributedError, UploadError
+from ..errors import DistributedError, NotAStoreError, UploadError
 from ..format.layout import data_dir, manifest_key
 from ..history.refs import Refs
 from ..history.repository import Repository
@@ -29,10 +29,14 @@ from .journal import Journal
 from .storage import TieredStorage
 from .uploader import Upload, Uploader
 
-__all__ = ["Tiers", "UploadBudgetWarning", "pending_uploads"]
+__all__ = ["Tiers", "UploadBudgetWarning", "UploadWarning", "pending_uploads"]
 
 
-class UploadBudgetWarning(UserWarning):
+class UploadWarning(UserWarning):
+    """A tiered store opened while its remote did not answer: uploads wait for it."""
+
+
+class UploadBudgetWarning(UploadWarning):
     """A commit of a tiered store waited for uploads: the local tier held ``upload_budget``
     bytes of commits not yet on the remote."""
 
@@ -51,7 +55,11 @@ class Tiers:
     """The local tier, the remote, the journal and the uploader of one tiered store."""
 
     def __init__(self, local: Storage, remote: Storage, remote_options: dict[str, Any],
-                 upload_budget: int | None = None, local_keep: Retention | None = None):
+                 upload_budget: int | None = None, local_keep: Retention | None = None,
+                 open_remote: Callable[[], object] | None = None):
+        """``open_remote`` checks (or creates) the remote store; if the remote does not answer
+        (an ``OSError`` other than :class:`NotAStoreError`), the store opens with a warning and
+        its uploads wait for the remote."""
         check_retention(local_keep)
         if upload_budget is not None and upload_budget < 0:
             raise ValueError(f"upload_budget={upload_budget}: a number of bytes >= 0, or None")
@@ -64,15 +72,33 @@ class Tiers:
         # the local tier alone, as gc and local retention see it: a line of history ends where
         # its older commits were removed locally (after their upload)
         self.local_view = Repository(local, 2)
+        answers = self._reach(open_remote)
         self.uploader = Uploader(local, remote, self.journal, self._landed)
         self._queuer = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-upload-queue")
-        self._resume()
+        self._resume(reconcile=answers)
 
-    def _resume(self) -> None:
-        """Queue the journal's records, then what local branches have beyond the remote's."""
+    def _reach(self, open_remote: Callable[[], object] | None) -> bool:
+        """Whether the remote answered ``open_remote`` (a warning if not)."""
+        try:
+            if open_remote is not None:
+                open_remote()
+            return True
+        except NotAStoreError:
+            raise
+        except OSError as e:
+            warnings.warn(f"the remote {self.remote.url} does not answer ({e}): commits land on "
+                          "the local tier and upload once it does (store.push() tries again)",
+                          UploadWarning, stacklevel=4)
+            return False
+
+    def _resume(self, reconcile: bool) -> None:
+        """Queue the journal's records, then (``reconcile``) what local branches have beyond
+        the remote's."""
         records = self.journal.records()
         for rec in records:
             self.uploader.add(rec)
+        if not reconcile:
+            return
         queued = {r.commit for r in records}
         remote_refs = Refs(self.remote)
         for branch, tip in Refs(self.local).branches().items():

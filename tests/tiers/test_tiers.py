@@ -20,7 +20,7 @@ import torch
 import ckptstore
 from ckptstore import LatestN, UploadError
 from ckptstore.cli import main as ckpt
-from ckptstore.tiers import UploadBudgetWarning
+from ckptstore.tiers import UploadBudgetWarning, UploadWarning
 
 CHILD = Path(__file__).with_name("tier_child.py")
 
@@ -192,3 +192,18 @@ def test_refused_under_a_process_group(dirs):
     with ckptstore.open(remote, local=local) as store:
         with pytest.raises(ckptstore.DistributedError, match="collective=False"):
             store.tiers.before_commit(distributed=True)
+
+
+def test_opens_and_commits_while_the_remote_does_not_answer(tmp_path):
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    remote.write_bytes(b"")  # a remote that cannot be read (a file where its folder goes)
+    with pytest.warns(UploadWarning, match="does not answer"):
+        store = ckptstore.open(remote, local=local)
+    info = store.commit(state(0))
+    with pytest.raises(UploadError):
+        store.push()
+    remote.unlink()
+    remote.mkdir()
+    store.push()  # the remote store is made by the first upload
+    assert ckptstore.open(remote, create=False).resolve("main") == info.id
+    store.close()
