@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from ..errors import CkptStoreError, UploadError
+from ..errors import UploadError
 from ..format.layout import data_dir
 from ..storage import Storage
 from .copy import copy_commit
@@ -82,10 +83,9 @@ class Uploader:
         with self._cond:
             return list(self._status.values())
 
-    def wait(self, commit: str | None = None, timeout: float | None = None,
-             below: int | None = None) -> None:
-        """Wait until ``commit`` (None: every queued commit) is uploaded, or (``below``) until
-        the queued bytes are under that; a halted queue is tried once more first. Raises the
+    def wait(self, timeout: float | None = None, below: int | None = None) -> None:
+        """Wait until every queued commit is uploaded, or (``below``) until the queued bytes
+        are under that; a halted queue is tried once more first. Raises the
         :class:`UploadError` of a failure, or ``TimeoutError``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
@@ -93,7 +93,7 @@ class Uploader:
             if self._halted is not None:
                 self._halted = None
                 self._cond.notify_all()
-            while not self._reached(commit, below):
+            while not self._reached(below):
                 if self._halted is not None:
                     if self._failed_at > begun:
                         raise self._halted
@@ -104,11 +104,10 @@ class Uploader:
                     raise TimeoutError(f"uploads still running after {timeout} s")
                 self._cond.wait(left)
 
-    def _reached(self, commit: str | None, below: int | None) -> bool:
+    def _reached(self, below: int | None) -> bool:
         if below is not None:
             return sum(r.bytes for r in self._queue) < below
-        return not self._queue if commit is None else all(
-            r.commit != commit for r in self._queue)
+        return not self._queue
 
     def close(self) -> None:
         """Stop after the key copies under way; what is left stays in the journal."""
@@ -141,7 +140,11 @@ class Uploader:
                     self._set(rec.commit, state="failed", error=str(error))
                 self._cond.notify_all()
             if error is None and self.landed is not None:
-                self.landed(rec.commit)
+                try:
+                    self.landed(rec.commit)
+                except Exception as e:  # noqa: BLE001 - the upload landed; the thread goes on
+                    warnings.warn(f"commit {rec.commit[:12]} was uploaded, but what follows an "
+                                  f"upload failed: {type(e).__name__}: {e}", stacklevel=1)
 
     def _upload(self, rec: Record) -> UploadError | None:
         def sent(n: int) -> None:
@@ -157,7 +160,7 @@ class Uploader:
         except InterruptedError:
             return UploadError(f"upload of commit {rec.commit[:12]} stopped (store closed); "
                                "it resumes on the next open", commit_id=rec.commit)
-        except (OSError, CkptStoreError) as e:
+        except Exception as e:  # noqa: BLE001 - any failure halts the queue, never the thread
             error = e if isinstance(e, UploadError) else UploadError(
                 f"upload of commit {rec.commit[:12]} ({data_dir(rec.commit)}) to "
                 f"{self.remote.url} failed: {e}. The commit is safe on the local tier and "
