@@ -169,6 +169,8 @@ def test_cli_status_and_push(dirs, capsys):
     assert ckpt(["status", str(local), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [(u["commit"], u["state"]) for u in doc["pending"]] == [(info.id, "failed")]
+    assert ckpt(["status", str(local), "--offline"]) == 0  # the journal only
+    assert "1 commit" in capsys.readouterr().out
     assert ckpt(["push", str(local)]) == 5
     assert "safe on the local tier" in capsys.readouterr().err
     unblock(remote)
