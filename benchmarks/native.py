@@ -11,8 +11,8 @@ Usage::
    CPU time of this process (``time.process_time``: one thread, so the time of one core) after a
    warm-up call (numba's compile excluded), as GB/s of the kernel's input and numba / C (on the
    path ``auto`` picks).
-2. BytePlanes' encode and decode as a whole (its Huffman coder still numba in both), one
-   process per implementation, the same median CPU time.
+2. BytePlanes' encode and decode as a whole (its Huffman coder still numba in both): three
+   processes per implementation, alternating, the median of their median CPU times.
 3. The cold start: a fresh process whose first call is a BytePlanes encode + decode of 10 MB of
    float32, numba's cache empty (``NUMBA_CACHE_DIR`` a new temporary folder) under each
    ``CKPTCODECS_KERNELS``; then the same with that cache filled. Wall time, median of ``--cold``
@@ -174,16 +174,21 @@ print(json.dumps(out))
 """
 
 
-def codec_table(mb: int, repeat: int) -> str:
-    """BytePlanes encode and decode (GB/s of the array) in a process per implementation."""
-    got = {}
-    for which in IMPLEMENTATIONS:
-        env = {**os.environ, "CKPTCODECS_KERNELS": which}
-        run = subprocess.run([sys.executable, "-c", _CODEC, str(mb), str(repeat)], env=env,
-                             capture_output=True, text=True, check=True)
-        got[which] = json.loads(run.stdout.strip().splitlines()[-1])
-    rows = [[case, f"{got['c'][case]:.2f}", f"{got['numba'][case]:.2f}",
-             f"{got['c'][case] / got['numba'][case]:.2f}×"] for case in got["c"]]
+def codec_table(mb: int, repeat: int, rounds: int = 3) -> str:
+    """BytePlanes encode and decode (GB/s of the array): ``rounds`` processes per
+    implementation, alternating, the median of their medians."""
+    got: dict[str, dict[str, list[float]]] = {which: {} for which in IMPLEMENTATIONS}
+    for _ in range(rounds):
+        for which in IMPLEMENTATIONS:
+            env = {**os.environ, "CKPTCODECS_KERNELS": which}
+            run = subprocess.run([sys.executable, "-c", _CODEC, str(mb), str(repeat)], env=env,
+                                 capture_output=True, text=True, check=True)
+            for case, gbps in json.loads(run.stdout.strip().splitlines()[-1]).items():
+                got[which].setdefault(case, []).append(gbps)
+    med = {which: {case: statistics.median(v) for case, v in cases.items()}
+           for which, cases in got.items()}
+    rows = [[case, f"{med['c'][case]:.2f}", f"{med['numba'][case]:.2f}",
+             f"{med['c'][case] / med['numba'][case]:.2f}×"] for case in med["c"]]
     return markdown_table(["BytePlanes (rotated)", "C GB/s", "numba GB/s", "numba / C"], rows,
                           "lrrr")
 
