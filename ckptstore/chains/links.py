@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from ..chunkcodec import ChunkCodec
 from ..format.grid import ChunkGrid
 from ..history.manifest import Kind
 
 if TYPE_CHECKING:  # ckptcodecs (and numba) load on first use, not with ckptstore
+    import torch
     from ckptcodecs import QuantParams
 
     from ..policy import Want  # hints only: policy imports the walk, the walk the kinds
@@ -99,5 +99,5 @@ class TensorDecision:
     chain: ChainStart | None = None
 
 
-Decide = Callable[[str, torch.Tensor, ChunkGrid], TensorDecision]
+Decide = Callable[[str, "torch.Tensor", ChunkGrid], TensorDecision]
 FULL_LOSSLESS = TensorDecision()  # what a tensor gets when nobody decides otherwise

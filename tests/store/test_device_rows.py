@@ -154,7 +154,7 @@ def test_no_room_for_the_next_reference_takes_a_full_baseline(tmp_path, monkeypa
     """When the device has no room to keep the next reference, an increment's snapshot (its
     changed rows only) cannot become one on the host: the store forgets the chain, and the
     next commit is a full baseline -- never an increment against a reference it lacks."""
-    import ckptstore.chains.kinds.rows as memory  # where the rows kind keeps it
+    import ckptstore.device.rows as memory  # the rows kind imports it when it keeps one
 
     store = ckptstore.open(tmp_path / "s", options=EncodingOptions(device_encode="always",
                                                                     pack_below=1024),

@@ -26,7 +26,6 @@ from concurrent.futures import Executor
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
-import torch
 
 from ...chunkcodec import ChunkCodec, Encoded
 from ...errors import ManifestError
@@ -35,7 +34,8 @@ from ...history.manifest import Blob, Kind, Manifest, TensorEntry
 from ...storage import Buffer
 from ..links import ChainLink, ChainStart, CodesBase, Reference, Shadow
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch only for hints: `ckpt show` / `du` walk chains without it
+    import torch
     from ...policy import Policy, Want
     from ...tracking.rows import RowTracker
     from ...device.quant import ChunkCodes

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from ...chunkcodec import LOSSLESS_IDS, BloscLossless, PlanesLossless
-from ...device.rows import device_reference
 from ...errors import ManifestError
 from ...format.dtypes import numpy_dtype
 from ...format.grid import ChunkGrid
@@ -148,7 +147,8 @@ class Rows(ChainKind):
         exact = item.codec.codec_id in LOSSLESS_IDS and (
             item.kind == Kind.FULL or (old is not None and old.exact))
         device = None if is_tracked else kept.on_device
-        if device is not None:
+        if device is not None:  # torch, only where a device reference is kept
+            from ...device.rows import device_reference
             device = device_reference(device, old.device_values if old else None)
         if device is None and not is_tracked and kept.rows_only:
             # no room on the device for the next reference, and the snapshot holds only the
