@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from .tracking.resume import ResumableLoader, ResumableSampler, RNGState
     from .tracking.gradients import GradientEMA
     from .storage.retry import Retry
-    from .store import Store, open
+    from .opening import open
+    from .store import Store
     from .tracking.rows import RowTracker, track
     from .maintenance.usage import UsageReport
 
@@ -42,7 +43,7 @@ _LAZY = {  # public name -> the submodule it lives in
     "Policy": "policy", "QualitySearch": "policy", "QuantSpec": "policy",
     "LatestN": "policy", "EveryN": "policy", "BestN": "policy",
     "ResumableLoader": "tracking.resume", "ResumableSampler": "tracking.resume", "RNGState": "tracking.resume",
-    "Store": "store", "open": "store", "RowTracker": "tracking.rows", "track": "tracking.rows",
+    "Store": "store", "open": "opening", "RowTracker": "tracking.rows", "track": "tracking.rows",
     "UsageReport": "maintenance.usage", "GradientEMA": "tracking.gradients", "Retry": "storage.retry",
 }
 

@@ -44,7 +44,7 @@ from .format.layout import check_ref_name
 from .policy import Policy
 from .state.tree import is_stateful
 from .store import Store
-from .store import open as open_store
+from .opening import open as open_store
 
 __all__ = ["StoreCheckpointIO", "plain_checkpoint", "tag_for_path"]
 

@@ -174,7 +174,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     options = parse_storage_options(args.storage_options)
     if getattr(args, "verb", None) == "import":  # the one verb that may start a store
-        from ..store import open as open_store
+        from ..opening import open as open_store
 
         open_store(args.store, **options).close()
     storage = open_existing(args.store, options)

@@ -63,7 +63,7 @@ def run_status(ctx: Context) -> int:
 
 
 def run_push(ctx: Context) -> int:
-    from ..store import open as open_store
+    from ..opening import open as open_store
 
     url, options = _remote(ctx)
     with open_store(url, create=False, local=ctx.args.store, **options) as store:

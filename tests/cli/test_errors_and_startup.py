@@ -399,7 +399,7 @@ def test_import_ckptstore_is_lazy_yet_complete():
     names: dict = {}
     exec("from ckptstore import *", names)  # noqa: S102 - every public name, as before lazy imports
     assert set(ckptstore.__all__) <= set(names) and set(ckptstore.__all__) <= set(dir(ckptstore))
-    assert names["open"] is ckptstore.open is ckptstore.store.open
+    assert names["open"] is ckptstore.open is ckptstore.opening.open
     assert names["Store"] is ckptstore.Store and names["RefNotFound"] is ckptstore.RefNotFound
     assert ckptstore.policy.Policy is ckptstore.Policy  # submodules as attributes, as before
     with pytest.raises(AttributeError, match="no attribute 'nope'"):

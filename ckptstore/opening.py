@@ -1,0 +1,111 @@
+"""``ckptstore.open``: a location (a local path or any fsspec URL, and a local tier) opened as a
+:class:`~ckptstore.store.Store` -- the storage made, the store's marker checked (or written into
+an empty location), the options checked before anything is created."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .commit.plan import EncodingOptions
+from .errors import NotAStoreError
+from .format.layout import MARKER
+from .history.manifest import decode_marker, encode_marker
+from .policy import Policy
+from .policy.retention import Retention, check_retention
+from .priority import DEFAULT_PRIORITY, check_priority
+from .storage import Retry, Storage, open_storage
+from .store import Store
+from .tiers import Tiers
+
+__all__ = ["open"]
+
+
+def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions | None = None,
+         policy: Policy | None = None, io_workers: int | None = None, durable: bool = True,
+         collective: bool = True, retry: Retry | None = None,
+         staging_budget: int | None = None, background_priority: str = DEFAULT_PRIORITY,
+         keep: Retention | None = None, local: str | os.PathLike | None = None,
+         upload_budget: int | None = None, local_keep: Retention | None = None,
+         **storage_options: Any) -> Store:
+    """Open the store at ``url`` (a local path or any fsspec URL), creating it unless
+    ``create=False``. ``durable=True`` (the default) makes a commit to a local store
+    crash-consistent: its chunk files and folders, then its manifest, then its ref are fsynced
+    in that order (a machine that loses power after a commit returned keeps it whole);
+    ``durable=False`` opts out (faster commits; a power loss may then leave a ref naming data
+    that never reached the disk). Object stores ignore it.
+
+    ``io_workers`` bounds the threads that encode and write chunks (default:
+    on local disks the CPUs this process may use divided by the ranks on the host,
+    ``LOCAL_WORLD_SIZE``; 16 for object stores); lower it to leave cores to training.
+
+    Raises :class:`NotAStoreError` if the location exists but holds something else, or is absent
+    and ``create=False``; :class:`FormatVersionError` if a newer ckptstore wrote it.
+
+    ``collective=False`` keeps ``commit`` a single-process call under ``torch.distributed``
+    (e.g. when only rank 0 commits).
+
+    ``staging_budget`` bounds (in bytes) the host staging buffers ``commit_async`` copies the
+    state into (pinned for CUDA tensors): a commit that would need more raises
+    :class:`StagingBudgetError` before anything is copied (default: no bound; the pool holds
+    one copy of the latest state).
+
+    ``background_priority`` is the CPU priority of ``commit_async``'s persist and of the threads
+    that encode and write its chunks: ``"low"`` (the default: nice +10, a fair share of a busy
+    core), ``"idle"`` (Linux ``SCHED_IDLE``: starves when other processes keep every core busy)
+    or ``"normal"``; while the caller waits for a persist, it runs at normal priority. See
+    :mod:`ckptstore.priority`.
+
+    ``retry`` (a :class:`ckptstore.Retry`) sets how object-store requests that fail with a
+    transient error are repeated after the client's own retries (default ``Retry()``: 4
+    attempts, backoff from 0.2 s capped at 5 s); local disks and ``memory://`` are not retried.
+    ``keep`` (a retention rule: ``LatestN(3) | BestN(2, "loss") | EveryN(1000, key="step")``)
+    is applied after each commit of this store lands, tags and branch tips always kept; see
+    :mod:`ckptstore.policy.retention`.
+
+    ``local`` (a local path) makes a tiered store (docs/tiers.md): commits land there and are
+    uploaded to ``url`` in the background, in commit order; reads prefer the local tier.
+    ``upload_budget`` bounds the bytes of commits waiting for upload (a commit then waits, with
+    an :class:`~ckptstore.tiers.UploadBudgetWarning`); ``local_keep`` (a retention rule) is
+    applied to the local tier after each upload lands. ``keep=`` is refused with ``local=``.
+
+    Other keywords (``storage_options``) go to fsspec.
+    """
+    check_priority(background_priority)  # before anything is created
+    check_retention(keep)
+    if local is None and (upload_budget is not None or local_keep is not None):
+        raise TypeError("upload_budget= and local_keep= need local= (a tiered store)")
+    if local is not None and keep is not None:
+        raise TypeError("keep= with local=: give the local tier's rule as local_keep=")
+    storage = open_storage(url, durable=durable, retry=retry, **storage_options)
+    tiers = None
+    if local is None:
+        storage = _opened(storage, url, create)
+    else:  # a remote that does not answer yet: commits land locally, uploads wait for it
+        remote = storage
+        tiers = Tiers(_opened(open_storage(local, durable=durable), local, True), remote,
+                      storage_options, upload_budget, local_keep,
+                      lambda: _opened(remote, url, create))
+        storage = tiers.storage
+    return Store(storage, options, io_workers=io_workers, policy=policy, collective=collective,
+                 staging_budget=staging_budget, background_priority=background_priority,
+                 keep=keep, tiers=tiers)
+
+
+def _opened(storage: Storage, url: str | os.PathLike, create: bool) -> Storage:
+    """``storage`` once it holds a store (made unless ``create`` is False)."""
+    try:
+        decode_marker(storage.read(MARKER), storage.path(MARKER))
+    except FileNotFoundError:
+        if not create:
+            raise NotAStoreError(f"no ckptstore at {url!s}: check the location (a store is "
+                                 "created by ckptstore.open(url) without create=False)") from None
+        # the marker itself may appear meanwhile: ranks of a job open a new store together
+        leftovers = [n for n in storage.listdir("") if not n.startswith(".") and n != MARKER]
+        if leftovers:
+            raise NotAStoreError(
+                f"{url!s} is not empty ({', '.join(leftovers[:5])}) and holds no ckptstore; "
+                "choose an empty location") from None
+        storage.put_if_absent(MARKER, encode_marker())
+        decode_marker(storage.read(MARKER), storage.path(MARKER))
+    return storage
