@@ -35,7 +35,7 @@ from .export.result import ExportResult
 from .format.layout import check_ref_name
 from .policy import Policy
 from .store import Store
-from .store import open as open_store
+from .opening import open as open_store
 
 __all__ = ["StoreCallback", "export_pretrained", "load_rng_state", "rng_state"]
 
