@@ -43,6 +43,12 @@ class PendingCommit:
         self.observed = False
         self._started = time.perf_counter()
         self._boost = boost
+        self._uploaded: Callable[[str, float | None], None] | None = None
+
+    def on_upload(self, wait_uploaded: Callable[[str, float | None], None]) -> None:
+        """Set by a tiered store: ``wait_uploaded(commit id, timeout)`` returns once the commit
+        is on the remote (``wait(uploaded=True)``)."""
+        self._uploaded = wait_uploaded
 
     def finish(self, info: CommitInfo | None, error: BaseException | None) -> None:
         """Record the outcome (by whoever runs the commit: the committer's persist thread, or
@@ -64,8 +70,15 @@ class PendingCommit:
     def failed(self) -> bool:
         return self._done.is_set() and self._error is not None
 
-    def wait(self, timeout: float | None = None) -> CommitInfo:
-        """Block until persisted; return the commit's info or raise its error."""
+    def wait(self, timeout: float | None = None, uploaded: bool = False) -> CommitInfo:
+        """Block until persisted; return the commit's info or raise its error. ``uploaded``
+        (a tiered store only): also until the commit is on the remote, raising the
+        :class:`~ckptstore.errors.UploadError` that stops it; ``timeout`` counts both."""
+        if uploaded and self._uploaded is None:
+            raise PendingCommitError(
+                "wait(uploaded=True) needs a tiered store (ckptstore.open(url, local=...)); "
+                "this store has one tier: wait() alone returns once the commit is stored")
+        deadline = None if timeout is None else time.monotonic() + timeout
         if not self._done.is_set():
             with self._boost():
                 self._done.wait(timeout)
@@ -75,6 +88,9 @@ class PendingCommit:
         self.observed = True
         if self._error is not None:
             raise self._error
+        if uploaded and self._uploaded is not None:
+            self._uploaded(self._info.id, None if deadline is None else
+                           max(0.0, deadline - time.monotonic()))
         return self._info
 
     def raise_unobserved(self) -> None:

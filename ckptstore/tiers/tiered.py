@@ -146,7 +146,15 @@ class Tiers:
             if not pending.failed:
                 self._add(pending.wait().id, branch)
 
+        pending.on_upload(self.wait_uploaded)
         self._queuer.submit(add)
+
+    def wait_uploaded(self, commit: str, timeout: float | None = None) -> None:
+        """Wait until ``commit`` is on the remote (``PendingCommit.wait(uploaded=True)``):
+        the uploads queued before it and its own; raises :class:`UploadError` or
+        ``TimeoutError``."""
+        self._queuer.submit(lambda: None).result(timeout)  # a commit_async one queued first
+        self.uploader.wait(timeout=timeout, commit=commit)
 
     def _add(self, commit: str, branch: str) -> None:
         self.uploader.add(self.journal.add(commit, branch, self._local_bytes(commit)))

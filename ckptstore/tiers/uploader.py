@@ -83,17 +83,19 @@ class Uploader:
         with self._cond:
             return list(self._status.values())
 
-    def wait(self, timeout: float | None = None, below: int | None = None) -> None:
+    def wait(self, timeout: float | None = None, below: int | None = None,
+             commit: str | None = None) -> None:
         """Wait until every queued commit is uploaded, or (``below``) until the queued bytes
-        are under that; a halted queue is tried once more first. Raises the
-        :class:`UploadError` of a failure, or ``TimeoutError``."""
+        are under that, or until ``commit`` is uploaded (not queued: at once); a halted queue
+        is tried once more first. Raises the :class:`UploadError` of a failure, or
+        ``TimeoutError``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             begun = self._attempts  # only a failure of an attempt begun after this counts
             if self._halted is not None:
                 self._halted = None
                 self._cond.notify_all()
-            while not self._reached(below):
+            while not self._reached(below, commit):
                 if self._halted is not None:
                     if self._failed_at > begun:
                         raise self._halted
@@ -101,10 +103,13 @@ class Uploader:
                     self._cond.notify_all()
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    raise TimeoutError(f"uploads still running after {timeout} s")
+                    raise TimeoutError(f"uploads still running after {timeout} s" + (
+                        "" if commit is None else f" (commit {commit[:12]} not uploaded yet)"))
                 self._cond.wait(left)
 
-    def _reached(self, below: int | None) -> bool:
+    def _reached(self, below: int | None, commit: str | None) -> bool:
+        if commit is not None:
+            return all(r.commit != commit for r in self._queue)
         if below is not None:
             return sum(r.bytes for r in self._queue) < below
         return not self._queue

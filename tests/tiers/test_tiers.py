@@ -209,3 +209,31 @@ def test_opens_and_commits_while_the_remote_does_not_answer(tmp_path):
     store.push()  # the remote store is made by the first upload
     assert ckptstore.open(remote, create=False).resolve("main") == info.id
     store.close()
+
+
+def test_wait_uploaded_waits_for_this_commit(dirs):
+    local, remote = dirs
+    block(remote)
+    store = ckptstore.open(remote, local=local)
+    first = store.commit_async(state(0), message="c0")
+    with pytest.raises(UploadError, match="safe on the local tier"):
+        first.wait(uploaded=True)
+    assert first.wait().message == "c0"  # durable locally all the same
+    assert not ckptstore.open(remote, create=False).branches()
+    unblock(remote)
+    second = store.commit_async(state(1), message="c1")
+    info = second.wait(uploaded=True, timeout=60)  # the first (before it) goes up too
+    reader = ckptstore.open(remote, create=False)
+    assert [c.message for c in reader.log()] == ["c1", "c0"]
+    assert reader.resolve("main") == info.id
+    assert same(reader.checkout(info.id), state(1))
+    assert first.wait(uploaded=True).id == reader.resolve("main~1")  # uploaded: at once
+    store.close()
+
+
+def test_wait_uploaded_needs_a_tiered_store(tmp_path):
+    with ckptstore.open(tmp_path / "s") as store:
+        pending = store.commit_async(state(0))
+        with pytest.raises(ckptstore.PendingCommitError, match="needs a tiered store"):
+            pending.wait(uploaded=True)
+        assert same(store.checkout(pending.wait().id), state(0))
