@@ -11,12 +11,16 @@ Usage::
    CPU time of this process (``time.process_time``: one thread, so the time of one core) after a
    warm-up call (numba's compile excluded), as GB/s of the kernel's input and numba / C (on the
    path ``auto`` picks).
-2. BytePlanes' encode and decode as a whole (its Huffman coder still numba in both): three
-   processes per implementation, alternating, the median of their median CPU times.
-3. The cold start: a fresh process whose first call is a BytePlanes encode + decode of 10 MB of
-   float32, numba's cache empty (``NUMBA_CACHE_DIR`` a new temporary folder) under each
-   ``CKPTCODECS_KERNELS``; then the same with that cache filled. Wall time, median of ``--cold``
-   runs (the other kernels of BytePlanes -- its Huffman coder -- are still numba in both).
+   RLEHuffman's coder (``encode_stream``, ``decode_symbols``) on BucketDelta's residuals and on
+   4-bit codes, with the compression ratio in the label.
+2. RLEHuffman (BucketDelta's residuals) and BytePlanes (its Huffman coder still numba in both)
+   encode and decode as a whole: three processes per implementation, alternating, the median
+   of their median CPU times.
+3. The cold start: a fresh process whose first call is an RLEHuffman encode + decode of 10 MB
+   of residuals, or a BytePlanes one of 10 MB of float32, numba's cache empty
+   (``NUMBA_CACHE_DIR`` a new temporary folder) under each ``CKPTCODECS_KERNELS``; then the
+   same with that cache filled. Wall time, median of ``--cold`` runs (BytePlanes' Huffman
+   coder is still numba in both).
 
 The machine may be shared: the 1-minute load average is printed before and after.
 """
@@ -35,7 +39,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ckptcodecs import _backend
+from ckptcodecs import _backend, rle_huffman
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import load_average, machine_description, markdown_table  # noqa: E402
@@ -114,6 +118,27 @@ def _code_cases(mb: int, rng) -> list[tuple[str, str, int, callable]]:
     res, dec = np.empty(n, np.uint8), np.empty(n, np.uint8)
     cases += [("delta", "encode, K=16, 10% changed", n, lambda k: k.encode(new, base, 16, res)),
               ("delta", "decode, K=16, 10% changed", n, lambda k: k.decode(res, base, 16, dec))]
+    residuals = np.empty(n, np.uint8)  # what RLEHuffman codes in a store
+    _backend.implementation("delta", "numba").encode(new, base, 16, residuals)
+    return cases + _rle_huffman_cases(residuals, rng)
+
+
+def _rle_huffman_cases(residuals: np.ndarray, rng) -> list[tuple[str, str, int, callable]]:
+    """(family, label, input bytes, call(kernels)) of RLEHuffman's coder: BucketDelta's
+    residuals (what it codes in a store) and 4-bit codes of a bell curve; the label gives the
+    compression ratio (the same bytes under both)."""
+    n = residuals.size
+    bell = np.clip(np.rint(rng.standard_normal(n) * 2 + 8), 0, 15).astype(np.uint8)
+    cases = []
+    for name, data in (("residuals, K=16, 10% changed", residuals), ("4-bit codes, bell", bell)):
+        payload = rle_huffman.rle_huffman_encode(data)
+        stream, nsym, size, tables = rle_huffman.coded_parts(payload)
+        ratio = n / len(payload)
+        out = np.empty(n, np.uint8)
+        cases += [("rle_huffman", f"encode_stream, {name} ({ratio:.1f}×)", n,
+                   lambda k, d=data: k.encode_stream(d, 22)),
+                  ("rle_huffman", f"decode_symbols, {name}", n,
+                   lambda k, a=(stream, nsym, size, *tables), o=out: k.decode_symbols(*a, o))]
     return cases
 
 
@@ -156,7 +181,22 @@ import ckptcodecs
 mb, repeat = int(sys.argv[1]), int(sys.argv[2])
 x = np.random.default_rng(0).standard_normal((mb << 20) // 4).astype(np.float32)
 inputs = {"float32": (x, 4), "bfloat16": ((x.view(np.uint32) >> 16).astype(np.uint16), 2)}
-out = {}
+rng = np.random.default_rng(1)
+base = rng.integers(0, 16, mb << 20, dtype=np.uint8)
+new = np.where(rng.random(base.size) < 0.1, rng.integers(0, 16, base.size, dtype=np.uint8), base)
+res = ckptcodecs.delta_encode(new, base, 16)
+enc = ckptcodecs.rle_huffman_encode(res)
+ckptcodecs.rle_huffman_decode(enc)
+times = {"encode": [], "decode": []}
+for _ in range(repeat):
+    t0 = time.process_time()
+    ckptcodecs.rle_huffman_encode(res)
+    t1 = time.process_time()
+    ckptcodecs.rle_huffman_decode(enc)
+    times["encode"].append(t1 - t0)
+    times["decode"].append(time.process_time() - t1)
+out = {f"RLEHuffman residuals {step}": res.size / statistics.median(ts) / 1e9
+       for step, ts in times.items()}
 for name, (data, itemsize) in inputs.items():
     enc = ckptcodecs.planes_encode(data, itemsize)
     ckptcodecs.planes_decode(enc)
@@ -175,8 +215,9 @@ print(json.dumps(out))
 
 
 def codec_table(mb: int, repeat: int, rounds: int = 3) -> str:
-    """BytePlanes encode and decode (GB/s of the array): ``rounds`` processes per
-    implementation, alternating, the median of their medians."""
+    """RLEHuffman (BucketDelta's residuals) and BytePlanes (float32, bfloat16) encode and
+    decode, GB/s of the input: ``rounds`` processes per implementation, alternating, the
+    median of their medians."""
     got: dict[str, dict[str, list[float]]] = {which: {} for which in IMPLEMENTATIONS}
     for _ in range(rounds):
         for which in IMPLEMENTATIONS:
@@ -189,51 +230,60 @@ def codec_table(mb: int, repeat: int, rounds: int = 3) -> str:
            for which, cases in got.items()}
     rows = [[case, f"{med['c'][case]:.2f}", f"{med['numba'][case]:.2f}",
              f"{med['c'][case] / med['numba'][case]:.2f}×"] for case in med["c"]]
-    return markdown_table(["BytePlanes (rotated)", "C GB/s", "numba GB/s", "numba / C"], rows,
+    return markdown_table(["codec as a whole", "C GB/s", "numba GB/s", "numba / C"], rows,
                           "lrrr")
 
 
 _FIRST_CALL = """
-import json, time
+import json, sys, time
 t0 = time.perf_counter()
 import numpy as np
 import ckptcodecs
 t1 = time.perf_counter()
-data = np.random.default_rng(0).standard_normal(10 * 2**20 // 4).astype(np.float32)
-enc = ckptcodecs.planes_encode(data, 4)
-assert ckptcodecs.planes_decode(enc).tobytes() == data.tobytes()
+rng = np.random.default_rng(0)
+if sys.argv[1] == "BytePlanes":
+    data = rng.standard_normal(10 * 2**20 // 4).astype(np.float32)
+    enc = ckptcodecs.planes_encode(data, 4)
+    assert ckptcodecs.planes_decode(enc).tobytes() == data.tobytes()
+else:  # RLEHuffman of 10 MB of 4-bit residuals, mostly zero
+    data = np.where(rng.random(10 * 2**20) < 0.1, rng.integers(0, 16, 10 * 2**20), 0)
+    enc = ckptcodecs.rle_huffman_encode(data.astype(np.uint8))
+    assert ckptcodecs.rle_huffman_decode(enc).tobytes() == data.astype(np.uint8).tobytes()
 t2 = time.perf_counter()
 print(json.dumps({"import": t1 - t0, "first": t2 - t1, "kernels": ckptcodecs._backend.CHOICE}))
 """
 
 
-def _first_call(which: str, cache: str) -> dict:
+def _first_call(codec: str, which: str, cache: str) -> dict:
     env = {**os.environ, "CKPTCODECS_KERNELS": which, "NUMBA_CACHE_DIR": cache}
     t0 = time.perf_counter()
-    run = subprocess.run([sys.executable, "-c", _FIRST_CALL], env=env, capture_output=True,
-                         text=True, check=True)
+    run = subprocess.run([sys.executable, "-c", _FIRST_CALL, codec], env=env,
+                         capture_output=True, text=True, check=True)
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["kernels"] == which
     return {**result, "process": time.perf_counter() - t0}
 
 
 def cold_table(runs: int) -> str:
-    """Wall seconds of a fresh process's import and first BytePlanes round trip."""
-    got: dict[tuple[str, str], list[dict]] = {}
+    """Wall seconds of a fresh process's import and first round trip of each codec."""
+    got: dict[tuple[str, str, str], list[dict]] = {}
     for _ in range(runs):
-        for which in IMPLEMENTATIONS:  # interleaved, as the kernels are
-            with tempfile.TemporaryDirectory(prefix="numba-cache-") as cache:
-                got.setdefault((which, "empty"), []).append(_first_call(which, cache))
-                got.setdefault((which, "filled"), []).append(_first_call(which, cache))
+        for codec in ("RLEHuffman", "BytePlanes"):
+            for which in IMPLEMENTATIONS:  # interleaved, as the kernels are
+                with tempfile.TemporaryDirectory(prefix="numba-cache-") as cache:
+                    for state in ("empty", "filled"):
+                        got.setdefault((codec, which, state), []).append(
+                            _first_call(codec, which, cache))
     rows = []
-    for (which, cache), results in got.items():
+    for (codec, which, cache), results in got.items():
         med = {key: statistics.median(r[key] for r in results)
                for key in ("import", "first", "process")}
-        rows.append([which, cache, f"{med['import']:.2f}", f"{med['first']:.2f}",
+        rows.append([codec, which, cache, f"{med['import']:.2f}", f"{med['first']:.2f}",
                      f"{med['process']:.2f}", len(results)])
-    rows.sort(key=lambda r: (r[1], r[0]))
-    return markdown_table(["kernels", "numba cache", "import s", "first encode+decode s",
-                           "whole process s", "runs"], rows, "llrrrr")
+    rows.sort(key=lambda r: (r[0], r[2], r[1]))
+    return markdown_table(["first codec", "kernels", "numba cache", "import s",
+                           "first encode+decode s", "whole process s", "runs"], rows,
+                          "lllrrrr")
 
 
 def main(argv: list[str] | None = None) -> None:

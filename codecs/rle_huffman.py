@@ -30,6 +30,7 @@ import numpy as np
 from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray
 
+from ._backend import kernels
 from ._hkernels import (
     ALPHABET,
     ERR_BITS,
@@ -41,17 +42,22 @@ from ._hkernels import (
     MAX_LEN,
     MAX_RUN,
     canonical_codes,
+    code_lengths,
     decode_symbols,
     encode_stream,
 )
 from ._buffers import as_input, copy_out, payload
 from .errors import CodecError
 
-__all__ = ["RLEHuffman", "rle_huffman_decode", "rle_huffman_encode"]
+__all__ = ["RLEHuffman", "coded_parts", "decode_tables", "rle_huffman_decode",
+           "rle_huffman_encode"]
 
 VERSION = 1
 _HEAD = struct.Struct("<BBQ")
 _HUFF = struct.Struct("<QI")
+# The implementation this process runs (ckptcodecs._backend): C, or the numba kernels.
+_K = kernels("rle_huffman", encode_stream=encode_stream, code_lengths=code_lengths,
+             canonical_codes=canonical_codes, decode_symbols=decode_symbols)
 _ERRORS = {
     ERR_BITS: "bit stream ends early",
     ERR_CODE: "bit pattern that is no Huffman code",
@@ -69,7 +75,7 @@ def rle_huffman_encode(data) -> bytes:
     if n == 0:
         return _HEAD.pack(VERSION, 0, 0)
     head = _HEAD.size + _HUFF.size
-    out, end, nsym, used, lens = encode_stream(arr, head)
+    out, end, nsym, used, lens = _K.encode_stream(arr, head)
     if end < 0:  # coding would not make it smaller: store raw
         return _HEAD.pack(VERSION, 0, n) + arr.tobytes()
     header = (_HEAD.pack(VERSION, 1, n) + _HUFF.pack(nsym, used.size)
@@ -81,6 +87,24 @@ def rle_huffman_encode(data) -> bytes:
 
 def rle_huffman_decode(buf) -> np.ndarray:
     """Decode an RLEHuffman payload to a uint8 array; raise CodecError if it is malformed."""
+    parts = coded_parts(buf)
+    if isinstance(parts, np.ndarray):  # stored raw
+        return parts
+    stream, nsym, n, tables = parts
+    out = np.empty(n, np.uint8)
+    status = _K.decode_symbols(stream, nsym, n, *tables, out)
+    if status < 0:
+        raise CodecError(f"RLEHuffman payload corrupted: {_ERRORS[status]}")
+    if (status + 7) // 8 != stream.size:
+        raise CodecError(f"RLEHuffman bit stream has {stream.size} bytes, the symbols use "
+                         f"{(status + 7) // 8} (trailing garbage)")
+    return out
+
+
+def coded_parts(buf) -> np.ndarray | tuple[np.ndarray, int, int, tuple]:
+    """The checked header of an RLEHuffman payload: a copy of the bytes where they are stored
+    raw, else ``(stream, nsym, n, tables)``, the arguments of the decoder kernel but its output
+    (``tables``: :func:`decode_tables`'). A CodecError where the header is malformed."""
     b = payload(buf)
     if b.size < _HEAD.size:
         raise CodecError(f"RLEHuffman payload truncated: {b.size} bytes, header needs {_HEAD.size}")
@@ -115,21 +139,14 @@ def rle_huffman_decode(buf) -> np.ndarray:
     if nsym > 8 * stream.size or nsym > n or n > nsym * MAX_RUN:
         raise CodecError(f"RLEHuffman header inconsistent: {nsym} symbols, {n} bytes, "
                          f"{stream.size} bytes of bit stream")
-    out = np.empty(n, np.uint8)
-    lut, first, offset, count, sorted_syms, maxlen = _decode_tables(syms, lens)
-    status = decode_symbols(stream, nsym, n, lut, first, offset, count, sorted_syms, maxlen,
-                            out)
-    if status < 0:
-        raise CodecError(f"RLEHuffman payload corrupted: {_ERRORS[status]}")
-    if (status + 7) // 8 != stream.size:
-        raise CodecError(f"RLEHuffman bit stream has {stream.size} bytes, the symbols use "
-                         f"{(status + 7) // 8} (trailing garbage)")
-    return out
+    return stream, nsym, n, decode_tables(syms, lens)
 
 
-def _decode_tables(syms: np.ndarray, lens: np.ndarray):
+def decode_tables(syms: np.ndarray, lens: np.ndarray) -> tuple:
+    """The decoder kernel's tables of a checked code table (symbols, code lengths):
+    ``(lut, first, offset, count, sorted_syms, maxlen)``."""
     codes = np.empty(syms.size, np.int64)
-    canonical_codes(lens, codes)
+    _K.canonical_codes(lens, codes)
     maxlen = int(lens.max())
     nbits = LUT_BITS
     sym1 = np.zeros(1 << nbits, np.int64)

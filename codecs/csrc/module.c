@@ -86,6 +86,15 @@ static PyMethodDef methods[] = {
     {"delta_encode", ck_delta_encode, METH_VARARGS,
      "encode(new, base, k, out): residuals mod k in base-bucket order."},
     {"delta_decode", ck_delta_decode, METH_VARARGS, "decode(res, base, k, out)."},
+    {"rle_huffman_encode_stream", ck_rle_encode_stream, METH_VARARGS,
+     "encode_stream(data, head) -> (out, end, nsym, used, lens): RLE + Huffman in one call."},
+    {"rle_huffman_code_lengths", ck_rle_code_lengths, METH_VARARGS,
+     "code_lengths(freq, lens): length-limited Huffman code lengths (int64 tables)."},
+    {"rle_huffman_canonical_codes", ck_rle_canonical_codes, METH_VARARGS,
+     "canonical_codes(lens, codes): canonical codes of the code lengths."},
+    {"rle_huffman_decode_symbols", ck_rle_decode_symbols, METH_VARARGS,
+     "decode_symbols(buf, nsym, n, lut, first, offset, count, sorted_syms, maxlen, out)"
+     " -> bits consumed, or a negative error code."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -54,5 +54,9 @@ PyObject *ck_pack(PyObject *self, PyObject *args);
 PyObject *ck_unpack(PyObject *self, PyObject *args);
 PyObject *ck_delta_encode(PyObject *self, PyObject *args);
 PyObject *ck_delta_decode(PyObject *self, PyObject *args);
+PyObject *ck_rle_encode_stream(PyObject *self, PyObject *args);
+PyObject *ck_rle_code_lengths(PyObject *self, PyObject *args);
+PyObject *ck_rle_canonical_codes(PyObject *self, PyObject *args);
+PyObject *ck_rle_decode_symbols(PyObject *self, PyObject *args);
 
 #endif

@@ -18,9 +18,11 @@ import pytest
 from ckptcodecs import CodecError, _backend
 
 HERE = Path(__file__).resolve().parent
-#: the codec tests of the families with C kernels (bytegroup, bitpack, delta), golden data too
+#: the codec tests of the families with C kernels (bytegroup, bitpack, delta, rle_huffman),
+#: golden data too
 PORTED = ["test_codec_bitpack.py", "test_codec_delta.py", "test_codec_planes.py",
-          "test_codec_planes_region.py", "test_codec_qdelta.py", "test_codec_backcompat.py"]
+          "test_codec_planes_region.py", "test_codec_qdelta.py", "test_codec_backcompat.py",
+          "test_codec_rle_huffman.py"]
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from ckptcodecs import _backend
+from ckptcodecs import _backend, rle_huffman
 
 pytestmark = pytest.mark.skipif(_backend.native() is None,
                                 reason="ckptcodecs' compiled kernels are not built")
@@ -108,16 +108,26 @@ def test_non_contiguous_buffer_is_refused():
         _c("bitpack").pack(_bytes(16)[::2], 3, _bytes(8))
 
 
+def _rle_huffman_args(data: np.ndarray) -> tuple:
+    """decode_symbols' arguments but ``out`` for the RLEHuffman payload of ``data``."""
+    stream, nsym, n, tables = rle_huffman.coded_parts(rle_huffman.rle_huffman_encode(data))
+    return stream, nsym, n, *tables
+
+
 def _big_calls():
     """One long call of each family (tens of ms), every buffer allocated beforehand (numpy
     may release the GIL while it allocates)."""
     n = 1 << 24
     src, planes, out, words = _bytes(4 * n), _planes(4, n), _bytes(4 * n), np.zeros(n, np.uint32)
+    skewed = np.minimum(np.random.default_rng(0).geometric(0.3, n) - 1, 255).astype(np.uint8)
+    rle_args = _rle_huffman_args(skewed)
     return {
         "bytegroup": lambda: _c("bytegroup").merge4(*planes, True, words, 1, n, n, 0, n),
         "split_rows": lambda: _c("bytegroup").split_rows(src, 4, True, out, 0, n),
         "bitpack": lambda: _c("bitpack").unpack(src, 3, n, out),
         "delta": lambda: _c("delta").encode(src[:n], planes[0], 4, out[:n]),
+        "rle_huffman encode": lambda: _c("rle_huffman").encode_stream(skewed, 22),
+        "rle_huffman decode": lambda: _c("rle_huffman").decode_symbols(*rle_args, out[:n]),
     }
 
 
@@ -154,6 +164,7 @@ def test_the_probe_sees_a_call_that_holds_the_gil():
     assert _progress_during(lambda: bytes(src)) == [0, 0, 0]
 
 
-@pytest.mark.parametrize("kernel", ["bytegroup", "split_rows", "bitpack", "delta"])
+@pytest.mark.parametrize("kernel", ["bytegroup", "split_rows", "bitpack", "delta",
+                                    "rle_huffman encode", "rle_huffman decode"])
 def test_kernels_release_the_gil(kernel):
     assert any(_progress_during(_big_calls()[kernel]))

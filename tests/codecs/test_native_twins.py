@@ -19,7 +19,7 @@ from ckptcodecs import _backend
 pytestmark = pytest.mark.skipif(_backend.native() is None,
                                 reason="ckptcodecs' compiled kernels are not built")
 
-FAMILIES = ("bytegroup", "bitpack", "delta")
+FAMILIES = ("bytegroup", "bitpack", "delta", "rle_huffman")  # rle_huffman: its own file
 SIZES = st.one_of(st.integers(0, 40), st.integers(0, 5000),
                   st.sampled_from([1 << 16, (1 << 17) + 3]))
 UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
