@@ -45,6 +45,12 @@ int ck_set_simd(const char *name);
 const char *ck_simd(void);
 PyObject *ck_simd_paths(void);
 
+/* RLEHuffman's tables (rle_huffman_tables.c): Huffman code lengths (at most 24) of the positive
+   freq[0..n) into lens, canonical codes of lens[0..n) (each 0..24) into codes; 0 when memory
+   runs out. */
+int ck_code_lengths(const int64_t *freq, Py_ssize_t n, int64_t *lens);
+int ck_canonical_codes(const int64_t *lens, Py_ssize_t n, int64_t *codes);
+
 PyObject *ck_split_rows(PyObject *self, PyObject *args);
 PyObject *ck_merge2(PyObject *self, PyObject *args);
 PyObject *ck_merge4(PyObject *self, PyObject *args);

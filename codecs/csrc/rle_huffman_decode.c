@@ -41,11 +41,19 @@ static int64_t decode(const uint8_t *buf, Py_ssize_t nbuf, int64_t nsym, Py_ssiz
     int64_t last = -1, k = 0;
     const uint64_t lmask = (UINT64_C(1) << LUT_BITS) - 1;
     while (k < nsym) {
-        if (nacc < t->maxlen)
+        if (nacc < t->maxlen) {
+            if (pos + 8 <= nbuf) {  /* the bytes the loop below would add, in one load */
+                int nb = (64 - nacc) >> 3;
+                uint64_t word = __builtin_bswap64(ck_load64(buf + pos));
+                acc = nb == 8 ? word : (acc << (8 * nb)) | (word >> (64 - 8 * nb));
+                pos += nb;
+                nacc += 8 * nb;
+            }
             while (nacc <= 56 && pos < nbuf) {
                 acc = (acc << 8) | buf[pos++];
                 nacc += 8;
             }
+        }
         int64_t peek = (int64_t)(nacc >= LUT_BITS ? (acc >> (nacc - LUT_BITS)) & lmask
                                                   : (acc << (LUT_BITS - nacc)) & lmask);
         int64_t e = t->lut[peek], ln = e & 0xFF, l2 = (e >> 24) & 0xFF;
