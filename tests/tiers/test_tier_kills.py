@@ -16,7 +16,7 @@ import hostile_tier_kills  # noqa: E402
 
 
 @pytest.mark.s3
-@pytest.mark.slow  # each kill starts two Python processes importing torch: about a minute
+@pytest.mark.slow  # 8 kills, two Python processes importing torch each: 1-3 min
 def test_a_kill_of_each_kind_loses_nothing():
     kinds = hostile_tier_kills.KINDS
     result = hostile_tier_kills.campaign(len(kinds), seed=5, kinds=kinds)
