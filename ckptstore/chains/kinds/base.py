@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # torch only for hints: `ckpt show` / `du` walk chains withou
     from ..replay import ChunkCodesOf
 
 __all__ = ["ChainKind", "ChainSource", "Kept", "LinkItem", "LinkSink", "LinkWritten", "Remembered",
-           "StagedLink", "fits", "host_copy"]
+           "StagedLink", "fits", "host_copy", "misfit"]
 
 
 class ChainSource(Protocol):
@@ -246,6 +246,12 @@ class ChainKind:
         """``(grid, codes_of)`` where the chain's last version dequantizes from rebuilt codes
         (on a device), else None."""
         return None
+
+
+def misfit(what: str, commit: str | None) -> ManifestError:
+    """The one error of a chain part that does not fit its tensor (``what``: the part and its
+    path, ``commit``: the commit holding it)."""
+    return ManifestError(f"{what} in {commit} does not fit the tensor")
 
 
 def fits(b: Blob, shape: list[int], itemsize: int | None = None) -> bool:

@@ -17,7 +17,7 @@ from ...history.manifest import Kind, Manifest, TensorEntry
 from ..links import ChainLink, ChainStart, Reference, Shadow
 from ..replay import ReadBlocks, block_rows, writable
 from .base import ChainKind, ChainSource, Kept, LinkItem, LinkSink, LinkWritten, Remembered, \
-    StagedLink, fits, host_copy
+    StagedLink, fits, host_copy, misfit
 from .registry import register_chain_kind
 
 if TYPE_CHECKING:  # hints only: policy imports the walk, the walk these kinds
@@ -88,8 +88,7 @@ class Residual(ChainKind):
         r = link.parts["residual"]
         if not (fits(r, e.shape) and link.dtype in SHRINKABLE
                 and np.dtype(r.dtype) == numpy_dtype(base.dtype)):
-            raise ManifestError(f"a chain link of {e.path!r} in {r.commit} does not fit the "
-                                "tensor")
+            raise misfit(f"a chain link of {e.path!r}", r.commit)
 
     def replay(self, chain: list[TensorEntry], source: ChainSource,
                out: np.ndarray | None = None) -> np.ndarray:
@@ -111,8 +110,7 @@ def apply_residuals(out: np.ndarray, links: list[TensorEntry], read_blocks: Read
             raise ManifestError(f"residual chain of {link.path!r} mixes kinds")
         if tuple(r.shape) != out.shape or np.dtype(r.dtype) != out.dtype or (
                 link.dtype not in SHRINKABLE):
-            raise ManifestError(f"residual of {link.path!r} in {r.commit} does not fit the "
-                                "tensor")
+            raise misfit(f"residual of {link.path!r}", r.commit)
 
         def add(row: int, part: np.ndarray, dtype: str = link.dtype) -> None:
             rows = block_rows(out, row, part)

@@ -24,7 +24,7 @@ from ...history.manifest import Blob, Kind, Manifest, TensorEntry
 from ..links import ChainLink, ChainStart, Reference, Shadow
 from ..replay import bits_of, changed_rows, writable, xor_bits
 from .base import ChainKind, ChainSource, Kept, LinkItem, LinkSink, LinkWritten, Remembered, \
-    StagedLink, fits, host_copy
+    StagedLink, fits, host_copy, misfit
 from .registry import register_chain_kind
 
 if TYPE_CHECKING:  # hints only: policy imports the walk, the walk these kinds
@@ -192,8 +192,7 @@ def apply_rows(out: np.ndarray, increments: list[TensorEntry],
         if rows.ndim != 1 or values.shape != (len(rows), *out.shape[1:]) or (
                 rows.size and (rows.min() < 0 or rows.max() >= out.shape[0])) or (
                 xor and values.dtype.itemsize != out.dtype.itemsize):
-            raise ManifestError(f"increment of {inc.path!r} in {inc.parts['rows'].commit} "
-                                "does not fit the tensor")
+            raise misfit(f"increment of {inc.path!r}", inc.parts["rows"].commit)
         if xor:
             bits_of(out)[rows] = np.bitwise_xor(bits_of(out)[rows], bits_of(values))
         else:

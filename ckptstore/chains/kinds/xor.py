@@ -17,7 +17,7 @@ from ...history.manifest import Kind, Manifest, TensorEntry
 from ..links import ChainLink, ChainStart, Reference, Shadow
 from ..replay import ReadBlocks, bits_of, block_rows, writable, xor_bits
 from .base import ChainKind, ChainSource, Kept, LinkItem, LinkSink, LinkWritten, Remembered, \
-    StagedLink, fits, host_copy
+    StagedLink, fits, host_copy, misfit
 from .registry import register_chain_kind
 
 if TYPE_CHECKING:  # hints only: policy imports the walk, the walk these kinds
@@ -65,8 +65,7 @@ class Xor(ChainKind):
     def check(self, e: TensorEntry, base: TensorEntry, link: TensorEntry) -> None:
         x = link.parts["xor"]
         if not fits(x, e.shape, numpy_dtype(base.dtype).itemsize):
-            raise ManifestError(f"a chain link of {e.path!r} in {x.commit} does not fit the "
-                                "tensor")
+            raise misfit(f"a chain link of {e.path!r}", x.commit)
 
     def replay(self, chain: list[TensorEntry], source: ChainSource,
                out: np.ndarray | None = None) -> np.ndarray:
@@ -84,7 +83,7 @@ def apply_xors(out: np.ndarray, links: list[TensorEntry], read_blocks: ReadBlock
         if link.kind != Kind.XOR or x is None:
             raise ManifestError(f"xor chain of {link.path!r} mixes kinds")
         if tuple(x.shape) != out.shape or np.dtype(x.dtype).itemsize != out.dtype.itemsize:
-            raise ManifestError(f"xor of {link.path!r} in {x.commit} does not fit the tensor")
+            raise misfit(f"xor of {link.path!r}", x.commit)
 
         def xor(row: int, part: np.ndarray) -> None:
             rows = block_rows(acc, row, part)
