@@ -115,7 +115,7 @@ static void unpack(const uint8_t *buf, int bits, Py_ssize_t count, uint8_t *out)
     }
 }
 
-PyObject *ck_pack(PyObject *self, PyObject *args)
+static PyObject *ck_pack(PyObject *self, PyObject *args)
 {
     PyObject *codes_obj, *out_obj;
     Py_ssize_t bits;
@@ -142,7 +142,7 @@ PyObject *ck_pack(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-PyObject *ck_unpack(PyObject *self, PyObject *args)
+static PyObject *ck_unpack(PyObject *self, PyObject *args)
 {
     PyObject *buf_obj, *out_obj;
     Py_ssize_t bits, count;
@@ -171,3 +171,9 @@ PyObject *ck_unpack(PyObject *self, PyObject *args)
     ck_release(v, 2);
     Py_RETURN_NONE;
 }
+
+PyMethodDef ck_bitpack_methods[] = {
+    {"bitpack_pack", ck_pack, METH_VARARGS, "pack(codes, bits, out): dense bit packing."},
+    {"bitpack_unpack", ck_unpack, METH_VARARGS, "unpack(buf, bits, count, out)."},
+    {NULL, NULL, 0, NULL},
+};

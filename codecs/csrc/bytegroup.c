@@ -75,7 +75,7 @@ static void split_planes(const uint8_t *src, Py_ssize_t n, int itemsize, int rot
         split8(src, n, rotate, p);
 }
 
-PyObject *ck_split_rows(PyObject *self, PyObject *args)
+static PyObject *ck_split_rows(PyObject *self, PyObject *args)
 {
     PyObject *src_obj, *out_obj;
     Py_ssize_t itemsize, base, stride;
@@ -230,9 +230,9 @@ fail:
     return NULL;
 }
 
-PyObject *ck_merge2(PyObject *self, PyObject *args) { return merge(args, 2, "merge2"); }
-PyObject *ck_merge4(PyObject *self, PyObject *args) { return merge(args, 4, "merge4"); }
-PyObject *ck_merge8(PyObject *self, PyObject *args) { return merge(args, 8, "merge8"); }
+static PyObject *ck_merge2(PyObject *self, PyObject *args) { return merge(args, 2, "merge2"); }
+static PyObject *ck_merge4(PyObject *self, PyObject *args) { return merge(args, 4, "merge4"); }
+static PyObject *ck_merge8(PyObject *self, PyObject *args) { return merge(args, 8, "merge8"); }
 
 /* The histograms and repeats of one plane (see sample_rows). */
 static void sample_plane(const uint8_t *row, Py_ssize_t n, Py_ssize_t step, Py_ssize_t start,
@@ -259,7 +259,7 @@ static void sample_plane(const uint8_t *row, Py_ssize_t n, Py_ssize_t step, Py_s
     *repeats = same;
 }
 
-PyObject *ck_sample_rows(PyObject *self, PyObject *args)
+static PyObject *ck_sample_rows(PyObject *self, PyObject *args)
 {
     PyObject *out_obj, *freq_obj, *near_obj, *rep_obj;
     Py_ssize_t base, stride, n, itemsize, step, start, length;
@@ -297,3 +297,18 @@ PyObject *ck_sample_rows(PyObject *self, PyObject *args)
     ck_release(v, 4);
     return NULL;
 }
+
+PyMethodDef ck_bytegroup_methods[] = {
+    {"bytegroup_split_rows", ck_split_rows, METH_VARARGS,
+     "split_rows(src, itemsize, rotate, out, base, stride): byte planes of src into out."},
+    {"bytegroup_merge2", ck_merge2, METH_VARARGS,
+     "merge2(p0, p1, rotate, dst, rows, length, pitch, src, src_pitch): 2-byte items."},
+    {"bytegroup_merge4", ck_merge4, METH_VARARGS,
+     "merge4(p0, .., p3, rotate, dst, rows, length, pitch, src, src_pitch): 4-byte items."},
+    {"bytegroup_merge8", ck_merge8, METH_VARARGS,
+     "merge8(p0, .., p7, rotate, dst, rows, length, pitch, src, src_pitch): 8-byte items."},
+    {"bytegroup_sample_rows", ck_sample_rows, METH_VARARGS,
+     "sample_rows(out, base, stride, n, itemsize, step, start, length, freq, near, repeats)"
+     " -> size of the strided sample."},
+    {NULL, NULL, 0, NULL},
+};

@@ -98,12 +98,19 @@ static PyObject *run(PyObject *args, delta_kernel kernel, const char *name)
     Py_RETURN_NONE;
 }
 
-PyObject *ck_delta_encode(PyObject *self, PyObject *args)
+static PyObject *ck_delta_encode(PyObject *self, PyObject *args)
 {
     return run(args, encode, "delta encode");
 }
 
-PyObject *ck_delta_decode(PyObject *self, PyObject *args)
+static PyObject *ck_delta_decode(PyObject *self, PyObject *args)
 {
     return run(args, decode, "delta decode");
 }
+
+PyMethodDef ck_delta_methods[] = {
+    {"delta_encode", ck_delta_encode, METH_VARARGS,
+     "encode(new, base, k, out): residuals mod k in base-bucket order."},
+    {"delta_decode", ck_delta_decode, METH_VARARGS, "decode(res, base, k, out)."},
+    {NULL, NULL, 0, NULL},
+};

@@ -70,31 +70,6 @@ static PyMethodDef methods[] = {
      "'portable' (plain loops), 'sse2' or 'avx2'; ValueError where it cannot run."},
     {"simd", simd, METH_NOARGS, "simd() -> the name of the CPU path in use."},
     {"simd_paths", simd_paths, METH_NOARGS, "simd_paths() -> the paths this build and CPU run."},
-    {"bytegroup_split_rows", ck_split_rows, METH_VARARGS,
-     "split_rows(src, itemsize, rotate, out, base, stride): byte planes of src into out."},
-    {"bytegroup_merge2", ck_merge2, METH_VARARGS,
-     "merge2(p0, p1, rotate, dst, rows, length, pitch, src, src_pitch): 2-byte items."},
-    {"bytegroup_merge4", ck_merge4, METH_VARARGS,
-     "merge4(p0, .., p3, rotate, dst, rows, length, pitch, src, src_pitch): 4-byte items."},
-    {"bytegroup_merge8", ck_merge8, METH_VARARGS,
-     "merge8(p0, .., p7, rotate, dst, rows, length, pitch, src, src_pitch): 8-byte items."},
-    {"bytegroup_sample_rows", ck_sample_rows, METH_VARARGS,
-     "sample_rows(out, base, stride, n, itemsize, step, start, length, freq, near, repeats)"
-     " -> size of the strided sample."},
-    {"bitpack_pack", ck_pack, METH_VARARGS, "pack(codes, bits, out): dense bit packing."},
-    {"bitpack_unpack", ck_unpack, METH_VARARGS, "unpack(buf, bits, count, out)."},
-    {"delta_encode", ck_delta_encode, METH_VARARGS,
-     "encode(new, base, k, out): residuals mod k in base-bucket order."},
-    {"delta_decode", ck_delta_decode, METH_VARARGS, "decode(res, base, k, out)."},
-    {"rle_huffman_encode_stream", ck_rle_encode_stream, METH_VARARGS,
-     "encode_stream(data, head) -> (out, end, nsym, used, lens): RLE + Huffman in one call."},
-    {"rle_huffman_code_lengths", ck_rle_code_lengths, METH_VARARGS,
-     "code_lengths(freq, lens): length-limited Huffman code lengths (int64 tables)."},
-    {"rle_huffman_canonical_codes", ck_rle_canonical_codes, METH_VARARGS,
-     "canonical_codes(lens, codes): canonical codes of the code lengths."},
-    {"rle_huffman_decode_symbols", ck_rle_decode_symbols, METH_VARARGS,
-     "decode_symbols(buf, nsym, n, lut, first, offset, count, sorted_syms, maxlen, out)"
-     " -> bits consumed, or a negative error code."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -104,9 +79,23 @@ static struct PyModuleDef module = {
     -1, methods, NULL, NULL, NULL, NULL,
 };
 
+/* Each kernel family's table (its C file ends with it); a new family adds its line here and
+   its declaration in native.h. */
+static PyMethodDef *const families[] = {
+    ck_bytegroup_methods, ck_bitpack_methods, ck_delta_methods, ck_rle_huffman_methods,
+};
+
 PyMODINIT_FUNC PyInit__native(void)
 {
     if (ck_set_simd("auto") < 0)  /* until ckptcodecs._backend sets CKPTCODECS_SIMD's */
         return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (PyModule_AddFunctions(m, families[i]) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
+    return m;
 }

@@ -51,18 +51,16 @@ PyObject *ck_simd_paths(void);
 int ck_code_lengths(const int64_t *freq, Py_ssize_t n, int64_t *lens);
 int ck_canonical_codes(const int64_t *lens, Py_ssize_t n, int64_t *codes);
 
-PyObject *ck_split_rows(PyObject *self, PyObject *args);
-PyObject *ck_merge2(PyObject *self, PyObject *args);
-PyObject *ck_merge4(PyObject *self, PyObject *args);
-PyObject *ck_merge8(PyObject *self, PyObject *args);
-PyObject *ck_sample_rows(PyObject *self, PyObject *args);
-PyObject *ck_pack(PyObject *self, PyObject *args);
-PyObject *ck_unpack(PyObject *self, PyObject *args);
-PyObject *ck_delta_encode(PyObject *self, PyObject *args);
-PyObject *ck_delta_decode(PyObject *self, PyObject *args);
-PyObject *ck_rle_encode_stream(PyObject *self, PyObject *args);
+/* RLEHuffman's kernels kept in its other files, listed in rle_huffman.c's table. */
 PyObject *ck_rle_code_lengths(PyObject *self, PyObject *args);
 PyObject *ck_rle_canonical_codes(PyObject *self, PyObject *args);
 PyObject *ck_rle_decode_symbols(PyObject *self, PyObject *args);
+
+/* The kernel families' method tables (each C file of a family ends with its table; module.c
+   adds them all to the module). A kernel `name` of family `f` is listed as "f_name". */
+extern PyMethodDef ck_bytegroup_methods[];
+extern PyMethodDef ck_bitpack_methods[];
+extern PyMethodDef ck_delta_methods[];
+extern PyMethodDef ck_rle_huffman_methods[];
 
 #endif

@@ -232,7 +232,7 @@ static PyObject *encode_result(const plan_t *p, Py_ssize_t head, Py_ssize_t n)
     return result;
 }
 
-PyObject *ck_rle_encode_stream(PyObject *self, PyObject *args)
+static PyObject *ck_rle_encode_stream(PyObject *self, PyObject *args)
 {
     PyObject *data_obj, *result = NULL;
     Py_ssize_t head;
@@ -261,3 +261,16 @@ PyObject *ck_rle_encode_stream(PyObject *self, PyObject *args)
     PyBuffer_Release(&v);
     return result;
 }
+
+PyMethodDef ck_rle_huffman_methods[] = {
+    {"rle_huffman_encode_stream", ck_rle_encode_stream, METH_VARARGS,
+     "encode_stream(data, head) -> (out, end, nsym, used, lens): RLE + Huffman in one call."},
+    {"rle_huffman_code_lengths", ck_rle_code_lengths, METH_VARARGS,
+     "code_lengths(freq, lens): length-limited Huffman code lengths (int64 tables)."},
+    {"rle_huffman_canonical_codes", ck_rle_canonical_codes, METH_VARARGS,
+     "canonical_codes(lens, codes): canonical codes of the code lengths."},
+    {"rle_huffman_decode_symbols", ck_rle_decode_symbols, METH_VARARGS,
+     "decode_symbols(buf, nsym, n, lut, first, offset, count, sorted_syms, maxlen, out)"
+     " -> bits consumed, or a negative error code."},
+    {NULL, NULL, 0, NULL},
+};
