@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # CPU build of torch, pinned for set-up and CI (an unpinned torch pulls a multi-GB CUDA build).
 TORCH  ?= torch==2.13.0
 
-.PHONY: install test demo bench bench-revisions same-bytes clean
+.PHONY: install test demo bench bench-revisions same-bytes fuzz clean
 
 install: $(STAMP)
 
@@ -23,6 +23,12 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
+
+# the compiled kernels' fuzz targets, twin and safety tests against an AddressSanitizer +
+# UndefinedBehaviorSanitizer build of them (needs gcc with libasan; FUZZ_EXAMPLES per target)
+FUZZ_EXAMPLES ?= 2000
+fuzz: $(STAMP)
+	$(PY) tests/codecs/asan_fuzz.py --examples $(FUZZ_EXAMPLES)
 
 # every table of docs/benchmarks.md (about 20 minutes on 2 cores)
 bench: $(STAMP)

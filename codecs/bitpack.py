@@ -64,8 +64,8 @@ def pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
     Parameters
     ----------
     codes : ndarray
-        Codes to pack; flattened in C order. Values must be below ``2**bits`` (not checked: higher
-        bits are cut off).
+        Codes to pack; flattened in C order. Values must be below ``2**bits`` (not checked: a
+        higher bit is ORed into the next code's bits).
     bits : int
         Width of one code, 1..8.
 
@@ -88,6 +88,8 @@ def unpack_bits(buf: np.ndarray, bits: int, count: int) -> np.ndarray:
     """Inverse of :func:`pack_bits`: ``count`` codes of ``bits`` bits as a uint8 array."""
     if not 1 <= bits <= 8:
         raise CodecError(f"bits must be in 1..8, got {bits}")
+    if count < 0:
+        raise CodecError(f"a count of codes cannot be negative, got {count}")
     buf = np.ascontiguousarray(buf).reshape(-1).view(np.uint8)
     if buf.size < packed_size(count, bits):
         raise CodecError(
