@@ -10,7 +10,7 @@ gathers, in one pass over strided samples, what the choice of each plane's codin
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from ._jit import njit
 
 from ._backend import kernels
 

@@ -9,7 +9,7 @@ Codes are written most significant bit first.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from ._jit import njit
 
 __all__ = [
     "ALPHABET",

@@ -8,7 +8,7 @@ with zero bits.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from ._jit import njit
 
 from ._backend import kernels
 from .errors import CodecError

@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 
 import numpy as np
-from numba import njit
+from ._jit import njit
 from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray
 
