@@ -43,7 +43,8 @@ class Upload:
 
 class Uploader:
     """Uploads the journal's records from ``local`` to ``remote`` on one background thread;
-    ``landed(commit)`` is called after each upload (local retention)."""
+    ``landed(commit)`` is called after each upload (the tiers' retention rules), before the
+    commit leaves the queue (so :meth:`wait` returns once they ran)."""
 
     def __init__(self, local: Storage, remote: Storage, journal: Journal,
                  landed: Callable[[str], None] | None = None):
@@ -56,6 +57,9 @@ class Uploader:
         self._attempts = 0  # uploads begun so far
         self._failed_at = 0  # the number of the attempt that failed last
         self._copies = ThreadPoolExecutor(_THREADS, thread_name_prefix="ckptstore-upload-io")
+        # held by the thread from an upload's first key to the end of what follows it
+        # (``landed``): remote gc takes it to run between two uploads
+        self.busy = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="ckptstore-upload", daemon=True)
         self._thread.start()
 
@@ -134,22 +138,34 @@ class Uploader:
                 self._attempts += 1
                 attempt = self._attempts
                 self._set(rec.commit, state="uploading", error=None)
-            error = self._upload(rec)
-            with self._cond:
+            with self.busy:
+                error = self._upload(rec)
                 if error is None:
-                    self._queue.pop(0)
-                    self._set(rec.commit, state="uploaded", sent=rec.bytes)
-                elif not self._stopping:
-                    self._failed_at = attempt
-                    self._halted = error
-                    self._set(rec.commit, state="failed", error=str(error))
-                self._cond.notify_all()
-            if error is None and self.landed is not None:
-                try:
-                    self.landed(rec.commit)
-                except Exception as e:  # noqa: BLE001 - the upload landed; the thread goes on
-                    warnings.warn(f"commit {rec.commit[:12]} was uploaded, but what follows an "
-                                  f"upload failed: {type(e).__name__}: {e}", stacklevel=1)
+                    with self._cond:
+                        self._set(rec.commit, state="uploaded", sent=rec.bytes)
+                    self._after(rec.commit)  # waiters return once the rules ran
+                self._settle(rec, attempt, error)
+
+    def _settle(self, rec: Record, attempt: int, error: UploadError | None) -> None:
+        """Record the outcome of one attempt and wake the waiters."""
+        with self._cond:
+            if error is None:
+                self._queue.pop(0)
+            elif not self._stopping:
+                self._failed_at = attempt
+                self._halted = error
+                self._set(rec.commit, state="failed", error=str(error))
+            self._cond.notify_all()
+
+    def _after(self, commit: str) -> None:
+        """``landed(commit)``; its failure is a warning (the upload itself landed)."""
+        if self.landed is None:
+            return
+        try:
+            self.landed(commit)
+        except Exception as e:  # noqa: BLE001 - the upload landed; the thread goes on
+            warnings.warn(f"commit {commit[:12]} was uploaded, but what follows an "
+                          f"upload failed: {type(e).__name__}: {e}", stacklevel=1)
 
     def _upload(self, rec: Record) -> UploadError | None:
         def sent(n: int) -> None:
