@@ -1,7 +1,8 @@
 """Retention of a tiered store, tier by tier: what each tier's rules and gc may never delete.
 
 - **Local tier** (``local_keep=``, ``store.gc(tier="local")``): never a commit not uploaded yet,
-  nor what it reads -- its only copy is there.
+  nor what it reads -- its only copy is there, and an upload copies a base (or the manifest of
+  a commit whose data it shares) the remote lacks from there.
 - **Remote** (``keep=``, ``store.gc(tier="remote")``): never what a commit not uploaded yet
   reads (chain bases, the data folders its entries point into, those of a partial upload), nor
   what a local branch tip reads (the next commit builds on its tip or on what the tip reads,

@@ -179,9 +179,14 @@ class Tiers:
         uploads (it waits for the one under way)."""
         self._queuer.submit(lambda: None).result()  # the commit_async ones queued first
         if tier == "local":
-            return collect(self.local_view, protect=self.uploader.pending(), **options)
+            return collect(self.local_view, protect=self._local_protected(), **options)
         with self.uploader.busy:
             return collect(self.remote_view, protect=self._remote_protected(), **options)
+
+    def _local_protected(self) -> set[str]:
+        """What the local tier keeps whatever its rules: the queued commits and what they read
+        (an upload copies a base or a dedup'd folder the remote lacks from here)."""
+        return reads(self.view, self.uploader.pending())
 
     def _remote_protected(self) -> set[str]:
         """What the remote keeps whatever its rules: what the queued commits and the local
@@ -193,7 +198,7 @@ class Tiers:
         """After an upload, on the upload thread (under :attr:`Uploader.busy`): the rules."""
         if self.local_keep is not None:
             retain_after_commit(self.local_view, Protect(self.local_keep,
-                                                         self.uploader.pending()), commit)
+                                                         self._local_protected()), commit)
         if self.remote_keep is not None:
             retain_after_commit(self.remote_view, Protect(self.remote_keep,
                                                           self._remote_protected()), commit)

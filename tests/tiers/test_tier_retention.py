@@ -132,6 +132,7 @@ def test_what_a_queued_commit_reads_survives_remote_rules_and_gc(tmp_path, s3_se
     foreign = ckptstore.open(url, create=False, skip_instance_cache=True, **s3_server)
     assert a.id in foreign.gc(keep_last=1, grace_period=0, dry_run=True).commits_removed
     store.gc(keep_last=1, grace_period=0)  # local: C is not uploaded, nor is what it reads
+    assert {a.id, c.id} <= {p.stem for p in (tmp_path / "local" / "commits").iterdir()}
     assert same(store.checkout("exp"), big)
     proxy.clear()
     assert store.wait_uploaded("exp", timeout=60).id == c.id
