@@ -160,3 +160,37 @@ def test_wait_uploaded_after_a_synchronous_commit(tmp_path):
         plain.commit(state(0))
         with pytest.raises(TierError, match="one tier"):
             plain.wait_uploaded("main")
+
+
+def test_remote_gc_while_uploads_run(tmp_path):
+    """gc of the remote in a loop on another thread while commits that share an old commit's
+    data (dedup) upload and the remote's rule runs: every remote commit stays whole."""
+    import threading
+
+    url = str(tmp_path / "remote")
+    frozen = torch.randn(256, 256, generator=torch.Generator().manual_seed(1))
+    store = ckptstore.open(url, local=tmp_path / "local", keep=LatestN(2),
+                           options=EncodingOptions(dedup=True))
+    stop, results = threading.Event(), []
+
+    def collect() -> None:
+        while not stop.is_set():
+            results.append(store.gc(tier="remote", keep_last=1, grace_period=0))
+
+    collector = threading.Thread(target=collect)
+    collector.start()
+    try:
+        last = {}
+        for i in range(6):
+            last = {"frozen": frozen, "w": torch.full((64,), float(i))}
+            store.commit(last, branch="main" if i % 2 else "side")
+        store.push()
+    finally:
+        stop.set()
+        collector.join()
+    store.close()
+    assert results  # gc ran meanwhile
+    reader = ckptstore.open(url, create=False)
+    assert reader.verify().ok
+    assert same(reader.checkout("side"), {"frozen": frozen, "w": torch.full((64,), 4.0)})
+    assert same(reader.checkout("main"), last)
