@@ -19,6 +19,7 @@ input)::
     │   ├── ManifestError                        truncated / invalid commit manifest or ref file
     │   └── CorruptedChunkError                  a chunk failed its checksum or is missing
     ├── PendingCommitError (RuntimeError)        a background persist failed
+    ├── TierError (ValueError)                   a tier the store does not have (gc, uploads)
     ├── StagingBudgetError (MemoryError)         commit_async would need more staging than allowed
     ├── AllocationError (MemoryError)            an array a manifest declares cannot be allocated
     ├── StorageError (OSError)                   the back-end failed a request, after retries
@@ -56,6 +57,7 @@ __all__ = [
     "StorageError",
     "StorageFullError",
     "StateMismatchError",
+    "TierError",
     "UnsafeFileError",
     "UnsupportedLeafError",
     "UploadError",
@@ -137,6 +139,12 @@ class CorruptedChunkError(CorruptionError):
 
 class PendingCommitError(CkptStoreError, RuntimeError):
     """A background persist failed; the commit was not made."""
+
+
+class TierError(CkptStoreError, ValueError):
+    """A tier the store does not have: ``gc(tier="remote")`` or ``wait_uploaded`` on a store of
+    one tier (``ckptstore.open(url)`` without ``local=``), or a tier name other than
+    ``"local"`` and ``"remote"``."""
 
 
 class StagingBudgetError(CkptStoreError, MemoryError):

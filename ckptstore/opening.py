@@ -67,7 +67,9 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
     uploaded to ``url`` in the background, in commit order; reads prefer the local tier.
     ``upload_budget`` bounds the bytes of commits waiting for upload (a commit then waits, with
     an :class:`~ckptstore.tiers.UploadBudgetWarning`); ``local_keep`` (a retention rule) is
-    applied to the local tier after each upload lands. ``keep=`` is refused with ``local=``.
+    applied to the local tier after each upload lands, and ``keep`` (the rule of the store
+    at ``url``, as without ``local=``) to the remote after each upload lands; neither deletes
+    what a commit not uploaded yet needs.
 
     Other keywords (``storage_options``) go to fsspec.
     """
@@ -75,8 +77,6 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
     check_retention(keep)
     if local is None and (upload_budget is not None or local_keep is not None):
         raise TypeError("upload_budget= and local_keep= need local= (a tiered store)")
-    if local is not None and keep is not None:
-        raise TypeError("keep= with local=: give the local tier's rule as local_keep=")
     storage = open_storage(url, durable=durable, retry=retry, **storage_options)
     tiers = None
     if local is None:
@@ -85,8 +85,8 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
         remote = storage
         tiers = Tiers(_opened(open_storage(local, durable=durable), local, True), remote,
                       storage_options, upload_budget, local_keep,
-                      lambda: _opened(remote, url, create))
-        storage = tiers.storage
+                      lambda: _opened(remote, url, create), remote_keep=keep)
+        storage, keep = tiers.storage, None  # the remote's rule: applied after uploads
     return Store(storage, options, io_workers=io_workers, policy=policy, collective=collective,
                  staging_budget=staging_budget, background_priority=background_priority,
                  keep=keep, tiers=tiers)

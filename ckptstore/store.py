@@ -16,6 +16,7 @@ from .commit.committer import Committer
 from .commit.pipeline import Metadata
 from .maintenance.diff import DiffResult, diff
 from .maintenance.gc import collect
+from .errors import TierError
 from .info import CommitInfo, GCResult, VerifyReport
 from .format.layout import check_ref_name
 from .checkout.batches import iter_tensors
@@ -105,8 +106,9 @@ class Store:
 
     @property
     def keep(self) -> Retention | None:
-        """The retention rule applied after each commit (``open(url, keep=...)``)."""
-        return self._committer.retention
+        """The retention rule of the store at ``url`` (``open(url, keep=...)``): applied after
+        each commit, or for a tiered store to the remote after each upload lands."""
+        return self._committer.retention if self.tiers is None else self.tiers.remote_keep
 
     # -- commit ----------------------------------------------------------------------------
     def commit(self, state: object, message: str = "", branch: str = "main",
@@ -314,15 +316,29 @@ class Store:
     # -- maintenance -----------------------------------------------------------------------
     def gc(self, keep_last: int | None = None, keep_tags: bool = True,
            keep_every: int | None = None, dry_run: bool = False,
-           grace_period: float = 3600.0, progress: bool = False) -> GCResult:
-        """Remove old commits and leftovers; see :func:`ckptstore.maintenance.gc.collect`."""
+           grace_period: float = 3600.0, progress: bool = False,
+           tier: str = "local") -> GCResult:
+        """Remove old commits and leftovers; see :func:`ckptstore.maintenance.gc.collect`.
+
+        A tiered store collects one ``tier``: ``"local"`` (the default) never deletes a commit
+        not uploaded yet, nor what it reads; ``"remote"`` never what a commit not uploaded yet
+        or a local branch tip reads, and runs between two uploads (docs/tiers.md). A store of
+        one tier takes ``tier="local"`` only (:class:`TierError` otherwise).
+        """
+        if tier not in ("local", "remote") or (tier == "remote" and self.tiers is None):
+            raise TierError(f"gc(tier={tier!r}): " + (
+                "this store has one tier: leave tier out, or open it with "
+                "ckptstore.open(remote_url, local=PATH) to collect its remote"
+                if tier == "remote" else "a tier is 'local' or 'remote'"))
         self._committer.wait()  # never collect the data of our own commit in flight
-        if self.tiers is not None:  # the local tier only, nothing not uploaded yet
-            return self.tiers.gc(keep_last=keep_last, keep_tags=keep_tags,
-                                 keep_every=keep_every, dry_run=dry_run,
-                                 grace_period=grace_period, progress=progress)
-        return collect(self.repo, keep_last=keep_last, keep_tags=keep_tags, keep_every=keep_every,
+        options = dict(keep_last=keep_last, keep_tags=keep_tags, keep_every=keep_every,
                        dry_run=dry_run, grace_period=grace_period, progress=progress)
+        if self.tiers is None:
+            return collect(self.repo, **options)
+        result = self.tiers.gc(tier, **options)
+        for c in result.commits_removed if not dry_run else ():
+            self.repo.forget(c)  # the tiered view's cache (it may still read the other tier)
+        return result
 
     # -- tiers: open(url, local=...) ------------------------------------------------------
     @property
@@ -338,6 +354,21 @@ class Store:
         if self.tiers is not None:
             self._committer.wait()
             self.tiers.push(timeout)
+
+    def wait_uploaded(self, ref: str, timeout: float | None = None) -> CommitInfo:
+        """Wait until the commit ``ref`` names (``store.commit(...).id``, a branch, a tag) is on
+        the remote of a tiered store -- its upload and those queued before it -- and return its
+        :class:`CommitInfo`; the same wait as ``PendingCommit.wait(uploaded=True)``. Raises the
+        :class:`UploadError` that stops it (tried once more first), ``TimeoutError`` after
+        ``timeout`` seconds, or :class:`TierError` on a store of one tier (there a commit is
+        stored when it returns)."""
+        if self.tiers is None:
+            raise TierError("wait_uploaded needs a tiered store (ckptstore.open(url, "
+                            "local=PATH)); this store has one tier: a commit is stored when "
+                            "commit() returns")
+        commit_id = self.resolve(ref)
+        self.tiers.wait_uploaded(commit_id, timeout)
+        return self.info(commit_id)
 
     def verify(self, ref: str | None = None, progress: bool = False) -> VerifyReport:
         """Check every chunk (existence and checksum) of ``ref``'s commit, or of every commit

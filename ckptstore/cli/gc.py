@@ -13,7 +13,9 @@ def register(add: AddVerb) -> None:
     p = add("gc", "remove old commits and leftovers; print what goes and the bytes freed",
             "Keeps, per branch, the newest --keep-last commits (all if not given), every\n"
             "--keep-every-th commit, and tagged commits (unless --no-keep-tags). Leftovers of\n"
-            "crashed commits are removed once older than --grace seconds.")
+            "crashed commits are removed once older than --grace seconds. On a tiered store's\n"
+            "local tier it collects that tier, or with --tier remote the remote its upload\n"
+            "journal names; neither deletes what a commit not uploaded yet needs.")
     p.add_argument("--keep-last", type=positive_int, metavar="N",
                    help="keep the newest N commits of each branch")
     p.add_argument("--keep-every", type=positive_int, metavar="K",
@@ -24,6 +26,9 @@ def register(add: AddVerb) -> None:
                    help="unreferenced data younger than this is left alone (default 3600)")
     p.add_argument("--dry-run", "-n", action="store_true",
                    help="only print what would be removed")
+    p.add_argument("--tier", choices=("local", "remote"),
+                   help="STORE_URL being a tiered store's local tier: the tier to collect "
+                        "(default: local)")
     p.set_defaults(run=run_gc)
 
     p = add("rebase", "write REF's state as a new full, lossless commit (ends its chains)",
@@ -37,10 +42,17 @@ def register(add: AddVerb) -> None:
 
 
 def run_gc(ctx: Context) -> int:
+    from .tiers import is_local_tier, open_tiered
+
     args = ctx.args
-    result = ctx.store.gc(keep_last=args.keep_last, keep_tags=not args.no_keep_tags,
-                          keep_every=args.keep_every, dry_run=args.dry_run,
-                          grace_period=args.grace, progress=ctx.progress)
+    options = dict(keep_last=args.keep_last, keep_tags=not args.no_keep_tags,
+                   keep_every=args.keep_every, dry_run=args.dry_run, grace_period=args.grace,
+                   progress=ctx.progress)
+    if args.tier is None and not is_local_tier(ctx):
+        result = ctx.store.gc(**options)
+    else:  # (--tier on another store: the CliError of open_tiered)
+        with open_tiered(ctx)[1] as store:
+            result = store.gc(tier=args.tier or "local", **options)
     if ctx.json:
         ctx.emit(result.to_json())
         return 0

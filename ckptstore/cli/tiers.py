@@ -8,13 +8,17 @@ ones). The library is imported inside ``run_*`` (torch-free start-up).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._context import AddVerb, CliError, Context
 from ._open import open_existing
 from ._output import human_size, plural, table
 
-__all__ = ["register", "run_push", "run_status"]
+__all__ = ["is_local_tier", "open_tiered", "register", "run_push", "run_status"]
+
+if TYPE_CHECKING:
+    from ..store import Store
+
 
 
 def register(add: AddVerb) -> None:
@@ -41,6 +45,23 @@ def _remote(ctx: Context) -> tuple[str, dict[str, Any]]:
     return url, {**recorded, **parse_storage_options(ctx.args.storage_options)}
 
 
+def is_local_tier(ctx: Context) -> bool:
+    """Whether STORE_URL is the local tier of a tiered store (it has an upload journal)."""
+    from ..tiers import Journal
+
+    return Journal(ctx.storage).remote() is not None
+
+
+def open_tiered(ctx: Context) -> tuple[str, Store]:
+    """``(remote URL, the tiered store)`` of the local tier STORE_URL, opened as the library
+    opens it: the uploads its journal holds resume while it is open (``close()`` stops them
+    after the keys under way)."""
+    from ..opening import open as open_store
+
+    url, options = _remote(ctx)
+    return url, open_store(url, create=False, local=ctx.args.store, **options)
+
+
 def run_status(ctx: Context) -> int:
     from ..tiers import Journal, pending_uploads
 
@@ -63,10 +84,8 @@ def run_status(ctx: Context) -> int:
 
 
 def run_push(ctx: Context) -> int:
-    from ..opening import open as open_store
-
-    url, options = _remote(ctx)
-    with open_store(url, create=False, local=ctx.args.store, **options) as store:
+    url, store = open_tiered(ctx)
+    with store:
         queued = [u.commit for u in store.uploads]
         store.push(ctx.args.timeout)
     if ctx.json:

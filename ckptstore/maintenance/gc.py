@@ -28,9 +28,10 @@ __all__ = ["collect"]
 
 
 def _retained(repo: Repository, walk: Walk, keep_last: int | None, keep_tags: bool,
-              keep_every: int | None, young: Callable[[str], bool], protect: Iterable[str] = ()
+              keep_every: int | None, young: Callable[[str], bool], protect: set[str]
               ) -> tuple[set[str], set[str]]:
-    """(retained commits, every commit reachable from a ref)."""
+    """(retained commits, every commit reachable from a ref); ``protect``: the commits of
+    ``protect`` this store holds."""
     reachable = set(repo.reachable())
     keep: set[str] = set(protect)
     for tip in repo.refs.branches().values():
@@ -58,7 +59,8 @@ def collect(repo: Repository, keep_last: int | None = None, keep_tags: bool = Tr
     """Apply the retention policy and delete what nothing needs; see the module docstring.
 
     ``protect``: commits kept whatever the policy says, with what they read (a tiered store's
-    commits not uploaded yet).
+    commits not uploaded yet, and on its remote what they read); the data folder of a protected
+    commit whose manifest this store lacks is kept too (an upload under way).
 
     ``progress`` shows bars on stderr: commits and data folders scanned (each removable folder
     is listed to count its bytes), then refs, manifests and folders removed.
@@ -74,14 +76,15 @@ def collect(repo: Repository, keep_last: int | None = None, keep_tags: bool = Tr
     def old(commit_id: str) -> bool:
         return commit_time(commit_id) + grace_period <= now
 
+    all_commits = repo.commit_ids()
+    protect = set(protect)
     keep, reachable = _retained(repo, walk, keep_last, keep_tags, keep_every,
-                                lambda c: not old(c), protect)
+                                lambda c: not old(c), protect & set(all_commits))
     # keep is closed under chain bases: the folders of its commits' own entries are every folder
     # they read
-    live_data = {d for c in keep for d in repo.manifest(c).data_commits()}
+    live_data = {d for c in keep for d in repo.manifest(c).data_commits()} | protect
 
     result = GCResult(dry_run=dry_run, kept=sorted(keep))
-    all_commits = repo.commit_ids()
     data_folders = storage.listdir(DATA)
     with bar(len(all_commits) + len(data_folders), "gc: scan", progress, unit="item") as shown:
         for c in all_commits:

@@ -4,8 +4,9 @@
 complete store of the same format: commits land on the local one (durable when they return),
 an upload journal on it (:mod:`.journal`) lists the commits not yet on the remote, and one
 thread (:mod:`.uploader`) copies them key for key (:mod:`.copy`: chunks, then manifest, then
-ref, then tags), in commit order. Reads go local first (:mod:`.storage`); gc and local
-retention never delete what is not uploaded (:mod:`.tiered`). See docs/tiers.md.
+ref, then tags), in commit order. Reads go local first (:mod:`.storage`); each tier has its
+retention rule and gc, and neither deletes what a commit not uploaded yet needs
+(:mod:`.retention`, applied by :mod:`.tiered`). See docs/tiers.md.
 
 May import: commit, maintenance, policy, history, format, storage and the top-level helpers
 (errors, limits, info, priority, progress, _version).

@@ -2,16 +2,18 @@
 
 :class:`Tiers` is what ``ckptstore.open(url, local=path)`` hands the :class:`~ckptstore.Store`:
 the storage it commits and reads through (:class:`~ckptstore.tiers.storage.TieredStorage`), the
-upload journal and thread, the local byte budget (``upload_budget``) and the local retention
-rule (``local_keep``, applied after each upload lands). Opening resumes the journal, and also
-queues any commit a local branch has that the remote branch lacks (a process killed after its
-ref moved but before its record was written loses nothing).
+upload journal and thread, the local byte budget (``upload_budget``) and the retention rules
+of both tiers (``local_keep`` and the remote's ``remote_keep``, applied after each upload lands;
+what they may never delete: :mod:`.retention`). Opening resumes the journal, and also queues any
+commit a local branch has that the remote branch lacks (a process killed after its ref moved
+but before its record was written loses nothing).
 """
 
 from __future__ import annotations
 
+import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,10 +24,11 @@ from ..history.refs import Refs
 from ..history.repository import Repository
 from ..info import GCResult
 from ..maintenance.gc import collect
-from ..policy.retention import Candidate, Retention, check_retention, retain_after_commit
+from ..policy.retention import Retention, check_retention, retain_after_commit
 from ..storage import Storage
 from .copy import copy_tags
 from .journal import Journal
+from .retention import Protect, reads
 from .storage import TieredStorage
 from .uploader import Upload, Uploader
 
@@ -41,37 +44,32 @@ class UploadBudgetWarning(UploadWarning):
     bytes of commits not yet on the remote."""
 
 
-class _Protect(Retention):
-    """``rule`` plus the commits not uploaded yet (never deleted locally)."""
-
-    def __init__(self, rule: Retention, protected: set[str]):
-        self.rule, self.protected = rule, protected
-
-    def select(self, line: Sequence[Candidate]) -> set[str]:
-        return self.rule.select(line) | {c.id for c in line if c.id in self.protected}
-
-
 class Tiers:
     """The local tier, the remote, the journal and the uploader of one tiered store."""
 
     def __init__(self, local: Storage, remote: Storage, remote_options: dict[str, Any],
                  upload_budget: int | None = None, local_keep: Retention | None = None,
-                 open_remote: Callable[[], object] | None = None):
+                 open_remote: Callable[[], object] | None = None,
+                 remote_keep: Retention | None = None):
         """``open_remote`` checks (or creates) the remote store; if the remote does not answer
         (an ``OSError`` other than :class:`NotAStoreError`), the store opens with a warning and
         its uploads wait for the remote."""
         check_retention(local_keep)
+        check_retention(remote_keep)
         if upload_budget is not None and upload_budget < 0:
             raise ValueError(f"upload_budget={upload_budget}: a number of bytes >= 0, or None")
         self.local, self.remote = local, remote
         self.storage = TieredStorage(local, remote)
         self.upload_budget, self.local_keep = upload_budget, local_keep
+        self.remote_keep = remote_keep
         self.journal = Journal(local)
         # a local remote by its absolute path: `ckpt push` may run from another folder
         self.journal.set_remote(remote.root if remote.local_disk else remote.url, remote_options)
         # the local tier alone, as gc and local retention see it: a line of history ends where
         # its older commits were removed locally (after their upload)
         self.local_view = Repository(local, 2)
+        self.remote_view = Repository(remote, 2)  # the remote alone (its gc and rule)
+        self.view = Repository(self.storage, 2)  # both tiers: what a queued commit reads
         answers = self._reach(open_remote)
         self.uploader = Uploader(local, remote, self.journal, self._landed)
         self._queuer = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-upload-queue")
@@ -150,11 +148,13 @@ class Tiers:
         self._queuer.submit(add)
 
     def wait_uploaded(self, commit: str, timeout: float | None = None) -> None:
-        """Wait until ``commit`` is on the remote (``PendingCommit.wait(uploaded=True)``):
-        the uploads queued before it and its own; raises :class:`UploadError` or
-        ``TimeoutError``."""
+        """Wait until ``commit`` is on the remote (``PendingCommit.wait(uploaded=True)``,
+        ``Store.wait_uploaded``): the uploads queued before it and its own; raises
+        :class:`UploadError` or ``TimeoutError`` (``timeout`` counts both waits)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         self._queuer.submit(lambda: None).result(timeout)  # a commit_async one queued first
-        self.uploader.wait(timeout=timeout, commit=commit)
+        self.uploader.wait(timeout=None if deadline is None else
+                           max(0.0, deadline - time.monotonic()), commit=commit)
 
     def _add(self, commit: str, branch: str) -> None:
         self.uploader.add(self.journal.add(commit, branch, self._local_bytes(commit)))
@@ -173,19 +173,35 @@ class Tiers:
     def uploads(self) -> list[Upload]:
         return self.uploader.status()
 
-    def gc(self, **options: Any) -> GCResult:
-        """:func:`~ckptstore.maintenance.gc.collect` on the local tier, never deleting a commit
-        not uploaded yet (nor what it reads)."""
-        return collect(self.local_view, protect=self._protected(), **options)
+    def gc(self, tier: str = "local", **options: Any) -> GCResult:
+        """:func:`~ckptstore.maintenance.gc.collect` on one tier (``"local"`` or ``"remote"``)
+        with what it may never delete protected (:mod:`.retention`); the remote's between two
+        uploads (it waits for the one under way)."""
+        self._queuer.submit(lambda: None).result()  # the commit_async ones queued first
+        if tier == "local":
+            return collect(self.local_view, protect=self._local_protected(), **options)
+        with self.uploader.busy:
+            return collect(self.remote_view, protect=self._remote_protected(), **options)
 
-    def _protected(self) -> set[str]:
-        self._queuer.submit(lambda: None).result()
-        return self.uploader.pending()
+    def _local_protected(self) -> set[str]:
+        """What the local tier keeps whatever its rules: the queued commits and what they read
+        (an upload copies a base or a dedup'd folder the remote lacks from here)."""
+        return reads(self.view, self.uploader.pending())
+
+    def _remote_protected(self) -> set[str]:
+        """What the remote keeps whatever its rules: what the queued commits and the local
+        branch tips read."""
+        return reads(self.view, self.uploader.pending() | set(Refs(self.local).branches()
+                                                              .values()))
 
     def _landed(self, commit: str) -> None:
+        """After an upload, on the upload thread (under :attr:`Uploader.busy`): the rules."""
         if self.local_keep is not None:
-            retain_after_commit(self.local_view, _Protect(self.local_keep,
-                                                          self.uploader.pending()), commit)
+            retain_after_commit(self.local_view, Protect(self.local_keep,
+                                                         self._local_protected()), commit)
+        if self.remote_keep is not None:
+            retain_after_commit(self.remote_view, Protect(self.remote_keep,
+                                                          self._remote_protected()), commit)
 
     def close(self) -> None:
         """Queue what landed, stop the uploads (the journal keeps the rest for the next open)."""
@@ -193,7 +209,8 @@ class Tiers:
             self._queuer.shutdown(wait=True)
         finally:
             self.uploader.close()
-            self.local_view.close()
+            for repo in (self.local_view, self.remote_view, self.view):
+                repo.close()
 
 
 def pending_uploads(journal: Journal, remote: Storage | None) -> list[Upload]:

@@ -43,7 +43,8 @@ class Upload:
 
 class Uploader:
     """Uploads the journal's records from ``local`` to ``remote`` on one background thread;
-    ``landed(commit)`` is called after each upload (local retention)."""
+    ``landed(commit)`` is called after each upload (the tiers' retention rules); :meth:`wait`
+    returns once it ran."""
 
     def __init__(self, local: Storage, remote: Storage, journal: Journal,
                  landed: Callable[[str], None] | None = None):
@@ -55,7 +56,11 @@ class Uploader:
         self._stopping = False
         self._attempts = 0  # uploads begun so far
         self._failed_at = 0  # the number of the attempt that failed last
+        self._landing: str | None = None  # uploaded, its rules (``landed``) still running
         self._copies = ThreadPoolExecutor(_THREADS, thread_name_prefix="ckptstore-upload-io")
+        # held by the thread from an upload's first key to the end of what follows it
+        # (``landed``): remote gc takes it to run between two uploads
+        self.busy = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="ckptstore-upload", daemon=True)
         self._thread.start()
 
@@ -63,7 +68,8 @@ class Uploader:
     def add(self, rec: Record) -> None:
         """Queue a journal record (a commit durable locally); a halted queue tries again."""
         with self._cond:
-            if any(r.seq == rec.seq for r in self._queue):
+            # (a seq number is reused once the journal is empty: a record is its seq and commit)
+            if any(r.seq == rec.seq and r.commit == rec.commit for r in self._queue):
                 return
             self._queue.append(rec)
             self._status[rec.commit] = Upload(rec.commit, rec.branch, "local-only", rec.bytes)
@@ -109,10 +115,10 @@ class Uploader:
 
     def _reached(self, below: int | None, commit: str | None) -> bool:
         if commit is not None:
-            return all(r.commit != commit for r in self._queue)
+            return self._landing != commit and all(r.commit != commit for r in self._queue)
         if below is not None:
             return sum(r.bytes for r in self._queue) < below
-        return not self._queue
+        return not self._queue and self._landing is None
 
     def close(self) -> None:
         """Stop after the key copies under way; what is left stays in the journal."""
@@ -134,22 +140,37 @@ class Uploader:
                 self._attempts += 1
                 attempt = self._attempts
                 self._set(rec.commit, state="uploading", error=None)
-            error = self._upload(rec)
-            with self._cond:
+            with self.busy:
+                error = self._upload(rec)
+                self._settle(rec, attempt, error)
                 if error is None:
-                    self._queue.pop(0)
-                    self._set(rec.commit, state="uploaded", sent=rec.bytes)
-                elif not self._stopping:
-                    self._failed_at = attempt
-                    self._halted = error
-                    self._set(rec.commit, state="failed", error=str(error))
-                self._cond.notify_all()
-            if error is None and self.landed is not None:
-                try:
-                    self.landed(rec.commit)
-                except Exception as e:  # noqa: BLE001 - the upload landed; the thread goes on
-                    warnings.warn(f"commit {rec.commit[:12]} was uploaded, but what follows an "
-                                  f"upload failed: {type(e).__name__}: {e}", stacklevel=1)
+                    self._after(rec.commit)
+                    with self._cond:  # waiters on this commit return once its rules ran
+                        self._landing = None
+                        self._cond.notify_all()
+
+    def _settle(self, rec: Record, attempt: int, error: UploadError | None) -> None:
+        """Record the outcome of one attempt and wake the waiters."""
+        with self._cond:
+            if error is None:
+                self._queue.pop(0)
+                self._landing = rec.commit
+                self._set(rec.commit, state="uploaded", sent=rec.bytes)
+            elif not self._stopping:
+                self._failed_at = attempt
+                self._halted = error
+                self._set(rec.commit, state="failed", error=str(error))
+            self._cond.notify_all()
+
+    def _after(self, commit: str) -> None:
+        """``landed(commit)``; its failure is a warning (the upload itself landed)."""
+        if self.landed is None:
+            return
+        try:
+            self.landed(commit)
+        except Exception as e:  # noqa: BLE001 - the upload landed; the thread goes on
+            warnings.warn(f"commit {commit[:12]} was uploaded, but what follows an "
+                          f"upload failed: {type(e).__name__}: {e}", stacklevel=1)
 
     def _upload(self, rec: Record) -> UploadError | None:
         def sent(n: int) -> None:

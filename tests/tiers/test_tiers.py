@@ -184,8 +184,6 @@ def test_cli_status_and_push(dirs, capsys):
 def test_options_need_a_local_tier(tmp_path):
     with pytest.raises(TypeError, match="need local="):
         ckptstore.open(tmp_path / "s", local_keep=LatestN(1))
-    with pytest.raises(TypeError, match="local_keep="):
-        ckptstore.open(tmp_path / "s", local=tmp_path / "l", keep=LatestN(1))
     assert os.listdir(tmp_path) == []
 
 
