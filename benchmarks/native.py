@@ -179,6 +179,27 @@ def _quant_cases(mb: int, rng) -> list[tuple[str, str, int, callable]]:
     ]
 
 
+def _select_cases(mb: int, rng) -> list[tuple[str, str, int, callable]]:
+    """(family, label, input bytes, call(kernels)) of the protect/prune selection's two passes
+    on float32 values (1% excluded or none), collecting around the median bucket."""
+    x = rng.standard_normal((mb << 20) // 4).astype(np.float32)
+    xb, shift, inf = x.view(np.uint32), np.uint32(16), np.uint32(0x7F800000)
+    excl = (rng.random(x.size) < 0.01).astype(np.uint8)
+    counts = np.zeros(1 << 15, np.int64)
+    _backend.implementation("select", "numba").keys_hist(xb, excl, shift, inf, counts)
+    b = int(np.searchsorted(np.cumsum(counts), x.size // 2))
+    sure, cand = np.empty(int(counts[:b].sum()), np.int64), np.empty(int(counts[b]), np.int64)
+    none = np.zeros(0, np.uint8)
+    return [
+        ("select", "keys_hist, float32", 4 * x.size,
+         lambda k: k.keys_hist(xb, none, shift, inf, np.zeros(1 << 15, np.int64))),
+        ("select", "keys_hist, float32, 1% excluded", 4 * x.size,
+         lambda k: k.keys_hist(xb, excl, shift, inf, np.zeros(1 << 15, np.int64))),
+        ("select", "collect, float32, 1% excluded, below the median", 4 * x.size,
+         lambda k: k.collect(xb, excl, shift, inf, b, False, sure, cand)),
+    ]
+
+
 def _variants(family: str, call: Callable) -> dict[str, Callable[[], object]]:
     """One call of the case per implementation: C on each CPU path this machine runs (the
     path set before each call), then numba."""
@@ -195,7 +216,7 @@ def kernels_table(mb: int, repeat: int) -> str:
     ``auto`` picks (the first)."""
     rng = np.random.default_rng(0)
     cases = [("bytegroup", *case) for case in _bytegroup_cases(mb, rng)] + _code_cases(mb, rng)
-    cases += _quant_cases(mb, rng)
+    cases += _quant_cases(mb, rng) + _select_cases(mb, rng)
     rows, names = [], []
     before = _backend.native().simd()
     try:
