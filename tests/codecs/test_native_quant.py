@@ -136,7 +136,7 @@ def test_f16_round(n, kind, direction, in_place, seed):
     if kind == "f16":  # float16 values, the midpoints between them and their neighbours
         h = np.random.default_rng(seed).integers(0, 1 << 16, n, dtype=np.uint16).view(np.float16)
         v = h.astype(np.float64)
-        with np.errstate(invalid="ignore"):
+        with np.errstate(invalid="ignore", over="ignore"):
             v = v + np.where(np.arange(n) % 3 == 0, 0.0, np.spacing(v.astype(np.float16))
                              .astype(np.float64) * (np.arange(n) % 3 - 1.5) / 3)
     else:
@@ -154,17 +154,32 @@ def test_f16_round(n, kind, direction, in_place, seed):
         assert np.array_equal(np.frombuffer(got[0]), ref, equal_nan=True)
 
 
-def test_f16_round_every_float16_neighbourhood():
-    """Every finite float16 value, the doubles just around it and the midpoints to the next."""
+@pytest.mark.parametrize("path", _backend.native().simd_paths() if _backend.native() else [])
+def test_f16_round_every_float16_neighbourhood(path):
+    """Every finite float16 value, the doubles just around it and the midpoints to the next,
+    on each CPU path (the rounding loops are compiled plain and for AVX2)."""
     h = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
     h = h[np.isfinite(h)].astype(np.float64)
     v = np.concatenate([h, np.nextafter(h, np.inf), np.nextafter(h, -np.inf),
-                        (h[:-1] + h[1:]) / 2])
-    for direction in (-1, 0, 1):
-        c, ref = (np.empty_like(v) for _ in range(2))
-        _twins()[0].f16_round(v, direction, c)
-        _twins()[1].f16_round(v, direction, ref)
-        assert c.tobytes() == ref.tobytes()
+                        (h[:-1] + h[1:]) / 2, [1e-300, 7e4, -7e4, 65519.99, 65520.0]])
+    lo, hi = np.minimum(v, v[::-1]), np.maximum(v, v[::-1])
+    before = _backend.native().simd()
+    try:
+        _backend.use_simd(path)
+        for direction in (-1, 0, 1):
+            c, ref = (np.empty_like(v) for _ in range(2))
+            _twins()[0].f16_round(v, direction, c)
+            _twins()[1].f16_round(v, direction, ref)
+            assert c.tobytes() == ref.tobytes()
+        for nq in (1, 16):
+            got = []
+            for k in _twins():
+                zero, scale = np.empty_like(v), np.empty_like(v)
+                got.append((k.uniform_params_f16(lo, hi, nq, zero, scale), zero.tobytes(),
+                            scale.tobytes()))
+            assert got[0] == got[1]
+    finally:
+        _backend.use_simd(before)
 
 
 @settings(max_examples=100, deadline=None)
