@@ -19,6 +19,17 @@ static inline double level(double z, double sc, int c, double lim)
     return lim < r ? lim : r;
 }
 
+#define RUN 64  /* codes checked for the protect code at a time */
+
+/* 1 when codes[0..m) hold code pc (a loop without a branch that vectorises). */
+static inline int has_code(const uint8_t *codes, Py_ssize_t m, int pc)
+{
+    int any = 0;
+    for (Py_ssize_t i = 0; i < m; i++)
+        any |= codes[i] == pc;
+    return any;
+}
+
 /* Both dequantizers, for an output of type T. A segment's level c (c < top) is LEVEL (an
    expression of c), computed at each code of a short segment, else once into lut[c]. -1 when
    the protected values run out. */
@@ -44,12 +55,20 @@ static inline double level(double z, double sc, int c, double lim)
         }                                                                                     \
         for (int c = 0; c < top; c++)                                                         \
             lut[c] = (T)(LEVEL);                                                              \
-        for (Py_ssize_t i = a0; i < b0; i++) {                                                \
-            int c = codes[i];                                                                 \
-            if (c == pc)                                                                      \
-                PROTECTED(T, out[i]);                                                         \
-            else                                                                              \
-                out[i] = lut[c];                                                              \
+        for (Py_ssize_t j0 = a0; j0 < b0; j0 += RUN) {                                        \
+            Py_ssize_t j1 = b0 - j0 < RUN ? b0 : j0 + RUN;                                    \
+            if (!has_code(codes + j0, j1 - j0, pc)) { /* the common run: no protect code */   \
+                for (Py_ssize_t i = j0; i < j1; i++)                                          \
+                    out[i] = lut[codes[i]];                                                   \
+                continue;                                                                     \
+            }                                                                                 \
+            for (Py_ssize_t i = j0; i < j1; i++) {                                            \
+                int c = codes[i];                                                             \
+                if (c == pc)                                                                  \
+                    PROTECTED(T, out[i]);                                                     \
+                else                                                                          \
+                    out[i] = lut[c];                                                          \
+            }                                                                                 \
         }                                                                                     \
     } while (0)
 #define DEQUANT_KERNEL(T, SUFFIX)                                                             \
