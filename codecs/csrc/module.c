@@ -82,8 +82,8 @@ static struct PyModuleDef module = {
 /* Each kernel family's table (its C file ends with it); a new family adds its line here and
    its declaration in native.h. */
 static PyMethodDef *const families[] = {
-    ck_bytegroup_methods, ck_bitpack_methods, ck_delta_methods, ck_rle_huffman_methods, ck_quant_methods,
-    ck_select_methods,
+    ck_bytegroup_methods, ck_bitpack_methods, ck_delta_methods, ck_rle_huffman_methods,
+    ck_quant_methods, ck_select_methods,
 };
 
 PyMODINIT_FUNC PyInit__native(void)

@@ -159,7 +159,8 @@ PyObject *ck_quant_uniform_params_f16(PyObject *self, PyObject *args)
              && !ck_overlap(&v[1], &v[2], name) && !ck_overlap(&v[1], &v[3], name)
              && !ck_overlap(&v[2], &v[3], name)) {
         Py_BEGIN_ALLOW_THREADS
-        finite = (qk_avx2() ? params_avx2 : params_plain)(v[0].buf, v[1].buf, n, nq, v[2].buf, v[3].buf);
+        finite = (qk_avx2() ? params_avx2 : params_plain)(v[0].buf, v[1].buf, n, nq, v[2].buf,
+                                                          v[3].buf);
         Py_END_ALLOW_THREADS
         ok = 1;
     }
