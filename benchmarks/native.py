@@ -142,6 +142,64 @@ def _rle_huffman_cases(residuals: np.ndarray, rng) -> list[tuple[str, str, int, 
     return cases
 
 
+def _quant_cases(mb: int, rng) -> list[tuple[str, str, int, callable]]:
+    """(family, label, input bytes, call(kernels)) of Quantize's kernels on float32 rows of
+    4096 values (4-bit codes: 15 levels and a protect code, 1% protected)."""
+    n, seg = (mb << 20) // 4, 4096
+    nseg = -(-n // seg)
+    x = rng.standard_normal(n).astype(np.float32)
+    mask = (rng.random(n) < 0.01).astype(np.uint8)
+    lo, hi = np.empty(nseg, np.float32), np.empty(nseg, np.float32)
+    zero = rng.standard_normal(nseg).astype(np.float32)
+    inv = (rng.random(nseg) * 4 + 1).astype(np.float32)
+    f32 = np.float32
+    codes = np.where(mask == 1, 16, rng.integers(0, 15, n)).astype(np.uint8)
+    prot = rng.standard_normal(int(mask.sum())).astype(np.float32)
+    out, book = np.empty(n, np.float32), rng.standard_normal((nseg, 15))
+    ucodes = np.empty(n, np.uint8)
+    v = rng.standard_normal(n // 2) * 100  # float64: as many bytes as x
+    vout, z, sc = np.empty_like(v), np.empty(nseg), np.empty(nseg)
+    lo64, hi64 = np.sort(rng.standard_normal((2, nseg)), axis=0)
+    return [
+        ("quant", "seg_minmax, float32, rows of 4096", 4 * n,
+         lambda k: k.seg_minmax(x, seg, np.zeros(0, np.uint8), lo, hi)),
+        ("quant", "seg_minmax, float32, 1% masked", 4 * n,
+         lambda k: k.seg_minmax(x, seg, mask, lo, hi)),
+        ("quant", "seg_absmax, float32", 4 * n,
+         lambda k: k.seg_absmax(x, seg, np.zeros(0, np.uint8), hi)),
+        ("quant", "uniform_codes, float32, 4 bits", 4 * n,
+         lambda k: k.uniform_codes(x, seg, zero, inv, f32(14), f32(0.5), f32(0), ucodes)),
+        ("quant", "dequant_uniform, 4-bit codes, 1% protected", n,
+         lambda k: k.dequant_uniform(codes, seg, zero, inv, 15, 15, 16, prot, 3.4e38, out)),
+        ("quant", "dequant_codebook, 4-bit codes, 1% protected", n,
+         lambda k: k.dequant_codebook(codes, seg, book, 15, 15, 16, prot, out)),
+        ("quant", "f16_round, float64, nearest", 8 * v.size, lambda k: k.f16_round(v, 0, vout)),
+        ("quant", "uniform_params_f16, per row", 16 * nseg,
+         lambda k: k.uniform_params_f16(lo64, hi64, 15, z, sc)),
+    ]
+
+
+def _select_cases(mb: int, rng) -> list[tuple[str, str, int, callable]]:
+    """(family, label, input bytes, call(kernels)) of the protect/prune selection's two passes
+    on float32 values (1% excluded or none), collecting around the median bucket."""
+    x = rng.standard_normal((mb << 20) // 4).astype(np.float32)
+    xb, shift, inf = x.view(np.uint32), np.uint32(16), np.uint32(0x7F800000)
+    excl = (rng.random(x.size) < 0.01).astype(np.uint8)
+    counts = np.zeros(1 << 15, np.int64)
+    _backend.implementation("select", "numba").keys_hist(xb, excl, shift, inf, counts)
+    b = int(np.searchsorted(np.cumsum(counts), x.size // 2))
+    sure, cand = np.empty(int(counts[:b].sum()), np.int64), np.empty(int(counts[b]), np.int64)
+    none = np.zeros(0, np.uint8)
+    return [
+        ("select", "keys_hist, float32", 4 * x.size,
+         lambda k: k.keys_hist(xb, none, shift, inf, np.zeros(1 << 15, np.int64))),
+        ("select", "keys_hist, float32, 1% excluded", 4 * x.size,
+         lambda k: k.keys_hist(xb, excl, shift, inf, np.zeros(1 << 15, np.int64))),
+        ("select", "collect, float32, 1% excluded, below the median", 4 * x.size,
+         lambda k: k.collect(xb, excl, shift, inf, b, False, sure, cand)),
+    ]
+
+
 def _variants(family: str, call: Callable) -> dict[str, Callable[[], object]]:
     """One call of the case per implementation: C on each CPU path this machine runs (the
     path set before each call), then numba."""
@@ -158,6 +216,7 @@ def kernels_table(mb: int, repeat: int) -> str:
     ``auto`` picks (the first)."""
     rng = np.random.default_rng(0)
     cases = [("bytegroup", *case) for case in _bytegroup_cases(mb, rng)] + _code_cases(mb, rng)
+    cases += _quant_cases(mb, rng) + _select_cases(mb, rng)
     rows, names = [], []
     before = _backend.native().simd()
     try:

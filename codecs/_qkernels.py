@@ -1,5 +1,9 @@
 """Compiled per-element kernels of Quantize: segment ranges, uniform codes, dequantization.
 
+The functions here are the numba reference; callers run :data:`QUANT`, the kernels
+:mod:`ckptcodecs._backend` chose (the C twins of ``ckptcodecs._native``, ``quant_*``, by default:
+the same arguments and bytes; on bad sizes or dtypes they raise ValueError).
+
 Segments are consecutive runs of ``seg`` values of a flat array (the last one may be shorter).
 ``mask`` arguments are uint8 arrays of the input's size (nonzero = value handled elsewhere:
 protected, pruned or non-finite) or of size 0 (no value excluded).
@@ -10,8 +14,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["dequant_codebook", "dequant_uniform", "f16_round", "seg_absmax", "seg_minmax",
-           "uniform_codes", "uniform_params_f16"]
+from ._backend import kernels
+
+__all__ = ["QUANT", "dequant_codebook", "dequant_uniform", "f16_round", "seg_absmax",
+           "seg_minmax", "uniform_codes", "uniform_params_f16"]
 
 
 @njit(cache=True, nogil=True)
@@ -169,3 +175,10 @@ def uniform_params_f16(lo, hi, nq, zero, scale):  # pragma: no cover - compiled
         if not (abs(zero[s]) < np.inf and abs(scale[s]) < np.inf):
             return False
     return True
+
+
+#: the kernels this process runs (C twins or these numba ones, by ``CKPTCODECS_KERNELS``)
+QUANT = kernels("quant", seg_minmax=seg_minmax, seg_absmax=seg_absmax,
+                uniform_codes=uniform_codes, dequant_uniform=dequant_uniform,
+                dequant_codebook=dequant_codebook, f16_round=f16_round,
+                uniform_params_f16=uniform_params_f16)

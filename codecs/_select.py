@@ -4,13 +4,16 @@ The magnitude's bit pattern, cut to exponent and 7 mantissa bits, is a bucket ke
 values by magnitude (``|x|`` bits of an IEEE float compare like the floats). One counting pass
 finds the bucket holding the k-th value; a second pass takes every value beyond it and the
 candidates inside it, of which a stable sort over the (few) candidates picks the rest: ties at
-the k-th magnitude go to the lowest indices.
+the k-th magnitude go to the lowest indices. The two passes run as :data:`SELECT` chose (the C
+twins ``ckptcodecs._native.select_*`` by default; the numba ones here are the reference).
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from ._backend import kernels
 
 __all__ = ["select_magnitudes"]
 
@@ -51,6 +54,10 @@ def _collect(xb, excl, shift, inf_bits, b, top, sure, cand):  # pragma: no cover
     return ns, nc
 
 
+#: the passes this process runs (C twins or these numba ones, by ``CKPTCODECS_KERNELS``)
+SELECT = kernels("select", keys_hist=_keys_hist, collect=_collect)
+
+
 def select_magnitudes(x: np.ndarray, k: int, largest: bool,
                       exclude: np.ndarray | None = None) -> np.ndarray:
     """Indices (unsorted) of the ``k`` finite values of largest (or smallest) magnitude.
@@ -67,7 +74,7 @@ def select_magnitudes(x: np.ndarray, k: int, largest: bool,
         shift, inf_bits, nkeys = np.uint32(23 - _MANT), np.uint32(0x7F800000), 1 << 15
     excl = np.zeros(0, np.uint8) if exclude is None else exclude
     counts = np.zeros(nkeys, np.int64)
-    _keys_hist(xb, excl, shift, inf_bits, counts)
+    SELECT.keys_hist(xb, excl, shift, inf_bits, counts)
     order = counts[::-1] if largest else counts
     cum = np.cumsum(order)
     pos = int(np.searchsorted(cum, k))  # first position where the running count reaches k
@@ -77,7 +84,7 @@ def select_magnitudes(x: np.ndarray, k: int, largest: bool,
     before = int(cum[pos - 1]) if pos else 0
     sure = np.empty(before, np.int64)
     cand = np.empty(int(counts[b]), np.int64)
-    _collect(xb, excl, shift, inf_bits, b, largest, sure, cand)
+    SELECT.collect(xb, excl, shift, inf_bits, b, largest, sure, cand)
     need = k - before
     if need < cand.size:
         # ties at the k-th magnitude go to the lowest indices (``cand`` is ascending and the

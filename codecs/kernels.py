@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._qkernels import uniform_params_f16 as _uniform_params_f16
+from ._qkernels import QUANT as _Q
 from .adaptive import (
     HIST_PER_BIN,
     cell_counts_shape,
@@ -80,4 +80,4 @@ def uniform_params_f16(lo: np.ndarray, hi: np.ndarray, nq: int, zero: np.ndarray
     if any(a.ndim != 1 or a.dtype != np.float64 or a.size != lo.size for a in arrays):
         raise ValueError("lo, hi, zero and scale are float64 with one value per segment, got "
                          + ", ".join(f"{a.dtype}{a.shape}" for a in arrays))
-    return bool(_uniform_params_f16(lo, hi, int(nq), zero, scale))
+    return bool(_Q.uniform_params_f16(lo, hi, int(nq), zero, scale))

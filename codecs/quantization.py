@@ -42,14 +42,7 @@ import math
 
 import numpy as np
 
-from ._qkernels import (
-    dequant_codebook,
-    dequant_uniform,
-    seg_absmax,
-    seg_minmax,
-    uniform_codes,
-    uniform_params_f16,
-)
+from ._qkernels import QUANT as _Q
 from ._floats import as_float, from_bf16_bits, from_float, to_bf16_bits
 from ._select import select_magnitudes
 from .adaptive import adaptive_ranges, default_num_bins
@@ -215,7 +208,8 @@ def quantize(
             xw = xf.astype(np.float64)
             inv = np.divide(1.0, scale.astype(np.float64), out=np.zeros(nseg), where=scale > 0)
         t = np.dtype(xw.dtype).type
-        uniform_codes(xw, seg, zero.astype(xw.dtype), inv, t(nq - 1), t(0.5), t(0.0), codes)
+        _Q.uniform_codes(xw, seg, zero.astype(xw.dtype), inv, t(nq - 1), t(0.5), t(0.0),
+                         codes)
     if has_prune:
         codes[prune_idx] = p.prune_code
     if prot_idx.size:
@@ -239,10 +233,10 @@ def _uniform_params(xf, seg, mask, nseg, nq, method, bits, num_bins, ratio,
     lo = np.empty(nseg, xf.dtype)
     hi = np.empty(nseg, xf.dtype)
     if method == "uniform-symmetric":
-        seg_absmax(xf, seg, mask, hi)
+        _Q.seg_absmax(xf, seg, mask, hi)
         lo = -hi
     else:
-        seg_minmax(xf, seg, mask, lo, hi)
+        _Q.seg_minmax(xf, seg, mask, lo, hi)
         if method == "adaptive-asymmetric":
             nb = int(num_bins) if num_bins else default_num_bins(bits)
             lo = lo.astype(np.float64)
@@ -257,7 +251,7 @@ def _uniform_params(xf, seg, mask, nseg, nq, method, bits, num_bins, ratio,
         # the chunk keeps float32 parameters
         zero = np.empty(nseg)
         scale = np.empty(nseg)
-        if uniform_params_f16(lo, hi, nq, zero, scale):
+        if _Q.uniform_params_f16(lo, hi, nq, zero, scale):
             return zero.astype(pdt), scale.astype(pdt), "float16"
     if nq == 1:
         zero = (lo / 2 + hi / 2).astype(pdt)
@@ -283,12 +277,16 @@ def dequantize(codes: np.ndarray, params: QuantParams) -> np.ndarray:
             raise CodecError("sparse protection needs one position per protected value and no "
                              "protect level")
         sparse_vals, prot = prot, prot[:0]
-    if p.method == "kmeans":
-        dequant_codebook(codes, p.seg_len, p.codebook, p.nq, p.prune_code, p.protect_code,
-                         prot, out)
-    else:
-        dequant_uniform(codes, p.seg_len, p.zero, p.scale, p.nq, p.prune_code, p.protect_code,
-                        prot, float(np.finfo(_FINITE_LIMIT.get(p.dtype, work)).max), out)
+    try:
+        if p.method == "kmeans":
+            _Q.dequant_codebook(codes, p.seg_len, p.codebook, p.nq, p.prune_code,
+                                p.protect_code, prot, out)
+        else:
+            lim = float(np.finfo(_FINITE_LIMIT.get(p.dtype, work)).max)
+            _Q.dequant_uniform(codes, p.seg_len, p.zero, p.scale, p.nq, p.prune_code,
+                               p.protect_code, prot, lim, out)
+    except ValueError as err:  # the C kernels' checks: a chunk that does not fit its params
+        raise CodecError(f"quantized chunk: {err}") from err
     if p.sparse:
         out[p.protect_positions] = sparse_vals
     return from_float(out, p.dtype)

@@ -121,6 +121,8 @@ def _big_calls():
     src, planes, out, words = _bytes(4 * n), _planes(4, n), _bytes(4 * n), np.zeros(n, np.uint32)
     skewed = np.minimum(np.random.default_rng(0).geometric(0.3, n) - 1, 255).astype(np.uint8)
     rle_args = _rle_huffman_args(skewed)
+    lo, hi = np.zeros(n // 64, np.float32), np.zeros(n // 64, np.float32)
+    counts = np.zeros(1 << 15, np.int64)
     return {
         "bytegroup": lambda: _c("bytegroup").merge4(*planes, True, words, 1, n, n, 0, n),
         "split_rows": lambda: _c("bytegroup").split_rows(src, 4, True, out, 0, n),
@@ -128,6 +130,9 @@ def _big_calls():
         "delta": lambda: _c("delta").encode(src[:n], planes[0], 4, out[:n]),
         "rle_huffman encode": lambda: _c("rle_huffman").encode_stream(skewed, 22),
         "rle_huffman decode": lambda: _c("rle_huffman").decode_symbols(*rle_args, out[:n]),
+        "quant": lambda: _c("quant").seg_minmax(src.view(np.float32), 256, src[:0], lo, hi),
+        "select": lambda: _c("select").keys_hist(src.view(np.uint32), src[:0], np.uint32(16),
+                                                 np.uint32(0x7F800000), counts),
     }
 
 
@@ -165,6 +170,7 @@ def test_the_probe_sees_a_call_that_holds_the_gil():
 
 
 @pytest.mark.parametrize("kernel", ["bytegroup", "split_rows", "bitpack", "delta",
-                                    "rle_huffman encode", "rle_huffman decode"])
+                                    "rle_huffman encode", "rle_huffman decode", "quant",
+                                    "select"])
 def test_kernels_release_the_gil(kernel):
     assert any(_progress_during(_big_calls()[kernel]))

@@ -1,0 +1,271 @@
+/* Quantize's per-segment kernels (the twins of ckptcodecs/_qkernels.py): segment ranges
+   (seg_minmax, seg_absmax) and uniform codes; the family's helpers and method table. The
+   dequantizers are in quant_dequant.c, the float16 parameters in quant_f16.c. Reductions keep
+   numba's results exactly: min/max are order-free but for the sign of a zero, fixed after. */
+#include <math.h>
+#include "quant.h"
+
+#define LANES 8
+
+int qk_float_buffer(PyObject *obj, Py_buffer *view, int writable, const char *name)
+{
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) < 0)
+        return -1;
+    const char *f = view->format ? view->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@')
+        f++;
+    if (!((f[0] == 'f' && view->itemsize == 4) || (f[0] == 'd' && view->itemsize == 8))
+        || f[1] != '\0') {
+        PyErr_Format(PyExc_ValueError, "%s must be float32 or float64, not of format '%s'",
+                     name, view->format ? view->format : "B");
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+int qk_bad_mask(const Py_buffer *mask, Py_ssize_t n, const char *name)
+{
+    if (mask->len == 0 || mask->len >= n)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s: a mask of %zd bytes for %zd values (0 or all)", name,
+                 mask->len, n);
+    return 1;
+}
+
+/* min/max of the unmasked, non-NaN x[0..m) as numba's sequential `v < mn` / `v > mx` find
+   them, in LANES lanes (a masked value is +-inf: it never wins); (0, 0) when there is none.
+   A zero result takes the sign of the first zero, as the sequential loop does. ABSMAX: the
+   largest |x| from 0.0. */
+#define RANGE_KERNELS(T, SUFFIX)                                                              \
+    static T first_zero_##SUFFIX(const T *x, Py_ssize_t m, const uint8_t *mask)               \
+    {                                                                                         \
+        for (Py_ssize_t i = 0; i < m; i++)                                                    \
+            if (x[i] == 0 && !(mask && mask[i]))                                              \
+                return x[i];                                                                  \
+        return 0;                                                                             \
+    }                                                                                         \
+    static void range_##SUFFIX(const T *restrict x, Py_ssize_t m,                             \
+                               const uint8_t *restrict mask, double *lo, double *hi)          \
+    {                                                                                         \
+        T mn[LANES], mx[LANES];                                                               \
+        for (int l = 0; l < LANES; l++) {                                                     \
+            mn[l] = INFINITY;                                                                 \
+            mx[l] = -INFINITY;                                                                \
+        }                                                                                     \
+        Py_ssize_t i = 0;                                                                     \
+        if (mask) {                                                                           \
+            for (; i + LANES <= m; i += LANES)                                                \
+                for (int l = 0; l < LANES; l++) {                                             \
+                    T a = mask[i + l] ? INFINITY : x[i + l];                                  \
+                    T b = mask[i + l] ? -INFINITY : x[i + l];                                 \
+                    mn[l] = a < mn[l] ? a : mn[l];                                            \
+                    mx[l] = b > mx[l] ? b : mx[l];                                            \
+                }                                                                             \
+            for (; i < m; i++)                                                                \
+                if (!mask[i]) {                                                               \
+                    mn[0] = x[i] < mn[0] ? x[i] : mn[0];                                      \
+                    mx[0] = x[i] > mx[0] ? x[i] : mx[0];                                      \
+                }                                                                             \
+        } else {                                                                              \
+            for (; i + LANES <= m; i += LANES)                                                \
+                for (int l = 0; l < LANES; l++) {                                             \
+                    mn[l] = x[i + l] < mn[l] ? x[i + l] : mn[l];                              \
+                    mx[l] = x[i + l] > mx[l] ? x[i + l] : mx[l];                              \
+                }                                                                             \
+            for (; i < m; i++) {                                                              \
+                mn[0] = x[i] < mn[0] ? x[i] : mn[0];                                          \
+                mx[0] = x[i] > mx[0] ? x[i] : mx[0];                                          \
+            }                                                                                 \
+        }                                                                                     \
+        T a = mn[0], b = mx[0];                                                               \
+        for (int l = 1; l < LANES; l++) {                                                     \
+            a = mn[l] < a ? mn[l] : a;                                                        \
+            b = mx[l] > b ? mx[l] : b;                                                        \
+        }                                                                                     \
+        if (a > b)                                                                            \
+            a = b = 0;                                                                        \
+        else {                                                                                \
+            if (a == 0)                                                                       \
+                a = first_zero_##SUFFIX(x, m, mask);                                          \
+            if (b == 0)                                                                       \
+                b = first_zero_##SUFFIX(x, m, mask);                                          \
+        }                                                                                     \
+        *lo = a;                                                                              \
+        *hi = b;                                                                              \
+    }                                                                                         \
+    static double absmax_##SUFFIX(const T *restrict x, Py_ssize_t m,                          \
+                                  const uint8_t *restrict mask)                               \
+    {                                                                                         \
+        T mx[LANES] = {0};                                                                    \
+        Py_ssize_t i = 0;                                                                     \
+        for (; i + LANES <= m; i += LANES)                                                    \
+            for (int l = 0; l < LANES; l++) {                                                 \
+                T a = (mask && mask[i + l]) ? 0 : (T)fabs(x[i + l]);                          \
+                mx[l] = a > mx[l] ? a : mx[l];                                                \
+            }                                                                                 \
+        for (; i < m; i++) {                                                                  \
+            T a = (mask && mask[i]) ? 0 : (T)fabs(x[i]);                                      \
+            mx[0] = a > mx[0] ? a : mx[0];                                                    \
+        }                                                                                     \
+        T b = mx[0];                                                                          \
+        for (int l = 1; l < LANES; l++)                                                       \
+            b = mx[l] > b ? mx[l] : b;                                                        \
+        return b;                                                                             \
+    }
+
+RANGE_KERNELS(float, f32)
+RANGE_KERNELS(double, f64)
+
+/* Each segment's range (lo and hi given) or largest magnitude (lo NULL, into hi). */
+static void seg_ranges(const Py_buffer *x, Py_ssize_t seg, const uint8_t *mask, Py_buffer *lo,
+                       Py_buffer *hi, Py_ssize_t nseg)
+{
+    Py_ssize_t n = ck_items(x), a0, b0;
+    for (Py_ssize_t s = 0; s < nseg; s++) {
+        qk_segment(s, seg, n, &a0, &b0);
+        const uint8_t *m = mask ? mask + a0 : NULL;
+        double mn, mx;
+        if (x->itemsize == 4 && lo)
+            range_f32((const float *)x->buf + a0, b0 - a0, m, &mn, &mx);
+        else if (lo)
+            range_f64((const double *)x->buf + a0, b0 - a0, m, &mn, &mx);
+        else if (x->itemsize == 4)
+            mx = absmax_f32((const float *)x->buf + a0, b0 - a0, m);
+        else
+            mx = absmax_f64((const double *)x->buf + a0, b0 - a0, m);
+        if (lo)
+            qk_set(lo, s, mn);
+        qk_set(hi, s, mx);
+    }
+}
+
+/* seg_minmax(x, seg, mask, lo, hi) / seg_absmax(x, seg, mask, out): `absmax` picks. */
+static PyObject *ranges(PyObject *args, int absmax)
+{
+    const char *name = absmax ? "seg_absmax" : "seg_minmax";
+    PyObject *x_obj, *mask_obj, *lo_obj = NULL, *hi_obj;
+    Py_ssize_t seg;
+    Py_buffer v[4];
+    int held = 0, ok = 0;
+    if (absmax ? !PyArg_ParseTuple(args, "OnOO", &x_obj, &seg, &mask_obj, &hi_obj)
+               : !PyArg_ParseTuple(args, "OnOOO", &x_obj, &seg, &mask_obj, &lo_obj, &hi_obj))
+        return NULL;
+    if (qk_float_buffer(x_obj, &v[held++], 0, name) < 0
+        || ck_buffer(mask_obj, &v[held++], 0, 1, name) < 0
+        || qk_float_buffer(hi_obj, &v[held++], 1, name) < 0
+        || (!absmax && qk_float_buffer(lo_obj, &v[held++], 1, name) < 0)) {
+        ck_release(v, held - 1);
+        return NULL;
+    }
+    Py_buffer *lo = absmax ? NULL : &v[3];
+    Py_ssize_t n = ck_items(&v[0]), nseg = ck_items(&v[2]);
+    if (seg < 0)
+        PyErr_Format(PyExc_ValueError, "%s: a segment length of %zd", name, seg);
+    else if (lo && ck_items(lo) != nseg)
+        PyErr_Format(PyExc_ValueError, "%s: %zd lows for %zd highs", name, ck_items(lo), nseg);
+    else if (!qk_bad_mask(&v[1], n, name) && !ck_overlap(&v[0], &v[2], name)
+             && !(lo && (ck_overlap(&v[0], lo, name) || ck_overlap(lo, &v[2], name)))) {
+        const uint8_t *mask = v[1].len ? v[1].buf : NULL;
+        Py_BEGIN_ALLOW_THREADS
+        seg_ranges(&v[0], seg, mask, lo, &v[2], nseg);
+        Py_END_ALLOW_THREADS
+        ok = 1;
+    }
+    ck_release(v, held);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *ck_quant_seg_minmax(PyObject *self, PyObject *args) { return ranges(args, 0); }
+
+static PyObject *ck_quant_seg_absmax(PyObject *self, PyObject *args) { return ranges(args, 1); }
+
+/* out[i] = clip((x - zero) * inv + half, fzero, fq) truncated; NaN -> 0, in x's own float
+   type (numba's: the scalars are of the working type). */
+#define CODES_KERNEL(T, SUFFIX)                                                               \
+    static void codes_##SUFFIX(const T *restrict x, Py_ssize_t n, Py_ssize_t seg,             \
+                               const T *zero, const T *inv, Py_ssize_t nseg, T fq, T half,    \
+                               T fzero, uint8_t *restrict out)                                \
+    {                                                                                         \
+        Py_ssize_t a0, b0;                                                                    \
+        for (Py_ssize_t s = 0; s < nseg; s++) {                                               \
+            qk_segment(s, seg, n, &a0, &b0);                                                  \
+            T z = zero[s], iv = inv[s];                                                       \
+            for (Py_ssize_t i = a0; i < b0; i++) {                                            \
+                T t = (x[i] - z) * iv + half;                                                 \
+                t = fzero > t ? fzero : t;                                                    \
+                t = fq < t ? fq : t;                                                          \
+                t = t == t ? t : 0;                                                           \
+                out[i] = (uint8_t)(int32_t)t;                                                 \
+            }                                                                                 \
+        }                                                                                     \
+    }
+
+CODES_KERNEL(float, f32)
+CODES_KERNEL(double, f64)
+
+static PyObject *ck_quant_uniform_codes(PyObject *self, PyObject *args)
+{
+    const char *name = "uniform_codes";
+    PyObject *x_obj, *zero_obj, *inv_obj, *out_obj;
+    Py_ssize_t seg;
+    double fq, half, fzero;
+    Py_buffer v[4];
+    int held = 0, ok = 0;
+    if (!PyArg_ParseTuple(args, "OnOOdddO", &x_obj, &seg, &zero_obj, &inv_obj, &fq, &half,
+                          &fzero, &out_obj))
+        return NULL;
+    if (qk_float_buffer(x_obj, &v[held++], 0, name) < 0
+        || qk_float_buffer(zero_obj, &v[held++], 0, name) < 0
+        || qk_float_buffer(inv_obj, &v[held++], 0, name) < 0
+        || ck_buffer(out_obj, &v[held++], 1, 1, name) < 0) {
+        ck_release(v, held - 1);
+        return NULL;
+    }
+    Py_ssize_t n = ck_items(&v[0]), nseg = ck_items(&v[1]);
+    if (v[1].itemsize != v[0].itemsize || v[2].itemsize != v[0].itemsize)
+        PyErr_Format(PyExc_ValueError, "%s: zero points and inverse scales of x's float type",
+                     name);
+    else if (seg < 0 || ck_items(&v[2]) < nseg || v[3].len < n)
+        PyErr_Format(PyExc_ValueError, "%s: %zd values, segments of %zd, %zd zero points, %zd "
+                     "inverse scales, %zd codes", name, n, seg, nseg, ck_items(&v[2]), v[3].len);
+    else if (!(fzero >= 0 && fzero <= fq && fq <= 255))
+        PyErr_Format(PyExc_ValueError, "%s: codes from %g to %g (0 <= from <= to <= 255)",
+                     name, fzero, fq);
+    else if (!ck_overlap(&v[0], &v[3], name) && !ck_overlap(&v[1], &v[3], name)
+             && !ck_overlap(&v[2], &v[3], name)) {
+        Py_BEGIN_ALLOW_THREADS
+        if (v[0].itemsize == 4)
+            codes_f32(v[0].buf, n, seg, v[1].buf, v[2].buf, nseg, (float)fq, (float)half,
+                      (float)fzero, v[3].buf);
+        else
+            codes_f64(v[0].buf, n, seg, v[1].buf, v[2].buf, nseg, fq, half, fzero, v[3].buf);
+        Py_END_ALLOW_THREADS
+        ok = 1;
+    }
+    ck_release(v, held);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyMethodDef ck_quant_methods[] = {
+    {"quant_seg_minmax", ck_quant_seg_minmax, METH_VARARGS,
+     "seg_minmax(x, seg, mask, lo, hi): each segment's min and max of the unmasked values."},
+    {"quant_seg_absmax", ck_quant_seg_absmax, METH_VARARGS,
+     "seg_absmax(x, seg, mask, out): each segment's largest unmasked magnitude."},
+    {"quant_uniform_codes", ck_quant_uniform_codes, METH_VARARGS,
+     "uniform_codes(x, seg, zero, inv, fq, half, fzero, out): uniform codes, NaN -> 0."},
+    {"quant_dequant_uniform", ck_quant_dequant_uniform, METH_VARARGS,
+     "dequant_uniform(codes, seg, zero, scale, nq, prune_code, protect_code, prot, lim, out)."},
+    {"quant_dequant_codebook", ck_quant_dequant_codebook, METH_VARARGS,
+     "dequant_codebook(codes, seg, book, nq, prune_code, protect_code, prot, out)."},
+    {"quant_f16_round", ck_quant_f16_round, METH_VARARGS,
+     "f16_round(v, direction, out): float64 values rounded to float16 ones (out may be v)."},
+    {"quant_uniform_params_f16", ck_quant_uniform_params_f16, METH_VARARGS,
+     "uniform_params_f16(lo, hi, nq, zero, scale) -> bool: float16 zero points and scales."},
+    {NULL, NULL, 0, NULL},
+};
