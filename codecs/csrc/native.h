@@ -62,5 +62,6 @@ extern PyMethodDef ck_bytegroup_methods[];
 extern PyMethodDef ck_bitpack_methods[];
 extern PyMethodDef ck_delta_methods[];
 extern PyMethodDef ck_rle_huffman_methods[];
+extern PyMethodDef ck_planes_methods[];
 
 #endif
