@@ -24,7 +24,33 @@ static inline uint32_t pl_load32le(const uint8_t *p)
    into order; returns their count. */
 int pl_canonical(const int lens[256], int order[256]);
 
-/* The kernels of planes_decode.c and planes_encode.c, listed in planes.c's table. */
+#define PL_ERR_MEMORY (-4)    /* (C only) no memory for the pair table */
+
+/* Byte histograms of each block of plane[0..n) into freq[nblocks][256] (planes_stats.c). */
+void pl_stats(const uint8_t *plane, int64_t n, int64_t block, int64_t *freq);
+/* Code lengths (at most PL_MAX_LEN) of the 256 frequencies freq into lens. */
+void pl_code_lengths(const int64_t *freq, int64_t *lens);
+/* Code lengths of each of nblocks histograms; returns the bound on the code's bytes. */
+int64_t pl_lengths(const int64_t *freq, int64_t nblocks, int64_t *lens);
+/* The bound of huffman_bound on the code of n bytes. */
+int64_t pl_bound(int64_t n, int64_t block);
+/* 1 when lens[0..count) all lie in 0..PL_MAX_LEN, else 0 after setting a ValueError. */
+int pl_lens_ok(const int64_t *lens, int64_t count, const char *what);
+/* Encode plane[0..n) with lens[nblocks][256] into out (size bytes): the bytes written, or
+   PL_ERR_SPACE / PL_ERR_MEMORY (planes_encode.c). */
+int64_t pl_encode_lengths(const uint8_t *plane, int64_t n, int64_t block, const int64_t *lens,
+                          uint8_t *out, int64_t size);
+
+/* The kernels of the family's files, listed in planes.c's table. */
 PyObject *ck_planes_huffman_decode(PyObject *self, PyObject *args);
+PyObject *ck_planes_huffman_encode_lengths(PyObject *self, PyObject *args);
+PyObject *ck_planes_huffman_encode(PyObject *self, PyObject *args);
+PyObject *ck_planes_huffman_bound(PyObject *self, PyObject *args);
+PyObject *ck_planes_plane_stats(PyObject *self, PyObject *args);
+PyObject *ck_planes_code_lengths(PyObject *self, PyObject *args);
+PyObject *ck_planes_huffman_lengths(PyObject *self, PyObject *args);
+PyObject *ck_planes_huffman_size(PyObject *self, PyObject *args);
+PyObject *ck_planes_choose_methods(PyObject *self, PyObject *args);
+PyObject *ck_planes_pack_planes(PyObject *self, PyObject *args);
 
 #endif
