@@ -121,6 +121,10 @@ def _big_calls():
     src, planes, out, words = _bytes(4 * n), _planes(4, n), _bytes(4 * n), np.zeros(n, np.uint32)
     skewed = np.minimum(np.random.default_rng(0).geometric(0.3, n) - 1, 255).astype(np.uint8)
     rle_args = _rle_huffman_args(skewed)
+    pk, block = _c("planes"), 1 << 17
+    freq, coded = np.zeros((n // block, 256), np.int64), _bytes(pk.huffman_bound(n, block))
+    pk.plane_stats(skewed, block, freq)
+    stream = coded[:pk.huffman_encode(skewed, block, freq, coded)].copy()
     return {
         "bytegroup": lambda: _c("bytegroup").merge4(*planes, True, words, 1, n, n, 0, n),
         "split_rows": lambda: _c("bytegroup").split_rows(src, 4, True, out, 0, n),
@@ -128,6 +132,8 @@ def _big_calls():
         "delta": lambda: _c("delta").encode(src[:n], planes[0], 4, out[:n]),
         "rle_huffman encode": lambda: _c("rle_huffman").encode_stream(skewed, 22),
         "rle_huffman decode": lambda: _c("rle_huffman").decode_symbols(*rle_args, out[:n]),
+        "planes encode": lambda: pk.huffman_encode(skewed, block, freq, coded),
+        "planes decode": lambda: pk.huffman_decode(stream, block, out[:n]),
     }
 
 
@@ -165,6 +171,7 @@ def test_the_probe_sees_a_call_that_holds_the_gil():
 
 
 @pytest.mark.parametrize("kernel", ["bytegroup", "split_rows", "bitpack", "delta",
-                                    "rle_huffman encode", "rle_huffman decode"])
+                                    "rle_huffman encode", "rle_huffman decode",
+                                    "planes encode", "planes decode"])
 def test_kernels_release_the_gil(kernel):
     assert any(_progress_during(_big_calls()[kernel]))
