@@ -14,6 +14,33 @@
 #define PL_HUFFMAN 1
 #define PL_ZSTD 2
 
+/* The hot loops are built twice on x86-64: for the baseline, and with BMI2 (shifts by a
+   variable count in one instruction: shrx, shlx), run where CKPTCODECS_SIMD's path is avx2
+   and the CPU has BMI2 and MOVBE (what numba, compiling for the host CPU, uses). */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define PL_HAVE_BMI2 1
+#define PL_BMI2 __attribute__((target("bmi2,movbe")))
+#else
+#define PL_HAVE_BMI2 0
+#define PL_BMI2
+#endif
+#define PL_INLINE static inline __attribute__((always_inline))
+
+/* 1 when the kernels run their BMI2 loops (read with the GIL held). */
+static inline int pl_bmi2(void)
+{
+#if PL_HAVE_BMI2
+    __builtin_cpu_init();
+    return strcmp(ck_simd(), "avx2") == 0 && __builtin_cpu_supports("bmi2")
+           && __builtin_cpu_supports("movbe");
+#else
+    return 0;
+#endif
+}
+
+/* Little-endian u16 at p, whatever the CPU. */
+static inline uint32_t pl_load16le(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
+
 /* Little-endian u32 at p, whatever the CPU. */
 static inline uint32_t pl_load32le(const uint8_t *p)
 {
@@ -39,7 +66,7 @@ int pl_lens_ok(const int64_t *lens, int64_t count, const char *what);
 /* Encode plane[0..n) with lens[nblocks][256] into out (size bytes): the bytes written, or
    PL_ERR_SPACE / PL_ERR_MEMORY (planes_encode.c). */
 int64_t pl_encode_lengths(const uint8_t *plane, int64_t n, int64_t block, const int64_t *lens,
-                          uint8_t *out, int64_t size);
+                          uint8_t *out, int64_t size, int bmi2);
 
 /* The kernels of the family's files, listed in planes.c's table. */
 PyObject *ck_planes_huffman_decode(PyObject *self, PyObject *args);

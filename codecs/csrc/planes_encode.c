@@ -3,7 +3,32 @@
    bytes a lookup where the block uses at most PL_PAIRS_MAX symbols. The bits are the numba
    kernel's; every 8-byte store is checked against the output's size (in batches that surely
    fit, then byte by byte), so an output too small gives PL_ERR_SPACE, never a write past it. */
+#include <stdatomic.h>
+
 #include "planes.h"
+
+/* The pair tables of one call: 576 KiB, zeroed once, then kept for the next call (a call
+   takes them, or makes new ones when another thread holds them). Their entries only ever hold
+   a code and its length (<= 24 bits), so whatever an earlier call left is safe to read. */
+typedef struct {
+    uint64_t codes[1 << 16];
+    uint8_t lens[1 << 16];
+} pairs_t;
+
+static _Atomic(pairs_t *) spare_pairs;
+
+static pairs_t *take_pairs(void)
+{
+    pairs_t *p = atomic_exchange(&spare_pairs, NULL);
+    return p != NULL ? p : calloc(1, sizeof *p);
+}
+
+static void give_pairs(pairs_t *p)
+{
+    pairs_t *none = NULL;
+    if (p != NULL && !atomic_compare_exchange_strong(&spare_pairs, &none, p))
+        free(p);
+}
 
 typedef struct {
     uint64_t codes[256];  /* left-aligned; kept from block to block, as numba's */
@@ -11,6 +36,7 @@ typedef struct {
     uint64_t *pcodes;     /* codes of the pairs of symbols (lo | hi << 8) */
     uint8_t *plens;
     int pairs, maxl;      /* maxl: the longest length in ulens */
+    int bmi2;             /* run the BMI2 build of the stream loop */
 } code_t;
 
 static inline void store_be64(uint8_t *p, uint64_t x)
@@ -20,7 +46,7 @@ static inline void store_be64(uint8_t *p, uint64_t x)
 }
 
 /* Code plane[i:stop] as one stream at out[o] (size bytes); returns where it ends. */
-static int64_t encode_stream(const uint8_t *restrict plane, int64_t i, int64_t stop,
+PL_INLINE int64_t stream_body(const uint8_t *restrict plane, int64_t i, int64_t stop,
                              const code_t *restrict c, uint8_t *restrict out, int64_t o,
                              int64_t size)
 {
@@ -34,14 +60,15 @@ static int64_t encode_stream(const uint8_t *restrict plane, int64_t i, int64_t s
         if (groups == 0)
             break;
         uint8_t *restrict w = out + o;
-        if (c->pairs) {
+        const uint64_t *restrict pcodes = c->pcodes;
+        const uint8_t *restrict plens = c->plens;
+        if (c->pairs) {  /* both codes placed from nbits: a shorter chain of dependences */
+#pragma GCC unroll 2
             for (int64_t g = 0; g < groups; g++, i += 4) {
-                uint16_t x0 = (uint16_t)(plane[i] | plane[i + 1] << 8);
-                uint16_t x1 = (uint16_t)(plane[i + 2] | plane[i + 3] << 8);
-                acc |= c->pcodes[x0] >> nbits;
-                nbits += c->plens[x0];
-                acc |= c->pcodes[x1] >> nbits;
-                nbits += c->plens[x1];
+                uint32_t x0 = pl_load16le(plane + i), x1 = pl_load16le(plane + i + 2);
+                uint64_t l0 = plens[x0];
+                acc |= (pcodes[x0] >> nbits) | (pcodes[x1] >> (nbits + l0));
+                nbits += l0 + plens[x1];
                 store_be64(w, acc);
                 w += nbits >> 3;
                 acc <<= nbits & ~(uint64_t)7;
@@ -49,10 +76,12 @@ static int64_t encode_stream(const uint8_t *restrict plane, int64_t i, int64_t s
             }
         } else {
             for (int64_t g = 0; g < groups; g++, i += 4) {
-                for (int k = 0; k < 4; k++) {
-                    acc |= codes[plane[i + k]] >> nbits;
-                    nbits += ulens[plane[i + k]];
-                }
+                const uint8_t *x = plane + i;
+                uint64_t n1 = nbits + ulens[x[0]], n2 = n1 + ulens[x[1]];
+                uint64_t n3 = n2 + ulens[x[2]];
+                acc |= (codes[x[0]] >> nbits) | (codes[x[1]] >> n1) | (codes[x[2]] >> n2)
+                       | (codes[x[3]] >> n3);
+                nbits = n3 + ulens[x[3]];
                 store_be64(w, acc);
                 w += nbits >> 3;
                 acc <<= nbits & ~(uint64_t)7;
@@ -75,6 +104,18 @@ static int64_t encode_stream(const uint8_t *restrict plane, int64_t i, int64_t s
         return PL_ERR_SPACE;
     store_be64(out + o, acc);
     return o + (int64_t)((nbits + 7) >> 3);
+}
+
+static int64_t stream_base(const uint8_t *plane, int64_t i, int64_t stop, const code_t *c,
+                           uint8_t *out, int64_t o, int64_t size)
+{
+    return stream_body(plane, i, stop, c, out, o, size);
+}
+
+PL_BMI2 static int64_t stream_bmi2(const uint8_t *plane, int64_t i, int64_t stop,
+                                   const code_t *c, uint8_t *out, int64_t o, int64_t size)
+{
+    return stream_body(plane, i, stop, c, out, o, size);
 }
 
 /* The block's canonical code from its lengths blens (see _pkernels.huffman_encode_lengths). */
@@ -131,7 +172,8 @@ static int64_t encode_block(const uint8_t *plane, int64_t start, int64_t stop,
     int64_t q = (stop - start + 3) / 4, end = pos + 16;
     for (int k = 0; k < 4; k++) {
         int64_t begin = end, a = start + k * q, b = start + k * q + q;
-        end = encode_stream(plane, a < stop ? a : stop, b < stop ? b : stop, c, out, begin, size);
+        end = (c->bmi2 ? stream_bmi2 : stream_base)(plane, a < stop ? a : stop,
+                                                    b < stop ? b : stop, c, out, begin, size);
         if (end < 0)
             return end;
         uint64_t len = (uint64_t)(end - begin);
@@ -142,22 +184,21 @@ static int64_t encode_block(const uint8_t *plane, int64_t start, int64_t stop,
 }
 
 int64_t pl_encode_lengths(const uint8_t *plane, int64_t n, int64_t block, const int64_t *lens,
-                          uint8_t *out, int64_t size)
+                          uint8_t *out, int64_t size, int bmi2)
 {
     code_t c;
+    c.bmi2 = bmi2;
     memset(c.codes, 0, sizeof c.codes);
     memset(c.ulens, 0, sizeof c.ulens);
-    c.pcodes = calloc(1 << 16, sizeof *c.pcodes);  /* zero pages until a pair is written */
-    c.plens = calloc(1 << 16, 1);
-    int64_t pos = 0;
-    if (c.pcodes == NULL || c.plens == NULL)
-        pos = PL_ERR_MEMORY;
+    pairs_t *pairs = take_pairs();
+    int64_t pos = pairs != NULL ? 0 : PL_ERR_MEMORY;
+    if (pairs != NULL)
+        c.pcodes = pairs->codes, c.plens = pairs->lens;
     for (int64_t b = 0; pos >= 0 && b < (n + block - 1) / block; b++) {
         int64_t start = b * block, stop = n < start + block ? n : start + block;
         pos = encode_block(plane, start, stop, lens + 256 * b, &c, out, pos, size);
     }
-    free(c.pcodes);
-    free(c.plens);
+    give_pairs(pairs);
     return pos;
 }
 
@@ -208,11 +249,12 @@ static PyObject *encode(PyObject *args, int from_freq, const char *name)
     else if (from_freq && (lens = calloc((size_t)(256 * rows), sizeof *lens)) == NULL)
         PyErr_NoMemory();
     else {
+        int bmi2 = pl_bmi2();
         Py_BEGIN_ALLOW_THREADS
         if (from_freq)
             pl_lengths(v[1].buf, rows, lens);
         status = pl_encode_lengths(v[0].buf, n, block, from_freq ? lens : v[1].buf, v[2].buf,
-                                   v[2].len);
+                                   v[2].len, bmi2);
         Py_END_ALLOW_THREADS
         if (status < 0)
             encode_error(status, name);

@@ -82,6 +82,7 @@ typedef struct {
     int64_t *methods;
     const uint8_t *zbuf;
     const int64_t *zoff;
+    int bmi2;
 } pack_t;
 
 /* Code plane `row` of p's Huffman plane into out[at] where smaller: its size, or n (RAW), or a
@@ -100,7 +101,8 @@ static int64_t huffman_plane(const pack_t *k, int64_t row, int64_t at, int64_t *
         if ((*scratch = malloc((size_t)*room)) == NULL)
             return PL_ERR_MEMORY;
     }
-    int64_t size = pl_encode_lengths(k->out + row, k->n, k->block, lens, *scratch, *room);
+    int64_t size = pl_encode_lengths(k->out + row, k->n, k->block, lens, *scratch, *room,
+                                     k->bmi2);
     if (size >= 0 && size < k->n)
         memcpy(k->out + at, *scratch, (size_t)size);
     return size < 0 || size < k->n ? size : k->n;
@@ -183,7 +185,7 @@ PyObject *ck_planes_pack_planes(PyObject *self, PyObject *args)
             ck_release(v, held);
             return NULL;
         }
-    pack_t k = {v[0].buf, base, n, itemsize, block, v[1].buf, v[2].buf, v[3].buf};
+    pack_t k = {v[0].buf, base, n, itemsize, block, v[1].buf, v[2].buf, v[3].buf, pl_bmi2()};
     if (pack_fits(&k, v)) {
         Py_BEGIN_ALLOW_THREADS
         pos = pack(&k);

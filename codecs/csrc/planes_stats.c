@@ -6,25 +6,20 @@
 
 void pl_stats(const uint8_t *restrict plane, int64_t n, int64_t block, int64_t *restrict freq)
 {
-    uint32_t h[4][256];  /* four histograms: a run of one byte does not wait on its counter */
+    uint32_t h[8][256];  /* one a byte of a word: a run of one byte does not wait on its counter */
     for (int64_t b = 0; b < (n + block - 1) / block; b++) {
         int64_t i = b * block, stop = n < i + block ? n : i + block;
         memset(h, 0, sizeof h);
         for (; i + 8 <= stop; i += 8) {
             uint64_t x = ck_load64(plane + i);
-            h[0][x & 0xFF]++;
-            h[1][(x >> 8) & 0xFF]++;
-            h[2][(x >> 16) & 0xFF]++;
-            h[3][(x >> 24) & 0xFF]++;
-            h[0][(x >> 32) & 0xFF]++;
-            h[1][(x >> 40) & 0xFF]++;
-            h[2][(x >> 48) & 0xFF]++;
-            h[3][x >> 56]++;
+            for (int k = 0; k < 8; k++)
+                h[k][(x >> (8 * k)) & 0xFF]++;
         }
         for (; i < stop; i++)
             h[0][plane[i]]++;
         for (int v = 0; v < 256; v++)
-            freq[256 * b + v] = (int64_t)h[0][v] + h[1][v] + h[2][v] + h[3][v];
+            freq[256 * b + v] = (int64_t)h[0][v] + h[1][v] + h[2][v] + h[3][v] + h[4][v]
+                                + h[5][v] + h[6][v] + h[7][v];
     }
 }
 
