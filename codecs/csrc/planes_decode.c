@@ -45,26 +45,31 @@ static void build_tables(const int lens[256], const int *order, int m, uint32_t 
 }
 
 /* Python's a // b for b > 0. */
-static inline int64_t floordiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+PL_INLINE int64_t floordiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
 /* Rounds (a peek, four lookups) that surely fit a stream at plane[o] (ending at stop) and bit
    bp of a size-byte buffer (see _pdecode._steps). */
-static inline int64_t steps(int64_t o, int64_t stop, int64_t bp, int64_t size)
+PL_INLINE int64_t steps(int64_t o, int64_t stop, int64_t bp, int64_t size)
 {
     int64_t a = floordiv(stop - 13 - o, 12), b = floordiv(8 * (size - 8) - bp, 48);
     int64_t s = (a < b ? a : b) + 1;
     return s > 0 ? s : 0;
 }
 
+/* The decoding tables, together: one register addresses both. */
+typedef struct {
+    uint32_t syms[1 << PL_MAX_LEN];
+    uint8_t bits[1 << PL_MAX_LEN];
+} tables_t;
+
 typedef struct {
     const uint8_t *buf;
     int64_t size;
-    const uint32_t *syms;
-    const uint8_t *bits;
+    const tables_t *t;
     uint8_t *plane;
 } dec_t;
 
-static inline uint64_t peek(const uint8_t *buf, uint64_t bp)
+PL_INLINE uint64_t peek(const uint8_t *buf, uint64_t bp)
 {
     return __builtin_bswap64(ck_load64(buf + (bp >> 3))) << (bp & 7);
 }
@@ -73,8 +78,8 @@ static inline uint64_t peek(const uint8_t *buf, uint64_t bp)
 #define GET3(x, bp, o)                                                   \
     do {                                                                 \
         uint64_t k_ = (x) >> (64 - PL_MAX_LEN);                          \
-        uint32_t e_ = d.syms[k_];                                        \
-        uint64_t n_ = d.bits[k_];                                        \
+        uint32_t e_ = d.t->syms[k_];                                        \
+        uint64_t n_ = d.t->bits[k_];                                        \
         memcpy(d.plane + (o), &e_, 4);                                   \
         (x) <<= n_;                                                      \
         (bp) += n_;                                                      \
@@ -83,7 +88,7 @@ static inline uint64_t peek(const uint8_t *buf, uint64_t bp)
 
 /* Finish one stream (plane[o:stop] from bit bp), then check that it used exactly its nbytes
    bytes from byte first: 0 or an error code. */
-static int64_t finish_stream(dec_t d, const int lens[256], uint64_t o, int64_t stop, uint64_t bp,
+PL_INLINE int64_t finish_stream(dec_t d, const int lens[256], uint64_t o, int64_t stop, uint64_t bp,
                              int64_t first, int64_t nbytes)
 {
     int64_t r;
@@ -101,7 +106,7 @@ static int64_t finish_stream(dec_t d, const int lens[256], uint64_t o, int64_t s
         uint64_t x = 0;
         for (int64_t k = 0; k < (left < 8 ? left : 8); k++)
             x |= (uint64_t)d.buf[p + k] << (56 - 8 * k);
-        int s = d.syms[(x << (sbp & 7)) >> (64 - PL_MAX_LEN)] & 0xFF;
+        int s = d.t->syms[(x << (sbp & 7)) >> (64 - PL_MAX_LEN)] & 0xFF;
         sbp += lens[s];
         if (sbp > 8 * d.size)
             return PL_ERR_TRUNCATED;
@@ -111,7 +116,7 @@ static int64_t finish_stream(dec_t d, const int lens[256], uint64_t o, int64_t s
 }
 
 /* The four streams of plane[start:stop], read from at[0..4] (checked to lie in the buffer). */
-static int64_t decode_streams(dec_t d, const int lens[256], int64_t start, int64_t stop,
+PL_INLINE int64_t streams_body(dec_t d, const int lens[256], int64_t start, int64_t stop,
                               const int64_t at[5])
 {
     int64_t q = (stop - start + 3) / 4;
@@ -152,13 +157,24 @@ static int64_t decode_streams(dec_t d, const int lens[256], int64_t start, int64
     return worst;
 }
 
+static int64_t streams_base(dec_t d, const int lens[256], int64_t start, int64_t stop,
+                            const int64_t at[5])
+{
+    return streams_body(d, lens, start, stop, at);
+}
+
+PL_BMI2 static int64_t streams_bmi2(dec_t d, const int lens[256], int64_t start, int64_t stop,
+                                    const int64_t at[5])
+{
+    return streams_body(d, lens, start, stop, at);
+}
+
 /* Decode buf (size bytes) into plane (n bytes): the bytes consumed, or an error code. */
 static int64_t huffman_decode(const uint8_t *buf, int64_t size, int64_t block, uint8_t *plane,
-                              int64_t n)
+                              int64_t n, int bmi2)
 {
     int lens[256], order[256];
-    uint32_t syms[1 << PL_MAX_LEN] = {0};
-    uint8_t bits[1 << PL_MAX_LEN] = {0};
+    tables_t t;  /* filled whole for each block (its code is complete) before it is read */
     int64_t pos = 0, at[5];
     for (int64_t b = 0; b < (n + block - 1) / block; b++) {
         int64_t start = b * block, stop = n < start + block ? n : start + block;
@@ -190,9 +206,9 @@ static int64_t huffman_decode(const uint8_t *buf, int64_t size, int64_t block, u
             at[k + 1] = at[k] + (int64_t)pl_load32le(buf + pos + 4 * k);
         if (at[4] > size)
             return PL_ERR_TRUNCATED;
-        build_tables(lens, order, pl_canonical(lens, order), syms, bits);
-        dec_t d = {buf, size, syms, bits, plane};
-        int64_t err = decode_streams(d, lens, start, stop, at);
+        build_tables(lens, order, pl_canonical(lens, order), t.syms, t.bits);
+        dec_t d = {buf, size, &t, plane};
+        int64_t err = (bmi2 ? streams_bmi2 : streams_base)(d, lens, start, stop, at);
         if (err)
             return err;
         pos = at[4];
@@ -218,8 +234,9 @@ PyObject *ck_planes_huffman_decode(PyObject *self, PyObject *args)
         return NULL;
     }
     if (!ck_overlap(&v[0], &v[1], "huffman_decode")) {
+        int bmi2 = pl_bmi2();
         Py_BEGIN_ALLOW_THREADS
-        status = huffman_decode(v[0].buf, v[0].len, block, v[1].buf, v[1].len);
+        status = huffman_decode(v[0].buf, v[0].len, block, v[1].buf, v[1].len, bmi2);
         Py_END_ALLOW_THREADS
     }
     ck_release(v, 2);

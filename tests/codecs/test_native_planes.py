@@ -257,3 +257,23 @@ def test_encode_into_a_tight_buffer_refuses_rather_than_overruns():
     with pytest.raises(ValueError):
         c.huffman_encode_lengths(data, 4096, lens, guard[:size])
     assert (guard[size:] == 0xAB).all()
+
+
+@pytest.mark.parametrize("path", _backend.native().simd_paths() if _backend.native() else [])
+def test_every_cpu_path(path):
+    """The baseline and the BMI2 builds of the stream loops (avx2 picks BMI2 where the CPU has
+    it) write the same bytes as numba."""
+    before = _backend.native().simd()
+    _backend.use_simd(path)
+    try:
+        for k, kind in enumerate(KINDS):
+            data = _data(k, 70_001, kind)
+            c, nb = _twins()
+            freq, _, _ = _stats(nb, data, 4099)
+            outs = [np.zeros(nb.huffman_bound(data.size, 4099), np.uint8) for _ in range(2)]
+            sizes = [t.huffman_encode(data, 4099, freq, o) for t, o in zip((c, nb), outs)]
+            assert sizes[0] == sizes[1] and outs[0].tobytes() == outs[1].tobytes()
+            used, plane = _decode_both(outs[0][:sizes[0]], 4099, data.size, k)
+            assert used == sizes[0] and plane.tobytes() == data.tobytes()
+    finally:
+        _backend.use_simd(before)
