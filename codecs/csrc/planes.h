@@ -54,7 +54,7 @@ int pl_canonical(const int lens[256], int order[256]);
 #define PL_ERR_MEMORY (-4)    /* (C only) no memory for the pair table */
 
 /* Byte histograms of each block of plane[0..n) into freq[nblocks][256] (planes_stats.c). */
-void pl_stats(const uint8_t *plane, int64_t n, int64_t block, int64_t *freq);
+void pl_stats(const uint8_t *plane, int64_t n, int64_t block, int64_t *freq, int bmi2);
 /* Code lengths (at most PL_MAX_LEN) of the 256 frequencies freq into lens. */
 void pl_code_lengths(const int64_t *freq, int64_t *lens);
 /* Code lengths of each of nblocks histograms; returns the bound on the code's bytes. */

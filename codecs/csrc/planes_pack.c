@@ -91,7 +91,7 @@ static int64_t huffman_plane(const pack_t *k, int64_t row, int64_t at, int64_t *
                              uint8_t **scratch, int64_t *room)
 {
     int64_t nblocks = (k->n + k->block - 1) / k->block, *lens = tables + 256 * nblocks;
-    pl_stats(k->out + row, k->n, k->block, tables);
+    pl_stats(k->out + row, k->n, k->block, tables, k->bmi2);
     int64_t bound = pl_lengths(tables, nblocks, lens);
     if (bound - 3 * nblocks >= k->n)
         return k->n;

@@ -4,22 +4,47 @@
    rules (the same lengths, so the same code). */
 #include "planes.h"
 
-void pl_stats(const uint8_t *restrict plane, int64_t n, int64_t block, int64_t *restrict freq)
+/* One block's histogram into freq[0..256): eight histograms, one a byte of a word (a run of
+   one byte does not wait on its own counter). */
+PL_INLINE void block_stats(const uint8_t *restrict plane, int64_t i, int64_t stop,
+                           int64_t *restrict freq)
 {
-    uint32_t h[8][256];  /* one a byte of a word: a run of one byte does not wait on its counter */
+    uint32_t h[8][256];
+    memset(h, 0, sizeof h);
+    for (; i + 16 <= stop; i += 16) {
+        uint64_t x = ck_load64(plane + i), y = ck_load64(plane + i + 8);
+        for (int k = 0; k < 8; k++) {
+            h[k][(x >> (8 * k)) & 0xFF]++;
+            h[k ^ 4][(y >> (8 * k)) & 0xFF]++;
+        }
+    }
+    for (; i + 8 <= stop; i += 8) {
+        uint64_t x = ck_load64(plane + i);
+        for (int k = 0; k < 8; k++)
+            h[k][(x >> (8 * k)) & 0xFF]++;
+    }
+    for (; i < stop; i++)
+        h[0][plane[i]]++;
+    for (int v = 0; v < 256; v++)
+        freq[v] = (int64_t)h[0][v] + h[1][v] + h[2][v] + h[3][v] + h[4][v] + h[5][v] + h[6][v]
+                  + h[7][v];
+}
+
+static void stats_base(const uint8_t *plane, int64_t i, int64_t stop, int64_t *freq)
+{
+    block_stats(plane, i, stop, freq);
+}
+
+PL_BMI2 static void stats_bmi2(const uint8_t *plane, int64_t i, int64_t stop, int64_t *freq)
+{
+    block_stats(plane, i, stop, freq);
+}
+
+void pl_stats(const uint8_t *plane, int64_t n, int64_t block, int64_t *freq, int bmi2)
+{
     for (int64_t b = 0; b < (n + block - 1) / block; b++) {
         int64_t i = b * block, stop = n < i + block ? n : i + block;
-        memset(h, 0, sizeof h);
-        for (; i + 8 <= stop; i += 8) {
-            uint64_t x = ck_load64(plane + i);
-            for (int k = 0; k < 8; k++)
-                h[k][(x >> (8 * k)) & 0xFF]++;
-        }
-        for (; i < stop; i++)
-            h[0][plane[i]]++;
-        for (int v = 0; v < 256; v++)
-            freq[256 * b + v] = (int64_t)h[0][v] + h[1][v] + h[2][v] + h[3][v] + h[4][v]
-                                + h[5][v] + h[6][v] + h[7][v];
+        (bmi2 ? stats_bmi2 : stats_base)(plane, i, stop, freq + 256 * b);
     }
 }
 
@@ -141,8 +166,9 @@ PyObject *ck_planes_plane_stats(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "plane_stats: freq holds %zd items, %lld blocks need "
                      "%lld", ck_items(&v[1]), (long long)nblocks, (long long)(256 * nblocks));
     else {
+        int bmi2 = pl_bmi2();
         Py_BEGIN_ALLOW_THREADS
-        pl_stats(v[0].buf, v[0].len, block, v[1].buf);
+        pl_stats(v[0].buf, v[0].len, block, v[1].buf, bmi2);
         Py_END_ALLOW_THREADS
     }
     ck_release(v, 2);
@@ -206,8 +232,9 @@ PyObject *ck_planes_huffman_size(PyObject *self, PyObject *args)
     if ((tables = malloc((size_t)(512 * nblocks + 1) * sizeof *tables)) == NULL)
         PyErr_NoMemory();
     else {
+        int bmi2 = pl_bmi2();
         Py_BEGIN_ALLOW_THREADS
-        pl_stats(v.buf, v.len, block, tables);
+        pl_stats(v.buf, v.len, block, tables, bmi2);
         size = pl_lengths(tables, nblocks, tables + 256 * nblocks);
         Py_END_ALLOW_THREADS
     }
