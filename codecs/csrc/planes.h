@@ -39,7 +39,10 @@ static inline int pl_bmi2(void)
 }
 
 /* Little-endian u16 at p, whatever the CPU. */
-static inline uint32_t pl_load16le(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
+static inline uint32_t pl_load16le(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8;
+}
 
 /* Little-endian u32 at p, whatever the CPU. */
 static inline uint32_t pl_load32le(const uint8_t *p)

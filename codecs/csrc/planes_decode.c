@@ -45,7 +45,10 @@ static void build_tables(const int lens[256], const int *order, int m, uint32_t 
 }
 
 /* Python's a // b for b > 0. */
-PL_INLINE int64_t floordiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+PL_INLINE int64_t floordiv(int64_t a, int64_t b)
+{
+    return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
 
 /* Rounds (a peek, four lookups) that surely fit a stream at plane[o] (ending at stop) and bit
    bp of a size-byte buffer (see _pdecode._steps). */
@@ -74,13 +77,13 @@ PL_INLINE uint64_t peek(const uint8_t *buf, uint64_t bp)
     return __builtin_bswap64(ck_load64(buf + (bp >> 3))) << (bp & 7);
 }
 
-/* The (up to three) symbols of the top MAX_LEN bits of *x into plane[*o], one 4-byte store. */
+/* The (up to three) symbols of the top MAX_LEN bits of x at pointer o, one 4-byte store. */
 #define GET3(x, bp, o)                                                   \
     do {                                                                 \
         uint64_t k_ = (x) >> (64 - PL_MAX_LEN);                          \
         uint32_t e_ = d.t->syms[k_];                                        \
         uint64_t n_ = d.t->bits[k_];                                        \
-        memcpy(d.plane + (o), &e_, 4);                                   \
+        memcpy((o), &e_, 4);                                             \
         (x) <<= n_;                                                      \
         (bp) += n_;                                                      \
         (o) += e_ >> 24;                                                 \
@@ -88,17 +91,19 @@ PL_INLINE uint64_t peek(const uint8_t *buf, uint64_t bp)
 
 /* Finish one stream (plane[o:stop] from bit bp), then check that it used exactly its nbytes
    bytes from byte first: 0 or an error code. */
-PL_INLINE int64_t finish_stream(dec_t d, const int lens[256], uint64_t o, int64_t stop, uint64_t bp,
-                             int64_t first, int64_t nbytes)
+PL_INLINE int64_t finish_stream(dec_t d, const int lens[256], uint64_t o, int64_t stop,
+                                uint64_t bp, int64_t first, int64_t nbytes)
 {
     int64_t r;
     while ((r = steps((int64_t)o, stop, (int64_t)bp, d.size)) != 0)
         for (int64_t i = 0; i < r; i++) {
             uint64_t x = peek(d.buf, bp);
-            GET3(x, bp, o);
-            GET3(x, bp, o);
-            GET3(x, bp, o);
-            GET3(x, bp, o);
+            uint8_t *q = d.plane + o;
+            GET3(x, bp, q);
+            GET3(x, bp, q);
+            GET3(x, bp, q);
+            GET3(x, bp, q);
+            o = (uint64_t)(q - d.plane);
         }
     int64_t so = (int64_t)o, sbp = (int64_t)bp;
     while (so < stop) {
@@ -120,7 +125,8 @@ PL_INLINE int64_t streams_body(dec_t d, const int lens[256], int64_t start, int6
                               const int64_t at[5])
 {
     int64_t q = (stop - start + 3) / 4;
-    int64_t e0 = start + q < stop ? start + q : stop, e1 = start + 2 * q < stop ? start + 2 * q : stop;
+    int64_t e0 = start + q < stop ? start + q : stop;
+    int64_t e1 = start + 2 * q < stop ? start + 2 * q : stop;
     int64_t e2 = start + 3 * q < stop ? start + 3 * q : stop;
     uint64_t o0 = start, o1 = e0, o2 = e1, o3 = e2;
     uint64_t b0 = 8 * at[0], b1 = 8 * at[1], b2 = 8 * at[2], b3 = 8 * at[3];
@@ -134,16 +140,20 @@ PL_INLINE int64_t streams_body(dec_t d, const int lens[256], int64_t start, int6
             r = t;
         if (r == 0)
             break;
+        uint8_t *q0 = d.plane + o0, *q1 = d.plane + o1;
+        uint8_t *q2 = d.plane + o2, *q3 = d.plane + o3;
         for (int64_t i = 0; i < r; i++) {
             uint64_t x0 = peek(d.buf, b0), x1 = peek(d.buf, b1), x2 = peek(d.buf, b2),
                      x3 = peek(d.buf, b3);
             for (int k = 0; k < 4; k++) {
-                GET3(x0, b0, o0);
-                GET3(x1, b1, o1);
-                GET3(x2, b2, o2);
-                GET3(x3, b3, o3);
+                GET3(x0, b0, q0);
+                GET3(x1, b1, q1);
+                GET3(x2, b2, q2);
+                GET3(x3, b3, q3);
             }
         }
+        o0 = (uint64_t)(q0 - d.plane), o1 = (uint64_t)(q1 - d.plane);
+        o2 = (uint64_t)(q2 - d.plane), o3 = (uint64_t)(q3 - d.plane);
     }
     int64_t err[4] = {
         finish_stream(d, lens, o0, e0, b0, at[0], at[1] - at[0]),
