@@ -63,17 +63,18 @@ PL_INLINE int64_t stream_body(const uint8_t *restrict plane, int64_t i, int64_t 
         const uint64_t *restrict pcodes = c->pcodes;
         const uint8_t *restrict plens = c->plens;
         if (c->pairs) {  /* both codes placed from nbits: a shorter chain of dependences */
-#pragma GCC unroll 2
-            for (int64_t g = 0; g < groups; g++, i += 4) {
-                uint32_t x0 = pl_load16le(plane + i), x1 = pl_load16le(plane + i + 2);
-                uint64_t l0 = plens[x0];
-                acc |= (pcodes[x0] >> nbits) | (pcodes[x1] >> (nbits + l0));
-                nbits += l0 + plens[x1];
+            const uint8_t *restrict x = plane + i, *end = x + 4 * groups;
+            for (; x < end; x += 4) {
+                uint32_t x0 = pl_load16le(x), x1 = pl_load16le(x + 2);
+                uint64_t n1 = nbits + plens[x0];
+                acc |= (pcodes[x0] >> nbits) | (pcodes[x1] >> n1);
+                nbits = n1 + plens[x1];
                 store_be64(w, acc);
                 w += nbits >> 3;
                 acc <<= nbits & ~(uint64_t)7;
                 nbits &= 7;
             }
+            i += 4 * groups;
         } else {
             for (int64_t g = 0; g < groups; g++, i += 4) {
                 const uint8_t *x = plane + i;
