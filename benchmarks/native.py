@@ -12,15 +12,17 @@ Usage::
    warm-up call (numba's compile excluded), as GB/s of the kernel's input and numba / C (on the
    path ``auto`` picks).
    RLEHuffman's coder (``encode_stream``, ``decode_symbols``) on BucketDelta's residuals and on
-   4-bit codes, with the compression ratio in the label.
-2. RLEHuffman (BucketDelta's residuals) and BytePlanes (its Huffman coder still numba in both)
-   encode and decode as a whole: three processes per implementation, alternating, the median
-   of their median CPU times.
+   4-bit codes, with the compression ratio in the label. BytePlanes' Huffman coder
+   (``plane_stats``, ``huffman_encode``, ``huffman_decode``) on the planes it codes: a float32's
+   exponent byte, a float16's high byte, a plane of few symbols (coded two bytes a lookup).
+2. RLEHuffman (BucketDelta's residuals) and BytePlanes (float32, bfloat16, float16) encode and
+   decode as a whole: three processes per implementation, alternating, the median of their
+   median CPU times.
 3. The cold start: a fresh process whose first call is an RLEHuffman encode + decode of 10 MB
    of residuals, or a BytePlanes one of 10 MB of float32, numba's cache empty
    (``NUMBA_CACHE_DIR`` a new temporary folder) under each ``CKPTCODECS_KERNELS``; then the
-   same with that cache filled. Wall time, median of ``--cold`` runs (BytePlanes' Huffman
-   coder is still numba in both).
+   same with that cache filled. Wall time, median of ``--cold`` runs (under ``c`` nothing is
+   compiled: BytePlanes' coder is C too).
 
 The machine may be shared: the 1-minute load average is printed before and after.
 """
@@ -120,7 +122,7 @@ def _code_cases(mb: int, rng) -> list[tuple[str, str, int, callable]]:
               ("delta", "decode, K=16, 10% changed", n, lambda k: k.decode(res, base, 16, dec))]
     residuals = np.empty(n, np.uint8)  # what RLEHuffman codes in a store
     _backend.implementation("delta", "numba").encode(new, base, 16, residuals)
-    return cases + _rle_huffman_cases(residuals, rng)
+    return cases + _rle_huffman_cases(residuals, rng) + _planes_cases(mb, rng)
 
 
 def _rle_huffman_cases(residuals: np.ndarray, rng) -> list[tuple[str, str, int, callable]]:
@@ -200,6 +202,32 @@ def _select_cases(mb: int, rng) -> list[tuple[str, str, int, callable]]:
     ]
 
 
+def _planes_cases(mb: int, rng) -> list[tuple[str, str, int, callable]]:
+    """(family, label, input bytes, call(kernels)) of BytePlanes' Huffman coder on the planes it
+    codes (blocks of 128 KiB, as the codec's), the compression ratio in the label."""
+    n, block = mb << 20, 1 << 17
+    weights = rng.standard_normal(n).astype(np.float32) * 0.02
+    planes = {"float32 exponent byte": ((weights.view(np.uint32) >> 23) & 0xFF).astype(np.uint8),
+              "float16 high byte": (weights.astype(np.float16).view(np.uint16) >> 8).astype(
+                  np.uint8),
+              "few symbols (pairs)": rng.choice(np.arange(0, 240, 6, dtype=np.uint8), n,
+                                                p=np.arange(40, 0, -1) / 820)}
+    ref, cases = _backend.implementation("planes", "numba"), []
+    for name, plane in planes.items():
+        freq = np.zeros(((n + block - 1) // block, 256), np.int64)
+        ref.plane_stats(plane, block, freq)
+        out = np.empty(ref.huffman_bound(n, block), np.uint8)
+        coded = out[:ref.huffman_encode(plane, block, freq, out)].copy()
+        back = np.empty(n, np.uint8)
+        cases += [("planes", f"plane_stats, {name}", n,
+                   lambda k, p=plane, f=freq: k.plane_stats(p, block, f)),
+                  ("planes", f"huffman_encode, {name} ({n / coded.size:.2f}×)", n,
+                   lambda k, p=plane, f=freq, o=out: k.huffman_encode(p, block, f, o)),
+                  ("planes", f"huffman_decode, {name}", n,
+                   lambda k, c=coded, b=back: k.huffman_decode(c, block, b))]
+    return cases
+
+
 def _variants(family: str, call: Callable) -> dict[str, Callable[[], object]]:
     """One call of the case per implementation: C on each CPU path this machine runs (the
     path set before each call), then numba."""
@@ -239,7 +267,8 @@ import numpy as np
 import ckptcodecs
 mb, repeat = int(sys.argv[1]), int(sys.argv[2])
 x = np.random.default_rng(0).standard_normal((mb << 20) // 4).astype(np.float32)
-inputs = {"float32": (x, 4), "bfloat16": ((x.view(np.uint32) >> 16).astype(np.uint16), 2)}
+inputs = {"float32": (x, 4), "bfloat16": ((x.view(np.uint32) >> 16).astype(np.uint16), 2),
+          "float16": (x.astype(np.float16), 2)}
 rng = np.random.default_rng(1)
 base = rng.integers(0, 16, mb << 20, dtype=np.uint8)
 new = np.where(rng.random(base.size) < 0.1, rng.integers(0, 16, base.size, dtype=np.uint8), base)
@@ -274,7 +303,7 @@ print(json.dumps(out))
 
 
 def codec_table(mb: int, repeat: int, rounds: int = 3) -> str:
-    """RLEHuffman (BucketDelta's residuals) and BytePlanes (float32, bfloat16) encode and
+    """RLEHuffman (BucketDelta's residuals) and BytePlanes (float32, bfloat16, float16) encode and
     decode, GB/s of the input: ``rounds`` processes per implementation, alternating, the
     median of their medians."""
     got: dict[str, dict[str, list[float]]] = {which: {} for which in IMPLEMENTATIONS}

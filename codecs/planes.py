@@ -43,11 +43,10 @@ import numpy as np
 from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray
 
-from ._pkernels import _code_lengths, choose_methods, huffman_size, pack_planes, plane_stats
 from ._buffers import as_input, check_bool, payload
 from ._bytegroup import sample_rows, split_rows
 from ._pkernels import HUFFMAN, RAW, ZSTD
-from ._planes_decode import (_HEAD, _PLANE, _ZSTD, VERSION, VERSION_TAIL, _check_config,
+from ._planes_decode import (_HEAD, _PLANE, _ZSTD, VERSION, VERSION_TAIL, _K, _check_config,
                              planes_decode, planes_decode_region)
 from .errors import CodecError
 
@@ -81,7 +80,7 @@ def _huffman_share(freq: np.ndarray) -> float:
     lens = np.zeros(256, np.int64)
     if freq.sum() == 0:
         return 0.0
-    _code_lengths(freq, lens)
+    _K.code_lengths(freq, lens)
     return float((freq * lens).sum() / 8 / freq.sum())
 
 
@@ -92,7 +91,7 @@ def _zstd_pays(row: np.ndarray, quick: bool) -> bool:
     for size in (QUICK, SAMPLE) if quick else (SAMPLE,):
         start, length = (row.size - min(row.size, size)) // 2, min(row.size, size)
         sample, freq = row[start:start + length], np.empty((1, 256), np.int64)
-        plane_stats(sample, length, freq)
+        _K.plane_stats(sample, length, freq)
         share = min(_huffman_share(freq[0]), 1.0)
         coded = len(_ZSTD.encode(sample))
         if coded < (share - ZSTD_GAIN) * length:
@@ -117,7 +116,7 @@ def _zstd_trials(rows: list[np.ndarray], freq: np.ndarray, near: np.ndarray, tri
             z = _ZSTD.encode(row)
             # a close call is settled by the size of the Huffman code (counted, not written)
             if len(z) < n and (len(z) < 0.75 * _huffman_share(freq[p]) * n
-                               or len(z) < huffman_size(row, block)):
+                               or len(z) < _K.huffman_size(row, block)):
                 methods[p] = ZSTD
             else:
                 z = b""
@@ -139,7 +138,7 @@ def planes_encode(data, itemsize: int = 4, rotate: bool = True,
     _HEAD.pack_into(out, 0, version, itemsize, int(rotate), 0, src.size, block)
     split_rows(src[:n * itemsize], itemsize, rotate, out, base, stride)
     methods, zbuf, zoff = _choose(out, base, stride, n, itemsize, block)
-    end = pack_planes(out, base, n, itemsize, block, methods, zbuf, zoff)
+    end = _K.pack_planes(out, base, n, itemsize, block, methods, zbuf, zoff)
     out[end:end + tail] = src[n * itemsize:]
     return out[:end + tail]
 
@@ -157,7 +156,7 @@ def _choose(out: np.ndarray, base: int, stride: int, n: int, itemsize: int,
         step += (1, 0, 3, 2, 1, 0)[step % 6]  # prime to 6: rows of 2**k * 3 numbers do not alias
         count = sample_rows(out, base, stride, n, itemsize, step, (n - length) // 2, length,
                             freq, near, repeats)
-        trials = choose_methods(freq, near, repeats, count, length, HUFFMAN_BELOW,
+        trials = _K.choose_methods(freq, near, repeats, count, length, HUFFMAN_BELOW,
                                 EXTRA_REPEATS, methods)
         if trials:
             rows = [out[base + p * stride:base + p * stride + n] for p in range(itemsize)]

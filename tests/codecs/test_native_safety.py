@@ -123,6 +123,10 @@ def _big_calls():
     rle_args = _rle_huffman_args(skewed)
     lo, hi = np.zeros(n // 64, np.float32), np.zeros(n // 64, np.float32)
     counts = np.zeros(1 << 15, np.int64)
+    pk, block = _c("planes"), 1 << 17
+    freq, coded = np.zeros((n // block, 256), np.int64), _bytes(pk.huffman_bound(n, block))
+    pk.plane_stats(skewed, block, freq)
+    stream = coded[:pk.huffman_encode(skewed, block, freq, coded)].copy()
     return {
         "bytegroup": lambda: _c("bytegroup").merge4(*planes, True, words, 1, n, n, 0, n),
         "split_rows": lambda: _c("bytegroup").split_rows(src, 4, True, out, 0, n),
@@ -133,6 +137,8 @@ def _big_calls():
         "quant": lambda: _c("quant").seg_minmax(src.view(np.float32), 256, src[:0], lo, hi),
         "select": lambda: _c("select").keys_hist(src.view(np.uint32), src[:0], np.uint32(16),
                                                  np.uint32(0x7F800000), counts),
+        "planes encode": lambda: pk.huffman_encode(skewed, block, freq, coded),
+        "planes decode": lambda: pk.huffman_decode(stream, block, out[:n]),
     }
 
 
@@ -171,6 +177,6 @@ def test_the_probe_sees_a_call_that_holds_the_gil():
 
 @pytest.mark.parametrize("kernel", ["bytegroup", "split_rows", "bitpack", "delta",
                                     "rle_huffman encode", "rle_huffman decode", "quant",
-                                    "select"])
+                                    "select", "planes encode", "planes decode"])
 def test_kernels_release_the_gil(kernel):
     assert any(_progress_during(_big_calls()[kernel]))
