@@ -83,6 +83,7 @@ static struct PyModuleDef module = {
    its declaration in native.h. */
 static PyMethodDef *const families[] = {
     ck_bytegroup_methods, ck_bitpack_methods, ck_delta_methods, ck_rle_huffman_methods,
+    ck_floats_methods, ck_kmeans_methods,
 };
 
 PyMODINIT_FUNC PyInit__native(void)

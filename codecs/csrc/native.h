@@ -62,5 +62,7 @@ extern PyMethodDef ck_bytegroup_methods[];
 extern PyMethodDef ck_bitpack_methods[];
 extern PyMethodDef ck_delta_methods[];
 extern PyMethodDef ck_rle_huffman_methods[];
+extern PyMethodDef ck_floats_methods[];
+extern PyMethodDef ck_kmeans_methods[];
 
 #endif
