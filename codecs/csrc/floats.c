@@ -4,8 +4,6 @@
 #include "native.h"
 #include "floats.h"
 
-#include <math.h>
-
 #define CK_CLONES __attribute__((target_clones("avx2", "default")))
 
 CK_CLONES static void bf16_bits(const void *src, Py_ssize_t n, void *dst)
@@ -33,24 +31,23 @@ CK_CLONES static void f32_bits(const void *src, Py_ssize_t n, void *dst)
 }
 
 /* base + residual of 16-bit float bits (float16 if half, else bfloat16), summed in float32; a
-   sum of finite values beyond +-top saturates at it; rounded once. out may be base or
-   residual (item by item), so no restrict. */
+   sum of finite values beyond +-top saturates at it; rounded once. Selects, no branches. */
 static inline uint16_t add16_one(uint16_t base, uint16_t residual, int half, float top)
 {
-    float b, r;
-    if (half) {
-        b = ck_float_of(ck_f32_of_f16(base));
-        r = ck_float_of(ck_f32_of_f16(residual));
-    } else {
-        b = ck_float_of((uint32_t)base << 16);
-        r = ck_float_of((uint32_t)residual << 16);
-    }
-    float t = b + r;
-    if (!(fabsf(t) <= top) && isfinite(b) && isfinite(r))
-        t = copysignf(top, t);
-    return half ? ck_f16_of(ck_bits_of(t)) : ck_bf16_of(ck_bits_of(t));
+    uint32_t bb = half ? ck_f32_of_f16(base) : (uint32_t)base << 16;
+    uint32_t rb = half ? ck_f32_of_f16(residual) : (uint32_t)residual << 16;
+    float b = ck_float_of(bb), r = ck_float_of(rb);
+    /* a NaN base wins over a NaN residual, as x86's add in the reference's operand order (the
+       compiler may swap the operands of b + r) */
+    int b_nan = (bb & 0x7FFFFFFFu) > 0x7F800000u;
+    int finite = ((bb & 0x7F800000u) != 0x7F800000u) & ((rb & 0x7F800000u) != 0x7F800000u);
+    uint32_t t = ck_pick(b_nan, bb | 0x400000u, ck_bits_of(b + r));
+    uint32_t beyond = (t & 0x7FFFFFFFu) > ck_bits_of(top);  /* |t| > top, or NaN */
+    t = ck_pick(beyond & finite, (t & 0x80000000u) | ck_bits_of(top), t);
+    return half ? ck_f16_of(t) : ck_bf16_of(t);
 }
 
+/* out may be base or residual (item by item), so no restrict. */
 CK_CLONES static void add16_f16(const uint16_t *base, const uint16_t *residual, Py_ssize_t n,
                                 float top, uint16_t *out)
 {
