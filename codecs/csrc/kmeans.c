@@ -106,67 +106,86 @@ static void nb_sort(double *a, Py_ssize_t n)
     }
 }
 
-/* The first index whose running sum of w[i] * (d2 ? d2[i] : 1) exceeds target, else B - 1. */
-static Py_ssize_t draw(const double *w, const double *d2, Py_ssize_t B, double target)
+/* The first index whose running sum (prefix[i]) exceeds target, else B - 1: the reference's
+   draw, its running sums kept from the pass that made them (the same additions in the same
+   order, so the same values) and scanned without the chain of additions. */
+static Py_ssize_t draw(const double *restrict prefix, Py_ssize_t B, double target)
 {
-    double acc = 0.0;
-    for (Py_ssize_t i = 0; i < B; i++) {
-        acc += d2 ? w[i] * d2[i] : w[i];
-        if (acc > target)
+    for (Py_ssize_t i = 0; i < B; i++)
+        if (prefix[i] > target)
             return i;
-    }
     return B - 1;
 }
 
-/* Weighted k-means++: k seeds from vals (B > k), sorted. */
-static void seed_centers(const double *vals, const double *w, Py_ssize_t B, Py_ssize_t k,
-                         uint64_t state, double *d2, double *centers)
+/* d2[i] = the squared distance of vals[i] to centre c when first (else the smaller of d2[i] and
+   it, as numba's min), and the running sums of w[i] * d2[i] into prefix; their total. */
+static double update_d2(const double *restrict vals, const double *restrict w, Py_ssize_t B,
+                        double centre, int first, double *restrict d2, double *restrict prefix)
 {
-    double tot = 0.0, r;
-    for (Py_ssize_t i = 0; i < B; i++)
-        tot += w[i];
-    state = rand_step(state, &r);
-    centers[0] = vals[draw(w, NULL, B, r * tot)];
+    double acc = 0.0;
     for (Py_ssize_t i = 0; i < B; i++) {
-        double d = vals[i] - centers[0];
-        d2[i] = d * d;
+        double d = vals[i] - centre, dd = d * d;
+        d2[i] = first || dd < d2[i] ? dd : d2[i];
+        acc += w[i] * d2[i];
+        prefix[i] = acc;
     }
+    return acc;
+}
+
+/* Weighted k-means++: k seeds from vals (B > k), sorted. The total of w * d2 of centre c + 1
+   is summed in the pass that updates d2 for centre c, in the reference's order. */
+static void seed_centers(const double *restrict vals, const double *restrict w, Py_ssize_t B,
+                         Py_ssize_t k, uint64_t state, ck_kmeans_scratch *s)
+{
+    double *restrict centers = s->centers, *restrict prefix = s->prefix;
+    double tot = 0.0, r;
+    for (Py_ssize_t i = 0; i < B; i++) {
+        tot += w[i];
+        prefix[i] = tot;
+    }
+    state = rand_step(state, &r);
+    centers[0] = vals[draw(prefix, B, r * tot)];
+    tot = update_d2(vals, w, B, centers[0], 1, s->d2, prefix);
     for (Py_ssize_t c = 1; c < k; c++) {
-        tot = 0.0;
-        for (Py_ssize_t i = 0; i < B; i++)
-            tot += w[i] * d2[i];
         if (tot <= 0.0) {  /* fewer distinct values than centres: duplicate the last one */
             centers[c] = centers[c - 1];
             continue;
         }
         state = rand_step(state, &r);
-        centers[c] = vals[draw(w, d2, B, r * tot)];
-        for (Py_ssize_t i = 0; i < B; i++) {
-            double d = vals[i] - centers[c], dd = d * d;
-            d2[i] = dd < d2[i] ? dd : d2[i];  /* numba's min(d2[i], dd) */
-        }
+        centers[c] = vals[draw(prefix, B, r * tot)];
+        tot = update_d2(vals, w, B, centers[c], 0, s->d2, prefix);
     }
     nb_sort(centers, k);
 }
 
-/* One Lloyd sweep: assignments and the weighted sums of each centre; 1 when one changed. */
-static int assign_sweep(const double *vals, const double *w, Py_ssize_t B, Py_ssize_t k,
-                        const double *centers, int64_t *assign, double *sw, double *swx)
+/* One Lloyd sweep: assignments and the weighted sums of each centre; 1 when one changed. A
+   centre's values are one run of vals (c only grows), so its sums are kept in registers and
+   stored when the run ends: the same additions in the same order as the reference's. */
+static int assign_sweep(const double *restrict vals, const double *restrict w, Py_ssize_t B,
+                        Py_ssize_t k, const double *restrict centers, int64_t *restrict assign,
+                        double *restrict sw, double *restrict swx)
 {
     int changed = 0;
     Py_ssize_t c = 0;
+    double aw = 0.0, awx = 0.0;
     for (Py_ssize_t j = 0; j < k; j++)
         sw[j] = swx[j] = 0.0;
     for (Py_ssize_t i = 0; i < B; i++) {
-        while (c + 1 < k && fabs(vals[i] - centers[c + 1]) <= fabs(vals[i] - centers[c]))
+        while (c + 1 < k && fabs(vals[i] - centers[c + 1]) <= fabs(vals[i] - centers[c])) {
+            sw[c] = aw;
+            swx[c] = awx;
             c++;
+            aw = awx = 0.0;
+        }
         if (assign[i] != c) {
             assign[i] = c;
             changed = 1;
         }
-        sw[c] += w[i];
-        swx[c] += w[i] * vals[i];
+        aw += w[i];
+        awx += w[i] * vals[i];
     }
+    sw[c] = aw;
+    swx[c] = awx;
     return changed;
 }
 
@@ -180,7 +199,7 @@ static void weighted_kmeans(const double *vals, const double *w, Py_ssize_t B, P
             centers[i] = vals[i < B - 1 ? i : B - 1];
         return;
     }
-    seed_centers(vals, w, B, k, seed, s->d2, centers);
+    seed_centers(vals, w, B, k, seed, s);
     for (Py_ssize_t i = 0; i < B; i++)
         s->assign[i] = -1;
     for (int it = 0; it < MAX_ITER; it++) {
@@ -229,11 +248,12 @@ int ck_kmeans_alloc(ck_kmeans_scratch *s, Py_ssize_t buckets, Py_ssize_t k)
     s->vals = malloc(b * sizeof(double));
     s->w = malloc(b * sizeof(double));
     s->d2 = malloc(b * sizeof(double));
+    s->prefix = malloc(b * sizeof(double));
     s->assign = malloc(b * sizeof(int64_t));
     s->sw = malloc(kk * sizeof(double));
     s->swx = malloc(kk * sizeof(double));
     s->centers = malloc(kk * sizeof(double));
-    if (s->vals && s->w && s->d2 && s->assign && s->sw && s->swx && s->centers)
+    if (s->vals && s->w && s->d2 && s->prefix && s->assign && s->sw && s->swx && s->centers)
         return 1;
     ck_kmeans_free(s);
     return 0;
@@ -244,6 +264,7 @@ void ck_kmeans_free(ck_kmeans_scratch *s)
     free(s->vals);
     free(s->w);
     free(s->d2);
+    free(s->prefix);
     free(s->assign);
     free(s->sw);
     free(s->swx);

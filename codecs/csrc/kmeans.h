@@ -12,7 +12,7 @@
 /* Room for one segment of up to `buckets` buckets and `k` levels. */
 typedef struct {
     Py_ssize_t buckets, k;
-    double *vals, *w, *d2, *sw, *swx, *centers;
+    double *vals, *w, *d2, *prefix, *sw, *swx, *centers;
     int64_t *assign;
 } ck_kmeans_scratch;
 
