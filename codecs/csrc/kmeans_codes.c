@@ -55,19 +55,37 @@ static double fill_grid(const double *thr, Py_ssize_t nthr, int64_t *grid)
     return g;
 }
 
-/* The code of v from the grid and a climb (nthr >= 1). */
-static inline uint8_t grid_code(double v, const double *thr, Py_ssize_t nthr,
-                                const int64_t *grid, double g)
+/* The code of v from the grid and a climb (nthr >= 1); grid[-1] is 0 (v just above t0). */
+static inline uint8_t grid_code(double v, const double *restrict thr, Py_ssize_t nthr,
+                                const int64_t *restrict grid, double g)
 {
     double t0 = thr[0];
     if (!(v > t0))  /* also NaN */
         return 0;
     double f = (v - t0) * g;
-    int64_t q = f < GRID + 1.0 ? (int64_t)f - 1 : GRID;  /* min(int(f), GRID + 1) - 1 */
-    int64_t code = q >= 0 ? grid[q] : 0;
+    f = f < GRID + 1.0 ? f : GRID + 1.0;  /* min(int(f), GRID + 1), also for inf and NaN */
+    int64_t code = grid[(int64_t)f - 1];
     while (code < nthr && thr[code] < v)
         code++;
     return (uint8_t)code;
+}
+
+CK_CLONES static void grid_codes_f32(const float *restrict x, Py_ssize_t n,
+                                     const double *restrict thr, Py_ssize_t nthr,
+                                     const int64_t *restrict grid, double g,
+                                     uint8_t *restrict out)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        out[i] = grid_code((double)x[i], thr, nthr, grid, g);
+}
+
+CK_CLONES static void grid_codes_f64(const double *restrict x, Py_ssize_t n,
+                                     const double *restrict thr, Py_ssize_t nthr,
+                                     const int64_t *restrict grid, double g,
+                                     uint8_t *restrict out)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        out[i] = grid_code(x[i], thr, nthr, grid, g);
 }
 
 typedef struct {
@@ -91,23 +109,22 @@ static void codes_segment(const codes_args *a, Py_ssize_t a0, Py_ssize_t b0, con
     }
     double g = fill_grid(thr, nthr, grid);
     if (a->x64)
-        for (Py_ssize_t i = a0; i < b0; i++)
-            a->out[i] = grid_code(((const double *)a->x)[i], thr, nthr, grid, g);
+        grid_codes_f64((const double *)a->x + a0, b0 - a0, thr, nthr, grid, g, a->out + a0);
     else
-        for (Py_ssize_t i = a0; i < b0; i++)
-            a->out[i] = grid_code((double)((const float *)a->x)[i], thr, nthr, grid, g);
+        grid_codes_f32((const float *)a->x + a0, b0 - a0, thr, nthr, grid, g, a->out + a0);
 }
 
 /* 0 when memory runs out. */
 static int nearest_codes(const codes_args *a)
 {
     double *thr = malloc((size_t)(a->k > 1 ? a->k - 1 : 1) * sizeof(double));
-    int64_t *grid = malloc((GRID + 1) * sizeof(int64_t));
+    int64_t *grid = malloc((GRID + 2) * sizeof(int64_t));  /* grid[-1] = 0, then the grid */
     if (thr == NULL || grid == NULL) {
         free(thr);
         free(grid);
         return 0;
     }
+    grid[0] = 0;
     for (Py_ssize_t s = 0; s < a->nseg; s++) {
         for (Py_ssize_t c = 0; c + 1 < a->k; c++) {
             Py_ssize_t j = s * a->k + c;
@@ -119,7 +136,7 @@ static int nearest_codes(const codes_args *a)
         if (a->n == 0 || s > (a->n - 1) / a->seg)
             continue;
         Py_ssize_t a0 = s * a->seg, b0 = a->seg > a->n - a0 ? a->n : a0 + a->seg;
-        codes_segment(a, a0, b0, thr, grid);
+        codes_segment(a, a0, b0, thr, grid + 1);
     }
     free(thr);
     free(grid);
