@@ -53,9 +53,9 @@ def _chunks(quick: bool, total_bits: int, sample: Callable[[], np.ndarray]
     if quick:
         yield sample()
         return
+    step = np.arange(min(CHUNK, 1 << total_bits), dtype=np.uint32)
     for start in range(0, 1 << total_bits, CHUNK):
-        yield np.arange(start, min(start + CHUNK, 1 << total_bits), dtype=np.uint64
-                        ).astype(np.uint32)
+        yield step + np.uint32(start)
 
 
 def _cast_check(name: str, c_kernel, references: list[Callable[[np.ndarray], np.ndarray]],

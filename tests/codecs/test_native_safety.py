@@ -121,6 +121,8 @@ def _big_calls():
     src, planes, out, words = _bytes(4 * n), _planes(4, n), _bytes(4 * n), np.zeros(n, np.uint32)
     skewed = np.minimum(np.random.default_rng(0).geometric(0.3, n) - 1, 255).astype(np.uint8)
     rle_args = _rle_huffman_args(skewed)
+    x = np.random.default_rng(0).standard_normal(1 << 22).astype(np.float32)
+    book = np.sort(np.random.default_rng(1).standard_normal((64, 256)), axis=1)
     return {
         "bytegroup": lambda: _c("bytegroup").merge4(*planes, True, words, 1, n, n, 0, n),
         "split_rows": lambda: _c("bytegroup").split_rows(src, 4, True, out, 0, n),
@@ -128,6 +130,11 @@ def _big_calls():
         "delta": lambda: _c("delta").encode(src[:n], planes[0], 4, out[:n]),
         "rle_huffman encode": lambda: _c("rle_huffman").encode_stream(skewed, 22),
         "rle_huffman decode": lambda: _c("rle_huffman").decode_symbols(*rle_args, out[:n]),
+        "floats": lambda: _c("floats").f16_bits(words, out.view(np.uint16)[:n]),
+        "kmeans fit": lambda: _c("kmeans").fit_codebooks(x, x.view(np.uint32), 1 << 16,
+                                                         np.zeros(0, np.uint8), 256, 0.3, 0,
+                                                         book),
+        "kmeans codes": lambda: _c("kmeans").nearest_codes(x, 1 << 16, book, out[:x.size]),
     }
 
 
@@ -165,6 +172,7 @@ def test_the_probe_sees_a_call_that_holds_the_gil():
 
 
 @pytest.mark.parametrize("kernel", ["bytegroup", "split_rows", "bitpack", "delta",
-                                    "rle_huffman encode", "rle_huffman decode"])
+                                    "rle_huffman encode", "rle_huffman decode", "floats",
+                                    "kmeans fit", "kmeans codes"])
 def test_kernels_release_the_gil(kernel):
     assert any(_progress_during(_big_calls()[kernel]))
