@@ -4,7 +4,7 @@
 #include "native.h"
 #include "floats.h"
 
-#define CK_CLONES __attribute__((target_clones("avx2", "default")))
+#define CK_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 
 CK_CLONES static void bf16_bits(const void *src, Py_ssize_t n, void *dst)
 {
