@@ -1,10 +1,8 @@
 /* The 16-bit float casts over arrays (the twins of ckptcodecs/_floats.py's numba kernels
    _bf16_bits, _f16_bits, _f32_bits and _add16): one pass over the bits, each loop built for
-   AVX2 and for the baseline CPU (the loader picks), as numba builds for the host CPU. */
+   AVX-512, AVX2 and the baseline CPU (the loader picks; see CK_CLONES in floats.h). */
 #include "native.h"
 #include "floats.h"
-
-#define CK_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 
 CK_CLONES static void bf16_bits(const void *src, Py_ssize_t n, void *dst)
 {

@@ -8,7 +8,6 @@
 
 #define GRID 4096
 #define BLOCK 4096
-#define CK_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 
 /* out[i] = the number of thr[0..nthr) below x[i], for nthr <= 3. */
 CK_CLONES static void count_below_f32(const float *restrict x, Py_ssize_t n, const double *thr,
