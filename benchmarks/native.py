@@ -225,6 +225,60 @@ def _planes_cases(mb: int, rng) -> list[tuple[str, str, int, callable]]:
                    lambda k, p=plane, f=freq, o=out: k.huffman_encode(p, block, f, o)),
                   ("planes", f"huffman_decode, {name}", n,
                    lambda k, c=coded, b=back: k.huffman_decode(c, block, b))]
+
+
+def _float_cases(mb: int, rng) -> list[tuple[str, str, int, callable]]:
+    """(family, label, input bytes, call(kernels)) of the 16-bit float casts on normal
+    values, and of the residual sum of 16-bit values and small residuals."""
+    n = (mb << 20) // 4
+    x = rng.standard_normal(n).astype(np.float32)
+    u, out16, out32 = x.view(np.uint32), np.empty(n, np.uint16), np.empty(n, np.uint32)
+    halves = x.astype(np.float16).view(np.uint16)
+    m = n // 2
+    res = (x[m:2 * m] * np.float32(1e-3)).astype(np.float16).view(np.uint16)
+    bres = (x[m:2 * m] * np.float32(1e-3)).view(np.uint32) >> np.uint32(16)
+    bf16, bres = (u >> np.uint32(16)).astype(np.uint16)[:m], bres.astype(np.uint16)
+    top16, topb = np.float32(65504.0), np.float32(3.3895313892515355e38)
+    return [
+        ("floats", "bf16_bits, float32 -> bfloat16", 4 * n, lambda k: k.bf16_bits(u, out16)),
+        ("floats", "f16_bits, float32 -> float16", 4 * n, lambda k: k.f16_bits(u, out16)),
+        ("floats", "f32_bits, float16 -> float32", 2 * n, lambda k: k.f32_bits(halves, out32)),
+        ("floats", "add16, float16 + residual", 4 * m,
+         lambda k: k.add16(halves[:m], res, True, top16, out16[:m])),
+        ("floats", "add16, bfloat16 + residual", 4 * m,
+         lambda k: k.add16(bf16, bres, False, topb, out16[:m])),
+    ]
+
+
+def _kmeans_cases(mb: int, rng) -> list[tuple[str, str, int, callable]]:
+    """(family, label, input bytes, call(kernels)) of the k-means fits and code assignment on
+    heavy-tailed float32 values (64 Ki-value segments)."""
+    from ckptcodecs.kmeans import MANTISSA_BITS
+
+    n, seg = (mb << 20) // 4, 1 << 16
+    x = (rng.standard_t(3, n) * 0.05).astype(np.float32)
+    bits, nseg, none = x.view(np.uint32), -(-n // seg), np.zeros(0, np.uint8)
+    ordered = np.where(bits >> 31 == 1, ~bits, bits | np.uint32(1 << 31))
+    keys = (np.arange(n) // seg << 16) | (ordered >> (23 - MANTISSA_BITS)).astype(np.int64)
+    uniq, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    sums = np.zeros(uniq.size)
+    np.add.at(sums, inverse, x.astype(np.float64))
+    offsets = np.searchsorted(uniq >> 16, np.arange(nseg + 1))
+    books = {k: np.empty((nseg, k)) for k in (4, 16, 256)}
+    codes = np.empty(n, np.uint8)
+    cases = []
+    for k in (16, 256):
+        cases += [("kmeans", f"fit_codebooks, {k} levels, lam 0.3", 4 * n,
+                   lambda kk, k=k: kk.fit_codebooks(x, bits, seg, none, k, 0.3, 1, books[k])),
+                  ("kmeans", f"fit_from_buckets, {k} levels ({counts.size} buckets)", 4 * n,
+                   lambda kk, k=k: kk.fit_from_buckets(counts, sums, offsets, k, 0.3, 1,
+                                                       books[k]))]
+    for k in (4, 16, 256):
+        _backend.implementation("kmeans", "numba").fit_codebooks(x, bits, seg, none, k, 1.0, 1,
+                                                                 books[k])
+        book = books[k].astype(np.float32)
+        cases.append(("kmeans", f"nearest_codes, {k} levels", 4 * n,
+                      lambda kk, b=book: kk.nearest_codes(x, seg, b, codes)))
     return cases
 
 
@@ -239,12 +293,15 @@ def _variants(family: str, call: Callable) -> dict[str, Callable[[], object]]:
     return out
 
 
-def kernels_table(mb: int, repeat: int) -> str:
+def kernels_table(mb: int, repeat: int, families: list[str] | None = None) -> str:
     """Each kernel on each C path and numba: GB/s of its input, and numba / C on the path
-    ``auto`` picks (the first)."""
+    ``auto`` picks (the first); only the kernels of ``families`` if given."""
     rng = np.random.default_rng(0)
     cases = [("bytegroup", *case) for case in _bytegroup_cases(mb, rng)] + _code_cases(mb, rng)
     cases += _quant_cases(mb, rng) + _select_cases(mb, rng)
+    cases += _float_cases(mb, rng) + _kmeans_cases(mb, rng)
+    if families:
+        cases = [case for case in cases if case[0] in families]
     rows, names = [], []
     before = _backend.native().simd()
     try:
@@ -379,11 +436,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mb", type=int, default=32, help="MiB of input a kernel call")
     parser.add_argument("--repeat", type=int, default=7, help="timed calls a kernel")
     parser.add_argument("--cold", type=int, default=3, help="fresh processes a row")
+    parser.add_argument("--families", nargs="+", help="only these kernel families' rows "
+                        "(and not the codec and cold-start tables)")
     args = parser.parse_args(argv)
     if _backend.native() is None:
         sys.exit("ckptcodecs' compiled kernels are not built: pip install -e .")
     print(f"{machine_description()}; load average {load_average()} at the start\n")
-    print(kernels_table(args.mb, args.repeat) + "\n")
+    print(kernels_table(args.mb, args.repeat, args.families) + "\n")
+    if args.families:
+        return
     print(f"load average {load_average()}\n")
     print(codec_table(args.mb, args.repeat) + "\n")
     print(f"load average {load_average()}\n")

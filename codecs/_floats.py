@@ -10,6 +10,7 @@ from numba import njit, types
 from numba.cpython.unsafe.numbers import leading_zeros
 from numba.extending import intrinsic
 
+from ._backend import kernels
 from .errors import CodecError
 
 __all__ = ["DTYPE_CODES", "add_rounded", "add_rounded_numpy", "as_float", "bf16_bits_numpy",
@@ -144,6 +145,11 @@ def _add16(base, residual, half, top, out):  # pragma: no cover - compiled
         out[i] = _f16_of(_bits_of(t)) if half else _bf16_of(_bits_of(t))
 
 
+# The implementation this process runs (ckptcodecs._backend): C, or the numba kernels above.
+_K = kernels("floats", bf16_bits=_bf16_bits, f16_bits=_f16_bits, f32_bits=_f32_bits,
+             add16=_add16)
+
+
 def _map_bits(kernel, x: np.ndarray, src, dtype) -> np.ndarray:
     """``kernel`` from the bits of ``x`` (as the dtype ``src``) to a new array of ``dtype`` and
     ``x``'s shape."""
@@ -162,7 +168,7 @@ def to_bf16_bits(x: np.ndarray) -> np.ndarray:
     NaN stays NaN (quiet, sign kept); +-inf stay infinite; finite values beyond the bfloat16
     range saturate to the largest finite bfloat16 instead of becoming infinite.
     """
-    return _map_bits(_bf16_bits, x, np.float32, np.uint16)
+    return _map_bits(_K.bf16_bits, x, np.float32, np.uint16)
 
 
 def bf16_bits_numpy(x: np.ndarray) -> np.ndarray:
@@ -186,14 +192,14 @@ def to_float16(x: np.ndarray) -> np.ndarray:
     through numpy, which rounds them once)."""
     if np.asarray(x).dtype != np.float32:
         return np.asarray(x).astype(np.float16)
-    return _map_bits(_f16_bits, x, np.float32, np.float16)
+    return _map_bits(_K.f16_bits, x, np.float32, np.float16)
 
 
 def float16_values(h: np.ndarray) -> np.ndarray:
     """``h.astype(np.float32)`` of float16 values (exact), ~3.5x faster than numpy's cast."""
     if np.asarray(h).dtype.kind != "f" or np.asarray(h).dtype.itemsize != 2:
         raise CodecError(f"float16_values takes float16 values, not {np.asarray(h).dtype}")
-    return _map_bits(_f32_bits, h, np.float16, np.float32)
+    return _map_bits(_K.f32_bits, h, np.float16, np.float32)
 
 
 #: the largest finite value of each 16-bit float dtype
@@ -218,8 +224,8 @@ def add_rounded(base: np.ndarray, residual: np.ndarray, dtype: str,
     direct = (out is not None and out.dtype == host and out.shape == b.shape
               and out.flags.c_contiguous)
     total = out if direct else np.empty(b.shape, host)
-    _add16(_native_bits(b), _native_bits(r), dtype == "float16", np.float32(_LARGEST[dtype]),
-           total.reshape(-1).view(np.uint16))
+    _K.add16(_native_bits(b), _native_bits(r), dtype == "float16",
+             np.float32(_LARGEST[dtype]), total.reshape(-1).view(np.uint16))
     if out is None or direct:
         return total
     out[...] = total

@@ -19,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ._backend import kernels
+
 __all__ = ["MANTISSA_BITS", "fit_codebooks", "fit_from_buckets", "nearest_codes"]
 
 MANTISSA_BITS = 7
@@ -110,7 +112,7 @@ def _weighted_kmeans(vals, w, k, seed, centers):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def fit_codebooks(x, xbits, seg, mask, k, lam, seed, out):  # pragma: no cover - compiled
+def _fit_codebooks(x, xbits, seg, mask, k, lam, seed, out):  # pragma: no cover - compiled
     """Fit ``k`` levels per segment of ``x`` into ``out[nseg, k]`` (ascending).
 
     ``xbits``: the uint32 bit patterns of ``x`` cast to float32 (the bucket keys).
@@ -156,8 +158,8 @@ def fit_codebooks(x, xbits, seg, mask, k, lam, seed, out):  # pragma: no cover -
 
 
 @njit(cache=True, nogil=True)
-def fit_from_buckets(counts, sums, offsets, k, lam, seed, out):  # pragma: no cover - compiled
-    """:func:`fit_codebooks` from the segments' buckets instead of their values: segment ``s``
+def _fit_from_buckets(counts, sums, offsets, k, lam, seed, out):  # pragma: no cover - compiled
+    """:func:`_fit_codebooks` from the segments' buckets instead of their values: segment ``s``
     has the buckets ``offsets[s]:offsets[s + 1]`` of ``counts``/``sums`` (the number and the
     float64 sum of its unmasked values in each non-empty bucket, buckets in ascending key
     order). The same fit, so the same levels: the buckets may be counted elsewhere (a GPU,
@@ -196,7 +198,7 @@ def _fit_segment(cnt, sums, k, lam, seed, out):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def nearest_codes(x, seg, codebooks, out):  # pragma: no cover - compiled
+def _nearest_codes(x, seg, codebooks, out):  # pragma: no cover - compiled
     """Index of the nearest level (ties to the lower) for every value; NaN -> 0.
 
     The index is the number of midpoints below the value: counted threshold by threshold over
@@ -243,3 +245,36 @@ def nearest_codes(x, seg, codebooks, out):  # pragma: no cover - compiled
                 while code < k - 1 and thr[code] < v:
                     code += 1
                 out[i] = code
+
+
+# The implementation this process runs (ckptcodecs._backend): C, or the numba kernels above.
+_K = kernels("kmeans", fit_codebooks=_fit_codebooks, fit_from_buckets=_fit_from_buckets,
+             nearest_codes=_nearest_codes)
+
+
+def fit_codebooks(x: np.ndarray, xbits: np.ndarray, seg: int, mask: np.ndarray, k: int,
+                  lam: float, seed: int, out: np.ndarray) -> None:
+    """Fit ``k`` levels per segment of ``x`` (float32 or float64, flat) into ``out[nseg, k]``
+    (float64, ascending), in one compiled call that releases the GIL.
+
+    ``xbits``: the uint32 bit patterns of ``x`` cast to float32 (the bucket keys). ``mask``:
+    uint8 of x.size (nonzero = excluded) or of size 0. A segment without values gets all-zero
+    levels. Segment ``s`` is fitted with the seed ``seed + s``.
+    """
+    _K.fit_codebooks(x, xbits, seg, mask, k, lam, seed, out)
+
+
+def fit_from_buckets(counts: np.ndarray, sums: np.ndarray, offsets: np.ndarray, k: int,
+                     lam: float, seed: int, out: np.ndarray) -> None:
+    """:func:`fit_codebooks` from the segments' buckets instead of their values: segment ``s``
+    has the buckets ``offsets[s]:offsets[s + 1]`` of ``counts``/``sums`` (int64 counts and
+    float64 sums of its unmasked values in each non-empty bucket, buckets in ascending key
+    order); the same fit, so the same levels (see ``_fit_from_buckets``)."""
+    _K.fit_from_buckets(counts, sums, offsets, k, lam, seed, out)
+
+
+def nearest_codes(x: np.ndarray, seg: int, codebooks: np.ndarray, out: np.ndarray) -> None:
+    """Index of the nearest level (ties to the lower) of every value of ``x`` (float32 or
+    float64) among its segment's row of ``codebooks`` (2-D, float32 or float64) into ``out``
+    (uint8); NaN -> 0. See ``_nearest_codes`` for the method."""
+    _K.nearest_codes(x, seg, codebooks, out)

@@ -85,6 +85,7 @@ static PyMethodDef *const families[] = {
     ck_bytegroup_methods, ck_bitpack_methods, ck_delta_methods, ck_rle_huffman_methods,
     ck_quant_methods, ck_select_methods,
     ck_planes_methods,
+    ck_floats_methods, ck_kmeans_methods,
 };
 
 PyMODINIT_FUNC PyInit__native(void)

@@ -65,5 +65,7 @@ extern PyMethodDef ck_rle_huffman_methods[];
 extern PyMethodDef ck_quant_methods[];
 extern PyMethodDef ck_select_methods[];
 extern PyMethodDef ck_planes_methods[];
+extern PyMethodDef ck_floats_methods[];
+extern PyMethodDef ck_kmeans_methods[];
 
 #endif

@@ -127,6 +127,8 @@ def _big_calls():
     freq, coded = np.zeros((n // block, 256), np.int64), _bytes(pk.huffman_bound(n, block))
     pk.plane_stats(skewed, block, freq)
     stream = coded[:pk.huffman_encode(skewed, block, freq, coded)].copy()
+    x = np.random.default_rng(0).standard_normal(1 << 22).astype(np.float32)
+    book = np.sort(np.random.default_rng(1).standard_normal((64, 256)), axis=1)
     return {
         "bytegroup": lambda: _c("bytegroup").merge4(*planes, True, words, 1, n, n, 0, n),
         "split_rows": lambda: _c("bytegroup").split_rows(src, 4, True, out, 0, n),
@@ -139,6 +141,11 @@ def _big_calls():
                                                  np.uint32(0x7F800000), counts),
         "planes encode": lambda: pk.huffman_encode(skewed, block, freq, coded),
         "planes decode": lambda: pk.huffman_decode(stream, block, out[:n]),
+        "floats": lambda: _c("floats").f16_bits(words, out.view(np.uint16)[:n]),
+        "kmeans fit": lambda: _c("kmeans").fit_codebooks(x, x.view(np.uint32), 1 << 16,
+                                                         np.zeros(0, np.uint8), 256, 0.3, 0,
+                                                         book),
+        "kmeans codes": lambda: _c("kmeans").nearest_codes(x, 1 << 16, book, out[:x.size]),
     }
 
 
@@ -177,6 +184,7 @@ def test_the_probe_sees_a_call_that_holds_the_gil():
 
 @pytest.mark.parametrize("kernel", ["bytegroup", "split_rows", "bitpack", "delta",
                                     "rle_huffman encode", "rle_huffman decode", "quant",
-                                    "select", "planes encode", "planes decode"])
+                                    "select", "planes encode", "planes decode", "floats",
+                                    "kmeans fit", "kmeans codes"])
 def test_kernels_release_the_gil(kernel):
     assert any(_progress_during(_big_calls()[kernel]))
