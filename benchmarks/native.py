@@ -225,6 +225,7 @@ def _planes_cases(mb: int, rng) -> list[tuple[str, str, int, callable]]:
                    lambda k, p=plane, f=freq, o=out: k.huffman_encode(p, block, f, o)),
                   ("planes", f"huffman_decode, {name}", n,
                    lambda k, c=coded, b=back: k.huffman_decode(c, block, b))]
+    return cases
 
 
 def _float_cases(mb: int, rng) -> list[tuple[str, str, int, callable]]:
