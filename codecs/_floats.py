@@ -5,12 +5,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.cpython.unsafe.numbers import leading_zeros
-from numba.extending import intrinsic
 
 from ._backend import kernels
+from ._jit import njit, on_compile
 from .errors import CodecError
 
 __all__ = ["DTYPE_CODES", "add_rounded", "add_rounded_numpy", "as_float", "bf16_bits_numpy",
@@ -37,29 +34,38 @@ def dtype_code(name: str) -> int:
 _U = np.uint32
 
 
-@intrinsic
-def _float32_of(typingctx, x):
-    """The float32 whose bits are the low 32 bits of the integer ``x``."""
-    if not isinstance(x, types.Integer):
-        return None
+@on_compile
+def _intrinsics() -> dict[str, object]:
+    """The numba intrinsics the reference kernels below call (numba imported only for them)."""
+    from llvmlite import ir
+    from numba import types
+    from numba.cpython.unsafe.numbers import leading_zeros
+    from numba.extending import intrinsic
 
-    def codegen(context, builder, signature, args):
-        bits = args[0]
-        if bits.type.width != 32:
-            bits = builder.trunc(bits, ir.IntType(32))
-        return builder.bitcast(bits, ir.FloatType())
-    return types.float32(x), codegen
+    @intrinsic
+    def _float32_of(typingctx, x):
+        """The float32 whose bits are the low 32 bits of the integer ``x``."""
+        if not isinstance(x, types.Integer):
+            return None
 
+        def codegen(context, builder, signature, args):
+            bits = args[0]
+            if bits.type.width != 32:
+                bits = builder.trunc(bits, ir.IntType(32))
+            return builder.bitcast(bits, ir.FloatType())
+        return types.float32(x), codegen
 
-@intrinsic
-def _bits_of(typingctx, x):
-    """The bits of the float32 ``x``, as a uint32."""
-    if x != types.float32:
-        return None
+    @intrinsic
+    def _bits_of(typingctx, x):
+        """The bits of the float32 ``x``, as a uint32."""
+        if x != types.float32:
+            return None
 
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-    return types.uint32(x), codegen
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.IntType(32))
+        return types.uint32(x), codegen
+
+    return {"_float32_of": _float32_of, "_bits_of": _bits_of, "leading_zeros": leading_zeros}
 
 
 @njit(cache=True, nogil=True)

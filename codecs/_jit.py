@@ -21,12 +21,15 @@ from typing import Any
 
 from .errors import CodecError
 
-__all__ = ["Deferred", "compile_all", "njit"]
+__all__ = ["Deferred", "compile_all", "njit", "on_compile"]
 
 _LOCK = threading.Lock()
 #: the globals of every module that defined a deferred kernel
 _MODULES: list[dict[str, Any]] = []
 _KERNELS: list[Deferred] = []
+#: what needs numba itself to be defined (its intrinsics): run once numba is imported, each
+#: returning names to put into its module's globals before any kernel compiles
+_HOOKS: list[Callable[[], dict[str, Any]]] = []
 
 
 class Deferred:
@@ -63,17 +66,30 @@ def njit(**options: Any) -> Callable[[Callable], Deferred]:
     return defer
 
 
+def on_compile(hook: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    """Register ``hook``: once numba is imported, before any kernel compiles, it runs and the
+    names it returns go into its module's globals (numba intrinsics a kernel calls)."""
+    with _LOCK:
+        _HOOKS.append(hook)
+        if not any(g is hook.__globals__ for g in _MODULES):
+            _MODULES.append(hook.__globals__)
+    return hook
+
+
 def compile_all() -> None:
     """Hand every deferred kernel to ``numba.njit`` (compiling each on its first call, as numba
     does) and put the dispatchers in place of the deferred kernels in their modules."""
     with _LOCK:
-        if all(k.dispatcher is not None for k in _KERNELS):
+        if not _HOOKS and all(k.dispatcher is not None for k in _KERNELS):
             return
         try:
             import numba
         except ImportError as err:
             raise CodecError("the numba reference kernels need numba (pip install "
                              "'ckptstore[reference]'); the C kernels run without it") from err
+        while _HOOKS:
+            hook = _HOOKS.pop(0)
+            hook.__globals__.update(hook())
         for kernel in _KERNELS:
             if kernel.dispatcher is None:
                 kernel.dispatcher = numba.njit(**kernel.options)(kernel.py_func)

@@ -8,7 +8,7 @@ out of bounds.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from ._jit import njit
 
 from ._pkernels import _PEEK, ERR_CODE, ERR_TRUNCATED, MAX_LEN, _3, _7, _canonical, _load64, _store
 

@@ -27,7 +27,7 @@ are the same as one byte at a time.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from ._jit import njit
 
 __all__ = ["ERR_CODE", "ERR_TRUNCATED", "HUFFMAN", "MAX_LEN", "PAIRS_MAX", "RAW", "ZSTD",
            "choose_methods", "huffman_bound", "huffman_encode",

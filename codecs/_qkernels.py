@@ -12,7 +12,7 @@ protected, pruned or non-finite) or of size 0 (no value excluded).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from ._jit import njit
 
 from ._backend import kernels
 

@@ -11,7 +11,7 @@ twins ``ckptcodecs._native.select_*`` by default; the numba ones here are the re
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from ._jit import njit
 
 from ._backend import kernels
 

@@ -17,7 +17,7 @@ Any number of levels works. All segments are fitted in one compiled call.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from ._jit import njit
 
 from ._backend import kernels
 
