@@ -15,10 +15,12 @@ kernels to :func:`kernels` and calls what it returns; the C twin of kernel ``nam
 ``f`` is ``ckptcodecs._native.f_name``, with the same arguments. Families not yet ported do not
 come here and stay numba.
 
-``CKPTCODECS_SIMD`` picks the CPU path of the compiled byte transposes, at import: ``auto`` (the
-default: the best this CPU runs), ``portable`` (plain C loops only), ``sse2`` or ``avx2``; a
-path this build or CPU cannot run is a :class:`~ckptcodecs.errors.CodecError`. Every path
-writes the same bytes (``tests/codecs/test_native_twins.py`` runs each).
+``CKPTCODECS_SIMD`` picks the CPU path of the compiled kernels, at import: ``auto`` (the
+default: the best this CPU runs), ``portable`` (plain C loops only), ``sse2``, ``avx2`` (with
+BMI2) or ``avx512`` (x86-64-v4); each path runs what the ones below it run, and a kernel
+without code for a path runs the one below. A path this build or CPU cannot run is a
+:class:`~ckptcodecs.errors.CodecError`. Every path writes the same bytes (the twin tests run
+each).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ __all__ = ["CHOICE", "KERNELS_ENV", "SIMD", "SIMD_ENV", "implementation", "kerne
 KERNELS_ENV = "CKPTCODECS_KERNELS"
 SIMD_ENV = "CKPTCODECS_SIMD"
 _IMPLEMENTATIONS = ("c", "numba")
-_SIMD_PATHS = ("auto", "portable", "sse2", "avx2")
+_SIMD_PATHS = ("auto", "portable", "sse2", "avx2", "avx512")
 #: the numba kernels of each family that came through :func:`kernels`
 _REFERENCE: dict[str, dict[str, Callable]] = {}
 

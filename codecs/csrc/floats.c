@@ -1,32 +1,38 @@
 /* The 16-bit float casts over arrays (the twins of ckptcodecs/_floats.py's numba kernels
    _bf16_bits, _f16_bits, _f32_bits and _add16): one pass over the bits, each loop built for
-   AVX-512, AVX2 and the baseline CPU (the loader picks; see CK_CLONES in floats.h). */
+   AVX-512, AVX2 and the baseline CPU (CK_BUILDS in native.h: the CPU path picks). */
 #include "native.h"
 #include "floats.h"
 
-CK_CLONES static void bf16_bits(const void *src, Py_ssize_t n, void *dst)
+CK_LOOP bf16_bits_loop(const void *src, Py_ssize_t n, void *dst)
 {
     const uint32_t *restrict u = src;
     uint16_t *restrict out = dst;
     for (Py_ssize_t i = 0; i < n; i++)
         out[i] = ck_bf16_of(u[i]);
 }
+CK_BUILDS(bf16_bits, (const void *src, Py_ssize_t n, void *dst),
+          (src, n, dst))
 
-CK_CLONES static void f16_bits(const void *src, Py_ssize_t n, void *dst)
+CK_LOOP f16_bits_loop(const void *src, Py_ssize_t n, void *dst)
 {
     const uint32_t *restrict u = src;
     uint16_t *restrict out = dst;
     for (Py_ssize_t i = 0; i < n; i++)
         out[i] = ck_f16_of(u[i]);
 }
+CK_BUILDS(f16_bits, (const void *src, Py_ssize_t n, void *dst),
+          (src, n, dst))
 
-CK_CLONES static void f32_bits(const void *src, Py_ssize_t n, void *dst)
+CK_LOOP f32_bits_loop(const void *src, Py_ssize_t n, void *dst)
 {
     const uint16_t *restrict h = src;
     uint32_t *restrict out = dst;
     for (Py_ssize_t i = 0; i < n; i++)
         out[i] = ck_f32_of_f16(h[i]);
 }
+CK_BUILDS(f32_bits, (const void *src, Py_ssize_t n, void *dst),
+          (src, n, dst))
 
 /* base + residual of 16-bit float bits (float16 if half, else bfloat16), summed in float32; a
    sum of finite values beyond +-top saturates at it; rounded once. Selects, no branches. */
@@ -46,19 +52,25 @@ static inline uint16_t add16_one(uint16_t base, uint16_t residual, int half, flo
 }
 
 /* out may be base or residual (item by item), so no restrict. */
-CK_CLONES static void add16_f16(const uint16_t *base, const uint16_t *residual, Py_ssize_t n,
+CK_LOOP add16_f16_loop(const uint16_t *base, const uint16_t *residual, Py_ssize_t n,
                                 float top, uint16_t *out)
 {
     for (Py_ssize_t i = 0; i < n; i++)
         out[i] = add16_one(base[i], residual[i], 1, top);
 }
+CK_BUILDS(add16_f16, (const uint16_t *base, const uint16_t *residual, Py_ssize_t n, float top,
+          uint16_t *out),
+          (base, residual, n, top, out))
 
-CK_CLONES static void add16_bf16(const uint16_t *base, const uint16_t *residual, Py_ssize_t n,
+CK_LOOP add16_bf16_loop(const uint16_t *base, const uint16_t *residual, Py_ssize_t n,
                                  float top, uint16_t *out)
 {
     for (Py_ssize_t i = 0; i < n; i++)
         out[i] = add16_one(base[i], residual[i], 0, top);
 }
+CK_BUILDS(add16_bf16, (const uint16_t *base, const uint16_t *residual, Py_ssize_t n, float top,
+          uint16_t *out),
+          (base, residual, n, top, out))
 
 typedef void (*cast_kernel)(const void *, Py_ssize_t, void *);
 

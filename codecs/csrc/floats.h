@@ -7,16 +7,6 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Loops built for AVX-512, AVX2 and the baseline, the loader picking (numba builds for the
-   host CPU); plain loops where the toolchain has no such clones (not x86, not glibc). */
-#ifndef CK_CLONES
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GLIBC__) && !defined(__clang__)
-#define CK_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
-#else
-#define CK_CLONES
-#endif
-#endif
-
 /* bfloat16 bits of the float32 bits x: nearest, ties to even; NaN quiet with its sign and high
    payload; a finite value rounded to infinity saturates at the largest finite bfloat16. */
 static inline uint16_t ck_bf16_of(uint32_t x)

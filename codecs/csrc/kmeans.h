@@ -5,16 +5,6 @@
 
 #include "native.h"
 
-/* Loops built for AVX-512, AVX2 and the baseline, the loader picking (numba builds for the
-   host CPU); plain loops where the toolchain has no such clones (not x86, not glibc). */
-#ifndef CK_CLONES
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GLIBC__) && !defined(__clang__)
-#define CK_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
-#else
-#define CK_CLONES
-#endif
-#endif
-
 /* log-spaced buckets: sign, exponent and 7 mantissa bits of the ordered float32 bits */
 #define CK_KM_MANTISSA_BITS 7
 #define CK_KM_NKEYS (1 << (9 + CK_KM_MANTISSA_BITS))

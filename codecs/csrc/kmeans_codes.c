@@ -10,7 +10,7 @@
 #define BLOCK 4096
 
 /* out[i] = the number of thr[0..nthr) below x[i], for nthr <= 3. */
-CK_CLONES static void count_below_f32(const float *restrict x, Py_ssize_t n, const double *thr,
+CK_LOOP count_below_f32_loop(const float *restrict x, Py_ssize_t n, const double *thr,
                                       Py_ssize_t nthr, uint8_t *restrict out)
 {
     for (Py_ssize_t i0 = 0; i0 < n; i0 += BLOCK) {
@@ -23,8 +23,11 @@ CK_CLONES static void count_below_f32(const float *restrict x, Py_ssize_t n, con
         }
     }
 }
+CK_BUILDS(count_below_f32, (const float *restrict x, Py_ssize_t n, const double *thr,
+          Py_ssize_t nthr, uint8_t *restrict out),
+          (x, n, thr, nthr, out))
 
-CK_CLONES static void count_below_f64(const double *restrict x, Py_ssize_t n, const double *thr,
+CK_LOOP count_below_f64_loop(const double *restrict x, Py_ssize_t n, const double *thr,
                                       Py_ssize_t nthr, uint8_t *restrict out)
 {
     for (Py_ssize_t i0 = 0; i0 < n; i0 += BLOCK) {
@@ -37,6 +40,9 @@ CK_CLONES static void count_below_f64(const double *restrict x, Py_ssize_t n, co
         }
     }
 }
+CK_BUILDS(count_below_f64, (const double *restrict x, Py_ssize_t n, const double *thr,
+          Py_ssize_t nthr, uint8_t *restrict out),
+          (x, n, thr, nthr, out))
 
 /* The grid of a segment's nthr >= 1 thresholds: grid[q] = how many lie below t0 + q / g;
    returns g (0 when the range is empty or not finite). */
@@ -69,7 +75,7 @@ static inline uint8_t grid_code(double v, const double *restrict thr, Py_ssize_t
     return (uint8_t)code;
 }
 
-CK_CLONES static void grid_codes_f32(const float *restrict x, Py_ssize_t n,
+CK_LOOP grid_codes_f32_loop(const float *restrict x, Py_ssize_t n,
                                      const double *restrict thr, Py_ssize_t nthr,
                                      const int64_t *restrict grid, double g,
                                      uint8_t *restrict out)
@@ -77,8 +83,11 @@ CK_CLONES static void grid_codes_f32(const float *restrict x, Py_ssize_t n,
     for (Py_ssize_t i = 0; i < n; i++)
         out[i] = grid_code((double)x[i], thr, nthr, grid, g);
 }
+CK_BUILDS(grid_codes_f32, (const float *restrict x, Py_ssize_t n, const double *restrict thr,
+          Py_ssize_t nthr, const int64_t *restrict grid, double g, uint8_t *restrict out),
+          (x, n, thr, nthr, grid, g, out))
 
-CK_CLONES static void grid_codes_f64(const double *restrict x, Py_ssize_t n,
+CK_LOOP grid_codes_f64_loop(const double *restrict x, Py_ssize_t n,
                                      const double *restrict thr, Py_ssize_t nthr,
                                      const int64_t *restrict grid, double g,
                                      uint8_t *restrict out)
@@ -86,6 +95,9 @@ CK_CLONES static void grid_codes_f64(const double *restrict x, Py_ssize_t n,
     for (Py_ssize_t i = 0; i < n; i++)
         out[i] = grid_code(x[i], thr, nthr, grid, g);
 }
+CK_BUILDS(grid_codes_f64, (const double *restrict x, Py_ssize_t n, const double *restrict thr,
+          Py_ssize_t nthr, const int64_t *restrict grid, double g, uint8_t *restrict out),
+          (x, n, thr, nthr, grid, g, out))
 
 typedef struct {
     const void *x;

@@ -66,8 +66,8 @@ static PyObject *simd_paths(PyObject *self, PyObject *unused) { return ck_simd_p
 
 static PyMethodDef methods[] = {
     {"set_simd", set_simd, METH_O,
-     "set_simd(name): the CPU path of the byte transposes, 'auto' (the best this CPU runs), "
-     "'portable' (plain loops), 'sse2' or 'avx2'; ValueError where it cannot run."},
+     "set_simd(name): the CPU path of the compiled kernels, 'auto' (the best this CPU runs), "
+     "'portable' (plain loops), 'sse2', 'avx2' or 'avx512'; ValueError where it cannot run."},
     {"simd", simd, METH_NOARGS, "simd() -> the name of the CPU path in use."},
     {"simd_paths", simd_paths, METH_NOARGS, "simd_paths() -> the paths this build and CPU run."},
     {NULL, NULL, 0, NULL},

@@ -45,6 +45,43 @@ int ck_set_simd(const char *name);
 const char *ck_simd(void);
 PyObject *ck_simd_paths(void);
 
+/* The CPU paths as levels (each runs what the ones below it run): ck_vector() is the path in
+   use, ck_set_simd's. */
+enum { CK_PORTABLE, CK_SSE2, CK_AVX2, CK_AVX512 };
+int ck_vector(void);
+
+/* Builds of one loop for each CPU path. CK_LOOP marks the loop's function (static, always
+   inlined: it takes the instructions of the function it is inlined into); CK_BUILDS(name,
+   (params), (args)) then makes `static void name(params)` run it compiled for the baseline
+   CPU, for AVX2 (+BMI2) or for AVX-512 (x86-64-v4), chosen per call by ck_vector() -- so that
+   CKPTCODECS_SIMD forces each copy and the tests run every one. The same source in every
+   copy, and no contraction (C11: -ffp-contract=off): the same bits; only the instructions
+   differ. Where the compiler has no such targets, the three are one. */
+#define CK_LOOP static inline __attribute__((always_inline)) void
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#define CK_HAVE_BUILDS 1
+#define CK_TARGET_AVX2 __attribute__((target("avx2,bmi,bmi2")))
+#define CK_TARGET_AVX512 __attribute__((target("arch=x86-64-v4")))
+#else
+#define CK_HAVE_BUILDS 0
+#define CK_TARGET_AVX2
+#define CK_TARGET_AVX512
+#endif
+#define CK_BUILDS(name, params, args)                                                        \
+    static void name##_base params { name##_loop args; }                                     \
+    CK_TARGET_AVX2 static void name##_avx2 params { name##_loop args; }                      \
+    CK_TARGET_AVX512 static void name##_avx512 params { name##_loop args; }                  \
+    static void name params                                                                  \
+    {                                                                                        \
+        int level_ = CK_HAVE_BUILDS ? ck_vector() : CK_PORTABLE;                             \
+        if (level_ >= CK_AVX512)                                                             \
+            name##_avx512 args;                                                              \
+        else if (level_ >= CK_AVX2)                                                          \
+            name##_avx2 args;                                                                \
+        else                                                                                 \
+            name##_base args;                                                                \
+    }
+
 /* RLEHuffman's tables (rle_huffman_tables.c): Huffman code lengths (at most 24) of the positive
    freq[0..n) into lens, canonical codes of lens[0..n) (each 0..24) into codes; 0 when memory
    runs out. */

@@ -31,7 +31,7 @@ static inline int pl_bmi2(void)
 {
 #if PL_HAVE_BMI2
     __builtin_cpu_init();
-    return strcmp(ck_simd(), "avx2") == 0 && __builtin_cpu_supports("bmi2")
+    return ck_vector() >= CK_AVX2 && __builtin_cpu_supports("bmi2")
            && __builtin_cpu_supports("movbe");
 #else
     return 0;

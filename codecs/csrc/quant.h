@@ -42,7 +42,7 @@ int qk_bad_mask(const Py_buffer *mask, Py_ssize_t n, const char *name);
 void qk_f16_round(const double *v, Py_ssize_t n, Py_ssize_t direction, double *out);
 
 /* QK_AVX2 before a function: also compiled for AVX2 (x86-64 with GCC or clang), run where
-   the CPU path (ck_set_simd, CKPTCODECS_SIMD) is "avx2"; qk_avx2() says whether it is. Only
+   the CPU path (ck_set_simd, CKPTCODECS_SIMD) is "avx2" or above; qk_avx2() says whether. Only
    the vector width differs: no FMA, no reordered sums, the same bytes. */
 #if defined(__x86_64__) && defined(__GNUC__)
 #define QK_HAVE_AVX2 1
@@ -51,7 +51,7 @@ void qk_f16_round(const double *v, Py_ssize_t n, Py_ssize_t direction, double *o
 #define QK_HAVE_AVX2 0
 #define QK_AVX2
 #endif
-static inline int qk_avx2(void) { return QK_HAVE_AVX2 && strcmp(ck_simd(), "avx2") == 0; }
+static inline int qk_avx2(void) { return QK_HAVE_AVX2 && ck_vector() >= CK_AVX2; }
 
 /* The kernels kept in the family's other files, listed in quant.c's table. */
 PyObject *ck_quant_dequant_uniform(PyObject *self, PyObject *args);

@@ -7,8 +7,8 @@
    CPU without SSE2, does no vector code here: the callers' plain loops do all the work. */
 #include "native.h"
 
-enum { PORTABLE, SSE2, AVX2 };
-static const char *const PATH_NAMES[] = {"portable", "sse2", "avx2"};
+enum { PORTABLE = CK_PORTABLE, SSE2 = CK_SSE2, AVX2 = CK_AVX2, AVX512 = CK_AVX512 };
+static const char *const PATH_NAMES[] = {"portable", "sse2", "avx2", "avx512"};
 static int path = PORTABLE;  /* set once at import by ckptcodecs._backend (ck_set_simd) */
 
 #if defined(__SSE2__)
@@ -176,7 +176,7 @@ static Py_ssize_t merge_avx2_any(const uint8_t *const *planes, Py_ssize_t count,
 Py_ssize_t ck_split_blocks(const uint8_t *src, Py_ssize_t count, int itemsize, int rotate,
                            uint8_t *const *planes)
 {
-    if (path == AVX2)
+    if (path >= AVX2)  /* the transposes have no AVX-512 code: AVX2 there */
         return split_avx2_any(src, count, itemsize, rotate, planes);
     if (path == PORTABLE)
         return 0;
@@ -190,7 +190,7 @@ Py_ssize_t ck_split_blocks(const uint8_t *src, Py_ssize_t count, int itemsize, i
 Py_ssize_t ck_merge_blocks(const uint8_t *const *planes, Py_ssize_t count, int itemsize,
                            int rotate, uint8_t *dst)
 {
-    if (path == AVX2)
+    if (path >= AVX2)  /* the transposes have no AVX-512 code: AVX2 there */
         return merge_avx2_any(planes, count, itemsize, rotate, dst);
     if (path == PORTABLE)
         return 0;
@@ -221,10 +221,13 @@ Py_ssize_t ck_merge_blocks(const uint8_t *const *planes, Py_ssize_t count, int i
 static int supported(int p)
 {
 #if defined(HAVE_SSE2)
-    if (p == AVX2) {
-        __builtin_cpu_init();
+    __builtin_cpu_init();
+    if (p == AVX2)
         return __builtin_cpu_supports("avx2");
-    }
+    if (p == AVX512)  /* x86-64-v4: what CK_BUILDS' AVX-512 copies are compiled for */
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+               && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")
+               && __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx2");
     return 1;
 #else
     return p == PORTABLE;
@@ -234,13 +237,13 @@ static int supported(int p)
 int ck_set_simd(const char *name)
 {
     int best = PORTABLE;
-    for (int p = PORTABLE; p <= AVX2; p++)
+    for (int p = PORTABLE; p <= AVX512; p++)
         best = supported(p) ? p : best;
     if (strcmp(name, "auto") == 0) {
         path = best;
         return 0;
     }
-    for (int p = PORTABLE; p <= AVX2; p++)
+    for (int p = PORTABLE; p <= AVX512; p++)
         if (strcmp(name, PATH_NAMES[p]) == 0 && supported(p)) {
             path = p;
             return 0;
@@ -252,10 +255,12 @@ int ck_set_simd(const char *name)
 
 const char *ck_simd(void) { return PATH_NAMES[path]; }
 
+int ck_vector(void) { return path; }
+
 PyObject *ck_simd_paths(void)
 {
     PyObject *paths = PyList_New(0);
-    for (int p = PORTABLE; paths != NULL && p <= AVX2; p++) {
+    for (int p = PORTABLE; paths != NULL && p <= AVX512; p++) {
         if (!supported(p))
             continue;
         PyObject *name = PyUnicode_FromString(PATH_NAMES[p]);

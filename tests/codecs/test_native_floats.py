@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 from ckptcodecs import _backend
 from ckptcodecs.floats import add_rounded
 
-pytestmark = pytest.mark.skipif(_backend.native() is None,
-                                reason="ckptcodecs' compiled kernels are not built")
+pytestmark = [pytest.mark.skipif(_backend.native() is None,
+                                reason="ckptcodecs' compiled kernels are not built"),
+              pytest.mark.usefixtures("each_simd_path")]  # every CPU path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIZES = st.one_of(st.integers(0, 40), st.integers(0, 5000), st.sampled_from([1 << 16,

@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from ckptcodecs import _backend
 from ckptcodecs.kmeans import MANTISSA_BITS
 
-pytestmark = pytest.mark.skipif(_backend.native() is None,
-                                reason="ckptcodecs' compiled kernels are not built")
+pytestmark = [pytest.mark.skipif(_backend.native() is None,
+                                reason="ckptcodecs' compiled kernels are not built"),
+              pytest.mark.usefixtures("each_simd_path")]  # every CPU path
 
 SIZES = st.one_of(st.integers(0, 40), st.integers(0, 3000), st.sampled_from([1 << 16,
                                                                             (1 << 16) + 5]))
