@@ -4,11 +4,13 @@ The one place that chooses (issue 28). ``CKPTCODECS_KERNELS`` picks for the whol
 at import:
 
 - unset or empty: ``c`` where the extension ``ckptcodecs._native`` imports, else ``numba`` with
-  one :class:`RuntimeWarning` (the package was installed without building it);
+  one :class:`RuntimeWarning` (the package was installed without building it), or a
+  :class:`~ckptcodecs.errors.CodecError` where numba is not installed either;
 - ``c``: the compiled kernels; a :class:`~ckptcodecs.errors.CodecError` at import when the
   extension is not built (``pip install -e .`` builds it; it needs a C compiler);
-- ``numba``: the numba kernels, the reference the C ones reproduce bit for bit until the port
-  is done.
+- ``numba``: the numba kernels, the reference the C ones reproduce bit for bit (numba is an
+  optional dependency, ``pip install 'ckptstore[reference]'``; it is imported only when a numba
+  kernel runs, see ``ckptcodecs._jit``).
 
 A kernel family (a module's kernels: ``bytegroup``, ``bitpack``, ``delta``) hands its numba
 kernels to :func:`kernels` and calls what it returns; the C twin of kernel ``name`` of family
@@ -26,6 +28,7 @@ each).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import warnings
 from collections.abc import Callable
@@ -70,6 +73,10 @@ def _choose() -> str:
         raise CodecError(f"{KERNELS_ENV}=c but ckptcodecs' compiled kernels are not built: "
                          "reinstall with `pip install -e .` (needs a C compiler)")
     if native() is None:
+        if importlib.util.find_spec("numba") is None:
+            raise CodecError("ckptcodecs' compiled kernels are not built and numba (their "
+                             "reference) is not installed: reinstall with `pip install -e .` "
+                             "(needs a C compiler)")
         warnings.warn("ckptcodecs' compiled kernels are not built (reinstall with `pip install "
                       "-e .`, which needs a C compiler): running the numba kernels",
                       RuntimeWarning, stacklevel=2)

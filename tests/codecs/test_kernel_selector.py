@@ -72,6 +72,13 @@ def test_without_the_extension_numba_runs_with_one_warning(environment):
     assert "pip install" in str(caught[0].message)
 
 
+def test_without_the_extension_nor_numba_the_import_says_how_to_build(environment, monkeypatch):
+    environment("", built=False)
+    monkeypatch.setattr(_backend.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(CodecError, match="numba .* is not installed: reinstall with"):
+        _backend._choose()
+
+
 def test_c_asked_without_the_extension_is_an_error(environment):
     environment("c", built=False)
     with pytest.raises(CodecError, match="not built"):
