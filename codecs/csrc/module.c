@@ -84,6 +84,7 @@ static struct PyModuleDef module = {
 static PyMethodDef *const families[] = {
     ck_bytegroup_methods, ck_bitpack_methods, ck_delta_methods, ck_rle_huffman_methods,
     ck_quant_methods, ck_select_methods,
+    ck_adaptive_methods,
 };
 
 PyMODINIT_FUNC PyInit__native(void)

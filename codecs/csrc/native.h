@@ -64,5 +64,6 @@ extern PyMethodDef ck_delta_methods[];
 extern PyMethodDef ck_rle_huffman_methods[];
 extern PyMethodDef ck_quant_methods[];
 extern PyMethodDef ck_select_methods[];
+extern PyMethodDef ck_adaptive_methods[];
 
 #endif
