@@ -123,6 +123,7 @@ def _big_calls():
     rle_args = _rle_huffman_args(skewed)
     lo, hi = np.zeros(n // 64, np.float32), np.zeros(n // 64, np.float32)
     counts = np.zeros(1 << 15, np.int64)
+    alo, ahi = np.full(n // 4096, -1.0), np.full(n // 4096, 1.0)  # refined, never to width 0
     return {
         "bytegroup": lambda: _c("bytegroup").merge4(*planes, True, words, 1, n, n, 0, n),
         "split_rows": lambda: _c("bytegroup").split_rows(src, 4, True, out, 0, n),
@@ -133,6 +134,9 @@ def _big_calls():
         "quant": lambda: _c("quant").seg_minmax(src.view(np.float32), 256, src[:0], lo, hi),
         "select": lambda: _c("select").keys_hist(src.view(np.uint32), src[:0], np.uint32(16),
                                                  np.uint32(0x7F800000), counts),
+        "adaptive": lambda: _c("adaptive").histogram_search(src.view(np.float32), 4096,
+                                                            src[:0], counts[:0], alo, ahi, 16,
+                                                            45, 1.0),
     }
 
 
@@ -171,6 +175,6 @@ def test_the_probe_sees_a_call_that_holds_the_gil():
 
 @pytest.mark.parametrize("kernel", ["bytegroup", "split_rows", "bitpack", "delta",
                                     "rle_huffman encode", "rle_huffman decode", "quant",
-                                    "select"])
+                                    "select", "adaptive"])
 def test_kernels_release_the_gil(kernel):
     assert any(_progress_during(_big_calls()[kernel]))
