@@ -97,31 +97,55 @@ int ad_parse(PyObject *args, int with_counts, int zero_width_ok, ad_args *a, con
 void ad_done(ad_args *a) { ck_release(a->v, a->held); }
 
 /* Segment [a0, b0)'s histogram in cells from lo0: cnt[j] counts the values whose cell index
-   int((x - lo0) * f), clipped to [0, H - 1], is j; masked values go to the spare cell H. */
-#define COUNT_KERNEL(T, SUFFIX)                                                               \
-    static void count_##SUFFIX(const T *restrict x, Py_ssize_t m,                             \
-                               const uint8_t *restrict mask, double lo0, double f, int64_t H, \
-                               int64_t *restrict cnt)                                         \
+   int((x - lo0) * f), clipped to [0, H - 1], is j; masked values go to the spare cell H.
+   numba's int() is x86-64's cvttsd2si, INT64_MIN (so cell 0) for NaN and values beyond the
+   int64 range: the clip is done in doubles first, then the cell truncated, in blocks that
+   vectorise; the counts go to 4 histograms (neighbouring values often share a cell), summed
+   into cnt after (integers: exact). */
+#define BLOCK 1024
+#define COUNT_KERNEL(NAME, ATTR, T)                                                           \
+    ATTR static void NAME(const T *restrict x, Py_ssize_t m, const uint8_t *restrict mask,    \
+                          double lo0, double f, int64_t H, int64_t *restrict cnt4)            \
     {                                                                                         \
-        for (Py_ssize_t i = 0; i < m; i++) {                                                  \
-            int64_t j = ad_trunc(((double)x[i] - lo0) * f);                                   \
-            j = j > 0 ? j : 0;                                                                \
-            j = j < H - 1 ? j : H - 1;                                                        \
-            cnt[mask && mask[i] ? H : j]++;                                                   \
+        int32_t idx[BLOCK];                                                                   \
+        const double top = (double)(H - 1);                                                   \
+        for (Py_ssize_t i0 = 0; i0 < m; i0 += BLOCK) {                                        \
+            int nb = (int)(m - i0 < BLOCK ? m - i0 : BLOCK);                                  \
+            for (int i = 0; i < nb; i++) {                                                    \
+                double y = ((double)x[i0 + i] - lo0) * f;                                     \
+                y = y >= 0.0 && y < 0x1p63 ? (y < top ? y : top) : 0.0;                      \
+                idx[i] = (int32_t)y;                                                          \
+            }                                                                                 \
+            if (mask)                                                                         \
+                for (int i = 0; i < nb; i++)                                                  \
+                    idx[i] = mask[i0 + i] ? (int32_t)H : idx[i];                              \
+            int i = 0;                                                                        \
+            for (; i + 4 <= nb; i += 4) {                                                     \
+                cnt4[idx[i]]++;                                                               \
+                cnt4[H + 1 + idx[i + 1]]++;                                                   \
+                cnt4[2 * (H + 1) + idx[i + 2]]++;                                             \
+                cnt4[3 * (H + 1) + idx[i + 3]]++;                                             \
+            }                                                                                 \
+            for (; i < nb; i++)                                                               \
+                cnt4[idx[i]]++;                                                               \
         }                                                                                     \
     }
 
-COUNT_KERNEL(float, f32)
-COUNT_KERNEL(double, f64)
+COUNT_KERNEL(count_f32, , float)
+COUNT_KERNEL(count_f64, , double)
+COUNT_KERNEL(count_f32_avx2, QK_AVX2, float)
+COUNT_KERNEL(count_f64_avx2, QK_AVX2, double)
 
-/* Segment s's cell counts into cnt[0..H] (zero when its range rg is not searched). */
+/* Segment s's cell counts into cnt[0..H] (zero when its range rg is not searched); cnt has
+   4 * (H + 1) items. */
 static void count_cells(const ad_args *a, Py_ssize_t s, double lo0, double rg, int64_t *cnt)
 {
-    int64_t H = a->cells;
-    memset(cnt, 0, (size_t)(H + 1) * sizeof *cnt);
-    if (!(rg > 0.0 && rg != INFINITY))
+    int64_t H = a->cells, W = H + 1;
+    int given = a->counts && a->counts->len, ok = rg > 0.0 && rg != INFINITY;
+    memset(cnt, 0, (size_t)(ok && !given ? 4 * W : W) * sizeof *cnt);
+    if (!ok)
         return;
-    if (a->counts && a->counts->len) {
+    if (given) {
         memcpy(cnt, (const int64_t *)a->counts->buf + s * H, (size_t)H * sizeof *cnt);
         return;
     }
@@ -129,10 +153,15 @@ static void count_cells(const ad_args *a, Py_ssize_t s, double lo0, double rg, i
     qk_segment(s, a->seg, a->n, &a0, &b0);
     const uint8_t *mask = a->mask->len ? (const uint8_t *)a->mask->buf + a0 : NULL;
     double f = (double)H / rg;
+    int avx2 = qk_avx2();
     if (a->x->itemsize == 4)
-        count_f32((const float *)a->x->buf + a0, b0 - a0, mask, lo0, f, H, cnt);
+        (avx2 ? count_f32_avx2 : count_f32)((const float *)a->x->buf + a0, b0 - a0, mask, lo0,
+                                            f, H, cnt);
     else
-        count_f64((const double *)a->x->buf + a0, b0 - a0, mask, lo0, f, H, cnt);
+        (avx2 ? count_f64_avx2 : count_f64)((const double *)a->x->buf + a0, b0 - a0, mask,
+                                            lo0, f, H, cnt);
+    for (int64_t j = 0; j < W; j++)
+        cnt[j] += cnt[W + j] + cnt[2 * W + j] + cnt[3 * W + j];
 }
 
 /* Prefix sums of count and value (at cell centres) at C/S1[0..H]: integer sums (wrapping as
@@ -181,23 +210,25 @@ static void walk_start(walk *w, const double *C, const double *S1, Py_ssize_t nq
 
 /* Both candidates' sums of two segments (w[0], w[1], their prefix sums at C/S1[0..W) and
    [W..2W)) in one loop, [A + hpb, B] (x) and [A, B - hpb] (y), into r[t] = {tx, ux, ty, uy,
-   d}. Segment 1's thresholds are W + A + ... as numba's (the same roundings); j is clipped to
-   its histogram (never needed: the last threshold lies below B - hpb + 1). */
+   d}. Segment 1's thresholds are W + A + ... as numba's (the same roundings). A threshold
+   (>= 0.5) is clipped to its histogram before it is truncated (never needed: the last lies
+   below B - hpb + 1), so int64 truncation gives numba's uint64 one. */
 static inline void sums2(const walk *w, Py_ssize_t nq, double inv, const double *restrict C,
                          const double *restrict S1, int64_t W, double r[2][5])
 {
     const double hpb = AD_HPB;
-    const uint64_t jmax0 = (uint64_t)(W - 1 - AD_HPB), jmax1 = jmax0 + (uint64_t)W;
+    const double jmax0 = (double)(W - 1 - AD_HPB), jmax1 = jmax0 + (double)W;
     const double A0 = w[0].A, A1 = w[1].A;
     const double d0 = (w[0].B - A0 - hpb) * inv, d1 = (w[1].B - A1 - hpb) * inv;
     const double p0 = A0 + 0.5 * d0 + 0.5, p1 = (double)W + A1 + 0.5 * d1 + 0.5;
     double tx0 = 0.0, ty0 = 0.0, ux0 = 0.0, uy0 = 0.0;
     double tx1 = 0.0, ty1 = 0.0, ux1 = 0.0, uy1 = 0.0;
-    for (Py_ssize_t k = 0; k < nq - 1; k++) {
-        double v0 = A0 + (double)k * d0, v1 = A1 + (double)k * d1;
-        uint64_t j0 = (uint64_t)(p0 + (double)k * d0), j1 = (uint64_t)(p1 + (double)k * d1);
-        j0 = j0 < jmax0 ? j0 : jmax0;
-        j1 = j1 < jmax1 ? j1 : jmax1;
+    double kd = 0.0;  /* (double)k, exactly */
+    for (Py_ssize_t k = 0; k < nq - 1; k++, kd += 1.0) {
+        double v0 = A0 + kd * d0, v1 = A1 + kd * d1;
+        double t0 = p0 + kd * d0, t1 = p1 + kd * d1;
+        int64_t j0 = (int64_t)(t0 < jmax0 ? t0 : jmax0);
+        int64_t j1 = (int64_t)(t1 < jmax1 ? t1 : jmax1);
         ty0 += S1[j0];
         uy0 += C[j0] * (2.0 * v0 + d0);
         tx0 += S1[j0 + AD_HPB];
@@ -273,7 +304,7 @@ static PyObject *ck_adaptive_histogram_search(PyObject *self, PyObject *args)
         return run < 0 ? NULL : Py_NewRef(Py_None);
     }
     const int64_t H = a.cells, W = H + 1;
-    int64_t *cnt = malloc((size_t)W * sizeof *cnt);
+    int64_t *cnt = malloc((size_t)(4 * W) * sizeof *cnt);
     double *C = malloc((size_t)(2 * W) * sizeof *C), *S1 = malloc((size_t)(2 * W) * sizeof *S1);
     if (cnt && C && S1) {
         Py_BEGIN_ALLOW_THREADS
