@@ -82,13 +82,21 @@ def _run(k, name, x, seg, mask, lo, hi, nq, num_bins, ratio, counts=adaptive._NO
        num_bins=st.one_of(st.integers(1, 4), st.integers(1, 60), st.just(45)),
        ratio=st.sampled_from([1.0, 0.9, 0.5, 0.05, 0.0]), seed=st.integers(0, 2**32 - 1))
 def test_searches(seg, nseg, dtype, kind, mask_kind, fixed, nq, num_bins, ratio, seed):
+    """Both searches, on each CPU path (the lane loops are compiled plain and for AVX2)."""
     x = _rows(seed, seg, nseg, dtype, kind)
     mask = _mask(seed, x.size, mask_kind)
     lo, hi = _ranges(x, seg, mask, nseg, fixed)
     c, numba = _twins()
-    for name in KERNELS:
-        got = _run(c, name, x, seg, mask, lo, hi, nq, num_bins, ratio)
-        assert got == _run(numba, name, x, seg, mask, lo, hi, nq, num_bins, ratio), name
+    before = _backend.native().simd()
+    try:
+        for name in KERNELS:
+            want = _run(numba, name, x, seg, mask, lo, hi, nq, num_bins, ratio)
+            for path in _backend.native().simd_paths():
+                _backend.use_simd(path)
+                got = _run(c, name, x, seg, mask, lo, hi, nq, num_bins, ratio)
+                assert got == want, (name, path)
+    finally:
+        _backend.use_simd(before)
 
 
 @settings(max_examples=60, deadline=None)
