@@ -100,12 +100,13 @@ void ad_done(ad_args *a) { ck_release(a->v, a->held); }
    int((x - lo0) * f), clipped to [0, H - 1], is j; masked values go to the spare cell H.
    numba's int() is x86-64's cvttsd2si, INT64_MIN (so cell 0) for NaN and values beyond the
    int64 range: the clip is done in doubles first, then the cell truncated, in blocks that
-   vectorise; the counts go to 4 histograms (neighbouring values often share a cell), summed
-   into cnt after (integers: exact). */
+   vectorise; the counts go to 4 histograms `stride` apart (neighbouring values often share a
+   cell; stride 0: one), summed into cnt after (integers: exact). */
 #define BLOCK 1024
 #define COUNT_KERNEL(NAME, ATTR, T)                                                           \
     ATTR static void NAME(const T *restrict x, Py_ssize_t m, const uint8_t *restrict mask,    \
-                          double lo0, double f, int64_t H, int64_t *restrict cnt4)            \
+                          double lo0, double f, int64_t H, int64_t *restrict cnt4,            \
+                          int64_t stride)                                                     \
     {                                                                                         \
         int32_t idx[BLOCK];                                                                   \
         const double top = (double)(H - 1);                                                   \
@@ -122,9 +123,9 @@ void ad_done(ad_args *a) { ck_release(a->v, a->held); }
             int i = 0;                                                                        \
             for (; i + 4 <= nb; i += 4) {                                                     \
                 cnt4[idx[i]]++;                                                               \
-                cnt4[H + 1 + idx[i + 1]]++;                                                   \
-                cnt4[2 * (H + 1) + idx[i + 2]]++;                                             \
-                cnt4[3 * (H + 1) + idx[i + 3]]++;                                             \
+                cnt4[stride + idx[i + 1]]++;                                                  \
+                cnt4[2 * stride + idx[i + 2]]++;                                              \
+                cnt4[3 * stride + idx[i + 3]]++;                                              \
             }                                                                                 \
             for (; i < nb; i++)                                                               \
                 cnt4[idx[i]]++;                                                               \
@@ -142,25 +143,26 @@ static void count_cells(const ad_args *a, Py_ssize_t s, double lo0, double rg, i
 {
     int64_t H = a->cells, W = H + 1;
     int given = a->counts && a->counts->len, ok = rg > 0.0 && rg != INFINITY;
-    memset(cnt, 0, (size_t)(ok && !given ? 4 * W : W) * sizeof *cnt);
+    Py_ssize_t a0, b0;
+    qk_segment(s, a->seg, a->n, &a0, &b0);
+    int64_t stride = ok && !given && b0 - a0 >= 4 * W ? W : 0;  /* 4 histograms: long rows */
+    memset(cnt, 0, (size_t)(stride ? 4 * W : W) * sizeof *cnt);
     if (!ok)
         return;
     if (given) {
         memcpy(cnt, (const int64_t *)a->counts->buf + s * H, (size_t)H * sizeof *cnt);
         return;
     }
-    Py_ssize_t a0, b0;
-    qk_segment(s, a->seg, a->n, &a0, &b0);
     const uint8_t *mask = a->mask->len ? (const uint8_t *)a->mask->buf + a0 : NULL;
     double f = (double)H / rg;
     int avx2 = qk_avx2();
     if (a->x->itemsize == 4)
         (avx2 ? count_f32_avx2 : count_f32)((const float *)a->x->buf + a0, b0 - a0, mask, lo0,
-                                            f, H, cnt);
+                                            f, H, cnt, stride);
     else
         (avx2 ? count_f64_avx2 : count_f64)((const double *)a->x->buf + a0, b0 - a0, mask,
-                                            lo0, f, H, cnt);
-    for (int64_t j = 0; j < W; j++)
+                                            lo0, f, H, cnt, stride);
+    for (int64_t j = 0; stride && j < W; j++)
         cnt[j] += cnt[W + j] + cnt[2 * W + j] + cnt[3 * W + j];
 }
 

@@ -101,8 +101,10 @@ def test_searches(seg, nseg, dtype, kind, mask_kind, fixed, nq, num_bins, ratio,
 
 @settings(max_examples=60, deadline=None)
 @given(nseg=st.integers(0, 9), num_bins=st.integers(1, 60), nq=st.integers(2, 256),
-       kind=st.sampled_from(["small", "sparse", "huge"]), seed=st.integers(0, 2**32 - 1))
-def test_search_from_given_counts(nseg, num_bins, nq, kind, seed):
+       kind=st.sampled_from(["small", "sparse", "huge"]),
+       dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**32 - 1))
+def test_search_from_given_counts(nseg, num_bins, nq, kind, dtype, seed):
+    """Counts as a GPU gives them (ckptstore.device.quant), ranges of either float width."""
     rng = np.random.default_rng(seed)
     cells = adaptive.cell_counts_shape(nseg, num_bins)
     counts = {"small": lambda: rng.integers(0, 50, cells),
@@ -110,6 +112,7 @@ def test_search_from_given_counts(nseg, num_bins, nq, kind, seed):
               "huge": lambda: rng.integers(-(1 << 62), 1 << 62, cells)}[kind]().astype(np.int64)
     lo = rng.standard_normal(nseg)
     hi = lo + rng.random(nseg) * rng.choice([0.0, 1e-300, 1.0, np.inf], nseg)
+    lo, hi = lo.astype(dtype), hi.astype(dtype)
     c, numba = _twins()
     args = (adaptive._NO_VALUES, 1, adaptive._NO_MASK, lo, hi, nq, num_bins, 1.0, counts)
     assert _run(c, "histogram_search", *args) == _run(numba, "histogram_search", *args)
