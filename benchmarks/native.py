@@ -13,6 +13,8 @@ Usage::
    path ``auto`` picks).
    RLEHuffman's coder (``encode_stream``, ``decode_symbols``) on BucketDelta's residuals and on
    4-bit codes, with the compression ratio in the label.
+   The adaptive range search (``histogram_search``, ``direct_ranges``) on float32 rows, and a
+   whole adaptive ``quantize`` of 2048 x 4096 float32 values with either search.
 2. RLEHuffman (BucketDelta's residuals) and BytePlanes (its Huffman coder still numba in both)
    encode and decode as a whole: three processes per implementation, alternating, the median
    of their median CPU times.
