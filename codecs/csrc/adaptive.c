@@ -27,6 +27,7 @@ static Py_ssize_t greedy_steps(double ratio, Py_ssize_t num_bins, int zero_width
     return (Py_ssize_t)t - 1;
 }
 
+/* 1 when a view holds int64 items (format q or l, of 8 bytes: ck_buffer checked). */
 static int int64_format(const Py_buffer *v)
 {
     const char *f = v->format ? v->format : "B";
@@ -35,6 +36,7 @@ static int int64_format(const Py_buffer *v)
     return (f[0] == 'q' || f[0] == 'l') && f[1] == '\0';
 }
 
+/* 1 (after a ValueError) when an input shares memory with lo or hi, or lo with hi. */
 static int overlaps(ad_args *a, const char *name)
 {
     Py_buffer *in[3] = {a->x, a->mask, a->counts};
