@@ -15,6 +15,8 @@ Usage::
    4-bit codes, with the compression ratio in the label. BytePlanes' Huffman coder
    (``plane_stats``, ``huffman_encode``, ``huffman_decode``) on the planes it codes: a float32's
    exponent byte, a float16's high byte, a plane of few symbols (coded two bytes a lookup).
+   The adaptive range search (``histogram_search``, ``direct_ranges``) on float32 rows, and a
+   whole adaptive ``quantize`` of 2048 x 4096 float32 values with either search.
 2. RLEHuffman (BucketDelta's residuals) and BytePlanes (float32, bfloat16, float16) encode and
    decode as a whole: three processes per implementation, alternating, the median of their
    median CPU times.
@@ -41,7 +43,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ckptcodecs import _backend, rle_huffman
+import ckptcodecs
+from ckptcodecs import _backend, adaptive, rle_huffman
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import load_average, machine_description, markdown_table  # noqa: E402
@@ -283,6 +286,61 @@ def _kmeans_cases(mb: int, rng) -> list[tuple[str, str, int, callable]]:
     return cases
 
 
+def _adaptive_cases(mb: int, rng) -> list[tuple[str, str, int, callable]]:
+    """(family, label, input bytes, call(kernels)) of the adaptive range search (4 bits: 16
+    levels, 45 bins; 2 bits: 4 levels, 25 bins) on float32 rows, each call from the rows'
+    min/max (reset first), and a whole ``quantize(x, "adaptive-asymmetric", 4)`` of a 2048 x
+    4096 float32 array with the search of either kernels."""
+    x = rng.standard_normal((mb << 20) // 4).astype(np.float32)
+    none = np.zeros(0, np.uint8)
+
+    def case(seg: int, nq: int, nb: int, direct: bool, counts: bool = False):
+        nseg = x.size // seg
+        lo0, hi0 = np.empty(nseg, np.float32), np.empty(nseg, np.float32)
+        _backend.implementation("quant", "c").seg_minmax(x, seg, none, lo0, hi0)
+        lo0, hi0 = lo0.astype(np.float64), hi0.astype(np.float64)
+        lo, hi = lo0.copy(), hi0.copy()
+        cnt = np.zeros((0, 0), np.int64)
+        if counts:
+            h = nb * adaptive.HIST_PER_BIN
+            cell = ((x[:nseg * seg].reshape(nseg, seg).astype(np.float64) - lo0[:, None])
+                    * (h / (hi0 - lo0))[:, None]).astype(np.int64).clip(0, h - 1)
+            cnt = np.stack([np.bincount(r, minlength=h) for r in cell]).astype(np.int64)
+
+        def call(k):
+            np.copyto(lo, lo0)
+            np.copyto(hi, hi0)
+            if direct:
+                k.direct_ranges(x, seg, none, lo, hi, nq, nb, 1.0)
+            elif counts:
+                k.histogram_search(x[:0], 1, none, cnt, lo, hi, nq, nb, 1.0)
+            else:
+                k.histogram_search(x, seg, none, cnt, lo, hi, nq, nb, 1.0)
+        return call
+
+    whole = rng.standard_normal((2048, 4096)).astype(np.float32)
+
+    def quantize_with(k):
+        chosen = adaptive._ADAPTIVE
+        adaptive._ADAPTIVE = k
+        try:
+            ckptcodecs.quantize(whole, "adaptive-asymmetric", 4)
+        finally:
+            adaptive._ADAPTIVE = chosen
+
+    n = 4 * x.size
+    return [
+        ("adaptive", "histogram_search, rows of 4096, 4 bits", n, case(4096, 16, 45, False)),
+        ("adaptive", "histogram_search, rows of 128, 4 bits", n, case(128, 16, 45, False)),
+        ("adaptive", "histogram_search from counts, rows of 4096, 4 bits", n // 4096 * 180 * 8,
+         case(4096, 16, 45, False, True)),
+        ("adaptive", "direct_ranges, rows of 32, 4 bits", n, case(32, 16, 45, True)),
+        ("adaptive", "direct_ranges, rows of 16, 2 bits", n, case(16, 4, 25, True)),
+        ("adaptive", "quantize adaptive-asymmetric 4 bits, 2048 x 4096", 4 * whole.size,
+         quantize_with),
+    ]
+
+
 def _variants(family: str, call: Callable) -> dict[str, Callable[[], object]]:
     """One call of the case per implementation: C on each CPU path this machine runs (the
     path set before each call), then numba."""
@@ -299,7 +357,7 @@ def kernels_table(mb: int, repeat: int, families: list[str] | None = None) -> st
     ``auto`` picks (the first); only the kernels of ``families`` if given."""
     rng = np.random.default_rng(0)
     cases = [("bytegroup", *case) for case in _bytegroup_cases(mb, rng)] + _code_cases(mb, rng)
-    cases += _quant_cases(mb, rng) + _select_cases(mb, rng)
+    cases += _quant_cases(mb, rng) + _select_cases(mb, rng) + _adaptive_cases(mb, rng)
     cases += _float_cases(mb, rng) + _kmeans_cases(mb, rng)
     if families:
         cases = [case for case in cases if case[0] in families]

@@ -35,12 +35,21 @@ each candidate, ``sum (x - a - d * clip(round((x - a) / d)))**2`` over the row's
 side by side. Its errors are exact rather than measured at cell centres, so its choice is at
 least as good by the true L2 error (measured: 0.0-0.3 % lower mean L2 per row than the
 histogram search on rows of 16-64).
+
+Kernels: the numba ones below are the reference, compiled without ``fastmath`` -- plain IEEE
+float64 in source order, no FMA contraction, no reordered sums -- so the ranges (and the bytes
+quantize writes) do not depend on the CPU. Callers run ``_ADAPTIVE``, the kernels
+:mod:`ckptcodecs._backend` chose: by default the C twins ``adaptive_histogram_search`` and
+``adaptive_direct_ranges`` of ``ckptcodecs._native`` (the same bits; ValueError on arguments
+that do not fit).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from ._jit import njit
+
+from ._backend import kernels
 
 __all__ = ["DIRECT_SLACK", "HIST_PER_BIN", "adaptive_ranges", "cell_counts_shape",
            "default_num_bins", "direct_ranges", "histogram_ranges",
@@ -129,7 +138,7 @@ def histogram_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio) -> None:
     ``x``: flat float array; ``seg``: segment length; ``mask``: uint8 array of x.size (nonzero =
     value excluded) or of size 0; ``nq``: number of uniform levels.
     """
-    _histogram_search(x, seg, mask, _NO_COUNTS, lo, hi, nq, num_bins, ratio)
+    _ADAPTIVE.histogram_search(x, seg, mask, _NO_COUNTS, lo, hi, nq, num_bins, ratio)
 
 
 def histogram_ranges_from_counts(counts, lo, hi, nq, num_bins, ratio) -> None:
@@ -138,11 +147,18 @@ def histogram_ranges_from_counts(counts, lo, hi, nq, num_bins, ratio) -> None:
     ``min(max(int((float64(v) - lo[s]) * (H / (hi[s] - lo[s]))), 0), H - 1) == j``, ``H`` the
     row length (:func:`cell_counts_shape`). The same search, so the same ranges: the counts may
     come from elsewhere (a GPU, :mod:`ckptstore.device.quant`)."""
-    counts = np.ascontiguousarray(counts)
+    counts = np.ascontiguousarray(counts, dtype=np.int64)
     if counts.shape != cell_counts_shape(lo.size, num_bins):
         raise ValueError(f"counts of shape {counts.shape}, expected "
                          f"{cell_counts_shape(lo.size, num_bins)}")
-    _histogram_search(_NO_VALUES, 1, _NO_MASK, counts, lo, hi, nq, num_bins, ratio)
+    _ADAPTIVE.histogram_search(_NO_VALUES, 1, _NO_MASK, counts, lo, hi, nq, num_bins, ratio)
+
+
+def direct_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio) -> None:
+    """As :func:`histogram_ranges`, with the exact error of each candidate: ``O(row length)``
+    per candidate instead of ``O(levels)``, no histogram -- faster on rows shorter than about
+    twice the number of levels. The candidates (cell edges) and the greedy walk are the same."""
+    _ADAPTIVE.direct_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio)
 
 
 _NO_COUNTS = np.zeros((0, 0), np.int64)
@@ -150,7 +166,7 @@ _NO_VALUES = np.zeros(0, np.float64)
 _NO_MASK = np.zeros(0, np.uint8)
 
 
-@njit(cache=True, nogil=True, fastmath=True)
+@njit(cache=True, nogil=True)
 def _histogram_search(x, seg, mask, counts, lo, hi, nq, num_bins,
                       ratio):  # pragma: no cover - compiled
     """The search of :func:`histogram_ranges`: each segment's histogram is counted from ``x``,
@@ -266,13 +282,10 @@ def _histogram_search(x, seg, mask, counts, lo, hi, nq, num_bins,
             hi[s + 1] = lo1 + bb1 * (rg1 / H)
 
 
-@njit(cache=True, nogil=True, fastmath=True)
-def direct_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio):  # pragma: no cover - compiled
-    """As :func:`histogram_ranges`, with the exact error of each candidate: ``O(row length)``
-    per candidate instead of ``O(levels)``, no histogram -- faster on rows shorter than about
-    twice the number of levels. The candidates (cell edges) and the greedy walk are the same.
-
-    Two segments are searched side by side (each greedy step waits on the previous one).
+@njit(cache=True, nogil=True)
+def _direct_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio):  # pragma: no cover - compiled
+    """The search of :func:`direct_ranges`: two segments side by side (each greedy step waits
+    on the previous one).
     """
     n = x.size
     nseg = lo.size
@@ -353,7 +366,7 @@ def _cells(x, a0, b0, mask, lo0, rg0, H, u):  # pragma: no cover - compiled
     return m
 
 
-@njit(cache=True, nogil=True, fastmath=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _candidate_errors(u, m, A, B, qmax):  # pragma: no cover - compiled
     d = (B - A - HIST_PER_BIN) / qmax
     inv = 1.0 / d
@@ -371,7 +384,7 @@ def _candidate_errors(u, m, A, B, qmax):  # pragma: no cover - compiled
     return ex, ey
 
 
-@njit(cache=True, nogil=True, fastmath=True)
+@njit(cache=True, nogil=True)
 def _direct_error(u, m, a, d, qmax):  # pragma: no cover - compiled
     inv = 1.0 / d
     e = 0.0
@@ -382,7 +395,7 @@ def _direct_error(u, m, a, d, qmax):  # pragma: no cover - compiled
     return e
 
 
-@njit(cache=True, nogil=True, fastmath=True)
+@njit(cache=True, nogil=True)
 def _full_error(nq, C, S1, o, s2tot, H):  # pragma: no cover - compiled
     # error of the full range [0, H]
     d = H / (nq - 1)
@@ -394,3 +407,8 @@ def _full_error(nq, C, S1, o, s2tot, H):  # pragma: no cover - compiled
         t += S1[j]
         u += C[j] * (2.0 * v + d)
     return s2tot - 2.0 * (H * S1[o + H] - d * t) + (H * H * C[o + H] - d * u)
+
+
+#: the kernels this process runs (:mod:`ckptcodecs._backend`: the C twins ``adaptive_*`` of
+#: ``ckptcodecs._native`` by default, the same bytes; the numba ones above are the reference)
+_ADAPTIVE = kernels("adaptive", histogram_search=_histogram_search, direct_ranges=_direct_ranges)

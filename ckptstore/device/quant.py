@@ -254,7 +254,9 @@ def _adaptive_ranges(xs: torch.Tensor, vs: torch.Tensor, lo: torch.Tensor, hi: t
     nseg, seg = xs.shape
     rg = hi - lo
     ok = (rg > 0) & (rg != float("inf"))
-    f = torch.where(ok, cells / torch.where(ok, rg, 1.0), 0.0)  # = cells * (1/rg), as on the host
+    # cells / rg correctly rounded, as the host's search divides (torch computes a scalar / a
+    # tensor as a product with the tensor's reciprocal, which the old fastmath search matched)
+    f = torch.where(ok, torch.full_like(rg, cells) / torch.where(ok, rg, 1.0), 0.0)
     # the host's cell index: int((float64(v) - lo) * f) clipped to [0, cells - 1]
     cell = ((xs.double() - lo[:, None]) * f[:, None]).trunc_().clamp_(0, cells - 1).long()
     cell = torch.where(vs, cell, cells)  # masked values and padding: a spare cell

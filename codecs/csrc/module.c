@@ -86,6 +86,7 @@ static PyMethodDef *const families[] = {
     ck_quant_methods, ck_select_methods,
     ck_planes_methods,
     ck_floats_methods, ck_kmeans_methods,
+    ck_adaptive_methods,
 };
 
 PyMODINIT_FUNC PyInit__native(void)

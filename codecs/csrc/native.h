@@ -104,5 +104,6 @@ extern PyMethodDef ck_select_methods[];
 extern PyMethodDef ck_planes_methods[];
 extern PyMethodDef ck_floats_methods[];
 extern PyMethodDef ck_kmeans_methods[];
+extern PyMethodDef ck_adaptive_methods[];
 
 #endif

@@ -129,6 +129,7 @@ def _big_calls():
     stream = coded[:pk.huffman_encode(skewed, block, freq, coded)].copy()
     x = np.random.default_rng(0).standard_normal(1 << 22).astype(np.float32)
     book = np.sort(np.random.default_rng(1).standard_normal((64, 256)), axis=1)
+    alo, ahi = np.full(n // 4096, -1.0), np.full(n // 4096, 1.0)  # refined, never to width 0
     return {
         "bytegroup": lambda: _c("bytegroup").merge4(*planes, True, words, 1, n, n, 0, n),
         "split_rows": lambda: _c("bytegroup").split_rows(src, 4, True, out, 0, n),
@@ -146,6 +147,9 @@ def _big_calls():
                                                          np.zeros(0, np.uint8), 256, 0.3, 0,
                                                          book),
         "kmeans codes": lambda: _c("kmeans").nearest_codes(x, 1 << 16, book, out[:x.size]),
+        "adaptive": lambda: _c("adaptive").histogram_search(src.view(np.float32), 4096,
+                                                            src[:0], counts[:0], alo, ahi, 16,
+                                                            45, 1.0),
     }
 
 
@@ -185,6 +189,6 @@ def test_the_probe_sees_a_call_that_holds_the_gil():
 @pytest.mark.parametrize("kernel", ["bytegroup", "split_rows", "bitpack", "delta",
                                     "rle_huffman encode", "rle_huffman decode", "quant",
                                     "select", "planes encode", "planes decode", "floats",
-                                    "kmeans fit", "kmeans codes"])
+                                    "kmeans fit", "kmeans codes", "adaptive"])
 def test_kernels_release_the_gil(kernel):
     assert any(_progress_during(_big_calls()[kernel]))

@@ -84,9 +84,9 @@ def test_adaptive_ranges_equal_the_host_search(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_values_on_the_search_grid_fall_in_the_host_cells(dtype):
     """Rows whose values sit on the edges of the search's histogram cells: the device computes
-    the cell width as the host's search does (its fastmath code multiplies by the reciprocal of
-    the range; a correctly rounded division moves about a quarter of such rows' values across
-    an edge)."""
+    the cell width as the host's search does (a correctly rounded division of the cell count by
+    the range; a product with the range's reciprocal moves about a quarter of such rows' values
+    across an edge)."""
     from ckptcodecs.adaptive import HIST_PER_BIN, default_num_bins
 
     cells = default_num_bins(4) * HIST_PER_BIN

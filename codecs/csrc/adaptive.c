@@ -1,0 +1,335 @@
+/* The adaptive range search over a histogram (adaptive_histogram_search, the twin of
+   adaptive._histogram_search without fastmath: the same operations in the same order, float64
+   throughout, no contraction), the family's argument checks and its method table. The exact
+   search of short rows is in adaptive_direct.c. */
+#include <math.h>
+#include <stdlib.h>
+#include "adaptive.h"
+
+/* The greedy step count int(ratio * num_bins + 1e-9) - 1, checked: 0 where numba's kernel
+   returns at once, -1 with a ValueError past the histogram's end or for a NaN ratio. */
+static Py_ssize_t greedy_steps(double ratio, Py_ssize_t num_bins, int zero_width_ok,
+                               const char *name)
+{
+    double t = ratio * (double)num_bins + 1e-9;
+    if (ratio != ratio) {
+        PyErr_Format(PyExc_ValueError, "%s: a ratio of NaN", name);
+        return -1;
+    }
+    if (!(t >= 2.0))
+        return 0;
+    if (num_bins < 1 || num_bins > AD_MAX_CELLS / AD_HPB
+        || t >= (double)num_bins + (zero_width_ok ? 2.0 : 1.0)) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd bins and a ratio of %g (num_bins 1..%d, "
+                     "ratio at most 1)", name, num_bins, ratio, AD_MAX_CELLS / AD_HPB);
+        return -1;
+    }
+    return (Py_ssize_t)t - 1;
+}
+
+/* 1 when a view holds int64 items (format q or l, of 8 bytes: ck_buffer checked). */
+static int int64_format(const Py_buffer *v)
+{
+    const char *f = v->format ? v->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@')
+        f++;
+    return (f[0] == 'q' || f[0] == 'l') && f[1] == '\0';
+}
+
+/* 1 (after a ValueError) when an input shares memory with lo or hi, or lo with hi. */
+static int overlaps(ad_args *a, const char *name)
+{
+    Py_buffer *in[3] = {a->x, a->mask, a->counts};
+    for (int i = 0; i < 3; i++)
+        if (in[i] && (ck_overlap(in[i], a->lo, name) || ck_overlap(in[i], a->hi, name)))
+            return 1;
+    return ck_overlap(a->lo, a->hi, name);
+}
+
+int ad_parse(PyObject *args, int with_counts, int zero_width_ok, ad_args *a, const char *name)
+{
+    PyObject *x, *mask, *counts = NULL, *lo, *hi;
+    Py_ssize_t num_bins;
+    double ratio;
+    memset(a, 0, sizeof *a);
+    if (with_counts ? !PyArg_ParseTuple(args, "OnOOOOnnd", &x, &a->seg, &mask, &counts, &lo,
+                                        &hi, &a->nq, &num_bins, &ratio)
+                    : !PyArg_ParseTuple(args, "OnOOOnnd", &x, &a->seg, &mask, &lo, &hi, &a->nq,
+                                        &num_bins, &ratio))
+        return -1;
+    Py_buffer *v = a->v;
+    if (qk_float_buffer(x, &v[a->held++], 0, name) < 0
+        || ck_buffer(mask, &v[a->held++], 0, 1, name) < 0
+        || qk_float_buffer(lo, &v[a->held++], 1, name) < 0
+        || qk_float_buffer(hi, &v[a->held++], 1, name) < 0
+        || (counts && ck_buffer(counts, &v[a->held++], 0, 8, name) < 0)) {
+        ck_release(v, a->held - 1);
+        return -1;
+    }
+    a->x = &v[0], a->mask = &v[1], a->lo = &v[2], a->hi = &v[3];
+    a->counts = counts ? &v[4] : NULL;
+    a->n = ck_items(a->x);
+    a->nseg = ck_items(a->lo);
+    a->cells = num_bins * AD_HPB;
+    int bad = 1;
+    if (a->seg < 0)
+        PyErr_Format(PyExc_ValueError, "%s: a segment length of %zd", name, a->seg);
+    else if (ck_items(a->hi) != a->nseg)
+        PyErr_Format(PyExc_ValueError, "%s: %zd lows for %zd highs", name, a->nseg,
+                     ck_items(a->hi));
+    else if (a->counts && !int64_format(a->counts))
+        PyErr_Format(PyExc_ValueError, "%s: counts must be int64, not of format '%s'", name,
+                     a->counts->format ? a->counts->format : "B");
+    else if (!qk_bad_mask(a->mask, a->n, name) && !overlaps(a, name)
+             && (a->n_iter = greedy_steps(ratio, num_bins, zero_width_ok, name)) >= 0)
+        bad = 0;
+    if (!bad && a->n_iter > 0 && a->nq >= 2 && a->counts && a->counts->len > 0
+        && (ck_items(a->counts) % a->cells || ck_items(a->counts) / a->cells != a->nseg)) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd counts for %zd segments of %zd cells", name,
+                     ck_items(a->counts), a->nseg, a->cells);
+        bad = 1;
+    }
+    if (bad) {
+        ck_release(v, a->held);
+        return -1;
+    }
+    return a->nq >= 2 && a->n_iter >= 1;
+}
+
+void ad_done(ad_args *a) { ck_release(a->v, a->held); }
+
+/* Segment [a0, b0)'s histogram in cells from lo0: cnt[j] counts the values whose cell index
+   int((x - lo0) * f), clipped to [0, H - 1], is j; masked values go to the spare cell H.
+   numba's int() is x86-64's cvttsd2si, INT64_MIN (so cell 0) for NaN and values beyond the
+   int64 range: the clip is done in doubles first, then the cell truncated, in blocks that
+   vectorise; the counts go to 4 histograms `stride` apart (neighbouring values often share a
+   cell; stride 0: one), summed into cnt after (integers: exact). */
+#define BLOCK 1024
+#define COUNT_KERNEL(NAME, ATTR, T)                                                           \
+    ATTR static void NAME(const T *restrict x, Py_ssize_t m, const uint8_t *restrict mask,    \
+                          double lo0, double f, int64_t H, int64_t *restrict cnt4,            \
+                          int64_t stride)                                                     \
+    {                                                                                         \
+        int32_t idx[BLOCK];                                                                   \
+        const double top = (double)(H - 1);                                                   \
+        for (Py_ssize_t i0 = 0; i0 < m; i0 += BLOCK) {                                        \
+            int nb = (int)(m - i0 < BLOCK ? m - i0 : BLOCK);                                  \
+            for (int i = 0; i < nb; i++) {                                                    \
+                double y = ((double)x[i0 + i] - lo0) * f;                                     \
+                y = y >= 0.0 && y < 0x1p63 ? (y < top ? y : top) : 0.0;                      \
+                idx[i] = (int32_t)y;                                                          \
+            }                                                                                 \
+            if (mask)                                                                         \
+                for (int i = 0; i < nb; i++)                                                  \
+                    idx[i] = mask[i0 + i] ? (int32_t)H : idx[i];                              \
+            int i = 0;                                                                        \
+            for (; i + 4 <= nb; i += 4) {                                                     \
+                cnt4[idx[i]]++;                                                               \
+                cnt4[stride + idx[i + 1]]++;                                                  \
+                cnt4[2 * stride + idx[i + 2]]++;                                              \
+                cnt4[3 * stride + idx[i + 3]]++;                                              \
+            }                                                                                 \
+            for (; i < nb; i++)                                                               \
+                cnt4[idx[i]]++;                                                               \
+        }                                                                                     \
+    }
+
+COUNT_KERNEL(count_f32, , float)
+COUNT_KERNEL(count_f64, , double)
+COUNT_KERNEL(count_f32_avx2, QK_AVX2, float)
+COUNT_KERNEL(count_f64_avx2, QK_AVX2, double)
+
+/* Segment s's cell counts into cnt[0..H] (zero when its range rg is not searched); cnt has
+   4 * (H + 1) items. */
+static void count_cells(const ad_args *a, Py_ssize_t s, double lo0, double rg, int64_t *cnt)
+{
+    int64_t H = a->cells, W = H + 1;
+    int given = a->counts && a->counts->len, ok = rg > 0.0 && rg != INFINITY;
+    Py_ssize_t a0, b0;
+    qk_segment(s, a->seg, a->n, &a0, &b0);
+    int64_t stride = ok && !given && b0 - a0 >= 4 * W ? W : 0;  /* 4 histograms: long rows */
+    memset(cnt, 0, (size_t)(stride ? 4 * W : W) * sizeof *cnt);
+    if (!ok)
+        return;
+    if (given) {
+        memcpy(cnt, (const int64_t *)a->counts->buf + s * H, (size_t)H * sizeof *cnt);
+        return;
+    }
+    const uint8_t *mask = a->mask->len ? (const uint8_t *)a->mask->buf + a0 : NULL;
+    double f = (double)H / rg;
+    int avx2 = qk_avx2();
+    if (a->x->itemsize == 4)
+        (avx2 ? count_f32_avx2 : count_f32)((const float *)a->x->buf + a0, b0 - a0, mask, lo0,
+                                            f, H, cnt, stride);
+    else
+        (avx2 ? count_f64_avx2 : count_f64)((const double *)a->x->buf + a0, b0 - a0, mask,
+                                            lo0, f, H, cnt, stride);
+    for (int64_t j = 0; stride && j < W; j++)
+        cnt[j] += cnt[W + j] + cnt[2 * W + j] + cnt[3 * W + j];
+}
+
+/* Prefix sums of count and value (at cell centres) at C/S1[0..H]: integer sums (wrapping as
+   numba's int64 do), then converted; cnt is left alone. */
+static void prefix_sums(const int64_t *cnt, int64_t H, double *C, double *S1)
+{
+    uint64_t c = 0, s1 = 0;
+    C[0] = 0.0;
+    S1[0] = 0.0;
+    for (int64_t j = 0; j < H; j++) {
+        c += (uint64_t)cnt[j];
+        s1 += (uint64_t)cnt[j] * (uint64_t)(2 * j + 1);
+        C[j + 1] = (double)(int64_t)c;
+        S1[j + 1] = 0.5 * (double)(int64_t)s1;
+    }
+}
+
+/* The error of the full range [0, H] (adaptive._full_error with s2tot = 0). */
+static double full_error(Py_ssize_t nq, const double *C, const double *S1, int64_t H)
+{
+    double d = (double)H / (double)(nq - 1), t = 0.0, u = 0.0;
+    for (Py_ssize_t k = 0; k < nq - 1; k++) {
+        double v = (double)k * d;
+        int64_t j = ad_trunc(v + 0.5 * d + 0.5);
+        j = H < j ? H : j;
+        t += S1[j];
+        u += C[j] * (2.0 * v + d);
+    }
+    return 0.0 - 2.0 * ((double)H * S1[H] - d * t) + ((double)(H * H) * C[H] - d * u);
+}
+
+/* One segment's greedy walk over its prefix sums: its best [ba, bb] in cells. */
+typedef struct {
+    const double *C, *S1;
+    double A, B, best, ba, bb, CH, SH;
+} walk;
+
+static void walk_start(walk *w, const double *C, const double *S1, Py_ssize_t nq, int64_t H)
+{
+    w->C = C, w->S1 = S1;
+    w->A = 0.0, w->B = (double)H;
+    w->best = full_error(nq, C, S1, H);
+    w->ba = w->A, w->bb = w->B;
+    w->CH = C[H], w->SH = S1[H];
+}
+
+/* Both candidates' sums of two segments (w[0], w[1], their prefix sums at C/S1[0..W) and
+   [W..2W)) in one loop, [A + hpb, B] (x) and [A, B - hpb] (y), into r[t] = {tx, ux, ty, uy,
+   d}. Segment 1's thresholds are W + A + ... as numba's (the same roundings). A threshold
+   (>= 0.5) is clipped to its histogram before it is truncated (never needed: the last lies
+   below B - hpb + 1), so int64 truncation gives numba's uint64 one. */
+static inline void sums2(const walk *w, Py_ssize_t nq, double inv, const double *restrict C,
+                         const double *restrict S1, int64_t W, double r[2][5])
+{
+    const double hpb = AD_HPB;
+    const double jmax0 = (double)(W - 1 - AD_HPB), jmax1 = jmax0 + (double)W;
+    const double A0 = w[0].A, A1 = w[1].A;
+    const double d0 = (w[0].B - A0 - hpb) * inv, d1 = (w[1].B - A1 - hpb) * inv;
+    const double p0 = A0 + 0.5 * d0 + 0.5, p1 = (double)W + A1 + 0.5 * d1 + 0.5;
+    double tx0 = 0.0, ty0 = 0.0, ux0 = 0.0, uy0 = 0.0;
+    double tx1 = 0.0, ty1 = 0.0, ux1 = 0.0, uy1 = 0.0;
+    double kd = 0.0;  /* (double)k, exactly */
+    for (Py_ssize_t k = 0; k < nq - 1; k++, kd += 1.0) {
+        double v0 = A0 + kd * d0, v1 = A1 + kd * d1;
+        double t0 = p0 + kd * d0, t1 = p1 + kd * d1;
+        int64_t j0 = (int64_t)(t0 < jmax0 ? t0 : jmax0);
+        int64_t j1 = (int64_t)(t1 < jmax1 ? t1 : jmax1);
+        ty0 += S1[j0];
+        uy0 += C[j0] * (2.0 * v0 + d0);
+        tx0 += S1[j0 + AD_HPB];
+        ux0 += C[j0 + AD_HPB] * (2.0 * (v0 + hpb) + d0);
+        ty1 += S1[j1];
+        uy1 += C[j1] * (2.0 * v1 + d1);
+        tx1 += S1[j1 + AD_HPB];
+        ux1 += C[j1 + AD_HPB] * (2.0 * (v1 + hpb) + d1);
+    }
+    double out[2][5] = {{tx0, ux0, ty0, uy0, d0}, {tx1, ux1, ty1, uy1, d1}};
+    memcpy(r, out, sizeof out);
+}
+
+/* A greedy step: the better candidate, and the best range so far. */
+static inline void step(walk *w, double tx, double ux, double ty, double uy, double d)
+{
+    const double B = w->B, by = B - AD_HPB;
+    double ex = -2.0 * (B * w->SH - d * tx) + (B * B * w->CH - d * ux);
+    double ey = -2.0 * (by * w->SH - d * ty) + (by * by * w->CH - d * uy);
+    int tk = ex < ey;
+    double e = tk ? ex : ey;
+    w->A = tk ? w->A + AD_HPB : w->A;
+    w->B = tk ? B : by;
+    int bt = e < w->best;
+    w->best = bt ? e : w->best;
+    w->ba = bt ? w->A : w->ba;
+    w->bb = bt ? w->B : w->bb;
+}
+
+/* Segments s and s + 1 (when < nseg) searched side by side; lo/hi of a searched range set. */
+static void search_pair(ad_args *a, Py_ssize_t s, int64_t *cnt, double *C, double *S1)
+{
+    const int64_t H = a->cells, W = H + 1;
+    double lo0[2] = {0.0, 0.0}, rg[2] = {0.0, 0.0};
+    int ok[2] = {0, 0};
+    for (int t = 0; t < 2 && s + t < a->nseg; t++) {
+        lo0[t] = qk_get(a->lo, s + t);
+        rg[t] = qk_get(a->hi, s + t) - lo0[t];
+        ok[t] = rg[t] > 0.0 && rg[t] != INFINITY;
+    }
+    if (!(ok[0] || ok[1]))
+        return;
+    walk w[2];
+    for (int t = 0; t < 2; t++) {
+        count_cells(a, s + t, lo0[t], ok[t] ? rg[t] : 0.0, cnt);
+        prefix_sums(cnt, H, C + t * W, S1 + t * W);
+        walk_start(&w[t], C + t * W, S1 + t * W, a->nq, H);
+    }
+    const double inv = 1.0 / (double)(a->nq - 1);
+    double r[2][5];
+    for (Py_ssize_t i = 0; i < a->n_iter; i++) {
+        sums2(w, a->nq, inv, C, S1, W, r);
+        step(&w[0], r[0][0], r[0][1], r[0][2], r[0][3], r[0][4]);
+        step(&w[1], r[1][0], r[1][1], r[1][2], r[1][3], r[1][4]);
+    }
+    for (int t = 0; t < 2; t++)
+        if (ok[t]) {
+            qk_set(a->lo, s + t, lo0[t] + w[t].ba * (rg[t] / (double)H));
+            qk_set(a->hi, s + t, lo0[t] + w[t].bb * (rg[t] / (double)H));
+        }
+}
+
+/* histogram_search(x, seg, mask, counts, lo, hi, nq, num_bins, ratio): each segment's range
+   refined in place, its histogram counted from x or taken from counts (when it has rows). */
+static PyObject *ck_adaptive_histogram_search(PyObject *self, PyObject *args)
+{
+    const char *name = "histogram_search";
+    ad_args a;
+    int run = ad_parse(args, 1, 1, &a, name);
+    if (run <= 0) {
+        if (run == 0)
+            ad_done(&a);
+        return run < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    const int64_t H = a.cells, W = H + 1;
+    int64_t *cnt = malloc((size_t)(4 * W) * sizeof *cnt);
+    double *C = malloc((size_t)(2 * W) * sizeof *C), *S1 = malloc((size_t)(2 * W) * sizeof *S1);
+    if (cnt && C && S1) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t s = 0; s < a.nseg; s += 2)
+            search_pair(&a, s, cnt, C, S1);
+        Py_END_ALLOW_THREADS
+    }
+    int ok = cnt && C && S1;
+    free(cnt);
+    free(C);
+    free(S1);
+    ad_done(&a);
+    return ok ? Py_NewRef(Py_None) : PyErr_NoMemory();
+}
+
+PyMethodDef ck_adaptive_methods[] = {
+    {"adaptive_histogram_search", ck_adaptive_histogram_search, METH_VARARGS,
+     "histogram_search(x, seg, mask, counts, lo, hi, nq, num_bins, ratio): the greedy range "
+     "search over each segment's histogram (from x, or counts when it has rows)."},
+    {"adaptive_direct_ranges", ck_adaptive_direct_ranges, METH_VARARGS,
+     "direct_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio): the greedy range search with "
+     "each candidate's exact error (short segments)."},
+    {NULL, NULL, 0, NULL},
+};

@@ -1,0 +1,192 @@
+/* The adaptive range search of short segments with each candidate's exact error
+   (adaptive_direct_ranges, the twin of adaptive._direct_ranges without fastmath: the same
+   operations in the same order, float64 throughout, no contraction). */
+#include <math.h>
+#include <stdlib.h>
+#include "adaptive.h"
+
+/* Segments are searched LANES at a time, one in each lane of the loops below (independent
+   chains: each segment's sums keep numba's order, a lane past a segment's end adds 0.0, which
+   leaves a sum of squares unchanged); the lane loops vectorise. */
+#define LANES 8
+
+/* GCC keeps branches in these loops while floating-point operations may trap (its default):
+   -fno-trapping-math for these functions lets them vectorise; it changes no value. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define NO_TRAPS __attribute__((optimize("no-trapping-math")))
+#else
+#define NO_TRAPS
+#endif
+
+/* floor(x) in plain double arithmetic that vectorises (floor is a library call on baseline
+   x86-64): (x + 2**52) - 2**52 rounds |x| < 2**52 to an integer (C without -ffast-math keeps
+   both steps), one less where that rounded up; x itself where |x| >= 2**52, NaN or a zero. */
+NO_TRAPS static inline __attribute__((always_inline)) double floor_exact(double x)
+{
+    double m = copysign(0x1p52, x), r = (x + m) - m;
+    r = r > x ? r - 1.0 : r;
+    return fabs(x) < 0x1p52 && x != 0.0 ? r : x;
+}
+
+/* ad_max and ad_min, inlined into these functions (of other optimisation options). */
+NO_TRAPS static inline __attribute__((always_inline)) double max_(double a, double b)
+{
+    return b > a ? b : a;
+}
+NO_TRAPS static inline __attribute__((always_inline)) double min_(double a, double b)
+{
+    return b < a ? b : a;
+}
+
+/* The unmasked values of segment s in cells from lo0, exactly, into lane `lane` of u (LANES
+   values a row); their count, or -1 where the range rg0 is not searched. */
+static Py_ssize_t cells(const ad_args *a, Py_ssize_t s, double lo0, double rg0, double *u,
+                        int lane)
+{
+    if (!(rg0 > 0.0 && rg0 != INFINITY))
+        return -1;
+    Py_ssize_t a0, b0, m = 0;
+    qk_segment(s, a->seg, a->n, &a0, &b0);
+    const uint8_t *mask = a->mask->len ? (const uint8_t *)a->mask->buf : NULL;
+    double f = (double)a->cells / rg0;
+    for (Py_ssize_t i = a0; i < b0; i++)
+        if (!(mask && mask[i]))
+            u[m++ * LANES + lane] = (qk_get(a->x, i) - lo0) * f;
+    return m;
+}
+
+/* Each lane's errors of the levels a + c * d (c = 0..qmax, d = (B - a - off) / qmax; off = H
+   with B = H, a = 0 for the full range) over its values u[i * LANES + l], i < m[l] -- the
+   candidates [A + hpb, B] (a = A + hpb, off = hpb) and [A, B - hpb] (a = A, off = hpb) of a
+   greedy step at once. */
+#define LANE_ERRORS(NAME, ATTR, FLOOR)                                                        \
+    NO_TRAPS ATTR static void NAME(const double *restrict u, Py_ssize_t mmin, Py_ssize_t mmax, \
+                                   const double *restrict m, const double *A,                 \
+                                   const double *B, double qmax, int full, double *ex,        \
+                                   double *ey)                                                \
+    {                                                                                         \
+        double d[LANES], inv[LANES], ax[LANES], sx[LANES], sy[LANES];                         \
+        for (int l = 0; l < LANES; l++) {                                                     \
+            d[l] = full ? B[l] / qmax : (B[l] - A[l] - AD_HPB) / qmax;                        \
+            inv[l] = 1.0 / d[l];                                                              \
+            ax[l] = full ? A[l] : A[l] + AD_HPB;                                              \
+            sx[l] = sy[l] = 0.0;                                                              \
+        }                                                                                     \
+        for (Py_ssize_t i = 0; i < mmin; i++)                                                 \
+            for (int l = 0; l < LANES; l++) {                                                 \
+                double v = u[i * LANES + l];                                                  \
+                double cx = min_(max_(FLOOR((v - ax[l]) * inv[l] + 0.5), 0.0), qmax);         \
+                double cy = min_(max_(FLOOR((v - A[l]) * inv[l] + 0.5), 0.0), qmax);          \
+                double rx = v - ax[l] - cx * d[l], ry = v - A[l] - cy * d[l];                 \
+                sx[l] += rx * rx;                                                             \
+                sy[l] += ry * ry;                                                             \
+            }                                                                                 \
+        for (Py_ssize_t i = mmin; i < mmax; i++)                                              \
+            for (int l = 0; l < LANES; l++) {                                                 \
+                double v = u[i * LANES + l];                                                  \
+                double cx = min_(max_(FLOOR((v - ax[l]) * inv[l] + 0.5), 0.0), qmax);         \
+                double cy = min_(max_(FLOOR((v - A[l]) * inv[l] + 0.5), 0.0), qmax);          \
+                double rx = v - ax[l] - cx * d[l], ry = v - A[l] - cy * d[l];                 \
+                int in = (double)i < m[l];                                                    \
+                sx[l] += in ? rx * rx : 0.0;                                                  \
+                sy[l] += in ? ry * ry : 0.0;                                                  \
+            }                                                                                 \
+        memcpy(ex, sx, sizeof sx);                                                            \
+        memcpy(ey, sy, sizeof sy);                                                            \
+    }
+LANE_ERRORS(errors_plain, , floor_exact)
+LANE_ERRORS(errors_avx2, QK_AVX2, floor)  /* AVX2 implies SSE4.1's vroundpd: floor inline */
+
+typedef void errors_fn(const double *, Py_ssize_t, Py_ssize_t, const double *,
+                       const double *, const double *, double, int, double *, double *);
+
+/* The greedy walks of LANES segments over u: each lane's best [ba, bb] in cells. */
+static void walk(const double *u, Py_ssize_t mmin, Py_ssize_t mmax, const double *m,
+                 const ad_args *a, errors_fn *errors, double *ba, double *bb)
+{
+    const double qmax = (double)a->nq - 1.0, H = (double)a->cells;
+    double A[LANES], B[LANES], best[LANES], ex[LANES], ey[LANES];
+    for (int l = 0; l < LANES; l++)
+        A[l] = 0.0, B[l] = H;
+    errors(u, mmin, mmax, m, A, B, qmax, 1, best, ey);
+    memcpy(ba, A, sizeof A);
+    memcpy(bb, B, sizeof B);
+    for (Py_ssize_t i = 0; i < a->n_iter; i++) {
+        errors(u, mmin, mmax, m, A, B, qmax, 0, ex, ey);
+        for (int l = 0; l < LANES; l++) {
+            int tk = ex[l] < ey[l];
+            double e = tk ? ex[l] : ey[l];
+            A[l] = tk ? A[l] + AD_HPB : A[l];
+            B[l] = tk ? B[l] : B[l] - AD_HPB;
+            int bt = e < best[l];
+            best[l] = bt ? e : best[l];
+            ba[l] = bt ? A[l] : ba[l];
+            bb[l] = bt ? B[l] : bb[l];
+        }
+    }
+}
+
+/* Segments s .. s + LANES - 1 (those < nseg): lo/hi of a searched range set. */
+static void search_lanes(ad_args *a, Py_ssize_t s, Py_ssize_t len, double *u,
+                         errors_fn *errors)
+{
+    double lo0[LANES], rg0[LANES], m[LANES], ba[LANES], bb[LANES];
+    Py_ssize_t mmin = len, mmax = 0;
+    int any = 0;
+    memset(u, 0, (size_t)len * LANES * sizeof *u);
+    for (int l = 0; l < LANES; l++) {
+        Py_ssize_t k = -1;
+        lo0[l] = rg0[l] = 0.0;
+        if (s + l < a->nseg) {
+            lo0[l] = qk_get(a->lo, s + l);
+            rg0[l] = qk_get(a->hi, s + l) - lo0[l];
+            k = cells(a, s + l, lo0[l], rg0[l], u, l);
+        }
+        any |= k >= 0;
+        m[l] = k > 0 ? (double)k : 0.0;
+        mmax = k > mmax ? k : mmax;
+        mmin = (Py_ssize_t)m[l] < mmin ? (Py_ssize_t)m[l] : mmin;
+        rg0[l] = k >= 0 ? rg0[l] : 0.0;  /* 0: not searched */
+    }
+    if (!any)
+        return;
+    walk(u, mmin, mmax, m, a, errors, ba, bb);
+    const double H = (double)a->cells;
+    for (int l = 0; l < LANES; l++)
+        if (rg0[l] != 0.0) {
+            qk_set(a->lo, s + l, lo0[l] + ba[l] * (rg0[l] / H));
+            qk_set(a->hi, s + l, lo0[l] + bb[l] * (rg0[l] / H));
+        }
+}
+
+static void search(ad_args *a, double *u, Py_ssize_t len)
+{
+    errors_fn *errors = qk_avx2() ? errors_avx2 : errors_plain;
+    for (Py_ssize_t s = 0; s < a->nseg; s += LANES)
+        search_lanes(a, s, len, u, errors);
+}
+
+/* direct_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio): each segment's range refined in
+   place by the exact search. */
+PyObject *ck_adaptive_direct_ranges(PyObject *self, PyObject *args)
+{
+    ad_args a;
+    int run = ad_parse(args, 0, 0, &a, "direct_ranges");
+    if (run <= 0) {
+        if (run == 0)
+            ad_done(&a);
+        return run < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    Py_ssize_t len = a.seg < a.n ? a.seg : a.n;
+    len = len > 1 ? len : 1;
+    double *u = malloc((size_t)len * LANES * sizeof *u);
+    int ok = u != NULL;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        search(&a, u, len);
+        Py_END_ALLOW_THREADS
+    }
+    ad_done(&a);
+    free(u);
+    return ok ? Py_NewRef(Py_None) : PyErr_NoMemory();
+}

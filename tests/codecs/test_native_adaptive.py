@@ -1,0 +1,196 @@
+"""The adaptive range search's compiled kernels against their numba twins (issue 28).
+
+``adaptive_histogram_search`` and ``adaptive_direct_ranges`` (``ckptcodecs.adaptive``) run on
+the same segments as the numba reference -- float32 and float64 rows of 1..200 values with NaN,
++-inf, -0.0, huge values and subnormals, constant rows, masks empty, all set or random, 2..256
+levels, 1..60 bins and ratios up to 1, histograms counted or given (counts near the int64
+limits) -- and refine ``lo``/``hi`` to the same bits. The numba reference is compiled without
+``fastmath`` (plain IEEE in source order), so these bits do not depend on the CPU. Arguments
+that do not fit raise ValueError, never a read or a write out of bounds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ckptcodecs import _backend, adaptive, quantize
+
+pytestmark = pytest.mark.skipif(_backend.native() is None,
+                                reason="ckptcodecs' compiled kernels are not built")
+
+SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, 5e-324, 1e-310, 3.4e38, 1e300, -1.0]
+KERNELS = ("histogram_search", "direct_ranges")
+NO_MASK = np.zeros(0, np.uint8)
+
+
+def _twins():
+    return (_backend.implementation("adaptive", "c"),
+            _backend.implementation("adaptive", "numba"))
+
+
+def _rows(seed: int, seg: int, nseg: int, dtype, kind: str) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    n = seg * nseg
+    x = rng.standard_normal(n) * 10.0 ** rng.integers(-30, 30)
+    if kind == "specials" and n:
+        at = rng.integers(0, n, max(1, n // 5))
+        x[at] = rng.choice(SPECIALS, at.size)
+    elif kind == "constant":
+        x[:] = rng.standard_normal()
+    elif kind == "ties":
+        x = rng.choice([-2.0, 0.5, -0.5, 3.0], n)
+    elif kind == "subnormal":
+        x = x * 1e-310
+    with np.errstate(over="ignore"):
+        return x.astype(dtype)
+
+
+def _mask(seed: int, n: int, kind: str) -> np.ndarray:
+    rng = np.random.default_rng(seed + 1)
+    return {"none": NO_MASK, "all": np.ones(n, np.uint8), "clear": np.zeros(n, np.uint8),
+            "some": (rng.random(n) < 0.3).astype(np.uint8)}[kind]
+
+
+def _ranges(x, seg, mask, nseg, fixed: bool):
+    """Each segment's min/max of its unmasked values as quantize finds them (float64), or a
+    fixed finite range that the values may leave (then inf/NaN/huge ones are cell 0/H-1)."""
+    if fixed:
+        return np.full(nseg, -1.0), np.full(nseg, 1.5)
+    lo, hi = np.empty(nseg, x.dtype), np.empty(nseg, x.dtype)
+    _backend.implementation("quant", "numba").seg_minmax(x, seg, mask, lo, hi)
+    return lo.astype(np.float64), hi.astype(np.float64)
+
+
+def _run(k, name, x, seg, mask, lo, hi, nq, num_bins, ratio, counts=adaptive._NO_COUNTS):
+    lo, hi = lo.copy(), hi.copy()
+    if name == "histogram_search":
+        k.histogram_search(x, seg, mask, counts, lo, hi, nq, num_bins, ratio)
+    else:
+        k.direct_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio)
+    return lo.tobytes() + hi.tobytes()
+
+
+@settings(max_examples=150, deadline=None)
+@given(seg=st.integers(1, 200), nseg=st.integers(0, 9), dtype=st.sampled_from([np.float32,
+                                                                                np.float64]),
+       kind=st.sampled_from(["normal", "specials", "constant", "ties", "subnormal"]),
+       mask_kind=st.sampled_from(["none", "all", "clear", "some"]), fixed=st.booleans(),
+       nq=st.one_of(st.integers(2, 17), st.integers(2, 256)),
+       num_bins=st.one_of(st.integers(1, 4), st.integers(1, 60), st.just(45)),
+       ratio=st.sampled_from([1.0, 0.9, 0.5, 0.05, 0.0]), seed=st.integers(0, 2**32 - 1))
+def test_searches(seg, nseg, dtype, kind, mask_kind, fixed, nq, num_bins, ratio, seed):
+    """Both searches, on each CPU path (the lane loops are compiled plain and for AVX2)."""
+    x = _rows(seed, seg, nseg, dtype, kind)
+    mask = _mask(seed, x.size, mask_kind)
+    lo, hi = _ranges(x, seg, mask, nseg, fixed)
+    c, numba = _twins()
+    before = _backend.native().simd()
+    try:
+        for name in KERNELS:
+            want = _run(numba, name, x, seg, mask, lo, hi, nq, num_bins, ratio)
+            for path in _backend.native().simd_paths():
+                _backend.use_simd(path)
+                got = _run(c, name, x, seg, mask, lo, hi, nq, num_bins, ratio)
+                assert got == want, (name, path)
+    finally:
+        _backend.use_simd(before)
+
+
+@settings(max_examples=60, deadline=None)
+@given(nseg=st.integers(0, 9), num_bins=st.integers(1, 60), nq=st.integers(2, 256),
+       kind=st.sampled_from(["small", "sparse", "huge"]),
+       dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**32 - 1))
+def test_search_from_given_counts(nseg, num_bins, nq, kind, dtype, seed):
+    """Counts as a GPU gives them (ckptstore.device.quant), ranges of either float width."""
+    rng = np.random.default_rng(seed)
+    cells = adaptive.cell_counts_shape(nseg, num_bins)
+    counts = {"small": lambda: rng.integers(0, 50, cells),
+              "sparse": lambda: rng.integers(0, 2, cells) * rng.integers(0, 1 << 20, cells),
+              "huge": lambda: rng.integers(-(1 << 62), 1 << 62, cells)}[kind]().astype(np.int64)
+    lo = rng.standard_normal(nseg)
+    hi = lo + rng.random(nseg) * rng.choice([0.0, 1e-300, 1.0, np.inf], nseg)
+    lo, hi = lo.astype(dtype), hi.astype(dtype)
+    c, numba = _twins()
+    args = (adaptive._NO_VALUES, 1, adaptive._NO_MASK, lo, hi, nq, num_bins, 1.0, counts)
+    assert _run(c, "histogram_search", *args) == _run(numba, "histogram_search", *args)
+
+
+@pytest.mark.parametrize("seg, nseg", [(70001, 2), (1 << 16, 1), (4096, 33)])
+def test_long_segments(seg, nseg):
+    """Segments past 64 KiB, an odd number of them (the last searched alone)."""
+    x = _rows(7, seg, nseg, np.float32, "specials")
+    mask = _mask(7, x.size, "some")
+    lo, hi = _ranges(x, seg, mask, nseg, False)
+    c, numba = _twins()
+    for name in KERNELS:
+        args = (x, seg, mask, lo, hi, 16, 45, 1.0)
+        assert _run(c, name, *args) == _run(numba, name, *args), name
+
+
+@pytest.mark.parametrize("shape", [(64, 96), (40, 17)])
+def test_quantize_the_same_under_either_kernels(monkeypatch, shape):
+    """quantize's adaptive method (histogram rows of 96, direct rows of 17): the same codes
+    and parameters whichever twin searches."""
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    got = []
+    for k in _twins():
+        monkeypatch.setattr(adaptive, "_ADAPTIVE", k)
+        codes, p = quantize(x, "adaptive-asymmetric", 4)
+        got.append((codes.tobytes(), p.zero.tobytes(), p.scale.tobytes()))
+    assert got[0] == got[1]
+
+
+def _f64(n: int) -> np.ndarray:
+    return np.zeros(n, np.float64)
+
+
+def _hostile():
+    x, lo, hi, counts = _f64(100), _f64(10), _f64(10), np.zeros((10, 180), np.int64)
+    both = {"negative seg": (x, -1, NO_MASK, lo, hi, 16, 45, 1.0),
+            "lo and hi sizes": (x, 10, NO_MASK, lo, _f64(9), 16, 45, 1.0),
+            "short mask": (x, 10, np.zeros(99, np.uint8), lo, hi, 16, 45, 1.0),
+            "int x": (np.zeros(100, np.int64), 10, NO_MASK, lo, hi, 16, 45, 1.0),
+            "float16 lo": (x, 10, NO_MASK, np.zeros(10, np.float16), hi, 16, 45, 1.0),
+            "read-only hi": (x, 10, NO_MASK, lo, np.zeros(10).view(), 16, 45, 1.0),
+            "lo is hi": (x, 10, NO_MASK, lo, lo, 16, 45, 1.0),
+            "x overlaps lo": (x, 10, NO_MASK, x[90:], hi, 16, 45, 1.0),
+            "NaN ratio": (x, 10, NO_MASK, lo, hi, 16, 45, float("nan")),
+            "ratio past the range": (x, 10, NO_MASK, lo, hi, 16, 45, 1.2),
+            "too many bins": (x, 10, NO_MASK, lo, hi, 16, 1 << 30, 1.0),
+            "non-contiguous x": (_f64(200)[::2], 10, NO_MASK, lo, hi, 16, 45, 1.0)}
+    both["read-only hi"][4].flags.writeable = False
+    cases = {(f"{n}: {name}"): (n, a) for n in KERNELS for name, a in both.items()}
+    counted = {"counts of another size": np.zeros((10, 179), np.int64),
+               "float64 counts": np.zeros((10, 180)), "int32 counts": np.zeros((10, 180),
+                                                                              np.int32),
+               "counts overlap hi": hi.view(np.int64)}
+    for name, cnt in counted.items():
+        cases[f"histogram_search: {name}"] = ("histogram_search",
+                                              (x, 10, NO_MASK, cnt, lo, hi, 16, 45, 1.0))
+    return {k: (n, a if n == "direct_ranges" or len(a) == 9 else a[:3] + (counts,) + a[3:])
+            for k, (n, a) in cases.items()}
+
+
+HOSTILE = _hostile()
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_arguments_raise_value_error(case):
+    name, args = HOSTILE[case]
+    with pytest.raises(ValueError):
+        getattr(_twins()[0], name)(*args)
+
+
+def test_a_ratio_of_one_bin_past_the_range_stays_in_the_histogram():
+    """The histogram search accepts num_bins greedy steps (the last of width zero) as numba's
+    does; the direct one refuses them (numba's divides by zero there)."""
+    x = np.random.default_rng(5).standard_normal(400)
+    lo, hi = _ranges(x, 100, NO_MASK, 4, False)
+    c, numba = _twins()
+    args = (x, 100, NO_MASK, lo, hi, 16, 10, 1.15)
+    assert _run(c, "histogram_search", *args) == _run(numba, "histogram_search", *args)
+    with pytest.raises(ValueError):
+        c.direct_ranges(*args)
