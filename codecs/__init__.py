@@ -1,6 +1,7 @@
 """ckptcodecs: compression codecs for checkpoints (installed from the ``codecs/`` folder).
 
-Depends on numpy, numcodecs, numba and zarr only -- never on ``ckptstore``.
+Depends on numpy, numcodecs and zarr only -- never on ``ckptstore`` -- plus its compiled kernels
+(``ckptcodecs._native``); numba, optional, runs their reference twins.
 
 - :class:`Quantize` (``ckpt.quantize``): lossy float -> packed 1..8-bit codes; functional core
   :func:`quantize` / :func:`dequantize` with :class:`QuantParams`.

@@ -29,7 +29,8 @@ from __future__ import annotations
 import numpy as np
 from ._jit import njit
 
-__all__ = ["ERR_CODE", "ERR_TRUNCATED", "HUFFMAN", "MAX_LEN", "PAIRS_MAX", "RAW", "ZSTD",
+__all__ = ["ERR_CODE", "ERR_TRUNCATED", "HUFFMAN", "MAX_LEN", "PAIRS_MAX", "RAW", "REFERENCE",
+           "ZSTD",
            "choose_methods", "huffman_bound", "huffman_encode",
            "huffman_encode_lengths", "huffman_lengths", "huffman_size", "pack_planes",
            "plane_stats"]
@@ -367,3 +368,12 @@ def pack_planes(out, base, n, itemsize, block, methods, zbuf, zoff):  # pragma: 
         methods[p] = method
         pos = at + size
     return pos
+
+
+#: the encoder side's numba kernels by the names of the family "planes" (ckptcodecs._backend),
+#: the reference of their C twins
+REFERENCE = dict(plane_stats=plane_stats, code_lengths=_code_lengths,
+                 huffman_lengths=huffman_lengths, huffman_size=huffman_size,
+                 huffman_bound=huffman_bound, huffman_encode_lengths=huffman_encode_lengths,
+                 huffman_encode=huffman_encode, choose_methods=choose_methods,
+                 pack_planes=pack_planes)

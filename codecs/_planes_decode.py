@@ -11,8 +11,7 @@ import threading
 import numpy as np
 from numcodecs import Zstd
 
-from . import _pkernels as _PK
-from ._pkernels import ERR_CODE, _PLANE as _KERNEL_PLANE
+from ._pkernels import ERR_CODE, REFERENCE, _PLANE as _KERNEL_PLANE
 from ._backend import kernels
 from ._buffers import check_int, out_array, payload
 from ._bytegroup import merge2, merge4, merge8
@@ -31,12 +30,7 @@ assert _PLANE.size == _KERNEL_PLANE
 _ITEMSIZES = (1, 2, 4, 8)
 #: BytePlanes' Huffman coder and plane layout (encoder's kernels too: planes.py calls them from
 #: here): the C twins of the numba kernels (or those, under CKPTCODECS_KERNELS=numba)
-_K = kernels("planes", huffman_decode=huffman_decode, plane_stats=_PK.plane_stats,
-             code_lengths=_PK._code_lengths, huffman_lengths=_PK.huffman_lengths,
-             huffman_size=_PK.huffman_size, huffman_bound=_PK.huffman_bound,
-             huffman_encode_lengths=_PK.huffman_encode_lengths,
-             huffman_encode=_PK.huffman_encode, choose_methods=_PK.choose_methods,
-             pack_planes=_PK.pack_planes)
+_K = kernels("planes", huffman_decode=huffman_decode, **REFERENCE)
 _ZSTD = Zstd(level=1)
 #: zstd expands at most ~32768x (an RLE block of 128 KiB in 4 bytes)
 _ZSTD_MAX_RATIO = 1 << 15

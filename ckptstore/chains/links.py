@@ -16,7 +16,7 @@ from ..chunkcodec import ChunkCodec
 from ..format.grid import ChunkGrid
 from ..history.manifest import Kind
 
-if TYPE_CHECKING:  # ckptcodecs (and numba) load on first use, not with ckptstore
+if TYPE_CHECKING:  # ckptcodecs loads on first use, not with ckptstore
     import torch
     from ckptcodecs import QuantParams
 

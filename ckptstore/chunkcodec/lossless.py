@@ -139,7 +139,7 @@ class PlanesLossless(ChunkCodec):
         ]
 
     def encode(self, chunk: np.ndarray) -> Encoded:
-        from ckptcodecs import planes_encode  # numba: loaded on first use
+        from ckptcodecs import planes_encode  # ckptcodecs: loaded on first use
 
         return add_crc(memoryview(planes_encode(
             np.ascontiguousarray(chunk).reshape(-1).view(np.uint8),

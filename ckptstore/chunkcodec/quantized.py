@@ -2,7 +2,7 @@
 registered ``ckpt.*`` codecs) and code deltas against a base version (``"qdelta"``, ckptstore
 only). The formats are ckptcodecs'; here they gain the crc32c and errors naming the chunk.
 
-ckptcodecs (numba) is imported on first use, not with ckptstore.
+ckptcodecs is imported on first use, not with ckptstore.
 """
 
 from __future__ import annotations
