@@ -30,7 +30,7 @@ from .priority import DEFAULT_PRIORITY, check_priority
 from .progress import bar
 from .history.repository import Repository
 from .storage import Storage
-from .tiers import Tiers, Upload
+from .tiers import MirroredRefs, Tiers, Upload
 from .tracking.rows import RowTracker
 from .maintenance.usage import UsageReport, disk_usage
 from .maintenance.verify import verify
@@ -51,7 +51,8 @@ class Store:
         self.tiers = tiers  # open(url, local=...): the local tier, the journal, the uploads
         self.repo = Repository(storage, io_workers)
         self.storage = storage
-        self.refs = self.repo.refs
+        # a tiered store replays branch and tag changes on its remote, in upload order
+        self.refs = self.repo.refs if tiers is None else MirroredRefs(storage, tiers)
         self.options = options or EncodingOptions()
         self.policy = policy or Policy()
         self._committer = Committer(self.repo, self.options, staging_budget,

@@ -74,7 +74,8 @@ def run_status(ctx: Context) -> int:
     if not pending:
         ctx.print(f"everything is uploaded to {url}")
         return 0
-    rows = [[u.commit[:12], u.branch, u.state, human_size(u.bytes),
+    rows = [[u.commit[:12], u.branch if u.op == "commit" else f"{u.op} {u.branch}", u.state,
+             human_size(u.bytes),
              "-" if remote is None else human_size(u.sent), u.error or ""] for u in pending]
     ctx.print(table(["COMMIT", "BRANCH", "STATE", "SIZE", "UPLOADED", "ERROR"], rows,
                     right=("SIZE", "UPLOADED")))

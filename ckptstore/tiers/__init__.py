@@ -4,7 +4,8 @@
 complete store of the same format: commits land on the local one (durable when they return),
 an upload journal on it (:mod:`.journal`) lists the commits not yet on the remote, and one
 thread (:mod:`.uploader`) copies them key for key (:mod:`.copy`: chunks, then manifest, then
-ref, then tags), in commit order. Reads go local first (:mod:`.storage`); each tier has its
+ref, then tags), in commit order; branch and tag changes are replayed there in the same order
+(:mod:`.refops`). Reads go local first (:mod:`.storage`); each tier has its
 retention rule and gc, and neither deletes what a commit not uploaded yet needs
 (:mod:`.retention`, applied by :mod:`.tiered`). See docs/tiers.md.
 
@@ -13,9 +14,10 @@ May import: commit, maintenance, policy, history, format, storage and the top-le
 """
 
 from .journal import Journal, Record
+from .refops import MirroredRefs
 from .storage import TieredStorage
 from .tiered import Tiers, UploadBudgetWarning, UploadWarning, pending_uploads
 from .uploader import Upload, Uploader
 
-__all__ = ["Journal", "Record", "TieredStorage", "Tiers", "Upload", "UploadBudgetWarning",
+__all__ = ["Journal", "MirroredRefs", "Record", "TieredStorage", "Tiers", "Upload", "UploadBudgetWarning",
            "UploadWarning", "Uploader", "pending_uploads"]

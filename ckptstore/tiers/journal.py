@@ -6,7 +6,11 @@ It lives on the local tier, beside the store it describes (never uploaded)::
     <local>/.uploads/queue/<seq>       one msgpack record per commit to upload, put-if-absent:
                                        {"v": 1, "commit": id, "branch": name, "bytes": n,
                                         "queued": unix time}; <seq> is 12 zero-padded digits,
-                                       the upload order
+                                       the upload order. A branch or tag change to replay on
+                                       the remote in that order is a version-2 record with
+                                       "op": "branch" | "reset" | "delete-branch" |
+                                       "delete-tag" ("branch" holds the branch or tag name,
+                                       "commit" its commit, "bytes" 0)
     <local>/.uploads/failed/<seq>      JSON {"error": message, "time": unix time}: the last
                                        failed attempt at that record (gone once it uploads)
 
@@ -31,7 +35,7 @@ import msgpack
 from ..errors import ManifestError
 from ..storage import Storage
 
-__all__ = ["JOURNAL", "Journal", "Record", "public_options"]
+__all__ = ["JOURNAL", "OPS", "Journal", "Record", "public_options"]
 
 JOURNAL = ".uploads"
 _QUEUE = f"{JOURNAL}/queue"
@@ -39,19 +43,26 @@ _FAILED = f"{JOURNAL}/failed"
 _REMOTE = f"{JOURNAL}/remote.json"
 _SEQ_WIDTH = 12
 _VERSION = 1
+_OP_VERSION = 2
+#: what a record replays on the remote: a commit (its data, manifest, ref and tags), or a
+#: branch or tag change made on the local tier
+OPS = ("commit", "branch", "reset", "delete-branch", "delete-tag")
 _SECRET_WORDS = ("key", "secret", "token", "password", "credential", "session")
 
 
 @dataclass(frozen=True)
 class Record:
     """One commit waiting for upload: ``seq`` (its place in the order), ``commit``, the
-    ``branch`` whose remote ref it moves, its local ``bytes`` and when it was ``queued``."""
+    ``branch`` whose remote ref it moves, its local ``bytes`` and when it was ``queued``; or,
+    with another ``op`` (:data:`OPS`), a change of branch or tag ``branch`` to ``commit`` to
+    replay on the remote."""
 
     seq: int
     commit: str
     branch: str
     bytes: int
     queued: float
+    op: str = "commit"
 
 
 def public_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -96,15 +107,20 @@ class Journal:
         return sorted(int(n) for n in self.local.listdir(folder)
                       if len(n) == _SEQ_WIDTH and n.isascii() and n.isdigit())
 
-    def add(self, commit: str, branch: str, nbytes: int) -> Record:
-        """Queue ``commit`` (durable before this returns) after every record there is."""
+    def add(self, commit: str, branch: str, nbytes: int, op: str = "commit") -> Record:
+        """Queue ``commit`` (durable before this returns) after every record there is; ``op``
+        other than "commit": a change of branch or tag ``branch`` to replay there."""
+        if op not in OPS:
+            raise ValueError(f"op must be one of {OPS}, not {op!r}")
         with self._lock:
             seqs = self._seqs(_QUEUE)
             seq = seqs[-1] + 1 if seqs else 0
             while True:
-                rec = Record(seq, commit, branch, nbytes, time.time())
+                rec = Record(seq, commit, branch, nbytes, time.time(), op)
                 doc = {"v": _VERSION, "commit": commit, "branch": branch, "bytes": nbytes,
                        "queued": rec.queued}
+                if op != "commit":  # version 2: records version 1 did not have
+                    doc.update(v=_OP_VERSION, op=op)
                 if self.local.put_if_absent(self._key(seq), msgpack.packb(doc)):
                     return rec
                 seq += 1  # another process of this local tier queued one meanwhile
@@ -144,8 +160,11 @@ class Journal:
         where = self.local.path(self._key(seq))
         try:
             doc = msgpack.unpackb(data)
+            op = str(doc.get("op", "commit"))
+            if op not in OPS or doc.get("v") not in (_VERSION, _OP_VERSION):
+                raise ValueError(f"version {doc.get('v')!r}, op {op!r}")
             return Record(seq, str(doc["commit"]), str(doc["branch"]), int(doc["bytes"]),
-                          float(doc["queued"]))
-        except (ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
+                          float(doc["queued"]), op)
+        except (ValueError, KeyError, TypeError, AttributeError, msgpack.UnpackException) as e:
             raise ManifestError(f"upload journal record {where} is damaged ({e}); delete it "
                                 "(`ckpt push` re-queues what the remote lacks)") from None

@@ -159,6 +159,15 @@ class Tiers:
     def _add(self, commit: str, branch: str) -> None:
         self.uploader.add(self.journal.add(commit, branch, self._local_bytes(commit)))
 
+    def queue_ref_change(self, op: str, name: str, commit: str) -> None:
+        """A branch or tag change made on the local tier (``op``: "branch", "reset",
+        "delete-branch", "delete-tag"): replayed on the remote after what is queued before
+        it (:mod:`ckptstore.tiers.refops`)."""
+        def add() -> None:
+            self.uploader.add(self.journal.add(commit, name, 0, op=op))
+
+        self._queuer.submit(add).result()
+
     def push(self, timeout: float | None = None) -> None:
         """Wait until every commit queued is on the remote (a failed one is tried again);
         raises :class:`UploadError` or ``TimeoutError``."""
@@ -221,5 +230,6 @@ def pending_uploads(journal: Journal, remote: Storage | None) -> list[Upload]:
         error = journal.failure(rec)
         sent = 0 if remote is None else sum(remote.walk_sizes(data_dir(rec.commit)).values())
         state = "failed" if error else "uploading" if sent else "local-only"
-        out.append(Upload(rec.commit, rec.branch, state, rec.bytes, min(sent, rec.bytes), error))
+        out.append(Upload(rec.commit, rec.branch, state, rec.bytes, min(sent, rec.bytes), error,
+                          rec.op))
     return out

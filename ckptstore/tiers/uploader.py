@@ -21,6 +21,7 @@ from ..format.layout import data_dir
 from ..storage import Storage
 from .copy import copy_commit
 from .journal import Journal, Record
+from .refops import replay_ref_change
 
 __all__ = ["Upload", "Uploader"]
 
@@ -31,7 +32,8 @@ _THREADS = 8  # concurrent key copies of one commit
 class Upload:
     """Where one commit of a tiered store stands: ``state`` is ``"local-only"`` (queued),
     ``"uploading"``, ``"uploaded"`` or ``"failed"`` (``error`` says why; it is tried again);
-    ``sent`` of ``bytes`` copied so far (``bytes`` counts the local tier's files)."""
+    ``sent`` of ``bytes`` copied so far (``bytes`` counts the local tier's files). ``op`` other
+    than ``"commit"``: a change of branch or tag ``branch`` to replay on the remote."""
 
     commit: str
     branch: str
@@ -39,6 +41,12 @@ class Upload:
     bytes: int
     sent: int = 0
     error: str | None = None
+    op: str = "commit"
+
+
+def _status_key(rec: Record) -> str:
+    """A commit's status is keyed by its id; a branch or tag change by what it changes."""
+    return rec.commit if rec.op == "commit" else f"{rec.op}:{rec.branch}:{rec.seq}"
 
 
 class Uploader:
@@ -51,7 +59,7 @@ class Uploader:
         self.local, self.remote, self.journal, self.landed = local, remote, journal, landed
         self._cond = threading.Condition()
         self._queue: list[Record] = []
-        self._status: dict[str, Upload] = {}  # by commit, in the order queued
+        self._status: dict[str, Upload] = {}  # by _status_key, in the order queued
         self._halted: UploadError | None = None  # the head's failure: the queue waits
         self._stopping = False
         self._attempts = 0  # uploads begun so far
@@ -72,7 +80,8 @@ class Uploader:
             if any(r.seq == rec.seq and r.commit == rec.commit for r in self._queue):
                 return
             self._queue.append(rec)
-            self._status[rec.commit] = Upload(rec.commit, rec.branch, "local-only", rec.bytes)
+            self._status[_status_key(rec)] = Upload(rec.commit, rec.branch, "local-only",
+                                                    rec.bytes, op=rec.op)
             self._halted = None
             self._cond.notify_all()
 
@@ -139,7 +148,7 @@ class Uploader:
                 rec = self._queue[0]
                 self._attempts += 1
                 attempt = self._attempts
-                self._set(rec.commit, state="uploading", error=None)
+                self._set(rec, state="uploading", error=None)
             with self.busy:
                 error = self._upload(rec)
                 self._settle(rec, attempt, error)
@@ -155,11 +164,11 @@ class Uploader:
             if error is None:
                 self._queue.pop(0)
                 self._landing = rec.commit
-                self._set(rec.commit, state="uploaded", sent=rec.bytes)
+                self._set(rec, state="uploaded", sent=rec.bytes)
             elif not self._stopping:
                 self._failed_at = attempt
                 self._halted = error
-                self._set(rec.commit, state="failed", error=str(error))
+                self._set(rec, state="failed", error=str(error))
             self._cond.notify_all()
 
     def _after(self, commit: str) -> None:
@@ -175,12 +184,16 @@ class Uploader:
     def _upload(self, rec: Record) -> UploadError | None:
         def sent(n: int) -> None:
             with self._cond:
-                s = self._status[rec.commit]
-                self._status[rec.commit] = replace(s, sent=s.sent + n)
+                s = self._status[_status_key(rec)]
+                self._status[_status_key(rec)] = replace(s, sent=s.sent + n)
 
         try:
-            copy_commit(self.local, self.remote, rec.commit, rec.branch, self._copies, sent,
-                        lambda: self._stopping)
+            if rec.op == "commit":
+                copy_commit(self.local, self.remote, rec.commit, rec.branch, self._copies,
+                            sent, lambda: self._stopping)
+            else:
+                replay_ref_change(self.local, self.remote, rec, self._copies, sent,
+                                  lambda: self._stopping)
             self.journal.done(rec)
             return None
         except InterruptedError:
@@ -198,5 +211,6 @@ class Uploader:
                 pass  # the local tier failing too: the status in memory still says it
             return error
 
-    def _set(self, commit: str, **changes: object) -> None:
-        self._status[commit] = replace(self._status[commit], **changes)
+    def _set(self, rec: Record, **changes: object) -> None:
+        key = _status_key(rec)
+        self._status[key] = replace(self._status[key], **changes)

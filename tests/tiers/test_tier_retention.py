@@ -102,8 +102,9 @@ def test_cli_gc_of_each_tier(tmp_path, capsys):
 @pytest.mark.s3
 def test_what_a_queued_commit_reads_survives_remote_rules_and_gc(tmp_path, s3_server):
     """C, queued on a branch made at A, shares A's data (dedup); the remote's main moved on to
-    B. Neither the rule (applied when B lands, C queued) nor gc may delete A remotely, and
-    the local tier keeps everything not uploaded whatever its rule."""
+    B, and the branch at A is not replayed there yet (its ref write fails). Neither the rule
+    (applied when B lands, the branch and C queued) nor gc may delete A remotely, and the local
+    tier keeps everything not uploaded whatever its rule."""
     proxy = FaultProxy(s3_server["client_kwargs"]["endpoint_url"])
     url = f"s3://ckpt-tests/tier-queued-{uuid.uuid4().hex[:8]}"
     options = {**s3_server, "client_kwargs": {"endpoint_url": proxy.endpoint},
@@ -122,10 +123,11 @@ def test_what_a_queued_commit_reads_survives_remote_rules_and_gc(tmp_path, s3_se
     c = store.commit(big, message="C", branch="exp")
     assert a.id in store.manifest(c.id).data_commits()  # C reads A's arrays
     proxy.clear()
+    proxy.add(Fault("PUT", "/refs/heads/exp/", 503, times=None))  # the branch stays queued
     proxy.add(Fault("PUT", c.id, 503, times=None))  # B uploads and lands; C stays queued
     with pytest.raises(UploadError) as e:
         store.push()
-    assert e.value.commit_id == c.id and store.wait_uploaded(b.id).id == b.id
+    assert e.value.commit_id == a.id and store.wait_uploaded(b.id).id == b.id  # at the branch
     assert a.id in remote_commits(url, s3_server)  # the rule (LatestN(1)) kept A for C
     assert a.id in store.gc(tier="remote", keep_last=1, grace_period=0).kept
     assert {a.id, b.id} <= remote_commits(url, s3_server)
