@@ -36,9 +36,9 @@ side by side. Its errors are exact rather than measured at cell centres, so its 
 least as good by the true L2 error (measured: 0.0-0.3 % lower mean L2 per row than the
 histogram search on rows of 16-64).
 
-Kernels: the numba ones (``_akernels.py``) are the reference, compiled without ``fastmath`` -- plain IEEE
-float64 in source order, no FMA contraction, no reordered sums -- so the ranges (and the bytes
-quantize writes) do not depend on the CPU. Callers run ``_ADAPTIVE``, the kernels
+Kernels: the numba ones (``_akernels.py``) are the reference, compiled without ``fastmath`` --
+plain IEEE float64 in source order, no FMA contraction, no reordered sums -- so the ranges (and
+the bytes quantize writes) do not depend on the CPU. Callers run ``_ADAPTIVE``, the kernels
 :mod:`ckptcodecs._backend` chose: by default the C twins ``adaptive_histogram_search`` and
 ``adaptive_direct_ranges`` of ``ckptcodecs._native`` (the same bits; ValueError on arguments
 that do not fit).

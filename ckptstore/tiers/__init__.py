@@ -19,5 +19,5 @@ from .storage import TieredStorage
 from .tiered import Tiers, UploadBudgetWarning, UploadWarning, pending_uploads
 from .uploader import Upload, Uploader
 
-__all__ = ["Journal", "MirroredRefs", "Record", "TieredStorage", "Tiers", "Upload", "UploadBudgetWarning",
-           "UploadWarning", "Uploader", "pending_uploads"]
+__all__ = ["Journal", "MirroredRefs", "Record", "TieredStorage", "Tiers", "Upload",
+           "UploadBudgetWarning", "UploadWarning", "Uploader", "pending_uploads"]
