@@ -96,8 +96,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"sanitized build: {target.name}; {args.examples} examples per fuzz target",
               flush=True)
+        # the CPU-path fixture as a plugin (it imports only ckptcodecs); no conftest files:
+        # tests/conftest.py imports torch, ckptstore and the S3 server
         return subprocess.run([sys.executable, "-m", "pytest", "--noconftest", "-q",
-                               "-p", "no:cacheprovider", "-p", "no:xdist", "-x", *files],
+                               "-p", "simd_paths", "-p", "no:cacheprovider", "-p", "no:xdist",
+                               "-x", *files],
                               env=env, cwd=ROOT).returncode
 
 
