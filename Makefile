@@ -10,8 +10,9 @@ TORCH  ?= torch==2.13.0
 
 install: $(STAMP)
 
-# setup.py builds ckptcodecs' C kernels (codecs/csrc): an editable install rebuilds them only here
-$(STAMP): pyproject.toml Makefile setup.py $(wildcard codecs/csrc/*.c codecs/csrc/*.h)
+# setup.py builds the C extensions (codecs/csrc, ckptstore/storage/csrc): an editable install
+# rebuilds them only here
+$(STAMP): pyproject.toml Makefile setup.py $(wildcard codecs/csrc/*.c codecs/csrc/*.h ckptstore/storage/csrc/*.c)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"

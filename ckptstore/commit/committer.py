@@ -64,6 +64,8 @@ class Committer(Pipeline):
         self.inflight: PendingCommit | None = None
         self.async_group: object = None
         self._reserving: Future[int] | None = None
+        # the job and snapshot of the last commit_async, released on a caller's thread
+        self._retired: tuple[CommitJob, Snapshot] | None = None
 
     def close(self) -> None:
         """Wait for the commit in flight (raising its unobserved failure), then stop."""
@@ -73,6 +75,7 @@ class Committer(Pipeline):
             self._persister.shutdown(wait=True)
             if self._background_io is not None:
                 self._background_io.shutdown(wait=True)
+            self._retired = None
             self.background.close()
             self.staging.clear()
 
@@ -98,6 +101,7 @@ class Committer(Pipeline):
             if not pending.done():
                 with self.background.boosted():
                     pending.join()
+            self._retired = None
             pending.raise_unobserved()
 
     def reserve(self, state: object) -> Future[int]:
@@ -147,13 +151,20 @@ class Committer(Pipeline):
 
         executor = self._persist_executor()
 
+        # The persist thread never drops the last reference to the job: freeing the tensor
+        # objects of its plan (one per leaf) hands the GIL over once each (torch releases it in
+        # a tensor's dealloc), a wait of up to the switch interval each beside a busy training
+        # thread. _retired holds them until the next wait (a commit, close), on a caller's thread.
+        self._retired = (job, snap)
+
         def run() -> None:
+            nonlocal job, snap
             try:
-                info = self.finish(job, snap, pending.progress, executor)
+                info, error = self.finish(job, snap, pending.progress, executor), None
             except BaseException as e:  # noqa: BLE001 - handed to the caller through wait()
-                pending.finish(None, e)
-            else:
-                pending.finish(info, None)
+                info, error = None, e
+            job = snap = None  # type: ignore[assignment]
+            pending.finish(info, error)
 
         self.inflight = pending
         self._persister.submit(run)

@@ -22,6 +22,7 @@ import tempfile
 import threading
 from collections.abc import Sequence
 
+from . import fileops
 from .base import TEMP_PREFIX, Buffer, Storage, as_parts
 from .localfiles import Root, open_regular, read_bounded, read_into_bounded
 
@@ -143,16 +144,14 @@ class LocalStorage(Storage):
     def put_chunk(self, key: str, data: Buffer | Sequence[Buffer]) -> None:
         parts = as_parts(data)
         path = self.path(key)
-        self._makedirs(os.path.dirname(path), key)
-        fd = _create_anew(path)
-        try:
-            total, done = sum(len(p) for p in parts), os.writev(fd, parts)
-            if done < total:  # short write: finish the rest plainly
-                os.write(fd, b"".join(parts)[done:])
-            if self.durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        folder = os.path.dirname(path)
+        if folder not in self._made_dirs:  # a new chunk's folder: made, checked and written in
+            # one call (the checked way takes four, each a wait for the GIL beside a busy loop)
+            if fileops.write_new(path, parts, self.durable, inside=self._root.real()) >= 0:
+                self._made(folder)
+                return
+        self._makedirs(folder, key)
+        fileops.write_new(path, parts, self.durable)
 
     def link_chunk(self, source: str, key: str) -> bool:
         path = self.path(key)
@@ -205,27 +204,25 @@ class LocalStorage(Storage):
             return
         path = self.path(key)
         self._root.check_folder(path, key)
-        for folder, _, _ in os.walk(path, topdown=False):  # links to folders are not followed
-            _fsync_folder(folder)
-        while path != self.root and os.path.dirname(path) != path:
-            path = os.path.dirname(path)
-            _fsync_folder(path)
+        fileops.fsync_tree(path, self.root)
 
     # -- helpers ---------------------------------------------------------------------------
     def _makedirs(self, path: str, key: str) -> None:
         """Make a chunk's folder (checked to lie in the root once per folder and object)."""
         if path in self._made_dirs:
             return
-        self._root.makedirs(path, key)
+        self._made(*self._root.makedirs(path, key), path)
+
+    def _made(self, *folders: str) -> None:
         with self._dirs_lock:
-            self._made_dirs.add(path)
+            self._made_dirs.update(folders)
 
     def _sync_entries(self, path: str, made: list[str]) -> None:
         """When :attr:`durable`: fsync the folder a new file was linked into, and the parent of
         every folder made for it (deepest first)."""
         if self.durable:
             for folder in [os.path.dirname(path), *(os.path.dirname(m) for m in reversed(made))]:
-                _fsync_folder(folder)
+                fileops.fsync_folder(folder)
 
 
 def _write_temp(path: str, data: bytes, fsync: bool) -> str:
@@ -241,31 +238,3 @@ def _write_temp(path: str, data: bytes, fsync: bool) -> str:
         os.unlink(tmp)
         raise
     return tmp
-
-
-def _fsync_folder(path: str) -> None:
-    """Fsync a folder's entries (a missing folder: nothing to make durable)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except FileNotFoundError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _create_anew(path: str) -> int:
-    """A new file at ``path`` open for writing: one there is unlinked first, so the write never
-    goes into a file a link shares or a reader maps. Ranks writing the same key (a commit's
-    group metadata) race here; each ends with a whole file of its own."""
-    for _ in range(100):
-        try:
-            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:  # another writer unlinked it first
-                pass
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-

@@ -25,6 +25,7 @@ import stat
 from collections.abc import Sequence
 
 from ..errors import UnsafeFileError
+from . import fileops
 
 __all__ = ["FolderInPlace", "Root", "max_file_bytes", "open_regular", "read_bounded",
            "read_into_bounded"]
@@ -58,36 +59,24 @@ class Root:
         real = self.real()
         return resolved == real or resolved.startswith(real.rstrip(os.sep) + os.sep)
 
-    def check_folder(self, path: str, key: str) -> None:
+    def check_folder(self, path: str, key: str) -> bool:
         """Raise :class:`UnsafeFileError` unless the folder ``path`` (or, where it does not exist
-        yet, its nearest existing ancestor) resolves inside the root."""
-        probe = path
-        while not os.path.lexists(probe):
-            if probe == self.root or os.path.dirname(probe) == probe:
-                return  # the root is not made yet: nothing in it can lead out
-            probe = os.path.dirname(probe)
-        resolved = os.path.realpath(probe)
+        yet, its nearest existing ancestor) resolves inside the root; whether ``path`` exists."""
+        found = fileops.resolve_existing(path, self.root)
+        if found is None:
+            return False  # the root is not made yet: nothing in it can lead out
+        probe, resolved = found
         if not self.inside(resolved):
             raise _unsafe(key, path, f"a link leading out of the store (to {resolved})")
+        return probe == path
 
     def makedirs(self, path: str, key: str) -> list[str]:
         """Make the folder ``path`` and its missing parents, each checked to lie in the root;
         return the folders made (parents first)."""
-        self.check_folder(path, key)
-        missing = []
-        probe = path
-        while not os.path.isdir(probe) and os.path.dirname(probe) != probe:
-            missing.append(probe)
-            probe = os.path.dirname(probe)
-        made = []
-        for folder in reversed(missing):
-            try:
-                os.mkdir(folder)
-                made.append(folder)
-            except FileExistsError:  # another writer made it; a file there fails below
-                pass
-        if missing:
-            self.check_folder(path, key)  # nothing swapped a link in meanwhile
+        if self.check_folder(path, key):
+            return []
+        made = fileops.make_folders(path)
+        self.check_folder(path, key)  # nothing swapped a link in meanwhile
         return made
 
 

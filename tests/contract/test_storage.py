@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from ckptstore.storage import FsspecStorage, LocalStorage, MemoryStorage, Storage, open_storage
+from ckptstore.storage import fileops
 
 T = TypeVar("T")
 EXPECTED_CLASS = {"local": LocalStorage, "memory": MemoryStorage, "s3": FsspecStorage}
@@ -275,6 +276,9 @@ def test_roots_are_isolated_and_shared_by_url(backend_storage, store_url):
 
 # -- the local implementation's system calls (they are tuned: keep them) ---------------------
 def test_local_chunk_is_one_writev_and_fsynced_only_when_durable(tmp_path, monkeypatch):
+    # the Python steps, observed through os (the compiled twin's system calls:
+    # tests/store/test_fileops.py)
+    monkeypatch.setattr(fileops, "native", False)
     storage = open_storage(tmp_path / "s")
     calls: list[str] = []
     for name in ("writev", "write", "fsync"):

@@ -3,7 +3,10 @@ manifest, then its ref are each made durable -- files and the folders that name 
 the next is written; ``durable=False`` opts out (no chunk and no folder is fsynced).
 
 The real ``os.fsync`` and ``os.link`` are wrapped to record, in order, which file or folder each
-call made durable or created (observing the store's system calls, not replacing them)."""
+call made durable or created (observing the store's system calls, not replacing them). The
+local store's compiled file-system steps make the same calls in C, out of sight of such
+wrappers: here the store runs their Python twins (``fileops.native = False``); the compiled
+steps' system calls, in order, are checked in tests/store/test_fileops.py."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import torch
 import ckptstore
 from ckptstore.format.layout import TEMP_PREFIX
 from ckptstore.commit.plan import EncodingOptions
+from ckptstore.storage import fileops
 
 
 class Calls:
@@ -37,6 +41,7 @@ class Calls:
 
         monkeypatch.setattr(os, "fsync", fsync)
         monkeypatch.setattr(os, "link", link)
+        monkeypatch.setattr(fileops, "native", False)
 
     def _add(self, kind: str, path: str) -> None:
         with self._lock:

@@ -21,9 +21,17 @@ import torch
 import ckptstore
 from ckptstore.errors import CkptStoreError, StorageError, UnsafeFileError
 from ckptstore.commit.plan import EncodingOptions
-from ckptstore.storage import LocalStorage
+from ckptstore.storage import LocalStorage, fileops
 
 DEADLINE = 20.0  # seconds; the reads below take milliseconds once they cannot hang
+
+
+@pytest.fixture(autouse=True, params=[True, False], ids=["compiled-steps", "python-steps"])
+def file_steps(request, monkeypatch):
+    """Every test with the compiled file-system steps and with their Python twins."""
+    if request.param and not fileops.native:
+        pytest.skip("ckptstore.storage._files is not built here (not POSIX)")
+    monkeypatch.setattr(fileops, "native", request.param)
 
 
 def _state() -> dict[str, torch.Tensor]:

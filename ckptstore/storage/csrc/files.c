@@ -1,0 +1,568 @@
+/* ckptstore.storage._files: a local store's file-system steps, each ONE call with the GIL
+   released.
+
+   Every os call of Python releases and takes back the GIL. A background persist writes a chunk
+   file in four of them (open, writev, fsync, close), checks a new folder with a dozen lstat
+   (os.path.realpath) and fsyncs a commit's folders in three per folder: beside a training loop
+   that keeps the GIL busy, each take-back waits for the loop's switch interval (5 ms), so a
+   256 MB persist spent seconds waiting (docs/lab/notebook.md, "A persist that asks for the GIL
+   less"). Here each step is one call: the same system calls, in the same order, with the same
+   errors (an OSError of the failing call's errno and path). ckptstore/storage/fileops.py holds
+   the Python twins these must match, used where this extension is not built. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#ifndef IOV_MAX
+#define IOV_MAX 1024
+#endif
+#ifndef O_CLOEXEC
+#define O_CLOEXEC 0
+#endif
+#ifndef O_DIRECTORY
+#define O_DIRECTORY 0
+#endif
+
+/* A failed system call: its errno and the path it was about (NULL: the call's own path). */
+typedef struct {
+    int err;
+    char *path; /* malloc-ed, or NULL */
+} failure;
+
+static void fail(failure *f, const char *path)
+{
+    f->err = errno;
+    f->path = path ? strdup(path) : NULL;
+}
+
+/* Raise the OSError of `f` (about `f->path`, else `fallback`); frees f->path. */
+static PyObject *raise_failure(failure *f, PyObject *fallback)
+{
+    PyObject *name = fallback;
+    if (f->path) {
+        name = PyUnicode_DecodeFSDefault(f->path);
+        free(f->path);
+        f->path = NULL;
+        if (!name)
+            return NULL;
+    } else {
+        Py_INCREF(name);
+    }
+    errno = f->err;
+    PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, name);
+    Py_DECREF(name);
+    return NULL;
+}
+
+/* posixpath.dirname, in place: "/a/b" -> "/a", "/a" -> "/", "/" -> "/", "a" -> "". */
+static void dirname_in_place(char *path)
+{
+    char *slash = strrchr(path, '/');
+    if (!slash) {
+        path[0] = '\0';
+        return;
+    }
+    char *end = slash + 1; /* the head, with its trailing slashes stripped unless all slashes */
+    int all_slashes = 1;
+    for (char *c = path; c < end; c++)
+        all_slashes &= *c == '/';
+    if (!all_slashes)
+        while (end[-1] == '/')
+            end--;
+    *end = '\0';
+}
+
+/* -- write_new -------------------------------------------------------------------------- */
+
+/* Whether the resolved path `resolved` is `root` or lies under it (Root.inside). */
+static int inside(const char *resolved, const char *root)
+{
+    size_t n = strlen(root);
+    while (n > 1 && root[n - 1] == '/')
+        n--;
+    if (strncmp(resolved, root, n) != 0)
+        return 0;
+    return resolved[n] == '\0' || resolved[n] == '/' || (n == 1 && root[0] == '/');
+}
+
+/* Whether `path` resolves (realpath) inside `root`; 0 where it does not or cannot resolve. */
+static int resolves_inside(const char *path, const char *root)
+{
+    char *real = realpath(path, NULL);
+    int ok = real && inside(real, root);
+    free(real);
+    return ok;
+}
+
+/* Make the folder of `path`: its parent must resolve inside `root`, and so must the folder once
+   made. 0 when made; 1 when not (anything there already, a parent outside or unresolvable):
+   the caller takes the checked way; -1 on another failure of mkdir. */
+static int make_folder_inside(const char *path, const char *root, failure *f)
+{
+    char *folder = strdup(path), *parent = folder ? strdup(path) : NULL;
+    int rc = 1;
+    if (!folder || !parent) {
+        errno = ENOMEM;
+        fail(f, NULL);
+        rc = -1;
+        goto out;
+    }
+    dirname_in_place(folder);
+    dirname_in_place(parent);
+    dirname_in_place(parent);
+    if (!resolves_inside(parent, root))
+        goto out;
+    if (mkdir(folder, 0777) != 0) {
+        if (errno != EEXIST) {
+            fail(f, folder);
+            rc = -1;
+        }
+        goto out;
+    }
+    rc = resolves_inside(folder, root) ? 0 : 1; /* nothing swapped a link in meanwhile */
+out:
+    free(folder);
+    free(parent);
+    return rc;
+}
+
+/* Create `path` anew (unlinking one there first, as LocalStorage's _create_anew), write every
+   buffer in order (writev, short writes finished), fsync when asked, close; with `root`, make
+   its folder first (make_folder_inside). 1: not written (the caller takes the checked way). */
+static int write_new_nogil(const char *path, struct iovec *iov, int count, int sync,
+                           const char *root, Py_ssize_t *written, failure *f)
+{
+    int fd = -1;
+    if (root) {
+        int made = make_folder_inside(path, root, f);
+        if (made != 0)
+            return made;
+    }
+    for (int attempt = 0; attempt <= 100 && fd < 0; attempt++) {
+        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd >= 0)
+            break;
+        if (errno == EINTR)
+            continue;
+        if (errno != EEXIST || attempt == 100) {
+            fail(f, NULL);
+            return -1;
+        }
+        if (unlink(path) != 0 && errno != ENOENT) { /* another writer unlinked it first */
+            /* Python's twin lets only FileNotFoundError pass; anything else is raised */
+            fail(f, NULL);
+            return -1;
+        }
+    }
+    int first = 0;
+    while (first < count) {
+        int n = count - first < IOV_MAX ? count - first : IOV_MAX;
+        ssize_t done = writev(fd, iov + first, n);
+        if (done < 0) {
+            if (errno == EINTR)
+                continue;
+            fail(f, NULL);
+            close(fd);
+            return -1;
+        }
+        *written += done;
+        while (first < count && (size_t)done >= iov[first].iov_len) { /* drop what is written */
+            done -= (ssize_t)iov[first].iov_len;
+            first++;
+        }
+        if (done) { /* cut into the next buffer */
+            iov[first].iov_base = (char *)iov[first].iov_base + done;
+            iov[first].iov_len -= (size_t)done;
+        }
+    }
+    if (sync && fsync(fd) != 0) {
+        fail(f, NULL);
+        close(fd);
+        return -1;
+    }
+    if (close(fd) != 0 && errno != EINTR) {
+        fail(f, NULL);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(write_new_doc,
+"write_new(path, parts, fsync, inside=None) -> int\n\n"
+"A new file at ``path`` holding the byte buffers ``parts`` in order (a file there is unlinked\n"
+"first), fsynced when ``fsync``; the bytes written. ``inside`` (a store root's resolved path):\n"
+"make the file's folder first, its parent and itself checked to resolve inside; where anything\n"
+"is there already or a check fails, nothing is written and -1 comes back. One call with the\n"
+"GIL released.");
+
+static PyObject *write_new(PyObject *self, PyObject *args)
+{
+    PyObject *path_obj = NULL, *parts, *root_obj = NULL;
+    int sync;
+    if (!PyArg_ParseTuple(args, "O&Op|O&:write_new", PyUnicode_FSConverter, &path_obj, &parts,
+                          &sync, PyUnicode_FSConverter, &root_obj))
+        return NULL;
+    PyObject *seq = PySequence_Fast(parts, "write_new: parts must be a sequence of buffers");
+    if (!seq) {
+        Py_DECREF(path_obj);
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    if (count > INT_MAX / 2) {
+        PyErr_SetString(PyExc_ValueError, "write_new: too many buffers");
+        Py_DECREF(seq);
+        Py_DECREF(path_obj);
+        return NULL;
+    }
+    Py_buffer *views = PyMem_Calloc(count ? (size_t)count : 1, sizeof(Py_buffer));
+    struct iovec *iov = PyMem_Calloc(count ? (size_t)count : 1, sizeof(struct iovec));
+    Py_ssize_t held = 0;
+    PyObject *out = NULL;
+    if (!views || !iov) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; held < count; held++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, held), &views[held],
+                               PyBUF_C_CONTIGUOUS) != 0)
+            goto done;
+        iov[held].iov_base = views[held].buf;
+        iov[held].iov_len = (size_t)views[held].len;
+    }
+    const char *path = PyBytes_AS_STRING(path_obj);
+    const char *root = root_obj ? PyBytes_AS_STRING(root_obj) : NULL;
+    Py_ssize_t written = 0;
+    failure f = {0, NULL};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = write_new_nogil(path, iov, (int)count, sync, root, &written, &f);
+    Py_END_ALLOW_THREADS
+    if (rc > 0) {
+        out = PyLong_FromLong(-1);
+        goto done;
+    }
+    if (rc != 0) {
+        PyObject *name = PyUnicode_DecodeFSDefault(path);
+        if (name) {
+            raise_failure(&f, name);
+            Py_DECREF(name);
+        }
+        free(f.path);
+        goto done;
+    }
+    out = PyLong_FromSsize_t(written);
+done:
+    for (Py_ssize_t i = 0; i < held; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(iov);
+    Py_DECREF(seq);
+    Py_DECREF(path_obj);
+    Py_XDECREF(root_obj);
+    return out;
+}
+
+/* -- resolve_existing ------------------------------------------------------------------- */
+
+PyDoc_STRVAR(resolve_existing_doc,
+"resolve_existing(path, stop) -> (str, str | None) | None\n\n"
+"The nearest of ``path`` and its ancestors that exists (``os.path.lexists``), going up no\n"
+"further than ``stop`` or ``/`` (None when none exists up to there), and its resolved path\n"
+"(``realpath``; None where realpath fails: a dangling link or a loop, which the caller\n"
+"resolves as ``os.path.realpath`` does). One call with the GIL released.");
+
+static PyObject *resolve_existing(PyObject *self, PyObject *args)
+{
+    PyObject *path_obj = NULL, *stop_obj = NULL;
+    if (!PyArg_ParseTuple(args, "O&O&:resolve_existing", PyUnicode_FSConverter, &path_obj,
+                          PyUnicode_FSConverter, &stop_obj))
+        return NULL;
+    char *probe = strdup(PyBytes_AS_STRING(path_obj));
+    char *parent = probe ? strdup(probe) : NULL;
+    const char *stop = PyBytes_AS_STRING(stop_obj);
+    char *resolved = NULL;
+    int found = 0;
+    if (!probe || !parent) {
+        free(probe);
+        free(parent);
+        Py_DECREF(path_obj);
+        Py_DECREF(stop_obj);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    struct stat st;
+    for (;;) {
+        if (lstat(probe, &st) == 0) {
+            found = 1;
+            break;
+        }
+        strcpy(parent, probe);
+        dirname_in_place(parent);
+        if (strcmp(probe, stop) == 0 || strcmp(parent, probe) == 0)
+            break;
+        strcpy(probe, parent);
+    }
+    if (found)
+        resolved = realpath(probe, NULL);
+    Py_END_ALLOW_THREADS
+    PyObject *out;
+    if (!found) {
+        out = Py_NewRef(Py_None);
+    } else {
+        PyObject *where = PyUnicode_DecodeFSDefault(probe);
+        PyObject *real = resolved ? PyUnicode_DecodeFSDefault(resolved) : Py_NewRef(Py_None);
+        out = where && real ? PyTuple_Pack(2, where, real) : NULL;
+        Py_XDECREF(where);
+        Py_XDECREF(real);
+    }
+    free(resolved);
+    free(probe);
+    free(parent);
+    Py_DECREF(path_obj);
+    Py_DECREF(stop_obj);
+    return out;
+}
+
+/* -- make_folders ----------------------------------------------------------------------- */
+
+PyDoc_STRVAR(make_folders_doc,
+"make_folders(path) -> list[str]\n\n"
+"Make the folder ``path`` and its missing parents (``os.mkdir``, parents first; one another\n"
+"writer made meanwhile is passed over); the folders made. One call with the GIL released.");
+
+static int is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static PyObject *make_folders(PyObject *self, PyObject *args)
+{
+    PyObject *path_obj = NULL;
+    if (!PyArg_ParseTuple(args, "O&:make_folders", PyUnicode_FSConverter, &path_obj))
+        return NULL;
+    const char *path = PyBytes_AS_STRING(path_obj);
+    size_t len = strlen(path);
+    /* the missing folders are prefixes of `path`: their lengths, deepest first */
+    size_t *missing = PyMem_Malloc((len + 1) * sizeof(size_t));
+    char *made = PyMem_Calloc(len + 1, 1);      /* made[k]: the prefix of length k was made */
+    char *probe = PyMem_Malloc(len + 1);
+    if (!missing || !made || !probe) {
+        PyMem_Free(missing);
+        PyMem_Free(made);
+        PyMem_Free(probe);
+        Py_DECREF(path_obj);
+        return PyErr_NoMemory();
+    }
+    size_t nmissing = 0;
+    failure f = {0, NULL};
+    int rc = 0;
+    Py_BEGIN_ALLOW_THREADS
+    memcpy(probe, path, len + 1);
+    for (;;) {
+        if (is_dir(probe))
+            break;
+        size_t here = strlen(probe);
+        dirname_in_place(probe);
+        if (strlen(probe) == here)
+            break; /* the top: dirname(probe) == probe */
+        missing[nmissing++] = here;
+    }
+    for (size_t i = nmissing; i-- > 0;) {
+        memcpy(probe, path, missing[i]);
+        probe[missing[i]] = '\0';
+        if (mkdir(probe, 0777) == 0) {
+            made[missing[i]] = 1;
+        } else if (errno != EEXIST) { /* another writer made it; a file there fails later */
+            fail(&f, probe);
+            rc = -1;
+            break;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyObject *out = NULL;
+    if (rc != 0) {
+        raise_failure(&f, path_obj);
+    } else if ((out = PyList_New(0))) {
+        for (size_t i = nmissing; i-- > 0;) {
+            if (!made[missing[i]])
+                continue;
+            PyObject *name = PyUnicode_DecodeFSDefaultAndSize(path, (Py_ssize_t)missing[i]);
+            if (!name || PyList_Append(out, name) != 0) {
+                Py_XDECREF(name);
+                Py_CLEAR(out);
+                break;
+            }
+            Py_DECREF(name);
+        }
+    }
+    PyMem_Free(missing);
+    PyMem_Free(made);
+    PyMem_Free(probe);
+    Py_DECREF(path_obj);
+    return out;
+}
+
+/* -- fsync_tree ------------------------------------------------------------------------- */
+
+/* A growing list of malloc-ed paths. */
+typedef struct {
+    char **items;
+    size_t count, room;
+} paths;
+
+static int paths_add(paths *p, const char *path)
+{
+    if (p->count == p->room) {
+        size_t room = p->room ? 2 * p->room : 16;
+        char **items = realloc(p->items, room * sizeof(char *));
+        if (!items)
+            return -1;
+        p->items = items;
+        p->room = room;
+    }
+    if (!(p->items[p->count] = strdup(path)))
+        return -1;
+    p->count++;
+    return 0;
+}
+
+static void paths_free(paths *p)
+{
+    for (size_t i = 0; i < p->count; i++)
+        free(p->items[i]);
+    free(p->items);
+}
+
+/* Fsync a folder's entries; a missing folder has nothing to make durable. */
+static int fsync_folder(const char *path, failure *f)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return 0;
+        fail(f, path);
+        return -1;
+    }
+    if (fsync(fd) != 0) {
+        fail(f, path);
+        close(fd);
+        return -1;
+    }
+    close(fd);
+    return 0;
+}
+
+/* Every folder under `top` (itself first), links not followed, folders that cannot be listed
+   not entered (as os.walk). */
+static int list_folders(const char *top, paths *out)
+{
+    if (paths_add(out, top) != 0)
+        return -1;
+    for (size_t i = 0; i < out->count; i++) {
+        DIR *dir = opendir(out->items[i]);
+        if (!dir)
+            continue;
+        struct dirent *e;
+        char *base = out->items[i];
+        size_t blen = strlen(base);
+        while ((e = readdir(dir))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+                continue;
+            size_t nlen = strlen(e->d_name);
+            char *child = malloc(blen + nlen + 2);
+            if (!child) {
+                closedir(dir);
+                return -1;
+            }
+            memcpy(child, base, blen);
+            child[blen] = '/';
+            memcpy(child + blen + 1, e->d_name, nlen + 1);
+            int folder = e->d_type == DT_DIR;
+            if (e->d_type == DT_UNKNOWN) {
+                struct stat st;
+                folder = lstat(child, &st) == 0 && S_ISDIR(st.st_mode);
+            }
+            int rc = folder ? paths_add(out, child) : 0;
+            free(child);
+            base = out->items[i]; /* the list may have moved */
+            if (rc != 0) {
+                closedir(dir);
+                return -1;
+            }
+        }
+        closedir(dir);
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(fsync_tree_doc,
+"fsync_tree(path, root) -> None\n\n"
+"Fsync every folder under ``path`` (itself included, links not followed, the deepest first),\n"
+"then each folder above it up to ``root``. One call with the GIL released.");
+
+static PyObject *fsync_tree(PyObject *self, PyObject *args)
+{
+    PyObject *path_obj = NULL, *root_obj = NULL;
+    if (!PyArg_ParseTuple(args, "O&O&:fsync_tree", PyUnicode_FSConverter, &path_obj,
+                          PyUnicode_FSConverter, &root_obj))
+        return NULL;
+    const char *path = PyBytes_AS_STRING(path_obj), *root = PyBytes_AS_STRING(root_obj);
+    paths folders = {NULL, 0, 0};
+    failure f = {0, NULL};
+    int rc = 0, nomem = 0;
+    char *up = strdup(path);
+    Py_BEGIN_ALLOW_THREADS
+    if (!up || list_folders(path, &folders) != 0) {
+        nomem = 1;
+        rc = -1;
+    }
+    for (size_t i = folders.count; rc == 0 && i-- > 0;) /* a folder's children come after it */
+        rc = fsync_folder(folders.items[i], &f);
+    while (rc == 0 && strcmp(up, root) != 0) {
+        size_t here = strlen(up);
+        dirname_in_place(up);
+        if (strlen(up) == here)
+            break;
+        rc = fsync_folder(up, &f);
+    }
+    Py_END_ALLOW_THREADS
+    free(up);
+    paths_free(&folders);
+    PyObject *out = NULL;
+    if (nomem)
+        PyErr_NoMemory();
+    else if (rc != 0)
+        raise_failure(&f, path_obj);
+    else
+        out = Py_NewRef(Py_None);
+    Py_DECREF(path_obj);
+    Py_DECREF(root_obj);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"write_new", write_new, METH_VARARGS, write_new_doc},
+    {"resolve_existing", resolve_existing, METH_VARARGS, resolve_existing_doc},
+    {"make_folders", make_folders, METH_VARARGS, make_folders_doc},
+    {"fsync_tree", fsync_tree, METH_VARARGS, fsync_tree_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "ckptstore.storage._files",
+    "A local store's file-system steps, each one call with the GIL released.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__files(void) { return PyModule_Create(&module); }

@@ -1,0 +1,160 @@
+"""A local store's file-system steps that take several system calls, each as one call that
+releases the GIL once (the compiled ``ckptstore.storage._files``), or as the same calls from
+Python where that extension is not built.
+
+Why: every ``os`` call releases the GIL and takes it back. Beside a training loop that keeps the
+GIL busy (Python launching kernels), each take-back by a background thread waits for the loop's
+switch interval (5 ms): a persist that wrote a chunk in four calls (open, writev, fsync, close),
+checked each new folder with a dozen ``lstat`` (``os.path.realpath``) and fsynced a commit's
+folders in three calls each spent most of its time waiting for the GIL (issue 28;
+docs/lab/notebook.md, "A persist that asks for the GIL less"). Both implementations make the
+same system calls in the same order and raise the same ``OSError``; the tests run both
+(:data:`native` set to False forces the Python one).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from .base import Buffer
+
+try:
+    from . import _files
+except ImportError:  # not built (a platform without a C compiler at install): the Python steps
+    _files = None
+
+__all__ = ["fsync_tree", "make_folders", "native", "resolve_existing", "write_new"]
+
+_IOV_MAX = 1024  # buffers one writev takes (Linux)
+#: whether the compiled steps run (False where not built; tests set it to run the Python ones)
+native = _files is not None
+
+
+def write_new(path: str, parts: Sequence[Buffer], fsync: bool, inside: str | None = None
+              ) -> int:
+    """A new file at ``path`` holding ``parts`` in order (a file there is unlinked first, so a
+    write never goes into a file a link shares or a reader maps), fsynced when ``fsync``; the
+    bytes written.
+
+    ``inside`` (a store root's resolved path): make the file's folder first, after checking that
+    its parent resolves inside, and check the folder made; where anything is there already or a
+    check fails, nothing is written and -1 comes back (the caller takes its checked way)."""
+    if native:
+        return _files.write_new(path, parts, fsync, *([inside] if inside is not None else []))
+    if inside is not None and not _made_inside(os.path.dirname(path), inside):
+        return -1
+    fd = _create_anew(path)
+    try:
+        views = [memoryview(p).cast("B") for p in parts]
+        total = sum(len(v) for v in views)
+        views = [v for v in views if len(v)]
+        while views:  # writev takes at most _IOV_MAX buffers and may write short
+            n = os.writev(fd, views[:_IOV_MAX])
+            while views and n >= len(views[0]):  # drop the buffers written, cut into the next
+                n -= len(views.pop(0))
+            if n:
+                views[0] = views[0][n:]
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return total
+
+
+def _made_inside(folder: str, root: str) -> bool:
+    """Make ``folder`` where its parent resolves inside ``root`` and nothing is there; whether
+    it was made and resolves inside."""
+    try:
+        if not _inside(os.path.realpath(os.path.dirname(folder), strict=True), root):
+            return False
+    except OSError:  # missing, a dangling link, a loop: the checked way says which
+        return False
+    try:
+        os.mkdir(folder)
+    except FileExistsError:
+        return False
+    try:
+        return _inside(os.path.realpath(folder, strict=True), root)
+    except OSError:
+        return False
+
+
+def _inside(resolved: str, root: str) -> bool:
+    return resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def resolve_existing(path: str, stop: str) -> tuple[str, str] | None:
+    """The nearest of ``path`` and its ancestors that exists, going up no further than ``stop``
+    (or ``/``), and its resolved path; None where none exists up to there."""
+    if native:
+        found = _files.resolve_existing(path, stop)
+        if found is None:
+            return None
+        probe, real = found
+        return probe, real if real is not None else os.path.realpath(probe)  # dangling, loop
+    probe = path
+    while not os.path.lexists(probe):
+        if probe == stop or os.path.dirname(probe) == probe:
+            return None
+        probe = os.path.dirname(probe)
+    return probe, os.path.realpath(probe)
+
+
+def make_folders(path: str) -> list[str]:
+    """Make the folder ``path`` and its missing parents (one another writer made meanwhile is
+    passed over); the folders made, parents first."""
+    if native:
+        return _files.make_folders(path)
+    missing = []
+    probe = path
+    while not os.path.isdir(probe) and os.path.dirname(probe) != probe:
+        missing.append(probe)
+        probe = os.path.dirname(probe)
+    made = []
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder)
+            made.append(folder)
+        except FileExistsError:  # another writer made it; a file there fails later
+            pass
+    return made
+
+
+def fsync_tree(path: str, root: str) -> None:
+    """Fsync every folder under ``path`` (itself included, links not followed, the deepest
+    first), then each folder above it up to ``root``."""
+    if native:
+        _files.fsync_tree(path, root)
+        return
+    for folder, _, _ in os.walk(path, topdown=False):
+        fsync_folder(folder)
+    while path != root and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+        fsync_folder(path)
+
+
+def fsync_folder(path: str) -> None:
+    """Fsync a folder's entries (a missing folder: nothing to make durable)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _create_anew(path: str) -> int:
+    """A new file at ``path`` open for writing: one there is unlinked first. Ranks writing the
+    same key (a commit's group metadata) race here; each ends with a whole file of its own."""
+    for _ in range(100):
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:  # another writer unlinked it first
+                pass
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)

@@ -1,0 +1,227 @@
+"""A local store's file-system steps (ckptstore.storage.fileops): the compiled steps, each one
+call with the GIL released, against their Python twins -- the same results, files and errors --
+and the system calls the compiled ones make (strace, where the machine has it)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from ckptstore.storage import fileops
+
+pytestmark = pytest.mark.skipif(not fileops.native,
+                                reason="ckptstore.storage._files is not built here (not POSIX)")
+
+
+@pytest.fixture(params=[True, False], ids=["compiled", "python"])
+def steps(request, monkeypatch):
+    """Each test once with the compiled steps, once with the Python ones."""
+    monkeypatch.setattr(fileops, "native", request.param)
+    return request.param
+
+
+def _outcome(fn, *args):
+    """What a step gives: ("ok", value) or ("error", exception class, errno, filename)."""
+    try:
+        return "ok", fn(*args)
+    except OSError as e:
+        return "error", type(e), e.errno, e.filename
+
+
+def _both(monkeypatch, fn, *args, reset=None):
+    """``fn(*args)`` under each implementation (``reset()`` before each); the two outcomes."""
+    out = []
+    for native in (True, False):
+        if reset is not None:
+            reset()
+        monkeypatch.setattr(fileops, "native", native)
+        out.append(_outcome(fn, *args))
+    return out
+
+
+# -- write_new ----------------------------------------------------------------------------
+@pytest.mark.parametrize("parts", [
+    [b"a" * 1000, memoryview(b"b" * 10), b"", b"c"],
+    [np.arange(300, dtype=np.float32)],  # a numpy array: its bytes, not its length
+    [bytes([i % 251]) * (i % 7) for i in range(2500)],  # more buffers than one writev takes
+    [],
+])
+def test_write_new_writes_every_part_in_order(tmp_path, steps, parts):
+    path = str(tmp_path / "f")
+    expected = b"".join(memoryview(p).cast("B").tobytes() for p in parts)
+    assert fileops.write_new(path, parts, fsync=True) == len(expected)
+    with open(path, "rb") as f:
+        assert f.read() == expected
+    assert oct(os.stat(path).st_mode & 0o777) == oct(0o644 & ~_umask())
+
+
+def test_write_new_replaces_a_file_without_writing_through_its_links(tmp_path, steps):
+    path, other = str(tmp_path / "f"), str(tmp_path / "g")
+    with open(other, "wb") as f:
+        f.write(b"shared")
+    os.link(other, path)  # a chunk hard-linked from an earlier commit
+    fileops.write_new(path, [b"new"], fsync=False)
+    assert open(path, "rb").read() == b"new" and open(other, "rb").read() == b"shared"
+    os.symlink(other, str(tmp_path / "s"))
+    fileops.write_new(str(tmp_path / "s"), [b"x"], fsync=False)  # the link goes, not its file
+    assert not os.path.islink(tmp_path / "s") and open(other, "rb").read() == b"shared"
+
+
+def test_write_new_errors_match(tmp_path, monkeypatch):
+    missing = str(tmp_path / "no" / "f")
+    a, b = _both(monkeypatch, fileops.write_new, missing, [b"x"], False)
+    assert a == b and a[1] is FileNotFoundError and a[3] == missing
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "inner").mkdir()  # a folder where the file goes: unlink fails
+    a, b = _both(monkeypatch, fileops.write_new, str(tmp_path / "d" / "inner"), [b"x"], False)
+    assert a[0] == b[0] == "error" and a[1] is b[1] and a[2] == b[2]
+    with pytest.raises(TypeError):
+        fileops.native = True
+        fileops.write_new(str(tmp_path / "t"), [object()], False)
+
+
+def test_write_new_inside_makes_and_checks_the_folder(tmp_path, monkeypatch):
+    root = tmp_path / "root"
+    (root / "data").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, root / "linked")
+    (root / "data" / "there").mkdir()
+    real = str(root)
+    cases = {  # the chunk's path -> what comes back
+        root / "data" / "c0" / "0": 1,           # a new folder in a folder inside: written
+        root / "linked" / "c0" / "0": -1,        # its parent leads out of the store
+        root / "data" / "there" / "0": -1,       # its folder is there already: the checked way
+        root / "missing" / "c0" / "0": -1,       # its parent is missing
+    }
+    for path, expected in cases.items():
+        def reset(path=path):
+            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+            if path.parent.name == "there":
+                path.parent.mkdir()
+
+        a, b = _both(monkeypatch, fileops.write_new, str(path), [b"x"], True, real, reset=reset)
+        assert a == b == ("ok", expected), path
+    assert os.listdir(outside) == []
+
+
+# -- resolve_existing ---------------------------------------------------------------------
+def test_resolve_existing_matches_its_twin(tmp_path, monkeypatch):
+    root = tmp_path / "root"
+    (root / "a" / "b").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, root / "out")                 # a folder linked out of the root
+    os.symlink(root / "a", root / "alias")            # a link inside
+    os.symlink(root / "nowhere", root / "dangling")   # a dangling link
+    os.symlink(root / "loop", root / "loop")          # a loop
+    cases = [root / "a" / "b", root / "a" / "b" / "x" / "y", root / "out" / "c",
+             root / "alias" / "b" / "new", root / "dangling" / "new", root / "loop" / "x",
+             tmp_path / "not-made" / "x", root]
+    for path in cases:
+        a, b = _both(monkeypatch, fileops.resolve_existing, str(path), str(root))
+        assert a == b, path
+    assert fileops.resolve_existing(str(root / "out" / "c"), str(root))[1] == str(outside)
+    stop = str(tmp_path / "not-made")
+    assert fileops.resolve_existing(stop + "/x/y", stop) is None  # the root not made yet
+
+
+# -- make_folders -------------------------------------------------------------------------
+def test_make_folders_matches_its_twin(tmp_path, monkeypatch):
+    target = tmp_path / "a" / "b" / "c"
+
+    def reset():
+        shutil.rmtree(tmp_path / "a", ignore_errors=True)
+
+    a, b = _both(monkeypatch, fileops.make_folders, str(target), reset=reset)
+    assert a == b == ("ok", [str(tmp_path / "a"), str(tmp_path / "a" / "b"), str(target)])
+    assert fileops.make_folders(str(target)) == []  # all there
+    (tmp_path / "f").write_bytes(b"")  # a file in the way
+    a, b = _both(monkeypatch, fileops.make_folders, str(tmp_path / "f" / "x"))
+    assert a == b and a[0] == "error" and a[1] is NotADirectoryError
+
+
+def test_make_folders_passes_over_folders_another_writer_makes(tmp_path, steps):
+    results: list[list[str]] = []
+    barrier = threading.Barrier(4)
+
+    def make() -> None:
+        barrier.wait()
+        results.append(fileops.make_folders(str(tmp_path / "x" / "y" / "z")))
+
+    threads = [threading.Thread(target=make) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    made = sorted(m for r in results for m in r)
+    assert made == sorted({str(tmp_path / "x"), str(tmp_path / "x" / "y"),
+                           str(tmp_path / "x" / "y" / "z")})  # each made by exactly one
+
+
+# -- fsync_tree ---------------------------------------------------------------------------
+def test_fsync_tree_walks_folders_and_skips_what_is_gone(tmp_path, monkeypatch):
+    root = tmp_path / "root"
+    (root / "data" / "c1" / "c" / "0").mkdir(parents=True)
+    (root / "data" / "c1" / "c" / "1").mkdir()
+    (root / "data" / "c1" / "c" / "0" / "0").write_bytes(b"chunk")
+    os.symlink("/proc", root / "data" / "c1" / "linked")  # never walked
+    for path in (root / "data" / "c1", root / "data" / "gone"):
+        a, b = _both(monkeypatch, fileops.fsync_tree, str(path), str(root))
+        assert a == b == ("ok", None)
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed here")
+def test_compiled_steps_make_the_expected_system_calls(tmp_path):
+    script = (
+        "import sys; from ckptstore.storage import fileops as f; r = sys.argv[1]\n"
+        "f.make_folders(r + '/d/c/0'); f.write_new(r + '/d/c/0/0', [b'a', b'b'], True)\n"
+        "f.write_new(r + '/d/c/0/1', [b'a'], False); f.fsync_tree(r + '/d', r)\n")
+    trace = subprocess.run(
+        ["strace", "-f", "-e", "trace=openat,writev,fsync,mkdir,unlink", sys.executable, "-c",
+         script, str(tmp_path)], capture_output=True, text=True, check=True).stderr
+    ours = [line for line in trace.splitlines() if str(tmp_path) in line or "writev(" in line
+            or "fsync(" in line]
+    calls = [line.split("(")[0].split("]")[-1].strip() for line in ours]
+    # the folders, the durable chunk (open, one writev, fsync), the other (no fsync)
+    assert calls[:8] == ["mkdir"] * 3 + ["openat", "writev", "fsync", "openat", "writev"]
+    # then every folder of the tree listed, and fsynced deepest first, and the root above it
+    synced = [ours[i].split('"')[1] for i in range(8, len(ours) - 1)
+              if calls[i] == "openat" and calls[i + 1] == "fsync"]
+    r = str(tmp_path)
+    assert synced == [r + "/d/c/0", r + "/d/c", r + "/d", r]
+    assert calls.count("fsync") == 5
+
+
+def test_a_step_lets_other_threads_run(tmp_path, steps):
+    """The compiled step runs without the GIL: a thread spinning in Python keeps going while a
+    large fsynced write runs (the Python twin releases it too, once per call)."""
+    data = np.zeros(64 << 20, dtype=np.uint8)
+    done = threading.Event()
+    spins = [0]
+
+    def spin() -> None:
+        while not done.is_set():
+            spins[0] += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    time.sleep(0.01)
+    before = spins[0]
+    fileops.write_new(str(tmp_path / "big"), [data], fsync=True)
+    done.set()
+    t.join()
+    assert spins[0] > before
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
