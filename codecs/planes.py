@@ -43,6 +43,7 @@ import numpy as np
 from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray
 
+from ._backend import CHOICE, native
 from ._buffers import as_input, check_bool, payload
 from ._bytegroup import sample_rows, split_rows
 from ._pkernels import HUFFMAN, RAW, ZSTD
@@ -136,32 +137,53 @@ def planes_encode(data, itemsize: int = 4, rotate: bool = True,
     out = np.empty(_HEAD.size + itemsize * stride + tail, np.uint8)  # every plane raw, at most
     version = VERSION_TAIL if tail else VERSION  # whole items: version 1, byte for byte
     _HEAD.pack_into(out, 0, version, itemsize, int(rotate), 0, src.size, block)
-    split_rows(src[:n * itemsize], itemsize, rotate, out, base, stride)
-    methods, zbuf, zoff = _choose(out, base, stride, n, itemsize, block)
-    end = _K.pack_planes(out, base, n, itemsize, block, methods, zbuf, zoff)
+    step = start = length = 0  # small planes: no sampling, Huffman where it pays
+    if n > SMALL:  # too small for sampling to pay
+        length = min(n, NEAR)
+        step = max(SPARSE, n // STRIDED)
+        step += (1, 0, 3, 2, 1, 0)[step % 6]  # prime to 6: rows of 2**k * 3 numbers do not alias
+        start = (n - length) // 2
+    # filled by the layout (np.empty: np.zeros of more than 1 KB hands the GIL over)
+    freq, near = np.empty((2, itemsize, 256), np.int64)
+    repeats, methods = np.empty(itemsize, np.int64), np.empty(itemsize, np.int64)
+    end, trials = _layout(src[:n * itemsize], itemsize, rotate, out, base, stride, step, start,
+                          length, freq, near, repeats, methods, block, HUFFMAN_BELOW,
+                          EXTRA_REPEATS)
+    if end < 0:  # zstd tried where the samples say it may pay, then the planes laid out
+        rows = [out[base + p * stride:base + p * stride + n] for p in range(itemsize)]
+        zbuf, zoff = _zstd_trials(rows, freq, near, trials, methods, block)
+        end = _K.pack_planes(out, base, n, itemsize, block, methods, zbuf, zoff)
     out[end:end + tail] = src[n * itemsize:]
     return out[:end + tail]
 
 
-def _choose(out: np.ndarray, base: int, stride: int, n: int, itemsize: int,
-            block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The coding of each plane of ``out`` (:func:`ckptcodecs._pkernels.pack_planes` settles
-    HUFFMAN against RAW), with the payloads of the zstd planes and their offsets."""
-    methods = np.full(itemsize, HUFFMAN, np.int64)  # small planes: Huffman where it pays
-    zbuf, zoff = _NO_ZSTD, np.zeros(itemsize + 1, np.int64)
-    if n > SMALL:  # too small for sampling to pay
-        freq, near = np.zeros((2, itemsize, 256), np.int64)
-        repeats, length = np.zeros(itemsize, np.int64), min(n, NEAR)
-        step = max(SPARSE, n // STRIDED)
-        step += (1, 0, 3, 2, 1, 0)[step % 6]  # prime to 6: rows of 2**k * 3 numbers do not alias
-        count = sample_rows(out, base, stride, n, itemsize, step, (n - length) // 2, length,
-                            freq, near, repeats)
-        trials = _K.choose_methods(freq, near, repeats, count, length, HUFFMAN_BELOW,
-                                EXTRA_REPEATS, methods)
-        if trials:
-            rows = [out[base + p * stride:base + p * stride + n] for p in range(itemsize)]
-            zbuf, zoff = _zstd_trials(rows, freq, near, trials, methods, block)
-    return methods, zbuf, zoff
+def _layout_steps(src: np.ndarray, itemsize: int, rotate: bool, out: np.ndarray, base: int,
+                  stride: int, step: int, start: int, length: int, freq: np.ndarray,
+                  near: np.ndarray, repeats: np.ndarray, methods: np.ndarray, block: int,
+                  below: float, extra: float) -> tuple[int, int]:
+    """The planes of ``src`` into ``out`` (plane ``p`` at ``base + p * stride``), the coding of
+    each from samples of ``length`` bytes (none when 0: Huffman where it pays) into
+    ``methods``, and, where no plane asks for a zstd trial (the bitmask ``trials``), the planes
+    laid out: ``(end of the last plane, 0)``, else ``(-1, trials)``. The C kernel
+    ``planes_encode_layout`` runs the same steps in one call."""
+    split_rows(src, itemsize, rotate, out, base, stride)
+    methods[:] = HUFFMAN
+    trials = 0
+    if length:
+        freq[:] = 0
+        near[:] = 0
+        count = sample_rows(out, base, stride, stride - _PLANE.size, itemsize, step, start,
+                            length, freq, near, repeats)
+        trials = _K.choose_methods(freq, near, repeats, count, length, below, extra, methods)
+    if trials:
+        return -1, trials
+    return _K.pack_planes(out, base, stride - _PLANE.size, itemsize, block, methods, _NO_ZSTD,
+                          np.zeros(itemsize + 1, np.int64)), 0
+
+
+#: BytePlanes' encode steps in one call where the kernels are C (one release of the GIL, not
+#: four), else the steps one by one
+_layout = native().planes_encode_layout if CHOICE == "c" else _layout_steps
 
 
 class BytePlanes(Codec):

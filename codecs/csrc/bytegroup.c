@@ -55,7 +55,7 @@ static void split8(const uint8_t *restrict src, Py_ssize_t n, int rotate,
 static void split_planes(const uint8_t *src, Py_ssize_t n, int itemsize, int rotate,
                          uint8_t *out, Py_ssize_t stride)
 {
-    uint8_t *p[8];
+    uint8_t *p[8] = {0};
     if (itemsize == 1) {
         memmove(out, src, (size_t)n);
         return;
@@ -296,6 +296,22 @@ static PyObject *ck_sample_rows(PyObject *self, PyObject *args)
     }
     ck_release(v, 4);
     return NULL;
+}
+
+/* The planes' steps without their checks, for BytePlanes' one-call encode (planes_layout.c). */
+void ck_split_planes(const uint8_t *src, Py_ssize_t n, int itemsize, int rotate, uint8_t *out,
+                     Py_ssize_t stride)
+{
+    split_planes(src, n, itemsize, rotate, out, stride);
+}
+
+void ck_sample_planes(const uint8_t *out, Py_ssize_t stride, Py_ssize_t n, Py_ssize_t itemsize,
+                      Py_ssize_t step, Py_ssize_t start, Py_ssize_t length, int64_t *freq,
+                      int64_t *near, int64_t *repeats)
+{
+    for (Py_ssize_t p = 0; p < itemsize; p++)
+        sample_plane(out + p * stride, n, step, start, length, freq + 256 * p, near + 256 * p,
+                     repeats + p);
 }
 
 PyMethodDef ck_bytegroup_methods[] = {

@@ -82,6 +82,15 @@ int ck_vector(void);
             name##_base args;                                                                \
     }
 
+/* BytePlanes' split and sampling steps, unchecked (bytegroup.c): plane p of the n items of src
+   at out + p * stride; the strided histograms, contiguous histograms and repeats of each plane
+   added into freq[p], near[p] and set in repeats[p] (sample_rows). */
+void ck_split_planes(const uint8_t *src, Py_ssize_t n, int itemsize, int rotate, uint8_t *out,
+                     Py_ssize_t stride);
+void ck_sample_planes(const uint8_t *out, Py_ssize_t stride, Py_ssize_t n, Py_ssize_t itemsize,
+                      Py_ssize_t step, Py_ssize_t start, Py_ssize_t length, int64_t *freq,
+                      int64_t *near, int64_t *repeats);
+
 /* RLEHuffman's tables (rle_huffman_tables.c): Huffman code lengths (at most 24) of the positive
    freq[0..n) into lens, canonical codes of lens[0..n) (each 0..24) into codes; 0 when memory
    runs out. */

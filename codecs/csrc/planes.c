@@ -36,6 +36,10 @@ PyMethodDef ck_planes_methods[] = {
     {"planes_choose_methods", ck_planes_choose_methods, METH_VARARGS,
      "choose_methods(freq, near, repeats, count, length, below, extra, methods) -> the planes"
      " where zstd may pay (a bitmask)."},
+    {"planes_encode_layout", ck_planes_encode_layout, METH_VARARGS,
+     "encode_layout(src, itemsize, rotate, out, base, stride, step, start, length, freq, near,"
+     " repeats, methods, block, below, extra) -> (end, trials): split_rows, sample_rows,"
+     " choose_methods and (no zstd trial) pack_planes in one call; end -1: trials to run."},
     {"planes_pack_planes", ck_planes_pack_planes, METH_VARARGS,
      "pack_planes(out, base, n, itemsize, block, methods, zbuf, zoff) -> where the last plane"
      " ends."},

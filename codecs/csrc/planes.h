@@ -71,7 +71,17 @@ int pl_lens_ok(const int64_t *lens, int64_t count, const char *what);
 int64_t pl_encode_lengths(const uint8_t *plane, int64_t n, int64_t block, const int64_t *lens,
                           uint8_t *out, int64_t size, int bmi2);
 
+#define PL_PLANE_HEAD 9 /* a plane's head in the payload: u8 method, u64 size */
+
+/* choose_methods and pack_planes without their checks (planes_pack.c). */
+int64_t pl_choose(const int64_t *freq, const int64_t *near, const int64_t *repeats,
+                  int64_t planes, int64_t count, int64_t length, double below, double extra,
+                  int64_t *methods);
+int64_t pl_pack(uint8_t *out, int64_t base, int64_t n, int64_t itemsize, int64_t block,
+                int64_t *methods, const uint8_t *zbuf, const int64_t *zoff, int bmi2);
+
 /* The kernels of the family's files, listed in planes.c's table. */
+PyObject *ck_planes_encode_layout(PyObject *self, PyObject *args);
 PyObject *ck_planes_huffman_decode(PyObject *self, PyObject *args);
 PyObject *ck_planes_huffman_encode_lengths(PyObject *self, PyObject *args);
 PyObject *ck_planes_huffman_encode(PyObject *self, PyObject *args);

@@ -200,3 +200,18 @@ PyObject *ck_planes_pack_planes(PyObject *self, PyObject *args)
         return NULL;
     return PyLong_FromLongLong(pos);
 }
+
+/* choose and pack without their checks, for BytePlanes' one-call encode (planes_layout.c). */
+int64_t pl_choose(const int64_t *freq, const int64_t *near, const int64_t *repeats,
+                  int64_t planes, int64_t count, int64_t length, double below, double extra,
+                  int64_t *methods)
+{
+    return choose(freq, near, repeats, planes, count, length, below, extra, methods);
+}
+
+int64_t pl_pack(uint8_t *out, int64_t base, int64_t n, int64_t itemsize, int64_t block,
+                int64_t *methods, const uint8_t *zbuf, const int64_t *zoff, int bmi2)
+{
+    pack_t k = {out, base, n, itemsize, block, methods, zbuf, zoff, bmi2};
+    return pack(&k);
+}
