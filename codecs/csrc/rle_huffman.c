@@ -2,7 +2,8 @@
    scanned twice -- once to count the symbols, once to write their codes MSB first -- around
    the code tables (rle_huffman_tables.c); no symbol stream is stored (each scan finds the
    runs of a chunk without a branch on the data, run_starts, then walks them). Symbols: a
-   byte value v is index v, a run of r >= 2 (the value before it occurs r times) is index RUN_BASE + r. */
+   byte value v is index v, a run of r >= 2 (the value before it occurs r times) is index
+   RUN_BASE + r. */
 #include "native.h"
 
 #define ALPHABET (1 << 16)
