@@ -181,7 +181,7 @@ static Py_ssize_t merge_avx2_any(const uint8_t *const *planes, Py_ssize_t count,
    place -- what numba's LLVM makes of the plain loops on this CPU (AMD EPYC, AVX-512), where
    the unpack rounds above ran at 0.86-0.91x its speed. Each plane's bytes of a step are
    stored (or loaded) together, whole 64-byte lines, as numba's loops do. */
-#define AVX512_FN static __attribute__((target("arch=x86-64-v4")))
+#define AVX512_FN static CK_TARGET_AVX512  /* x86-64-v4, as CK_BUILDS' copies */
 
 AVX512_FN Py_ssize_t split_avx512(const uint8_t *src, Py_ssize_t count, int n, int rotate,
                                   uint8_t *const *planes)
