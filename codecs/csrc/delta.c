@@ -48,15 +48,14 @@ static int encode(const uint8_t *new, const uint8_t *base, Py_ssize_t n, int k, 
 
 static int decode(const uint8_t *res, const uint8_t *base, Py_ssize_t n, int k, uint8_t *out)
 {
-    int64_t pos[256];
-    const uint8_t *next[256];  /* each bucket's next residual */
+    int64_t pos[256];  /* each bucket's next residual */
     if (!bucket_offsets(base, n, k, pos))
         return 0;
-    for (int b = 0; b < k; b++)
-        next[b] = res + pos[b];
+    /* Four values a step, as numba's loop (gcc did not unroll it: 0.85-0.95x numba). */
+#pragma GCC unroll 4
     for (Py_ssize_t i = 0; i < n; i++) {
         int b = base[i];
-        int v = b + *next[b]++;
+        int v = b + res[pos[b]++];
         out[i] = (uint8_t)(v - (k & -(v >= k)));  /* no branch: v >= k is data */
     }
     return 1;

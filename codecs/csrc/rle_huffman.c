@@ -1,7 +1,9 @@
 /* RLEHuffman's encoder (the twin of ckptcodecs/_hkernels.py's encode_stream): the runs are
    scanned twice -- once to count the symbols, once to write their codes MSB first -- around
-   the code tables (rle_huffman_tables.c); no symbol stream is stored. Symbols: a byte value v
-   is index v, a run of r >= 2 (the value before it occurs r times) is index RUN_BASE + r. */
+   the code tables (rle_huffman_tables.c); no symbol stream is stored (each scan finds the
+   runs of a chunk without a branch on the data, run_starts, then walks them). Symbols: a
+   byte value v is index v, a run of r >= 2 (the value before it occurs r times) is index
+   RUN_BASE + r. */
 #include "native.h"
 
 #define ALPHABET (1 << 16)
@@ -11,69 +13,192 @@
 
 
 /* The symbol index of a piece of a run: RUN_BASE + piece, or for a piece of one (it has no
-   run symbol) NONE + lane, one of 4 slots past the alphabet that count in turn and write no
-   bits. Without a branch: whether a run goes on is data. */
+   run symbol) NONE + lane, one of LANES slots past the alphabet that count in turn and write no
+   bits. Without a branch: whether a run goes on is data (one run in five or fewer on the
+   benchmarks' data: a branch on it mispredicts). */
 #define NONE ALPHABET
-#define SLOTS (ALPHABET + 4)
-static inline Py_ssize_t run_symbol(Py_ssize_t piece, Py_ssize_t lane)
+#define LANES 8  /* a counter a run in 8 at most: a run of pieces of one waits on none */
+#define SLOTS (ALPHABET + LANES)
+
+/* -1 when piece > 1, else 0: a value gcc cannot see through (it turned the selects on it back
+   into branches, threading them into the loop around). */
+static inline Py_ssize_t run_many(Py_ssize_t piece)
 {
-    return piece > 1 ? RUN_BASE + piece : NONE + lane;
+    Py_ssize_t many = -(Py_ssize_t)(piece > 1);
+#if defined(__GNUC__)
+    __asm__("" : "+r"(many));
+#endif
+    return many;
 }
 
-/* Count the symbols of a run of `run` copies of v (pieces of at most MAX_RUN) into vfreq's
-   lanes and freq (SLOTS); the symbol count after them. */
-static Py_ssize_t count_run(int v, Py_ssize_t run, Py_ssize_t m, int64_t (*vfreq)[256],
-                            int64_t *freq)
+static inline Py_ssize_t run_symbol(Py_ssize_t piece, Py_ssize_t many, Py_ssize_t lane)
 {
-    do {
-        Py_ssize_t piece = run < MAX_RUN ? run : MAX_RUN;
-        vfreq[m & 3][v]++;
-        freq[run_symbol(piece, m & 3)]++;
-        m += 1 + (piece > 1);
-        run -= piece;
-    } while (run > 0);
+    return (NONE + lane) ^ (((RUN_BASE + piece) ^ (NONE + lane)) & many);
+}
+
+/* Count the symbols of one piece of a run of v into vfreq's lanes and freq (SLOTS); the
+   symbol count after them. */
+static inline Py_ssize_t count_piece(int v, Py_ssize_t piece, Py_ssize_t m,
+                                     int64_t (*vfreq)[256], int64_t *freq)
+{
+    Py_ssize_t many = run_many(piece);
+    vfreq[m & (LANES - 1)][v]++;
+    freq[run_symbol(piece, many, m & (LANES - 1))]++;
+    return m + 1 + (many & 1);
+}
+
+/* Count the symbols of a run of `run` >= 1 copies of v (pieces of MAX_RUN, then the rest); the
+   symbol count after them. */
+static inline Py_ssize_t count_run(int v, Py_ssize_t run, Py_ssize_t m, int64_t (*vfreq)[256],
+                                   int64_t *freq)
+{
+    for (; run > MAX_RUN; run -= MAX_RUN)
+        m = count_piece(v, MAX_RUN, m, vfreq, freq);
+    return count_piece(v, run, m, vfreq, freq);
+}
+
+/* Where runs begin in data[i0, i1) (1 <= i0, i1 - i0 <= RUN_CHUNK): the offsets from i0 of
+   the bytes that differ from the one before them, in order, into starts (RUN_CHUNK + 8
+   slots); how many. Eight bytes a step (each byte against the one before it): the mask of the bytes
+   that differ picks from STARTS the offsets of its set bits (eight 16-bit lanes, the rest
+   zero), which are stored whole at starts[m] with the step's offset added to each lane, and m
+   advances by how many differ -- no branch on the data (where a run ends is data: a branch on
+   it mispredicts about once a run) and two stores a step. STARTS[k] is
+   [j for j in range(8) if k >> j & 1] padded with zeros, as two little-endian u64. */
+#define HIGH UINT64_C(0x8080808080808080)
+#define LOW7 UINT64_C(0x7f7f7f7f7f7f7f7f)
+#define ONES UINT64_C(0x0101010101010101)
+#define LANES16 UINT64_C(0x0001000100010001)
+#define GATHER UINT64_C(0x0102040810204080)  /* bit 8k -> bit 56 + k */
+#define RUN_CHUNK 8192
+static const uint64_t STARTS[256][2] = {
+    {0x0, 0x0}, {0x0, 0x0}, {0x1, 0x0}, {0x10000, 0x0}, {0x2, 0x0}, {0x20000, 0x0}, {0x20001, 0x0},
+    {0x200010000, 0x0}, {0x3, 0x0}, {0x30000, 0x0}, {0x30001, 0x0}, {0x300010000, 0x0},
+    {0x30002, 0x0}, {0x300020000, 0x0}, {0x300020001, 0x0}, {0x3000200010000, 0x0}, {0x4, 0x0},
+    {0x40000, 0x0}, {0x40001, 0x0}, {0x400010000, 0x0}, {0x40002, 0x0}, {0x400020000, 0x0},
+    {0x400020001, 0x0}, {0x4000200010000, 0x0}, {0x40003, 0x0}, {0x400030000, 0x0},
+    {0x400030001, 0x0}, {0x4000300010000, 0x0}, {0x400030002, 0x0}, {0x4000300020000, 0x0},
+    {0x4000300020001, 0x0}, {0x3000200010000, 0x4}, {0x5, 0x0}, {0x50000, 0x0}, {0x50001, 0x0},
+    {0x500010000, 0x0}, {0x50002, 0x0}, {0x500020000, 0x0}, {0x500020001, 0x0},
+    {0x5000200010000, 0x0}, {0x50003, 0x0}, {0x500030000, 0x0}, {0x500030001, 0x0},
+    {0x5000300010000, 0x0}, {0x500030002, 0x0}, {0x5000300020000, 0x0}, {0x5000300020001, 0x0},
+    {0x3000200010000, 0x5}, {0x50004, 0x0}, {0x500040000, 0x0}, {0x500040001, 0x0},
+    {0x5000400010000, 0x0}, {0x500040002, 0x0}, {0x5000400020000, 0x0}, {0x5000400020001, 0x0},
+    {0x4000200010000, 0x5}, {0x500040003, 0x0}, {0x5000400030000, 0x0}, {0x5000400030001, 0x0},
+    {0x4000300010000, 0x5}, {0x5000400030002, 0x0}, {0x4000300020000, 0x5}, {0x4000300020001, 0x5},
+    {0x3000200010000, 0x50004}, {0x6, 0x0}, {0x60000, 0x0}, {0x60001, 0x0}, {0x600010000, 0x0},
+    {0x60002, 0x0}, {0x600020000, 0x0}, {0x600020001, 0x0}, {0x6000200010000, 0x0}, {0x60003, 0x0},
+    {0x600030000, 0x0}, {0x600030001, 0x0}, {0x6000300010000, 0x0}, {0x600030002, 0x0},
+    {0x6000300020000, 0x0}, {0x6000300020001, 0x0}, {0x3000200010000, 0x6}, {0x60004, 0x0},
+    {0x600040000, 0x0}, {0x600040001, 0x0}, {0x6000400010000, 0x0}, {0x600040002, 0x0},
+    {0x6000400020000, 0x0}, {0x6000400020001, 0x0}, {0x4000200010000, 0x6}, {0x600040003, 0x0},
+    {0x6000400030000, 0x0}, {0x6000400030001, 0x0}, {0x4000300010000, 0x6}, {0x6000400030002, 0x0},
+    {0x4000300020000, 0x6}, {0x4000300020001, 0x6}, {0x3000200010000, 0x60004}, {0x60005, 0x0},
+    {0x600050000, 0x0}, {0x600050001, 0x0}, {0x6000500010000, 0x0}, {0x600050002, 0x0},
+    {0x6000500020000, 0x0}, {0x6000500020001, 0x0}, {0x5000200010000, 0x6}, {0x600050003, 0x0},
+    {0x6000500030000, 0x0}, {0x6000500030001, 0x0}, {0x5000300010000, 0x6}, {0x6000500030002, 0x0},
+    {0x5000300020000, 0x6}, {0x5000300020001, 0x6}, {0x3000200010000, 0x60005}, {0x600050004, 0x0},
+    {0x6000500040000, 0x0}, {0x6000500040001, 0x0}, {0x5000400010000, 0x6}, {0x6000500040002, 0x0},
+    {0x5000400020000, 0x6}, {0x5000400020001, 0x6}, {0x4000200010000, 0x60005},
+    {0x6000500040003, 0x0}, {0x5000400030000, 0x6}, {0x5000400030001, 0x6},
+    {0x4000300010000, 0x60005}, {0x5000400030002, 0x6}, {0x4000300020000, 0x60005},
+    {0x4000300020001, 0x60005}, {0x3000200010000, 0x600050004}, {0x7, 0x0}, {0x70000, 0x0},
+    {0x70001, 0x0}, {0x700010000, 0x0}, {0x70002, 0x0}, {0x700020000, 0x0}, {0x700020001, 0x0},
+    {0x7000200010000, 0x0}, {0x70003, 0x0}, {0x700030000, 0x0}, {0x700030001, 0x0},
+    {0x7000300010000, 0x0}, {0x700030002, 0x0}, {0x7000300020000, 0x0}, {0x7000300020001, 0x0},
+    {0x3000200010000, 0x7}, {0x70004, 0x0}, {0x700040000, 0x0}, {0x700040001, 0x0},
+    {0x7000400010000, 0x0}, {0x700040002, 0x0}, {0x7000400020000, 0x0}, {0x7000400020001, 0x0},
+    {0x4000200010000, 0x7}, {0x700040003, 0x0}, {0x7000400030000, 0x0}, {0x7000400030001, 0x0},
+    {0x4000300010000, 0x7}, {0x7000400030002, 0x0}, {0x4000300020000, 0x7}, {0x4000300020001, 0x7},
+    {0x3000200010000, 0x70004}, {0x70005, 0x0}, {0x700050000, 0x0}, {0x700050001, 0x0},
+    {0x7000500010000, 0x0}, {0x700050002, 0x0}, {0x7000500020000, 0x0}, {0x7000500020001, 0x0},
+    {0x5000200010000, 0x7}, {0x700050003, 0x0}, {0x7000500030000, 0x0}, {0x7000500030001, 0x0},
+    {0x5000300010000, 0x7}, {0x7000500030002, 0x0}, {0x5000300020000, 0x7}, {0x5000300020001, 0x7},
+    {0x3000200010000, 0x70005}, {0x700050004, 0x0}, {0x7000500040000, 0x0}, {0x7000500040001, 0x0},
+    {0x5000400010000, 0x7}, {0x7000500040002, 0x0}, {0x5000400020000, 0x7}, {0x5000400020001, 0x7},
+    {0x4000200010000, 0x70005}, {0x7000500040003, 0x0}, {0x5000400030000, 0x7},
+    {0x5000400030001, 0x7}, {0x4000300010000, 0x70005}, {0x5000400030002, 0x7},
+    {0x4000300020000, 0x70005}, {0x4000300020001, 0x70005}, {0x3000200010000, 0x700050004},
+    {0x70006, 0x0}, {0x700060000, 0x0}, {0x700060001, 0x0}, {0x7000600010000, 0x0},
+    {0x700060002, 0x0}, {0x7000600020000, 0x0}, {0x7000600020001, 0x0}, {0x6000200010000, 0x7},
+    {0x700060003, 0x0}, {0x7000600030000, 0x0}, {0x7000600030001, 0x0}, {0x6000300010000, 0x7},
+    {0x7000600030002, 0x0}, {0x6000300020000, 0x7}, {0x6000300020001, 0x7},
+    {0x3000200010000, 0x70006}, {0x700060004, 0x0}, {0x7000600040000, 0x0}, {0x7000600040001, 0x0},
+    {0x6000400010000, 0x7}, {0x7000600040002, 0x0}, {0x6000400020000, 0x7}, {0x6000400020001, 0x7},
+    {0x4000200010000, 0x70006}, {0x7000600040003, 0x0}, {0x6000400030000, 0x7},
+    {0x6000400030001, 0x7}, {0x4000300010000, 0x70006}, {0x6000400030002, 0x7},
+    {0x4000300020000, 0x70006}, {0x4000300020001, 0x70006}, {0x3000200010000, 0x700060004},
+    {0x700060005, 0x0}, {0x7000600050000, 0x0}, {0x7000600050001, 0x0}, {0x6000500010000, 0x7},
+    {0x7000600050002, 0x0}, {0x6000500020000, 0x7}, {0x6000500020001, 0x7},
+    {0x5000200010000, 0x70006}, {0x7000600050003, 0x0}, {0x6000500030000, 0x7},
+    {0x6000500030001, 0x7}, {0x5000300010000, 0x70006}, {0x6000500030002, 0x7},
+    {0x5000300020000, 0x70006}, {0x5000300020001, 0x70006}, {0x3000200010000, 0x700060005},
+    {0x7000600050004, 0x0}, {0x6000500040000, 0x7}, {0x6000500040001, 0x7},
+    {0x5000400010000, 0x70006}, {0x6000500040002, 0x7}, {0x5000400020000, 0x70006},
+    {0x5000400020001, 0x70006}, {0x4000200010000, 0x700060005}, {0x6000500040003, 0x7},
+    {0x5000400030000, 0x70006}, {0x5000400030001, 0x70006}, {0x4000300010000, 0x700060005},
+    {0x5000400030002, 0x70006}, {0x4000300020000, 0x700060005}, {0x4000300020001, 0x700060005},
+    {0x3000200010000, 0x7000600050004}
+};
+
+static inline int run_starts(const uint8_t *data, Py_ssize_t i0, Py_ssize_t i1,
+                             uint16_t *starts)
+{
+    int m = 0;
+    Py_ssize_t i = i0;
+    for (; i + 8 <= i1; i += 8) {
+        uint64_t d = ck_load64(data + i) ^ ck_load64(data + i - 1);
+        uint64_t e = ((((d & LOW7) + LOW7) | d) & HIGH) >> 7;  /* byte k: 1 if byte k differs */
+        const uint64_t *offs = STARTS[(e * GATHER) >> 56];
+        uint64_t at = (uint64_t)(i - i0) * LANES16;
+        uint64_t lo = offs[0] + at, hi = offs[1] + at;
+        memcpy(starts + m, &lo, 8);
+        memcpy(starts + m + 4, &hi, 8);
+        m += (int)((e * ONES) >> 56);
+    }
+    for (; i < i1; i++) {
+        starts[m] = (uint16_t)(i - i0);
+        m += data[i] != data[i - 1];
+    }
     return m;
 }
 
 /* For each run of equal bytes of data[0..n) (n >= 1), in order: BODY with `v` its value and
-   `run` its length. Where a run ends is found eight bytes a step (each byte against the one
-   before it; the set bits of a mask walked in order), so that the loop waits on no load. */
-#define HIGH UINT64_C(0x8080808080808080)
-#define LOW7 UINT64_C(0x7f7f7f7f7f7f7f7f)
+   `run` its length. The runs' starts are found a chunk at a time (run_starts), then BODY runs
+   over them in a loop of known length. */
 #define FOR_EACH_RUN(data, n, BODY)                                                          \
     do {                                                                                     \
-        Py_ssize_t start_ = 0, i_ = 1;                                                       \
-        for (; i_ + 8 <= (n); i_ += 8) {                                                     \
-            uint64_t d_ = ck_load64((data) + i_) ^ ck_load64((data) + i_ - 1);              \
-            uint64_t ends_ = (((d_ & LOW7) + LOW7) | d_) & HIGH;  /* a byte that differs */  \
-            while (ends_) {                                                                  \
-                Py_ssize_t at_ = i_ + (__builtin_ctzll(ends_) >> 3);                         \
+        uint16_t starts_[RUN_CHUNK + 8];                                                     \
+        Py_ssize_t start_ = 0;                                                               \
+        for (Py_ssize_t c_ = 1; c_ < (n); c_ += RUN_CHUNK) {                                 \
+            Py_ssize_t c1_ = (n) - c_ < RUN_CHUNK ? (n) : c_ + RUN_CHUNK;                    \
+            int m_ = run_starts((data), c_, c1_, starts_);                                   \
+            for (int j_ = 0; j_ < m_; j_++) {                                                \
+                Py_ssize_t at_ = c_ + starts_[j_];                                           \
                 int v = (data)[start_];                                                      \
                 Py_ssize_t run = at_ - start_;                                               \
                 BODY;                                                                        \
                 start_ = at_;                                                                \
-                ends_ &= ends_ - 1;                                                          \
             }                                                                                \
         }                                                                                    \
-        for (; i_ <= (n); i_++)                                                              \
-            if (i_ == (n) || (data)[i_] != (data)[i_ - 1]) {                                 \
-                int v = (data)[start_];                                                      \
-                Py_ssize_t run = i_ - start_;                                                \
-                BODY;                                                                        \
-                start_ = i_;                                                                 \
-            }                                                                                \
+        {                                                                                    \
+            int v = (data)[start_];                                                          \
+            Py_ssize_t run = (n) - start_;                                                   \
+            BODY;                                                                            \
+        }                                                                                    \
     } while (0)
 
 /* The symbol counts of data[0..n) added to freq (symbols are not stored: the writer scans
    the data again); the number of symbols. */
 static Py_ssize_t rle_scan(const uint8_t *data, Py_ssize_t n, int64_t *freq)
 {
-    int64_t vfreq[4][256];  /* value counts in 4 lanes, summed at the end */
+    int64_t vfreq[LANES][256];  /* value counts in lanes, summed at the end */
     Py_ssize_t m = 0;
     memset(vfreq, 0, sizeof vfreq);
     FOR_EACH_RUN(data, n, m = count_run(v, run, m, vfreq, freq));
     for (int v = 0; v < 256; v++)
-        freq[v] += vfreq[0][v] + vfreq[1][v] + vfreq[2][v] + vfreq[3][v];
+        for (int k = 0; k < LANES; k++)
+            freq[v] += vfreq[k][v];
     return m;
 }
 
@@ -88,22 +213,27 @@ typedef struct {
 
 /* The codes of the symbols of a run of `run` copies of v: each piece's value code and run
    code (NONE: 0 bits) together, at most 2 * MAX_LEN bits. */
+static inline void put_piece(bits_t *b, int v, Py_ssize_t piece, const uint32_t *codes,
+                             const uint8_t *lens)
+{
+    Py_ssize_t r = run_symbol(piece, run_many(piece), 0);
+    int ln = lens[v] + lens[r];
+    uint64_t code = ((uint64_t)codes[v] << lens[r]) | codes[r];
+    b->acc |= code << (64 - b->nbits - ln);
+    b->nbits += ln;
+    uint64_t word = __builtin_bswap64(b->acc);
+    memcpy(b->out, &word, 8);
+    b->out += b->nbits >> 3;
+    b->acc <<= b->nbits & ~7;
+    b->nbits &= 7;
+}
+
 static inline void put_run(bits_t *b, int v, Py_ssize_t run, const uint32_t *codes,
                            const uint8_t *lens)
 {
-    do {
-        Py_ssize_t piece = run < MAX_RUN ? run : MAX_RUN, r = run_symbol(piece, 0);
-        int ln = lens[v] + lens[r];
-        uint64_t code = ((uint64_t)codes[v] << lens[r]) | codes[r];
-        b->acc |= code << (64 - b->nbits - ln);
-        b->nbits += ln;
-        uint64_t word = __builtin_bswap64(b->acc);
-        memcpy(b->out, &word, 8);
-        b->out += b->nbits >> 3;
-        b->acc <<= b->nbits & ~7;
-        b->nbits &= 7;
-        run -= piece;
-    } while (run > 0);
+    for (; run > MAX_RUN; run -= MAX_RUN)
+        put_piece(b, v, MAX_RUN, codes, lens);
+    put_piece(b, v, run, codes, lens);
 }
 
 /* Huffman-code the symbols of data[0..n) (scanned as rle_scan does) MSB first into out (8

@@ -9,18 +9,36 @@
 
 /* Each kernel for one width of bits: W the unsigned type. */
 #define SELECT_KERNELS(W, SUFFIX)                                                             \
+    /* Excluded values skipped eight at a time where none of the eight is (1% excluded: a   \
+       branch right 92% of the time, and no test of each value's byte; one branch on both    \
+       tests of each value ran at 0.92x numba). */                                            \
     static void hist_##SUFFIX(const W *restrict xb, Py_ssize_t n, const uint8_t *restrict excl, \
                               int shift, W inf_bits, int64_t *restrict counts)                \
     {                                                                                         \
         const W mag = (W) ~((W)1 << (sizeof(W) * 8 - 1));                                     \
-        if (excl)                                                                             \
-            _Pragma("GCC unroll 4")                                                           \
-            for (Py_ssize_t i = 0; i < n; i++) {                                              \
+        if (excl) {                                                                           \
+            Py_ssize_t i = 0;                                                                 \
+            for (; i + 8 <= n; i += 8) { /* eight values at once where none is excluded */    \
+                if (ck_load64(excl + i) == 0) {                                               \
+                    for (int k = 0; k < 8; k++) {                                             \
+                        W u = xb[i + k] & mag;                                                \
+                        if (u < inf_bits)                                                     \
+                            counts[u >> shift]++;                                             \
+                    }                                                                         \
+                    continue;                                                                 \
+                }                                                                             \
+                for (int k = 0; k < 8; k++) {                                                 \
+                    W u = xb[i + k] & mag;                                                    \
+                    if (!excl[i + k] && u < inf_bits)                                         \
+                        counts[u >> shift]++;                                                 \
+                }                                                                             \
+            }                                                                                 \
+            for (; i < n; i++) {                                                              \
                 W u = xb[i] & mag;                                                            \
-                if ((excl[i] == 0) & (u < inf_bits)) /* one branch */                          \
+                if (!excl[i] && u < inf_bits)                                                 \
                     counts[u >> shift]++;                                                     \
             }                                                                                 \
-        else                                                                                  \
+        } else                                                                                \
             _Pragma("GCC unroll 4")                                                           \
             for (Py_ssize_t i = 0; i < n; i++) {                                              \
                 W u = xb[i] & mag;                                                            \
