@@ -1,0 +1,123 @@
+"""How many times a background persist takes the GIL back (issue 28): the count that decides
+how long a persist takes beside a training loop that keeps the GIL busy.
+
+Usage (Linux, root, ``perf`` installed)::
+
+    .venv/bin/python benchmarks/gil_handoffs.py                  # ~1 minute
+    .venv/bin/python benchmarks/gil_handoffs.py --size 64 --commits 3
+
+What is measured
+----------------
+Every time a thread comes back from a call that released the GIL (an ``os`` call, a compiled
+kernel, a blocking lock, a tensor's dealloc) it takes the GIL back in ``PyEval_RestoreThread``;
+beside a thread that keeps the GIL busy, each such take-back waits for that thread's switch
+interval (5 ms). A child process commits ``--size`` MB (async_writer.py's synthetic state) with
+``commit_async`` once to warm up, then ``--commits`` more times while ``perf stat`` counts the
+calls of ``PyEval_RestoreThread`` (a uprobe) made by the store's background threads only (the
+persist thread and its I/O pool), per commit; with the persist's wall time with the process
+otherwise idle. The probe is added with ``perf probe`` on the interpreter's library (root).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import command_line, machine_description, markdown_table  # noqa: E402
+
+CONFIGS = {
+    "lossless (default)": "EncodingOptions()",
+    "raw bits": "EncodingOptions(compression='none')",
+    "8-bit": "EncodingOptions(), policy=Policy(quantize=QuantSpec(bits=8))",
+}
+EVENT = "probe_libpython3:PyEval_RestoreThread"
+
+CHILD = r"""
+import os, sys, tempfile, threading, time
+sys.path.insert(0, {bench!r})
+from async_writer import build_state
+import ckptstore
+from ckptstore import EncodingOptions, Policy, QuantSpec
+state = build_state({size} << 20)
+folder = tempfile.mkdtemp()
+store = ckptstore.open(folder, options={config})
+store.commit_async(state).wait()
+tids = [t.native_id for t in threading.enumerate() if t.name.startswith("ckptstore-")]
+print(",".join(map(str, tids)), flush=True)
+sys.stdin.readline()  # perf is attached
+walls = []
+for _ in range({commits}):
+    t0 = time.perf_counter()
+    store.commit_async(state).wait()
+    walls.append(time.perf_counter() - t0)
+print(sorted(walls)[len(walls) // 2], flush=True)
+sys.stdin.readline()  # perf has stopped counting
+store.close()
+"""
+
+
+def libpython() -> str:
+    """The interpreter's shared library (where ``PyEval_RestoreThread`` lives)."""
+    name = sysconfig.get_config_var("INSTSONAME") or ""
+    path = os.path.join(sysconfig.get_config_var("LIBDIR") or "", name)
+    return path if name and os.path.exists(path) else os.path.realpath(sys.executable)
+
+
+def ensure_probe() -> None:
+    listed = subprocess.run(["perf", "probe", "-l"], capture_output=True, text=True).stdout
+    if "PyEval_RestoreThread" not in listed:
+        subprocess.run(["perf", "probe", "-q", "-x", libpython(), "PyEval_RestoreThread"],
+                       check=True)
+
+
+def measure(config: str, size: int, commits: int) -> tuple[float, float]:
+    """(GIL take-backs of the background threads per commit, median persist seconds)."""
+    code = CHILD.format(bench=os.path.dirname(os.path.abspath(__file__)), size=size,
+                        config=config, commits=commits)
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    tids = child.stdout.readline().strip()
+    with tempfile.NamedTemporaryFile("r", suffix=".txt") as out:
+        perf = subprocess.Popen(["perf", "stat", "-x", ",", "-e", EVENT, "-t", tids, "-o",
+                                 out.name], stderr=subprocess.DEVNULL)
+        threading.Event().wait(1.0)  # perf attaches
+        child.stdin.write("\n")
+        child.stdin.flush()
+        wall = float(child.stdout.readline())
+        perf.send_signal(2)
+        perf.wait()
+        child.stdin.write("\n")
+        child.stdin.flush()
+        child.wait()
+        counts = [int(m.group(1)) for m in re.finditer(r"^(\d+),", out.read(), re.M)]
+    return sum(counts) / commits, wall
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size", type=int, default=256, help="state size in MB")
+    ap.add_argument("--commits", type=int, default=4, help="commits counted, after a warm one")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0 or subprocess.run(["which", "perf"], capture_output=True).returncode:
+        print("needs root and perf (a uprobe on PyEval_RestoreThread)", file=sys.stderr)
+        return 1
+    ensure_probe()
+    print(f"# {command_line(__file__, argv)}\n# {machine_description()}\n")
+    rows = []
+    for name, config in CONFIGS.items():
+        per_commit, wall = measure(config, args.size, args.commits)
+        rows.append([name, f"{per_commit:.0f}", f"{1e3 * wall:.0f}"])
+    print(markdown_table(["configuration", "GIL take-backs a commit (background threads)",
+                          "persist ms (idle process)"], rows, "lrr"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
