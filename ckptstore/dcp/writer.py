@@ -63,6 +63,7 @@ class _Assignment:
     parent: str | None
     rank: int
     world: int = 1
+    parent_manifest: bytes | None = None  # a tiered store: each rank keeps it (adopt)
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,11 @@ class StorageWriter(dcp_storage.StorageWriter):
         self._tip = repo.refs.tip(self.branch)
         commit_id = self._commit_id = new_commit_id()
         parent = self._tip[1] if self._tip else None
-        return [replace(p, storage_data=_Assignment(commit_id, parent, i, len(plans)))
+        # a tiered store: a rank whose local tier missed the parent (killed before it adopted
+        # it, the parent not uploaded yet) gets it here, and with it the branch
+        known = (self.store.storage.read(manifest_key(parent))
+                 if parent is not None and self._tiers() is not None else None)
+        return [replace(p, storage_data=_Assignment(commit_id, parent, i, len(plans), known))
                 for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> torch.futures.Future:
@@ -148,9 +153,12 @@ class StorageWriter(dcp_storage.StorageWriter):
                                        tuple(item.tensor_data.size), data.detach()))
         store = self.store
         self._commit_id = a.commit_id  # every rank knows the commit it writes
+        tiers = self._tiers()
+        if tiers is not None and a.parent is not None and a.parent_manifest is not None \
+                and not self.is_coordinator:
+            tiers.adopt(a.parent_manifest, a.parent, self.branch)
         parts = write_part(store.committer, a.commit_id, a.rank, tensors,
                            self.policy or store.policy, self.branch, a.parent, self.tracker)
-        tiers = self._tiers()
         if tiers is not None:  # durable locally: journalled before any ref moves
             tiers.part_written(a.commit_id, self.branch, a.rank, a.world)
         results += [dcp_storage.WriteResult(

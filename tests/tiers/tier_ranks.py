@@ -85,7 +85,7 @@ def _recover(store: Any, mesh: Any, step: int) -> None:
 
 
 def paused_part(rank: int, world: int, url: str, opts: dict, root: str) -> None:
-    """Rank 1's uploads wait on an event: the coordinator's push fails naming rank 1 and the
+    """Two sharded commits (``commit``, ``commit_async``); rank 1's uploads wait on an event: the coordinator's push fails naming rank 1 and the
     remote shows nothing; gc on either tier deletes nothing not published; rank 1 recovers its
     shards locally meanwhile. Then rank 1's uploads go on and the coordinator publishes."""
     import torch.distributed as dist
@@ -105,7 +105,8 @@ def paused_part(rank: int, world: int, url: str, opts: dict, root: str) -> None:
     m = mesh(world)
     with open_rank(url, opts, root, rank) as store:
         store.tiers.uploader.part_timeout = 1.0
-        ids = [store.commit(sharded(m, step), message=f"s{step}").id for step in range(2)]
+        ids = [store.commit(sharded(m, 0), message="s0").id,  # and one commit_async
+               store.commit_async(sharded(m, 1), message="s1").wait().id]
         for c in ids:
             _record(root, rank, c)
         assert store.resolve("main") == ids[1]  # on every rank's local tier (adopted)
