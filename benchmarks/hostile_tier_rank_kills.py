@@ -25,7 +25,7 @@ local one. Counts as in :mod:`hostile_tier_kills`: kills, ``lost``, ``remote_mis
 ``raw``, ``hangs``; 0 of each but kills expected.
 
 Usage: ``.venv/bin/python benchmarks/reliability.py tier-rank-kills --count 54`` (or this file
-with ``--count``).
+with ``--count``, ``--seed`` and ``--kinds part,adopt``).
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def _kill_point(kind: str, rng: random.Random, seconds: float) -> int:
     if kind == "journal":
         return rng.randint(1, COMMITS)
     if kind == "part":
-        return rng.randint(1, 2 * COMMITS)  # completion objects (and the store marker)
+        return rng.randint(1, COMMITS)  # one completion object per commit and rank
     return rng.randint(1, COMMITS)
 
 
@@ -320,8 +320,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--count", type=int, default=54)
     parser.add_argument("--seed", type=int, default=41)
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help=f"comma-separated, of {','.join(KINDS)}")
     args = parser.parse_args()
-    result = campaign(args.count, args.seed)
+    kinds = tuple(args.kinds.split(","))
+    if not set(kinds) <= set(KINDS):
+        parser.error(f"--kinds: {sorted(set(kinds) - set(KINDS))} not among {KINDS}")
+    result = campaign(args.count, args.seed, kinds)
     print(json.dumps(result))
     return 1 if result["failed"] else 0
 
