@@ -13,6 +13,7 @@ holds the figures of the recorded run. Usage (from the repository root)::
     .venv/bin/python benchmarks/reliability.py imports --count 300
     .venv/bin/python benchmarks/reliability.py files --count 200
     .venv/bin/python benchmarks/reliability.py tier-kills --count 56     # issue 29
+    .venv/bin/python benchmarks/reliability.py tier-rank-kills --count 54   # 29, 2 gloo ranks
     .venv/bin/python benchmarks/reliability.py all --out reliability.json   # everything above
 
 Killed processes are real: forked from a clean ``multiprocessing`` fork server that imported
@@ -593,7 +594,8 @@ class _location:
 # Families of issues 26 and 29, one module each beside this file, each with
 # ``campaign(count, seed)``.
 FAMILIES = {"two-clients": "hostile_two_clients", "imports": "hostile_imports",
-            "files": "hostile_files", "tier-kills": "hostile_tier_kills"}
+            "files": "hostile_files", "tier-kills": "hostile_tier_kills",
+            "tier-rank-kills": "hostile_tier_rank_kills"}
 
 
 def family(name: str, count: int, seed: int = 29) -> dict:

@@ -144,7 +144,9 @@ class PendingCommitError(CkptStoreError, RuntimeError):
 class TierError(CkptStoreError, ValueError):
     """A tier the store does not have: ``gc(tier="remote")`` or ``wait_uploaded`` on a store of
     one tier (``ckptstore.open(url)`` without ``local=``), or a tier name other than
-    ``"local"`` and ``"remote"``."""
+    ``"local"`` and ``"remote"``; or, under a process group, a tier that is not this rank's:
+    a local folder another rank commits into, ``gc(tier="remote")`` on a rank other than the
+    coordinator."""
 
 
 class StagingBudgetError(CkptStoreError, MemoryError):

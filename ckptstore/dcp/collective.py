@@ -81,7 +81,8 @@ def commit_collective(store: Store, state: object, message: str, branch: str,
     writer = StorageWriter(store, message, branch, tags, policy, plain_metadata(metadata, state),
                            tracker, tree, [leaf.path for leaf in leaves])
     with _unwrapped():
-        dcp.save(_dcp_state(leaves), storage_writer=writer, process_group=process_group)
+        md = dcp.save(_dcp_state(leaves), storage_writer=writer, process_group=process_group)
+    writer.adopt(md)  # a tiered store: this rank's local tier keeps the manifest and ref
     return writer.last_commit or CommitInfo.from_manifest(store.manifest(writer.commit_id))
 
 
@@ -116,7 +117,7 @@ def commit_async_collective(store: Store, state: object, message: str, branch: s
 
     def done(f: Any) -> None:
         try:
-            f.result()
+            writer.adopt(f.result())
             info = writer.last_commit or CommitInfo.from_manifest(
                 store.manifest(writer.commit_id))
         except BaseException as e:  # noqa: BLE001 - handed to the caller through wait()

@@ -4,6 +4,12 @@ Every rank's ``write_data`` is its fork of the one commit pipeline
 (:func:`ckptstore.dcp.shards.write_part`); the coordinator's ``finish`` is the merge
 (:func:`ckptstore.dcp.shards.merge`: the manifest, then the ref, then tags and retention). Non-tensor values are stored as plain msgpack, never pickled (see
 :mod:`ckptstore.dcp`).
+
+On a tiered store (``store.tiers``: each rank has a local tier of its own) every rank's
+``write_data`` journals its part once it is durable (``tiers.part_written``), before the
+coordinator moves any ref; the coordinator's ``finish`` hands the manifest's bytes back with
+DCP's metadata, which ``dcp.save`` returns on every rank: :meth:`StorageWriter.adopt` keeps them
+on a rank's local tier (``Store.commit`` calls it).
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -22,7 +28,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from ..errors import DistributedError, UnsupportedLeafError
 from ..format.ids import new_commit_id
 from ..info import CommitInfo
-from ..format.layout import check_ref_name
+from ..format.layout import check_ref_name, manifest_key
 from ..commit.pipeline import plain_metadata
 from ..policy import Policy
 from ..commit.publish import Target, check_tags_free, tag_names
@@ -37,13 +43,27 @@ if TYPE_CHECKING:
 __all__ = ["StorageWriter"]
 
 
+class TierParts(Protocol):
+    """What a tiered store's tiers do with a sharded commit (:class:`ckptstore.tiers.Tiers`)."""
+
+    def part_written(self, commit: str, branch: str, rank: int, world: int) -> None: ...
+
+    def adopt(self, manifest: bytes, commit: str, branch: str) -> None: ...
+
+
+_MANIFEST = "ckptstore.manifest"  # the key of the manifest's bytes in DCP's storage_data
+
+
 @dataclass(frozen=True)
 class _Assignment:
-    """What the coordinator's global plan tells each rank: the commit and its parent."""
+    """What the coordinator's global plan tells each rank: the commit, its parent, the rank
+    and how many ranks write."""
 
     commit_id: str
     parent: str | None
     rank: int
+    world: int = 1
+    parent_manifest: bytes | None = None  # a tiered store: each rank keeps it (adopt)
 
 
 @dataclass(frozen=True)
@@ -107,7 +127,11 @@ class StorageWriter(dcp_storage.StorageWriter):
         self._tip = repo.refs.tip(self.branch)
         commit_id = self._commit_id = new_commit_id()
         parent = self._tip[1] if self._tip else None
-        return [replace(p, storage_data=_Assignment(commit_id, parent, i))
+        # a tiered store: a rank whose local tier missed the parent (killed before it adopted
+        # it, the parent not uploaded yet) gets it here, and with it the branch
+        known = (self.store.storage.read(manifest_key(parent))
+                 if parent is not None and self._tiers() is not None else None)
+        return [replace(p, storage_data=_Assignment(commit_id, parent, i, len(plans), known))
                 for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> torch.futures.Future:
@@ -129,8 +153,14 @@ class StorageWriter(dcp_storage.StorageWriter):
                                        tuple(item.tensor_data.size), data.detach()))
         store = self.store
         self._commit_id = a.commit_id  # every rank knows the commit it writes
+        tiers = self._tiers()
+        if tiers is not None and a.parent is not None and a.parent_manifest is not None \
+                and not self.is_coordinator:
+            tiers.adopt(a.parent_manifest, a.parent, self.branch)
         parts = write_part(store.committer, a.commit_id, a.rank, tensors,
                            self.policy or store.policy, self.branch, a.parent, self.tracker)
+        if tiers is not None:  # durable locally: journalled before any ref moves
+            tiers.part_written(a.commit_id, self.branch, a.rank, a.world)
         results += [dcp_storage.WriteResult(
             index=MetadataIndex(p.fqn, torch.Size(p.offsets)), size_in_bytes=p.stored_bytes,
             storage_data=p) for p in parts]
@@ -160,6 +190,23 @@ class StorageWriter(dcp_storage.StorageWriter):
         manifest = merge(self.store.committer, Target(self.branch, self._tip, self.tags),
                          self._commit_id, self.message, self.metadata, tree, shapes, parts)
         self.last_commit = CommitInfo.from_manifest(manifest)
+        if self._tiers() is not None:  # every rank's local tier keeps it (adopt)
+            metadata.storage_data = {_MANIFEST: self.store.storage.read(
+                manifest_key(manifest.id))}
+
+    def adopt(self, metadata: Metadata | None) -> None:
+        """After ``dcp.save`` returned ``metadata`` on a rank other than the coordinator of a
+        tiered store: the commit's manifest and branch move on this rank's local tier."""
+        tiers = self._tiers()
+        data = getattr(metadata, "storage_data", None)
+        if tiers is None or self.is_coordinator or not isinstance(data, dict):
+            return
+        manifest = data.get(_MANIFEST)
+        if isinstance(manifest, bytes):
+            tiers.adopt(manifest, self._commit_id, self.branch)
+
+    def _tiers(self) -> TierParts | None:
+        return getattr(self.store, "tiers", None)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:

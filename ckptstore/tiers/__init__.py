@@ -7,7 +7,9 @@ thread (:mod:`.uploader`) copies them key for key (:mod:`.copy`: chunks, then ma
 ref, then tags), in commit order; branch and tag changes are replayed there in the same order
 (:mod:`.refops`). Reads go local first (:mod:`.storage`); each tier has its
 retention rule and gc, and neither deletes what a commit not uploaded yet needs
-(:mod:`.retention`, applied by :mod:`.tiered`). See docs/tiers.md.
+(:mod:`.retention`, applied by :mod:`.tiered`). Under a process group each rank has a local
+tier of its own, uploads its part of a sharded commit and a completion object; the coordinator
+publishes once every part is up (:mod:`.parts`). See docs/tiers.md.
 
 May import: commit, maintenance, policy, history, format, storage and the top-level helpers
 (errors, limits, info, priority, progress, _version).

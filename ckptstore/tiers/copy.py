@@ -18,7 +18,7 @@ from ..history.manifest import Manifest, decode_manifest
 from ..history.refs import Refs
 from ..storage import Storage
 
-__all__ = ["copy_commit", "copy_tags"]
+__all__ = ["copy_commit", "copy_folder", "copy_tags", "local_manifest", "move_ref"]
 
 Sent = Callable[[int], None]
 """Called with the bytes of each key copied (upload progress)."""
@@ -29,15 +29,15 @@ def copy_commit(local: Storage, remote: Storage, commit: str, branch: str | None
     """Make ``commit`` whole on the remote and, with ``branch``, move the remote branch to it
     and create its local tags there. ``stop()`` true between keys abandons the copy (nothing
     of it becomes visible)."""
-    m = _local_manifest(local, commit)
+    m = local_manifest(local, commit)
     remote.put_if_absent(MARKER, local.read(MARKER))  # a remote that was not there at open
     _copy_objects(local, remote, m, executor, sent, stop, seen=set())
     if branch is not None:
-        _move_ref(remote, m, branch)
+        move_ref(remote, m, branch)
         copy_tags(local, remote, commit)
 
 
-def _local_manifest(storage: Storage, commit: str) -> Manifest:
+def local_manifest(storage: Storage, commit: str) -> Manifest:
     key = manifest_key(commit)
     return decode_manifest(storage.read(key), storage.path(key))
 
@@ -50,9 +50,9 @@ def _copy_objects(local: Storage, remote: Storage, m: Manifest, executor: Execut
         if other in seen or remote.exists(manifest_key(other)):
             seen.add(other)
             continue
-        _copy_objects(local, remote, _local_manifest(local, other), executor, sent, stop, seen)
+        _copy_objects(local, remote, local_manifest(local, other), executor, sent, stop, seen)
     for d in sorted(m.data_commits() | {m.id}):
-        _copy_folder(local, remote, data_dir(d), executor, sent, stop)
+        copy_folder(local, remote, data_dir(d), executor, sent, stop)
     if stop():
         raise InterruptedError("upload stopped")
     data = local.read(manifest_key(m.id))
@@ -60,7 +60,7 @@ def _copy_objects(local: Storage, remote: Storage, m: Manifest, executor: Execut
     sent(len(data))
 
 
-def _copy_folder(local: Storage, remote: Storage, folder: str, executor: Executor, sent: Sent,
+def copy_folder(local: Storage, remote: Storage, folder: str, executor: Executor, sent: Sent,
                  stop: Callable[[], bool]) -> None:
     """Every file of ``folder`` the remote lacks (present there = complete: object stores and
     the local tier write a key whole)."""
@@ -80,7 +80,7 @@ def _copy_folder(local: Storage, remote: Storage, folder: str, executor: Executo
         raise InterruptedError("upload stopped")
 
 
-def _move_ref(remote: Storage, m: Manifest, branch: str) -> None:
+def move_ref(remote: Storage, m: Manifest, branch: str) -> None:
     """Move the remote ``branch`` to ``m`` from its parent (or create it); nothing when the
     remote branch already names ``m`` (an upload that ran before)."""
     refs = Refs(remote)

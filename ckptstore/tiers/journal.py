@@ -10,7 +10,11 @@ It lives on the local tier, beside the store it describes (never uploaded)::
                                        the remote in that order is a version-2 record with
                                        "op": "branch" | "reset" | "delete-branch" |
                                        "delete-tag" ("branch" holds the branch or tag name,
-                                       "commit" its commit, "bytes" 0)
+                                       "commit" its commit, "bytes" 0). A rank's part of a
+                                       sharded commit (a process group) is a version-3
+                                       record with "op": "part", "rank" and "world"
+    <local>/.uploads/rank.json         {"version": 1, "rank": r, "world": n}: this local tier
+                                       belongs to rank r of a process group (:mod:`.parts`)
     <local>/.uploads/failed/<seq>      JSON {"error": message, "time": unix time}: the last
                                        failed attempt at that record (gone once it uploads)
 
@@ -44,9 +48,12 @@ _REMOTE = f"{JOURNAL}/remote.json"
 _SEQ_WIDTH = 12
 _VERSION = 1
 _OP_VERSION = 2
-#: what a record replays on the remote: a commit (its data, manifest, ref and tags), or a
-#: branch or tag change made on the local tier
-OPS = ("commit", "branch", "reset", "delete-branch", "delete-tag")
+_PART_VERSION = 3
+#: what a record replays on the remote: a commit (its data, manifest, ref and tags), a branch
+#: or tag change made on the local tier, or one rank's part of a sharded commit (its data and
+#: its completion object; on the coordinator also the manifest, ref and tags, once every
+#: rank's part is up)
+OPS = ("commit", "branch", "reset", "delete-branch", "delete-tag", "part")
 _SECRET_WORDS = ("key", "secret", "token", "password", "credential", "session")
 
 
@@ -55,7 +62,8 @@ class Record:
     """One commit waiting for upload: ``seq`` (its place in the order), ``commit``, the
     ``branch`` whose remote ref it moves, its local ``bytes`` and when it was ``queued``; or,
     with another ``op`` (:data:`OPS`), a change of branch or tag ``branch`` to ``commit`` to
-    replay on the remote."""
+    replay on the remote; ``op="part"``: rank ``rank``'s part of a commit written by ``world``
+    ranks."""
 
     seq: int
     commit: str
@@ -63,6 +71,8 @@ class Record:
     bytes: int
     queued: float
     op: str = "commit"
+    rank: int = 0
+    world: int = 1
 
 
 def public_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -107,19 +117,26 @@ class Journal:
         return sorted(int(n) for n in self.local.listdir(folder)
                       if len(n) == _SEQ_WIDTH and n.isascii() and n.isdigit())
 
-    def add(self, commit: str, branch: str, nbytes: int, op: str = "commit") -> Record:
+    def add(self, commit: str, branch: str, nbytes: int, op: str = "commit", rank: int = 0,
+            world: int = 1) -> Record:
         """Queue ``commit`` (durable before this returns) after every record there is; ``op``
-        other than "commit": a change of branch or tag ``branch`` to replay there."""
+        other than "commit": a change of branch or tag ``branch`` to replay there, or
+        (``"part"``) rank ``rank`` of ``world``'s part of ``commit``."""
         if op not in OPS:
             raise ValueError(f"op must be one of {OPS}, not {op!r}")
+        if op == "part" and not 0 <= rank < world:
+            raise ValueError(f"rank {rank} of a world of {world}")
         with self._lock:
             seqs = self._seqs(_QUEUE)
             seq = seqs[-1] + 1 if seqs else 0
             while True:
-                rec = Record(seq, commit, branch, nbytes, time.time(), op)
+                rec = Record(seq, commit, branch, nbytes, time.time(), op,
+                             *((rank, world) if op == "part" else ()))
                 doc = {"v": _VERSION, "commit": commit, "branch": branch, "bytes": nbytes,
                        "queued": rec.queued}
-                if op != "commit":  # version 2: records version 1 did not have
+                if op == "part":  # version 3: a rank's part of a sharded commit
+                    doc.update(v=_PART_VERSION, op=op, rank=rank, world=world)
+                elif op != "commit":  # version 2: records version 1 did not have
                     doc.update(v=_OP_VERSION, op=op)
                 if self.local.put_if_absent(self._key(seq), msgpack.packb(doc)):
                     return rec
@@ -161,10 +178,13 @@ class Journal:
         try:
             doc = msgpack.unpackb(data)
             op = str(doc.get("op", "commit"))
-            if op not in OPS or doc.get("v") not in (_VERSION, _OP_VERSION):
+            if op not in OPS or doc.get("v") not in (_VERSION, _OP_VERSION, _PART_VERSION):
                 raise ValueError(f"version {doc.get('v')!r}, op {op!r}")
+            rank, world = (int(doc["rank"]), int(doc["world"])) if op == "part" else (0, 1)
+            if not 0 <= rank < world:
+                raise ValueError(f"rank {rank} of a world of {world}")
             return Record(seq, str(doc["commit"]), str(doc["branch"]), int(doc["bytes"]),
-                          float(doc["queued"]), op)
+                          float(doc["queued"]), op, rank, world)
         except (ValueError, KeyError, TypeError, AttributeError, msgpack.UnpackException) as e:
             raise ManifestError(f"upload journal record {where} is damaged ({e}); delete it "
                                 "(`ckpt push` re-queues what the remote lacks)") from None

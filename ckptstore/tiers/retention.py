@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ..chains.walk import Walk
+from ..errors import RefNotFound
 from ..history.repository import Repository
 from ..policy.retention import Candidate, Retention
 
@@ -52,7 +53,11 @@ def reads(view: Repository, commits: Iterable[str]) -> set[str]:
         if commit in walked:
             continue
         walked.add(commit)
-        m = view.manifest(commit)
+        try:
+            m = view.manifest(commit)
+        except RefNotFound:  # a rank's part whose manifest is on neither tier yet
+            out.add(commit)
+            continue
         out |= {commit} | m.data_commits()  # data folders only: no manifest needed there
         stack.extend(walk.commits_read(m) - walked)
     return out

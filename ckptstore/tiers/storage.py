@@ -4,9 +4,11 @@ Writes, deletes and fsyncs go to the local tier only (a commit lands there; the 
 it to the remote). Reads try the local tier and fall back to the remote where the local tier
 lacks the key -- except a chunk of a commit whose manifest the local tier holds: that commit's
 data is all local (gc deletes a manifest before its data), so a missing chunk there is a chunk
-zarr never wrote and the remote is not asked. Listings: ``refs/heads``, ``refs/tags`` and
-``commits`` are the union of both tiers; any other folder is the local tier's when it has one,
-else the remote's. (gc and local retention take the local tier alone: :mod:`.tiered`.)
+zarr never wrote and the remote is not asked (unless ``partial``: a rank's local tier under a
+process group holds only that rank's part of each commit, :mod:`.parts`; a chunk missing on
+both tiers is a ``CorruptedChunkError`` for the reader, never a fill value). Listings:
+``refs/heads``, ``refs/tags`` and ``commits`` are the union of both tiers; any other folder is
+the local tier's when it has one, else the remote's. (gc and local retention take the local tier alone: :mod:`.tiered`.)
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ _UNION = (HEADS, TAGS, COMMITS)
 class TieredStorage(Storage):
     """``local`` over ``remote``: one :class:`~ckptstore.storage.Storage` with both tiers."""
 
-    def __init__(self, local: Storage, remote: Storage):
+    def __init__(self, local: Storage, remote: Storage, partial: bool = False):
         self.local, self.remote = local, remote
+        self.partial = partial  # a rank's local tier: a commit's other parts are remote
         self.url = remote.url
         self.root = local.root
         self.durable = local.durable
@@ -47,7 +50,7 @@ class TieredStorage(Storage):
     def _local_only(self, key: str) -> bool:
         """Whether a key the local tier lacks is no use to ask the remote for: a data key of a
         commit whose manifest is local (its data is complete here)."""
-        if not key.startswith(f"{DATA}/"):
+        if self.partial or not key.startswith(f"{DATA}/"):
             return False
         commit = key[len(DATA) + 1:].split("/", 1)[0]
         return self.local.exists(manifest_key(commit))

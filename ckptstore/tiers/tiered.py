@@ -7,10 +7,16 @@ of both tiers (``local_keep`` and the remote's ``remote_keep``, applied after ea
 what they may never delete: :mod:`.retention`). Opening resumes the journal, and also queues any
 commit a local branch has that the remote branch lacks (a process killed after its ref moved
 but before its record was written loses nothing).
+
+Under a process group each rank has a local tier of its own and journals its part of each
+sharded commit (:meth:`Tiers.part_written`, called by the DCP writer once the part is
+durable); the ranks other than the coordinator also keep the manifest and ref locally
+(:meth:`Tiers.adopt`), so a restarted rank finds its shards on its own disk (:mod:`.parts`).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -18,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..commit.pending import PendingCommit
-from ..errors import DistributedError, NotAStoreError, UploadError
+from ..errors import ConcurrentUpdateError, NotAStoreError, TierError, UploadError
 from ..format.layout import data_dir, manifest_key
 from ..history.refs import Refs
 from ..history.repository import Repository
@@ -27,7 +33,8 @@ from ..maintenance.gc import collect
 from ..policy.retention import Retention, check_retention, retain_after_commit
 from ..storage import Storage
 from .copy import copy_tags
-from .journal import Journal
+from .journal import Journal, Record
+from .parts import RankInfo, claim_rank, part_key, read_rank
 from .retention import Protect, reads
 from .storage import TieredStorage
 from .uploader import Upload, Uploader
@@ -59,7 +66,10 @@ class Tiers:
         if upload_budget is not None and upload_budget < 0:
             raise ValueError(f"upload_budget={upload_budget}: a number of bytes >= 0, or None")
         self.local, self.remote = local, remote
-        self.storage = TieredStorage(local, remote)
+        self.rank: RankInfo | None = read_rank(local)  # a rank's local tier (.parts)
+        self.storage = TieredStorage(local, remote, partial=self.rank is not None)
+        self._parts: dict[str, Record] = {}  # parts journalled, their commit not returned yet
+        self._parts_lock = threading.Lock()
         self.upload_budget, self.local_keep = upload_budget, local_keep
         self.remote_keep = remote_keep
         self.journal = Journal(local)
@@ -94,7 +104,10 @@ class Tiers:
         the remote's."""
         records = self.journal.records()
         for rec in records:
-            self.uploader.add(rec)
+            if self._never_published(rec):
+                self.journal.done(rec)
+            else:
+                self.uploader.add(rec)
         if not reconcile:
             return
         queued = {r.commit for r in records}
@@ -104,26 +117,44 @@ class Tiers:
             line: list[str] = []
             commit: str | None = tip
             while commit is not None and commit not in on_remote and commit not in queued:
-                if not self.local.exists(manifest_key(commit)):
+                if not self.local.exists(manifest_key(commit)) or self._part_up(commit):
                     break  # removed locally (uploaded before, then local retention)
                 line.append(commit)
                 commit = self.local_view.manifest(commit).parent
             for c in reversed(line):
-                self.uploader.add(self.journal.add(c, branch, self._local_bytes(c)))
+                self.uploader.add(self._journal(c, branch))
+
+    def _never_published(self, rec: Record) -> bool:
+        """A coordinator's part of a commit whose manifest never reached its local tier: the
+        sharded save failed before ``finish``, nobody was told of it."""
+        return rec.op == "part" and rec.rank == 0 and not self.local.exists(
+            manifest_key(rec.commit))
+
+    def _part_up(self, commit: str) -> bool:
+        """A rank other than the coordinator: its part of ``commit`` is on the remote."""
+        return (self.rank is not None and self.rank.rank != 0
+                and self.remote.exists(part_key(commit, self.rank.rank)))
+
+    def _journal(self, commit: str, branch: str) -> Record:
+        """A record for ``commit`` found on a local branch only: a rank's part on a rank's
+        local tier, else a commit."""
+        if self.rank is None:
+            return self.journal.add(commit, branch, self._local_bytes(commit))
+        return self.journal.add(commit, branch, self._local_bytes(commit), "part",
+                                self.rank.rank, self.rank.world)
 
     def _local_bytes(self, commit: str) -> int:
-        return sum(self.local.walk_sizes(data_dir(commit)).values()) + self.local.size(
-            manifest_key(commit))
+        data = sum(self.local.walk_sizes(data_dir(commit)).values())
+        try:
+            return data + self.local.size(manifest_key(commit))
+        except FileNotFoundError:  # a rank's part: the manifest is not written yet
+            return data
 
     # -- what the store calls --------------------------------------------------------------
-    def before_commit(self, distributed: bool) -> None:
-        """Before a commit: refuse one under a process group (not yet supported), and wait
-        (with a warning) while the queued bytes fill the budget."""
-        if distributed:
-            raise DistributedError(
-                "a tiered store (open(url, local=...)) commits from one process only, for now: "
-                "per-rank uploads are not there yet. Open it with collective=False on the rank "
-                "that commits, or open the remote without local=")
+    def before_commit(self, distributed: bool = False) -> None:
+        """Before a commit (``distributed``: a collective one, each rank's part uploaded by
+        its own process, :mod:`.parts`): wait (with a warning) while the queued bytes fill the
+        budget."""
         budget = self.upload_budget
         if budget is None or self.uploader.queued_bytes() < max(budget, 1):
             return
@@ -143,6 +174,8 @@ class Tiers:
             pending.join()
             if not pending.failed:
                 self._add(pending.wait().id, branch)
+            else:
+                self._settle_parts()
 
         pending.on_upload(self.wait_uploaded)
         self._queuer.submit(add)
@@ -157,7 +190,58 @@ class Tiers:
                            max(0.0, deadline - time.monotonic()), commit=commit)
 
     def _add(self, commit: str, branch: str) -> None:
+        if commit in self._settle_parts():
+            return  # a sharded commit: each rank's part was journalled as it landed
         self.uploader.add(self.journal.add(commit, branch, self._local_bytes(commit)))
+
+    # -- a rank's part of a sharded commit (.parts) ----------------------------------------
+    def part_written(self, commit: str, branch: str, rank: int, world: int) -> None:
+        """Rank ``rank``'s part of ``commit`` is durable on this local tier (the DCP writer,
+        before the coordinator moves any ref): journal it; it uploads once the commit
+        returns (:meth:`queue`), or at the next open. Raises :class:`TierError` when another
+        rank's local tier this is."""
+        if self.rank != RankInfo(rank, world):
+            self.rank = claim_rank(self.local, rank, world)
+            self.storage.partial = True
+        rec = self.journal.add(commit, branch, self._local_bytes(commit), "part", rank, world)
+        with self._parts_lock:
+            self._parts[commit] = rec
+
+    def adopt(self, manifest: bytes, commit: str, branch: str) -> None:
+        """On a rank other than the coordinator, once a sharded commit returned: its manifest
+        (``manifest``, the coordinator's bytes) and the branch move on this local tier too,
+        so that a restarted rank resolves and reads its shards locally."""
+        self.local.put_if_absent(manifest_key(commit), manifest)
+        refs = Refs(self.storage)  # both tiers' ref files: numbers go on above either's
+        for _ in range(3):
+            tip = refs.tip(branch)
+            if tip is not None and tip[1] == commit:
+                return
+            try:
+                if tip is None:
+                    refs.create_branch(branch, commit)
+                else:
+                    refs.advance(branch, tip, commit)
+                return
+            except ConcurrentUpdateError:
+                continue  # the uploads' ref files are not on this tier: read again
+
+    def failed_commit(self) -> None:
+        """A sharded commit failed: its parts journalled on this rank upload now (an orphan
+        on the remote, collected by gc) or, on the coordinator without a manifest, go."""
+        self._queuer.submit(self._settle_parts).result()
+
+    def _settle_parts(self) -> set[str]:
+        """Hand the parts journalled so far to the uploader (those of a commit that never
+        reached the coordinator's local tier dropped); their commits."""
+        with self._parts_lock:
+            recs, self._parts = list(self._parts.values()), {}
+        for rec in recs:
+            if self._never_published(rec):
+                self.journal.done(rec)
+            else:
+                self.uploader.add(rec)
+        return {r.commit for r in recs}
 
     def queue_ref_change(self, op: str, name: str, commit: str) -> None:
         """A branch or tag change made on the local tier (``op``: "branch", "reset",
@@ -189,26 +273,37 @@ class Tiers:
         self._queuer.submit(lambda: None).result()  # the commit_async ones queued first
         if tier == "local":
             return collect(self.local_view, protect=self._local_protected(), **options)
+        if self.rank is not None and self.rank.rank != 0:
+            raise TierError(f"this local tier is rank {self.rank.rank}'s: collect the remote "
+                            "from the coordinator's (rank 0), which knows every commit still "
+                            "waiting for parts")
         with self.uploader.busy:
             return collect(self.remote_view, protect=self._remote_protected(), **options)
 
     def _local_protected(self) -> set[str]:
         """What the local tier keeps whatever its rules: the queued commits and what they read
         (an upload copies a base or a dedup'd folder the remote lacks from here)."""
-        return reads(self.view, self.uploader.pending())
+        return reads(self.view, self.uploader.pending() | self._journalled_parts())
+
+    def _journalled_parts(self) -> set[str]:
+        with self._parts_lock:
+            return set(self._parts)
 
     def _remote_protected(self) -> set[str]:
         """What the remote keeps whatever its rules: what the queued commits and the local
         branch tips read."""
-        return reads(self.view, self.uploader.pending() | set(Refs(self.local).branches()
-                                                              .values()))
+        return reads(self.view, self.uploader.pending() | self._journalled_parts()
+                     | set(Refs(self.local).branches().values()))
 
     def _landed(self, commit: str) -> None:
-        """After an upload, on the upload thread (under :attr:`Uploader.busy`): the rules."""
+        """After an upload, on the upload thread (under :attr:`Uploader.busy`): the rules (the
+        remote's on the coordinator only, of a process group's tiers)."""
+        if not self.local.exists(manifest_key(commit)):
+            return  # a rank's part whose manifest this tier never got: nothing to rule on
         if self.local_keep is not None:
             retain_after_commit(self.local_view, Protect(self.local_keep,
                                                          self._local_protected()), commit)
-        if self.remote_keep is not None:
+        if self.remote_keep is not None and (self.rank is None or self.rank.rank == 0):
             retain_after_commit(self.remote_view, Protect(self.remote_keep,
                                                           self._remote_protected()), commit)
 

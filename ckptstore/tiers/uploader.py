@@ -5,6 +5,9 @@ chain's base is on the remote before what reads it, and the remote branch moves 
 commits as the local one. A failed upload (after the storage layer's retries) stops the queue
 at that record -- what comes after it waits, nothing of it is visible remotely -- and is tried
 again by the next commit, :meth:`Uploader.wait` (``store.push()``) or the next ``open``.
+A rank's part of a sharded commit (``op="part"``) uploads by :mod:`.parts`: the coordinator's
+record waits there (up to :attr:`Uploader.part_timeout` seconds per attempt) for the other
+ranks' parts before it publishes.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from ..format.layout import data_dir
 from ..storage import Storage
 from .copy import copy_commit
 from .journal import Journal, Record
+from .parts import publish_parts, upload_part
 from .refops import replay_ref_change
 
 __all__ = ["Upload", "Uploader"]
 
 _THREADS = 8  # concurrent key copies of one commit
+PART_TIMEOUT = 600.0  # seconds the coordinator waits for the other ranks' parts, per attempt
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ class Uploader:
     def __init__(self, local: Storage, remote: Storage, journal: Journal,
                  landed: Callable[[str], None] | None = None):
         self.local, self.remote, self.journal, self.landed = local, remote, journal, landed
+        self.part_timeout = PART_TIMEOUT
         self._cond = threading.Condition()
         self._queue: list[Record] = []
         self._status: dict[str, Upload] = {}  # by _status_key, in the order queued
@@ -188,9 +194,15 @@ class Uploader:
                 self._status[_status_key(rec)] = replace(s, sent=s.sent + n)
 
         try:
+            stop = lambda: self._stopping  # noqa: E731
             if rec.op == "commit":
                 copy_commit(self.local, self.remote, rec.commit, rec.branch, self._copies,
-                            sent, lambda: self._stopping)
+                            sent, stop)
+            elif rec.op == "part" and rec.rank == 0:
+                publish_parts(self.local, self.remote, rec, self._copies, sent, stop,
+                              self.part_timeout)
+            elif rec.op == "part":
+                upload_part(self.local, self.remote, rec, self._copies, sent, stop)
             else:
                 replay_ref_change(self.local, self.remote, rec, self._copies, sent,
                                   lambda: self._stopping)

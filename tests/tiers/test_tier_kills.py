@@ -1,7 +1,8 @@
-"""The tier-kills campaign of benchmarks/reliability.py (issue 29), a short run: a child
-committing to a tiered store (local tier + moto S3) SIGKILLed at one point of each kind, then a
-fresh process resumes the journal and pushes; nothing that returned is lost, the remote never
-shows a commit whose data is not all there."""
+"""The tier-kills and tier-rank-kills campaigns of benchmarks/reliability.py (issue 29), short
+runs: a child committing to a tiered store (local tier + moto S3), or one of 2 gloo ranks
+committing sharded states to theirs, SIGKILLed at one point of each kind, then fresh processes
+resume the journals and push; nothing that returned is lost, the remote never shows a commit
+whose data is not all there."""
 
 from __future__ import annotations
 
@@ -35,3 +36,18 @@ def test_a_kill_after_the_remote_ref_loses_nothing():
     result = hostile_tier_kills.campaign(1, seed=7, kinds=("after-ref",))
     assert result["failures"] == [] and result["kills"] == 1
     assert (result["lost"], result["remote_missing_data"]) == (0, 0)
+
+
+@pytest.mark.s3
+@pytest.mark.slow  # 9 kills, each 2 gloo ranks then 2 resuming processes: 2-4 min
+def test_a_rank_killed_at_each_kind_of_point_loses_nothing():
+    """The tier-rank-kills campaign, short: one of 2 gloo ranks committing sharded states to
+    tiered stores SIGKILLed at one point of each kind, both journals resumed."""
+    import hostile_tier_rank_kills
+
+    kinds = hostile_tier_rank_kills.KINDS
+    result = hostile_tier_rank_kills.campaign(len(kinds), seed=3, kinds=kinds)
+    assert result["failures"] == []
+    assert result["tried"] == len(kinds)
+    assert (result["lost"], result["remote_missing_data"], result["raw"], result["hangs"]) == (
+        0, 0, 0, 0)

@@ -187,13 +187,6 @@ def test_options_need_a_local_tier(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_refused_under_a_process_group(dirs):
-    local, remote = dirs
-    with ckptstore.open(remote, local=local) as store:
-        with pytest.raises(ckptstore.DistributedError, match="collective=False"):
-            store.tiers.before_commit(distributed=True)
-
-
 def test_opens_and_commits_while_the_remote_does_not_answer(tmp_path):
     local, remote = tmp_path / "local", tmp_path / "remote"
     remote.write_bytes(b"")  # a remote that cannot be read (a file where its folder goes)
