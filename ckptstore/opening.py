@@ -14,7 +14,7 @@ from .history.manifest import decode_marker, encode_marker
 from .policy import Policy
 from .policy.retention import Retention, check_retention
 from .priority import DEFAULT_PRIORITY, check_priority
-from .storage import Retry, Storage, open_storage
+from .storage import LocalStorage, Retry, Storage, open_storage
 from .store import Store
 from .tiers import Tiers
 
@@ -31,9 +31,11 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
     """Open the store at ``url`` (a local path or any fsspec URL), creating it unless
     ``create=False``. ``durable=True`` (the default) makes a commit to a local store
     crash-consistent: its chunk files and folders, then its manifest, then its ref are fsynced
-    in that order (a machine that loses power after a commit returned keeps it whole);
-    ``durable=False`` opts out (faster commits; a power loss may then leave a ref naming data
-    that never reached the disk). Object stores ignore it.
+    in that order (a machine that loses power after a commit returned keeps it whole), and each
+    chunk file's pages leave the page cache once on disk (a checkpoint is written once and read
+    rarely: it does not evict what training reads; a tiered store's local tier keeps them for
+    its uploader); ``durable=False`` opts out (faster commits; a power loss may then leave a ref
+    naming data that never reached the disk). Object stores ignore it.
 
     ``io_workers`` bounds the threads that encode and write chunks (default:
     on local disks the CPUs this process may use divided by the ranks on the host,
@@ -83,7 +85,10 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
         storage = _opened(storage, url, create)
     else:  # a remote that does not answer yet: commits land locally, uploads wait for it
         remote = storage
-        tiers = Tiers(_opened(open_storage(local, durable=durable), local, True), remote,
+        local_storage = open_storage(local, durable=durable)
+        if isinstance(local_storage, LocalStorage):
+            local_storage.keep_written = True  # the uploader reads each commit's chunks next
+        tiers = Tiers(_opened(local_storage, local, True), remote,
                       storage_options, upload_budget, local_keep,
                       lambda: _opened(remote, url, create), remote_keep=keep)
         storage, keep = tiers.storage, None  # the remote's rule: applied after uploads

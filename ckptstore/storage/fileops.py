@@ -31,17 +31,18 @@ _IOV_MAX = 1024  # buffers one writev takes (Linux)
 native = _files is not None
 
 
-def write_new(path: str, parts: Sequence[Buffer], fsync: bool, inside: str | None = None
-              ) -> int:
+def write_new(path: str, parts: Sequence[Buffer], fsync: bool, inside: str | None = None,
+              drop: bool = False) -> int:
     """A new file at ``path`` holding ``parts`` in order (a file there is unlinked first, so a
     write never goes into a file a link shares or a reader maps), fsynced when ``fsync``; the
     bytes written.
 
     ``inside`` (a store root's resolved path): make the file's folder first, after checking that
     its parent resolves inside, and check the folder made; where anything is there already or a
-    check fails, nothing is written and -1 comes back (the caller takes its checked way)."""
+    check fails, nothing is written and -1 comes back (the caller takes its checked way).
+    ``drop`` (with ``fsync``): advise the file's pages out of the page cache once on disk."""
     if native:
-        return _files.write_new(path, parts, fsync, *([inside] if inside is not None else []))
+        return _files.write_new(path, parts, fsync, inside, drop)
     if inside is not None and not _made_inside(os.path.dirname(path), inside):
         return -1
     fd = _create_anew(path)
@@ -57,6 +58,8 @@ def write_new(path: str, parts: Sequence[Buffer], fsync: bool, inside: str | Non
                 views[0] = views[0][n:]
         if fsync:
             os.fsync(fd)
+            if drop and hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
     return total

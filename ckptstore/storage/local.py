@@ -62,6 +62,11 @@ class LocalStorage(Storage):
         self.root = os.path.abspath(os.fspath(root))
         self.url = os.fspath(root) if url is None else url
         self.durable = durable
+        #: keep the chunk files a durable store writes in the page cache (by default their
+        #: pages are advised out once fsynced: a checkpoint is written once and read rarely,
+        #: and new page-cache pages for every commit cost system time and evict what training
+        #: reads; a tiered store's local tier keeps them, its uploader reads them next)
+        self.keep_written = False
         self._root = Root(self.root)
         self._made_dirs: set[str] = set()
         self._dirs_lock = threading.Lock()
@@ -147,11 +152,12 @@ class LocalStorage(Storage):
         folder = os.path.dirname(path)
         if folder not in self._made_dirs:  # a new chunk's folder: made, checked and written in
             # one call (the checked way takes four, each a wait for the GIL beside a busy loop)
-            if fileops.write_new(path, parts, self.durable, inside=self._root.real()) >= 0:
+            if fileops.write_new(path, parts, self.durable, self._root.real(),
+                                 not self.keep_written) >= 0:
                 self._made(folder)
                 return
         self._makedirs(folder, key)
-        fileops.write_new(path, parts, self.durable)
+        fileops.write_new(path, parts, self.durable, drop=not self.keep_written)
 
     def link_chunk(self, source: str, key: str) -> bool:
         path = self.path(key)

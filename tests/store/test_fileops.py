@@ -112,6 +112,35 @@ def test_write_new_inside_makes_and_checks_the_folder(tmp_path, monkeypatch):
     assert os.listdir(outside) == []
 
 
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise here")
+def test_write_new_drops_a_durable_file_from_the_page_cache(tmp_path, steps):
+    """``drop``: the file's pages leave the page cache once fsynced (mincore through a mapping
+    says which are resident); without it they stay."""
+    import ctypes
+    import mmap
+
+    def resident(path: str) -> int:
+        libc = ctypes.CDLL(None, use_errno=True)
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as m:
+            pages = (len(m) + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+            vec = (ctypes.c_ubyte * pages)()
+            view = ctypes.c_char.from_buffer(m)  # a copy-on-write mapping: nothing written
+            try:
+                assert libc.mincore(ctypes.c_void_p(ctypes.addressof(view)),
+                                    ctypes.c_size_t(len(m)), vec) == 0
+            finally:
+                del view
+            return sum(v & 1 for v in vec)
+
+    data = [np.ones(4 << 20, np.uint8)]
+    kept, dropped = str(tmp_path / "kept"), str(tmp_path / "dropped")
+    fileops.write_new(kept, data, fsync=True)
+    fileops.write_new(dropped, data, fsync=True, drop=True)
+    assert resident(kept) > 0.9 * (4 << 20) // mmap.PAGESIZE
+    assert resident(dropped) < 0.1 * (4 << 20) // mmap.PAGESIZE
+    assert open(dropped, "rb").read() == bytes(data[0])
+
+
 # -- resolve_existing ---------------------------------------------------------------------
 def test_resolve_existing_matches_its_twin(tmp_path, monkeypatch):
     root = tmp_path / "root"

@@ -140,7 +140,7 @@ out:
    buffer in order (writev, short writes finished), fsync when asked, close; with `root`, make
    its folder first (make_folder_inside). 1: not written (the caller takes the checked way). */
 static int write_new_nogil(const char *path, struct iovec *iov, int count, int sync,
-                           const char *root, Py_ssize_t *written, failure *f)
+                           int drop, const char *root, Py_ssize_t *written, failure *f)
 {
     int fd = -1;
     if (root) {
@@ -190,6 +190,10 @@ static int write_new_nogil(const char *path, struct iovec *iov, int count, int s
         close(fd);
         return -1;
     }
+#ifdef POSIX_FADV_DONTNEED
+    if (sync && drop) /* its pages are clean now: out of the page cache (advice only) */
+        (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+#endif
     if (close(fd) != 0 && errno != EINTR) {
         fail(f, NULL);
         return -1;
@@ -198,20 +202,25 @@ static int write_new_nogil(const char *path, struct iovec *iov, int count, int s
 }
 
 PyDoc_STRVAR(write_new_doc,
-"write_new(path, parts, fsync, inside=None) -> int\n\n"
+"write_new(path, parts, fsync, inside=None, drop=False) -> int\n\n"
 "A new file at ``path`` holding the byte buffers ``parts`` in order (a file there is unlinked\n"
-"first), fsynced when ``fsync``; the bytes written. ``inside`` (a store root's resolved path):\n"
+"first), fsynced when ``fsync`` (and then, with ``drop``, its pages advised out of the page\n"
+"cache: POSIX_FADV_DONTNEED); the bytes written. ``inside`` (a store root's resolved path):\n"
 "make the file's folder first, its parent and itself checked to resolve inside; where anything\n"
 "is there already or a check fails, nothing is written and -1 comes back. One call with the\n"
 "GIL released.");
 
 static PyObject *write_new(PyObject *self, PyObject *args)
 {
-    PyObject *path_obj = NULL, *parts, *root_obj = NULL;
-    int sync;
-    if (!PyArg_ParseTuple(args, "O&Op|O&:write_new", PyUnicode_FSConverter, &path_obj, &parts,
-                          &sync, PyUnicode_FSConverter, &root_obj))
+    PyObject *path_obj = NULL, *parts, *inside_obj = Py_None, *root_obj = NULL;
+    int sync, drop = 0;
+    if (!PyArg_ParseTuple(args, "O&Op|Op:write_new", PyUnicode_FSConverter, &path_obj, &parts,
+                          &sync, &inside_obj, &drop))
         return NULL;
+    if (inside_obj != Py_None && !PyUnicode_FSConverter(inside_obj, &root_obj)) {
+        Py_DECREF(path_obj);
+        return NULL;
+    }
     PyObject *seq = PySequence_Fast(parts, "write_new: parts must be a sequence of buffers");
     if (!seq) {
         Py_DECREF(path_obj);
@@ -245,7 +254,7 @@ static PyObject *write_new(PyObject *self, PyObject *args)
     failure f = {0, NULL};
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = write_new_nogil(path, iov, (int)count, sync, root, &written, &f);
+    rc = write_new_nogil(path, iov, (int)count, sync, drop, root, &written, &f);
     Py_END_ALLOW_THREADS
     if (rc > 0) {
         out = PyLong_FromLong(-1);
