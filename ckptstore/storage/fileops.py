@@ -14,13 +14,14 @@ same system calls in the same order and raise the same ``OSError``; the tests ru
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Sequence
 
 from .base import Buffer
 
-try:
-    from . import _files
+try:  # this module's compiled half (loaded by name, as ckptcodecs loads its kernels)
+    _files = importlib.import_module("ckptstore.storage._files")
 except ImportError:  # not built (a platform without a C compiler at install): the Python steps
     _files = None
 

@@ -49,7 +49,8 @@ def _args(src: np.ndarray, itemsize: int, fill: int) -> dict:
                 stride=stride, step=step, start=start, length=length,
                 freq=np.full((itemsize, 256), fill, np.int64),
                 near=np.full((itemsize, 256), fill, np.int64),
-                repeats=np.full(itemsize, fill, np.int64), methods=np.full(itemsize, fill, np.int64))
+                repeats=np.full(itemsize, fill, np.int64),
+                methods=np.full(itemsize, fill, np.int64))
 
 
 def _run(fn, src: np.ndarray, itemsize: int, rotate: bool, block: int, a: dict):
