@@ -136,13 +136,8 @@ class Store:
             self.tiers.before_commit(self._distributed())
         if self._distributed():
             from .dcp.collective import commit_collective
-            try:
-                info = commit_collective(self, state, message, branch, tags, metadata,
-                                         policy or self.policy, tracker)
-            except BaseException:
-                if self.tiers is not None:  # the parts this rank journalled
-                    self.tiers.failed_commit()
-                raise
+            info = commit_collective(self, state, message, branch, tags, metadata,
+                                     policy or self.policy, tracker)
         else:
             info = self._committer.commit(state, message, branch, tags, metadata,
                                           policy or self.policy, tracker)

@@ -74,6 +74,19 @@ def commit_collective(store: Store, state: object, message: str, branch: str,
                       policy: Policy, tracker: RowTracker | None = None,
                       process_group: Any = None) -> CommitInfo:
     """``Store.commit`` on every rank of a process group: one commit, DCP's planning."""
+    try:
+        return _commit_collective(store, state, message, branch, tags, metadata, policy,
+                                  tracker, process_group)
+    except BaseException:
+        if store.tiers is not None:  # a tiered store: the parts this rank journalled
+            store.tiers.failed_commit()
+        raise
+
+
+def _commit_collective(store: Store, state: object, message: str, branch: str,
+                       tags: Sequence[str], metadata: dict[str, object] | None,
+                       policy: Policy, tracker: RowTracker | None,
+                       process_group: Any) -> CommitInfo:
     import torch.distributed.checkpoint as dcp
 
     store.committer.wait()
