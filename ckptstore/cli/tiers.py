@@ -18,6 +18,7 @@ __all__ = ["is_local_tier", "open_tiered", "register", "run_push", "run_status"]
 
 if TYPE_CHECKING:
     from ..store import Store
+    from ..tiers import Upload
 
 
 
@@ -74,14 +75,22 @@ def run_status(ctx: Context) -> int:
     if not pending:
         ctx.print(f"everything is uploaded to {url}")
         return 0
-    rows = [[u.commit[:12], u.branch if u.op == "commit" else f"{u.op} {u.branch}", u.state,
-             human_size(u.bytes),
+    rows = [[u.commit[:12], _what(u), u.state, human_size(u.bytes),
              "-" if remote is None else human_size(u.sent), u.error or ""] for u in pending]
     ctx.print(table(["COMMIT", "BRANCH", "STATE", "SIZE", "UPLOADED", "ERROR"], rows,
                     right=("SIZE", "UPLOADED")))
     total = sum(u.bytes for u in pending)
     ctx.print(f"{plural(len(pending), 'commit')} ({human_size(total)}) not yet on {url}")
     return 0
+
+
+def _what(u: Upload) -> str:
+    """The BRANCH column: a commit's branch, a replayed change, or a rank's part."""
+    if u.op == "commit":
+        return u.branch
+    if u.op == "part":
+        return f"part {u.rank}/{u.world} {u.branch}"
+    return f"{u.op} {u.branch}"
 
 
 def run_push(ctx: Context) -> int:

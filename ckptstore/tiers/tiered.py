@@ -326,5 +326,5 @@ def pending_uploads(journal: Journal, remote: Storage | None) -> list[Upload]:
         sent = 0 if remote is None else sum(remote.walk_sizes(data_dir(rec.commit)).values())
         state = "failed" if error else "uploading" if sent else "local-only"
         out.append(Upload(rec.commit, rec.branch, state, rec.bytes, min(sent, rec.bytes), error,
-                          rec.op))
+                          rec.op, rec.rank, rec.world))
     return out

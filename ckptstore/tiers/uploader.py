@@ -38,7 +38,8 @@ class Upload:
     """Where one commit of a tiered store stands: ``state`` is ``"local-only"`` (queued),
     ``"uploading"``, ``"uploaded"`` or ``"failed"`` (``error`` says why; it is tried again);
     ``sent`` of ``bytes`` copied so far (``bytes`` counts the local tier's files). ``op`` other
-    than ``"commit"``: a change of branch or tag ``branch`` to replay on the remote."""
+    than ``"commit"``: a change of branch or tag ``branch`` to replay on the remote, or
+    (``"part"``) rank ``rank`` of ``world``'s part of a sharded commit."""
 
     commit: str
     branch: str
@@ -47,6 +48,8 @@ class Upload:
     sent: int = 0
     error: str | None = None
     op: str = "commit"
+    rank: int = 0
+    world: int = 1
 
 
 def _status_key(rec: Record) -> str:
@@ -87,7 +90,8 @@ class Uploader:
                 return
             self._queue.append(rec)
             self._status[_status_key(rec)] = Upload(rec.commit, rec.branch, "local-only",
-                                                    rec.bytes, op=rec.op)
+                                                    rec.bytes, op=rec.op, rank=rec.rank,
+                                                    world=rec.world)
             self._halted = None
             self._cond.notify_all()
 

@@ -181,6 +181,25 @@ def test_cli_status_and_push(dirs, capsys):
     assert ckpt(["status", str(remote)]) == 2  # not a local tier
 
 
+def test_cli_status_names_a_ranks_part(dirs, capsys):
+    """A rank's part of a sharded commit queued on its local tier: ``ckpt status`` says whose."""
+    from ckptstore.storage import LocalStorage
+    from ckptstore.tiers import Journal
+
+    local, remote = dirs
+    block(remote)
+    with ckptstore.open(remote, local=local):
+        pass
+    Journal(LocalStorage(local)).add("ab" * 16, "main", 10, op="part", rank=1, world=2)
+    capsys.readouterr()
+    assert ckpt(["status", str(local), "--offline"]) == 0
+    assert "part 1/2 main" in capsys.readouterr().out
+    assert ckpt(["status", str(local), "--offline", "--json"]) == 0
+    (pending,) = json.loads(capsys.readouterr().out)["pending"]
+    assert (pending["op"], pending["rank"], pending["world"]) == ("part", 1, 2)
+    unblock(remote)
+
+
 def test_options_need_a_local_tier(tmp_path):
     with pytest.raises(TypeError, match="need local="):
         ckptstore.open(tmp_path / "s", local_keep=LatestN(1))
