@@ -47,7 +47,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
 
-from hostile_tier_kills import _arm, _kill, _whole  # noqa: E402
+from hostile_tier_kills import _arm, _kill, _record, _same, _whole  # noqa: E402
 from reliability import Tally, start_moto  # noqa: E402
 
 KINDS = ("local", "journal", "chunk", "part", "adopt", "manifest", "before-ref", "after-ref",
@@ -176,23 +176,6 @@ def _run_ranks(root: str, common: list[str], kinds: tuple[str, str], k: int,
         t.join()
     errs = [p.stderr.read() for p in procs]  # type: ignore[union-attr]
     return [p.returncode for p in procs], ["".join(o) for o in outs], errs
-
-
-def _record(out: str, returned: dict[str, int]) -> list[str]:
-    ids = []
-    for line in out.splitlines():
-        if line.startswith("committed "):
-            _, c, s = line.split()
-            returned[c] = int(s)
-            ids.append(c)
-    return ids
-
-
-def _same(a: dict, b: dict) -> bool:
-    import torch
-
-    return a.keys() == b.keys() and all(
-        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
 
 
 def _check(root: str, url: str, opts: dict, returned: dict[str, int], seen: set[str],

@@ -1,8 +1,10 @@
-"""Assertions shared by the store tests."""
+"""Assertions and probes shared by the tests."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -79,3 +81,24 @@ def assert_older_reader_refuses(manifest: Any, reader_version: int) -> None:
         mp.setattr(manifest_module, "FORMAT_VERSION", reader_version)
         with pytest.raises(FormatVersionError, match="upgrade"):
             manifest_module.decode_manifest(raw)
+
+
+def spins_during(call: Callable[[], object]) -> int:
+    """How many times a Python thread spinning beside ``call()`` went round while it ran: above
+    0 when ``call`` released the GIL (a call that holds it leaves the spinner still)."""
+    spins, done = [0], threading.Event()
+
+    def spin() -> None:
+        while not done.is_set():
+            spins[0] += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    time.sleep(0.01)
+    before = spins[0]
+    try:
+        call()
+        return spins[0] - before
+    finally:
+        done.set()
+        t.join()

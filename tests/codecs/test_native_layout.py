@@ -5,9 +5,6 @@ arguments raise ValueError; the one call runs without the GIL."""
 
 from __future__ import annotations
 
-import threading
-import time
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,6 +12,7 @@ from hypothesis import strategies as st
 
 from ckptcodecs import _backend
 from ckptcodecs import planes as P
+from helpers import spins_during
 
 pytestmark = pytest.mark.skipif(_backend.native() is None,
                                 reason="ckptcodecs' compiled kernels are not built")
@@ -132,18 +130,5 @@ def test_read_only_output_is_refused():
 def test_the_one_call_runs_without_the_gil():
     src = _values(3, 1 << 23, 4, "normal")  # 32 MB: tens of milliseconds
     a = _args(src, 4, 0)
-    spins, done = [0], threading.Event()
-
-    def spin() -> None:
-        while not done.is_set():
-            spins[0] += 1
-
-    t = threading.Thread(target=spin)
-    t.start()
-    time.sleep(0.005)
-    before = spins[0]
-    _run(_backend.native().planes_encode_layout, src, 4, True, 1 << 17, a)
-    during = spins[0] - before
-    done.set()
-    t.join()
-    assert during > 0
+    assert spins_during(lambda: _run(_backend.native().planes_encode_layout, src, 4, True,
+                                     1 << 17, a)) > 0

@@ -9,12 +9,12 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
 
 from ckptstore.storage import fileops
+from helpers import spins_during
 
 pytestmark = pytest.mark.skipif(not fileops.native,
                                 reason="ckptstore.storage._files is not built here (not POSIX)")
@@ -233,21 +233,7 @@ def test_a_step_lets_other_threads_run(tmp_path, steps):
     """The compiled step runs without the GIL: a thread spinning in Python keeps going while a
     large fsynced write runs (the Python twin releases it too, once per call)."""
     data = np.zeros(64 << 20, dtype=np.uint8)
-    done = threading.Event()
-    spins = [0]
-
-    def spin() -> None:
-        while not done.is_set():
-            spins[0] += 1
-
-    t = threading.Thread(target=spin)
-    t.start()
-    time.sleep(0.01)
-    before = spins[0]
-    fileops.write_new(str(tmp_path / "big"), [data], fsync=True)
-    done.set()
-    t.join()
-    assert spins[0] > before
+    assert spins_during(lambda: fileops.write_new(str(tmp_path / "big"), [data], fsync=True)) > 0
 
 
 def _umask() -> int:
