@@ -22,7 +22,17 @@ at the priority ``ckptstore.open(url, background_priority=...)`` names:
 **Priority inheritance** (:meth:`BackgroundThreads.boosted`): while the caller waits for the
 commit in flight (the next ``commit``/``commit_async``, ``PendingCommit.wait()``,
 ``store.close()``), the background threads run at the caller's priority, so the wait lasts what
-the rest of the persist takes at normal priority. Raising a priority again needs the right to
+the rest of the persist takes at normal priority.
+
+**Starved, then raised** (:meth:`BackgroundThreads.observe`): a ``"low"`` or ``"idle"`` persist
+uses the cores training leaves free; where none are free (busy DataLoader workers, other jobs)
+it would finish only once the caller waits, at the next commit -- a longer stall than a
+normal-priority persist costs. So each background thread reads its scheduler statistics
+(``/proc/thread-self/schedstat``: time run, time waited runnable) after its tasks, at most every
+:data:`CHECK_EVERY` seconds; when the threads together get less than :data:`STARVED_SHARE` of a
+core while they want one, they run at normal priority for the rest of that persist
+(:meth:`BackgroundThreads.settle` lowers them when it ends), as if the caller waited already.
+Raising a priority again needs the right to
 (root, ``CAP_SYS_NICE``, or ``ulimit -e`` of at least 20 minus the process's nice value); where
 the system refuses, the chunks not yet started go to the store's normal-priority pool instead
 (:meth:`BackgroundThreads.executor`), and the persist thread goes on at its fair low share.
@@ -37,12 +47,13 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
-__all__ = ["BACKGROUND_PRIORITIES", "DEFAULT_PRIORITY", "LOW_NICE", "BackgroundThreads",
-           "check_priority", "started_executor"]
+__all__ = ["BACKGROUND_PRIORITIES", "CHECK_EVERY", "DEFAULT_PRIORITY", "LOW_NICE",
+           "STARVED_SHARE", "BackgroundThreads", "check_priority", "started_executor", "starved"]
 
 BACKGROUND_PRIORITIES = ("low", "idle", "normal")
 DEFAULT_PRIORITY = "low"
@@ -52,6 +63,22 @@ _IDLE = getattr(os, "SCHED_IDLE", None) if hasattr(os, "sched_setscheduler") els
 #: only Linux takes a thread id where ``setpriority`` takes a process id (elsewhere the same
 #: call would renice whatever process has that number): other systems keep every priority
 _PER_THREAD = sys.platform.startswith("linux")
+#: a thread's scheduler statistics: nanoseconds run, nanoseconds waited runnable, time slices
+_SCHEDSTAT = "/proc/thread-self/schedstat"
+#: seconds between two reads of a background thread's statistics (each read hands the GIL over)
+CHECK_EVERY = 0.02
+#: below this share of one core (while they want one) the background threads count as starved
+STARVED_SHARE = 0.5
+#: runnable time (ns) a judgement needs at least: a few time slices, not one wake-up
+_JUDGE_NS = 4_000_000
+
+
+def starved(ran_ns: int, waited_ns: int, threads: int) -> bool:
+    """Whether ``threads`` background threads, one of which ran ``ran_ns`` and waited
+    ``waited_ns`` runnable, together get less than :data:`STARVED_SHARE` of a core (False until the thread was
+    runnable for :data:`_JUDGE_NS`: too little to judge)."""
+    runnable = ran_ns + waited_ns
+    return runnable >= _JUDGE_NS and ran_ns * threads < STARVED_SHARE * runnable
 
 
 def check_priority(level: str) -> str:
@@ -79,12 +106,40 @@ def _set(tid: int, idle: bool, nice: int) -> bool:
     return True
 
 
+class _Watch:
+    """One background thread's scheduler statistics: an open ``schedstat`` and its last read."""
+
+    def __init__(self, fd: int):
+        self.fd, self.at = fd, time.monotonic()
+        self.ran, self.waited = self.read()
+
+    def read(self) -> tuple[int, int]:
+        fields = os.pread(self.fd, 64, 0).split()
+        return int(fields[0]), int(fields[1])
+
+
+def _watch() -> _Watch | None:
+    """The calling thread's statistics, where this system keeps them."""
+    if not _PER_THREAD:
+        return None
+    try:
+        return _Watch(os.open(_SCHEDSTAT, os.O_RDONLY | os.O_CLOEXEC))
+    except (OSError, ValueError, IndexError):  # no schedstat here (kernel without it)
+        return None
+
+
 class BackgroundThreads:
     """The threads of background persists: made at ``level``, raised to the creator's priority
-    while someone waits for them (:meth:`boosted`).
+    while someone waits for them (:meth:`boosted`) or while they are starved
+    (:meth:`observe`, until :meth:`settle`).
 
     Make it on the thread whose priority counts as normal (the store's opener); threads are
     registered as they start, and forgotten at :meth:`close`.
+
+    Attributes
+    ----------
+    starved_persists
+        How many persists ran at normal priority because their threads were starved.
     """
 
     def __init__(self, level: str):
@@ -94,6 +149,10 @@ class BackgroundThreads:
         self._tids: set[int] = set()
         self._lock = threading.Lock()
         self._waiters = 0
+        self._watches: list[_Watch] = []
+        self._local = threading.local()
+        self._starved = False
+        self.starved_persists = 0
         #: True while someone waits and the threads could not be raised
         self.refused = False
 
@@ -102,7 +161,8 @@ class BackgroundThreads:
         return ThreadPoolExecutor(workers, thread_name_prefix=name, initializer=self._register)
 
     def executor(self, low: Executor, normal: Executor) -> Executor:
-        """Submits to ``low``, or to ``normal`` while a wait could not raise the threads."""
+        """Submits to ``low``, or to ``normal`` while a wait could not raise the threads; each
+        task on ``low`` ends with :meth:`observe`."""
         return _Routed(self, low, normal)
 
     def _register(self) -> None:
@@ -113,12 +173,29 @@ class BackgroundThreads:
                 self.refused |= not _set(tid, False, self.normal_nice)
             else:
                 self._lower(tid)
+        watch = _watch() if self.level != "normal" else None
+        if watch is not None:
+            self._local.watch = watch
+            with self._lock:
+                self._watches.append(watch)
 
     def _lower(self, tid: int) -> None:
         if self.level == "idle" and _IDLE is not None:
             _set(tid, True, self.normal_nice)
         elif self.level != "normal":
             _set(tid, False, min(19, self.normal_nice + LOW_NICE))
+
+    def _raise_all(self) -> None:  # under the lock
+        self._waiters += 1
+        if self._waiters == 1:
+            self.refused = not all([_set(t, False, self.normal_nice) for t in self._tids])
+
+    def _lower_all(self) -> None:  # under the lock
+        self._waiters -= 1
+        if not self._waiters:
+            self.refused = False
+            for t in self._tids:
+                self._lower(t)
 
     @contextmanager
     def boosted(self) -> Iterator[None]:
@@ -127,23 +204,47 @@ class BackgroundThreads:
             yield
             return
         with self._lock:
-            self._waiters += 1
-            if self._waiters == 1:
-                self.refused = not all([_set(t, False, self.normal_nice) for t in self._tids])
+            self._raise_all()
         try:
             yield
         finally:
             with self._lock:
-                self._waiters -= 1
-                if not self._waiters:
-                    self.refused = False
-                    for t in self._tids:
-                        self._lower(t)
+                self._lower_all()
+
+    def observe(self) -> None:
+        """On a background thread after a task: read its scheduler statistics (at most every
+        :data:`CHECK_EVERY` s) and, where the threads are :func:`starved`, raise them to normal
+        priority until :meth:`settle`."""
+        watch = getattr(self._local, "watch", None)
+        if watch is None or self._starved or time.monotonic() - watch.at < CHECK_EVERY:
+            return
+        ran, waited = watch.read()
+        ran_ns, waited_ns = ran - watch.ran, waited - watch.waited
+        if ran_ns + waited_ns < _JUDGE_NS:
+            return  # judge on more: keep the last reading
+        watch.ran, watch.waited, watch.at = ran, waited, time.monotonic()
+        if starved(ran_ns, waited_ns, len(self._tids)):
+            with self._lock:
+                if not self._starved:
+                    self._starved = True
+                    self.starved_persists += 1
+                    self._raise_all()
+
+    def settle(self) -> None:
+        """A persist ended: threads raised because they were starved go back to their level
+        (the next persist starts low again and judges anew)."""
+        with self._lock:
+            if self._starved:
+                self._starved = False
+                self._lower_all()
 
     def close(self) -> None:
         """Forget the threads (after their pools shut down: their ids may be reused)."""
         with self._lock:
             self._tids.clear()
+            for watch in self._watches:
+                os.close(watch.fd)
+            self._watches.clear()
 
 
 class _Routed(Executor):
@@ -153,8 +254,17 @@ class _Routed(Executor):
         self._threads, self._low, self._normal = threads, low, normal
 
     def submit(self, fn: Callable[..., object], /, *args: object, **kwargs: object) -> Future:
-        pool = self._normal if self._threads.refused else self._low
-        return pool.submit(fn, *args, **kwargs)
+        if self._threads.refused:
+            return self._normal.submit(fn, *args, **kwargs)
+        observe = self._threads.observe
+
+        def run() -> object:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                observe()
+
+        return self._low.submit(run)
 
 
 def started_executor(workers: int, name: str) -> ThreadPoolExecutor:

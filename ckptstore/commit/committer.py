@@ -164,6 +164,7 @@ class Committer(Pipeline):
             except BaseException as e:  # noqa: BLE001 - handed to the caller through wait()
                 info, error = None, e
             job = snap = None  # type: ignore[assignment]
+            self.background.settle()  # a persist raised because it starved: low again
             pending.finish(info, error)
 
         self.inflight = pending

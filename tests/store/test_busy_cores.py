@@ -1,5 +1,6 @@
 """``commit_async`` beside processes that keep every core busy (issue 26, item 1): the training
-loop keeps going and every commit lands, whatever the background priority's default."""
+loop keeps going and every commit lands, whatever the background priority's default; a starved
+persist raises itself to normal priority until it ends (issue 28)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
 
 import ckptstore
+from ckptstore import EncodingOptions
+from ckptstore.priority import LOW_NICE, starved
 
 #: generous: a loop that is merely slow finishes well within it; only a freeze reaches it
 HANG_GUARD_S = 90.0
@@ -68,3 +72,44 @@ def test_training_loop_keeps_going_while_every_core_is_busy(tmp_path):
             p.kill()
             p.wait()
         torch.set_num_threads(threads)
+
+
+MS = 1_000_000  # nanoseconds
+
+
+def test_starved_means_less_than_half_a_core_together():
+    """The judgement :meth:`BackgroundThreads.observe` applies to one thread's statistics."""
+    assert starved(1 * MS, 19 * MS, threads=3)  # 3 x 5 % of a core
+    assert not starved(10 * MS, 10 * MS, threads=2)  # two threads at half a core: a whole one
+    assert not starved(4 * MS, 12 * MS, threads=3)  # 3 x 25 %: three quarters of a core
+    assert not starved(0, 3 * MS, threads=1)  # too short a wait to judge
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"),
+                    reason="needs Linux per-thread scheduler statistics")
+def test_a_starved_persist_runs_at_normal_priority_until_it_ends(tmp_path):
+    """Busy processes on every core starve a low-priority persist: its threads notice it from
+    their scheduler statistics and run at normal priority -- before anyone waits for the commit
+    -- and go back to their low priority once it has landed."""
+    state = {"w": torch.randn(2048, 4096)}  # 32 MB in 32 chunks of 1 MiB
+    store = ckptstore.open(tmp_path / "s", options=EncodingOptions(chunk_bytes=1 << 20))
+    with store:
+        store.commit_async(state).wait()  # the background threads exist
+        background = store._committer.background
+        low = os.getpriority(os.PRIO_PROCESS, 0) + LOW_NICE
+        starved_before = background.starved_persists
+        busy = busy_processes()
+        try:
+            pending = store.commit_async(state)
+            deadline = time.monotonic() + HANG_GUARD_S
+            while not pending.done() and time.monotonic() < deadline:
+                time.sleep(0.05)  # not wait(): a waiter would raise the threads itself
+            assert pending.done(), "the starved persist did not finish without a waiter"
+        finally:
+            for p in busy:
+                p.kill()
+                p.wait()
+        assert pending.wait().id == store.log()[0].id
+        assert background.starved_persists == starved_before + 1
+        io = [t.native_id for t in threading.enumerate() if t.name.startswith("ckptstore-bg-io")]
+        assert io and all(os.getpriority(os.PRIO_PROCESS, t) == min(19, low) for t in io)
