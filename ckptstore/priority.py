@@ -66,7 +66,7 @@ _PER_THREAD = sys.platform.startswith("linux")
 #: a thread's scheduler statistics: nanoseconds run, nanoseconds waited runnable, time slices
 _SCHEDSTAT = "/proc/thread-self/schedstat"
 #: seconds between two reads of a background thread's statistics (each read hands the GIL over)
-CHECK_EVERY = 0.02
+CHECK_EVERY = 0.05
 #: below this share of one core (while they want one) the background threads count as starved
 STARVED_SHARE = 0.5
 #: runnable time (ns) a judgement needs at least: a few time slices, not one wake-up

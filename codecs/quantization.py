@@ -42,6 +42,7 @@ import math
 
 import numpy as np
 
+from ._backend import CHOICE, native
 from ._qkernels import QUANT as _Q
 from ._floats import as_float, from_bf16_bits, from_float, to_bf16_bits
 from ._select import select_magnitudes
@@ -197,19 +198,20 @@ def quantize(
                 p.param_dtype = "float16"
         # codes of the levels as stored: each value gets its nearest stored level
         nearest_codes(xf, seg, p.codebook, codes)
+    elif method != "adaptive-asymmetric" and param_dtype == "float32" and not _uniform(
+            xf, seg, mask, nq, method == "uniform-symmetric", zero := np.empty(nseg, xf.dtype),
+            scale := np.empty(nseg, xf.dtype), codes):
+        p.zero, p.scale = zero, scale  # the common path, in one kernel call
     else:
         zero, scale, p.param_dtype = _uniform_params(xf, seg, mask, nseg, nq, method, bits,
                                                      num_bins, ratio, param_dtype)
         p.zero, p.scale = zero, scale
-        with np.errstate(over="ignore"):
-            inv = np.divide(1.0, scale, out=np.zeros(nseg, xf.dtype), where=scale > 0)
+        inv = _inverse(scale, xf.dtype)
         xw = xf
         if not np.isfinite(inv).all():  # subnormal scales: 1/scale needs float64
             xw = xf.astype(np.float64)
-            inv = np.divide(1.0, scale.astype(np.float64), out=np.zeros(nseg), where=scale > 0)
-        t = np.dtype(xw.dtype).type
-        _Q.uniform_codes(xw, seg, zero.astype(xw.dtype), inv, t(nq - 1), t(0.5), t(0.0),
-                         codes)
+            inv = _inverse(scale.astype(np.float64), np.float64)
+        _uniform_codes(xw, seg, zero.astype(xw.dtype), inv, nq, codes)
     if has_prune:
         codes[prune_idx] = p.prune_code
     if prot_idx.size:
@@ -219,6 +221,41 @@ def quantize(
         if sparse:
             p.protect_positions = prot_idx.astype(np.int64)
     return codes, p
+
+
+def _inverse(scale: np.ndarray, dtype) -> np.ndarray:
+    """``1 / scale`` in ``dtype`` where the scale is positive, else 0 (inf where it overflows)."""
+    with np.errstate(over="ignore"):
+        return np.divide(1.0, scale, out=np.zeros(scale.size, dtype), where=scale > 0)
+
+
+def _uniform_codes(x: np.ndarray, seg: int, zero: np.ndarray, inv: np.ndarray, nq: int,
+                   codes: np.ndarray) -> None:
+    """Codes of ``x`` from its segments' zero points and inverse scales, in x's float type."""
+    t = np.dtype(x.dtype).type
+    _Q.uniform_codes(x, seg, zero, inv, t(nq - 1), t(0.5), t(0.0), codes)
+
+
+def _uniform_steps(xf: np.ndarray, seg: int, mask: np.ndarray, nq: int, symmetric: bool,
+                   zero: np.ndarray, scale: np.ndarray, codes: np.ndarray) -> int:
+    """The uniform path of :func:`quantize` with float32 parameters of x's type, a kernel call
+    a step: zero points and scales into ``zero``/``scale``, the codes into ``codes``; 1 (codes
+    untouched) where an inverse scale is not finite (subnormal: the float64 steps). The twin of
+    the C kernel ``quant_uniform_all``, which runs them in one call."""
+    method = "uniform-symmetric" if symmetric else "uniform-asymmetric"
+    zero[...], scale[...], _ = _uniform_params(xf, seg, mask, zero.size, nq, method, 8, None,
+                                               1.0)
+    inv = _inverse(scale, xf.dtype)
+    if not np.isfinite(inv).all():
+        return 1
+    _uniform_codes(xf, seg, zero, inv, nq, codes)
+    return 0
+
+
+_native = native()
+#: the uniform path in one call that releases the GIL once (C), or its steps (numba)
+_uniform = _native.quant_uniform_all if CHOICE == "c" and _native is not None \
+    else _uniform_steps
 
 
 def _param_dtype(name: str) -> type:

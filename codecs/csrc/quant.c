@@ -2,10 +2,15 @@
    (seg_minmax, seg_absmax) and uniform codes; the family's helpers and method table. The
    dequantizers are in quant_dequant.c, the float16 parameters in quant_f16.c. Reductions keep
    numba's results exactly: min/max are order-free but for the sign of a zero, fixed after. */
+#include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include "quant.h"
 
 #define LANES 8
+/* Kernels kept out of line: inlined into uniform_all's loop, gcc lost their restrict pointers
+   and did not vectorise them (1.8x slower). */
+#define QK_NOINLINE static __attribute__((noinline))
 
 int qk_float_buffer(PyObject *obj, Py_buffer *view, int writable, const char *name)
 {
@@ -46,7 +51,7 @@ int qk_bad_mask(const Py_buffer *mask, Py_ssize_t n, const char *name)
                 return x[i];                                                                  \
         return 0;                                                                             \
     }                                                                                         \
-    static void range_##SUFFIX(const T *restrict x, Py_ssize_t m,                             \
+    QK_NOINLINE void range_##SUFFIX(const T *restrict x, Py_ssize_t m,                        \
                                const uint8_t *restrict mask, double *lo, double *hi)          \
     {                                                                                         \
         T mn[LANES], mx[LANES];                                                               \
@@ -186,7 +191,7 @@ static PyObject *ck_quant_seg_absmax(PyObject *self, PyObject *args) { return ra
 /* out[i] = clip((x - zero) * inv + half, fzero, fq) truncated; NaN -> 0, in x's own float
    type (numba's: the scalars are of the working type). */
 #define CODES_KERNEL(T, SUFFIX)                                                               \
-    static void codes_##SUFFIX(const T *restrict x, Py_ssize_t n, Py_ssize_t seg,             \
+    QK_NOINLINE void codes_##SUFFIX(const T *restrict x, Py_ssize_t n, Py_ssize_t seg,        \
                                const T *zero, const T *inv, Py_ssize_t nseg, T fq, T half,    \
                                T fzero, uint8_t *restrict out)                                \
     {                                                                                         \
@@ -252,11 +257,107 @@ static PyObject *ck_quant_uniform_codes(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* quantize's uniform path in one call (the twin of quantization._uniform_steps): each
+   segment's range (or largest magnitude), its zero point and scale as numpy computes them
+   (float64 arithmetic, then x's float type), the inverse scales in x's type, then the codes --
+   one release of the GIL where the steps took a dozen. 0, or 1 where an inverse scale is not
+   finite (a subnormal scale: the caller's float64 steps), the codes then untouched. */
+#define UNIFORM_KERNEL(T, SUFFIX, TMAX)                                                        \
+    static int uniform_##SUFFIX(const T *x, Py_ssize_t n, Py_ssize_t seg,                     \
+                                const uint8_t *mask, int symmetric, Py_ssize_t nq, T *zero,   \
+                                T *scale, T *inv, Py_ssize_t nseg, uint8_t *codes)            \
+    {                                                                                         \
+        Py_ssize_t a0, b0;                                                                    \
+        for (Py_ssize_t s = 0; s < nseg; s++) {                                               \
+            qk_segment(s, seg, n, &a0, &b0);                                                  \
+            const uint8_t *m = mask ? mask + a0 : NULL;                                       \
+            double lo, hi;                                                                    \
+            if (symmetric) {                                                                  \
+                hi = absmax_##SUFFIX(x + a0, b0 - a0, m);                                     \
+                lo = -hi;                                                                     \
+            } else                                                                            \
+                range_##SUFFIX(x + a0, b0 - a0, m, &lo, &hi);                                 \
+            if (nq == 1) {                                                                    \
+                zero[s] = (T)(lo / 2 + hi / 2);                                               \
+                scale[s] = 0;                                                                 \
+            } else {                                                                          \
+                zero[s] = (T)lo;                                                              \
+                T sc = (T)((hi - (double)zero[s]) / (double)(nq - 1));                        \
+                scale[s] = isfinite(sc) ? sc : TMAX;                                          \
+            }                                                                                 \
+            inv[s] = scale[s] > 0 ? (T)1 / scale[s] : 0;                                      \
+            if (!isfinite(inv[s]))                                                            \
+                return 1;                                                                     \
+        }                                                                                     \
+        codes_##SUFFIX(x, n, seg, zero, inv, nseg, (T)(nq - 1), (T)0.5, (T)0, codes);         \
+        return 0;                                                                             \
+    }
+
+UNIFORM_KERNEL(float, f32, FLT_MAX)
+UNIFORM_KERNEL(double, f64, DBL_MAX)
+
+/* uniform_all(x, seg, mask, nq, symmetric, zero, scale, codes) -> 0 or 1 (see above). */
+static PyObject *ck_quant_uniform_all(PyObject *self, PyObject *args)
+{
+    const char *name = "uniform_all";
+    PyObject *x_obj, *mask_obj, *zero_obj, *scale_obj, *codes_obj;
+    Py_ssize_t seg, nq;
+    int symmetric, status = 0;
+    Py_buffer v[5];
+    int held = 0, ok = 0;
+    if (!PyArg_ParseTuple(args, "OnOnpOOO", &x_obj, &seg, &mask_obj, &nq, &symmetric,
+                          &zero_obj, &scale_obj, &codes_obj))
+        return NULL;
+    if (qk_float_buffer(x_obj, &v[held++], 0, name) < 0
+        || ck_buffer(mask_obj, &v[held++], 0, 1, name) < 0
+        || qk_float_buffer(zero_obj, &v[held++], 1, name) < 0
+        || qk_float_buffer(scale_obj, &v[held++], 1, name) < 0
+        || ck_buffer(codes_obj, &v[held++], 1, 1, name) < 0) {
+        ck_release(v, held - 1);
+        return NULL;
+    }
+    Py_ssize_t n = ck_items(&v[0]), nseg = ck_items(&v[2]);
+    if (v[2].itemsize != v[0].itemsize || v[3].itemsize != v[0].itemsize)
+        PyErr_Format(PyExc_ValueError, "%s: zero points and scales of x's float type", name);
+    else if (seg < 0 || nq < 1 || nq > 256 || ck_items(&v[3]) != nseg || v[4].len < n)
+        PyErr_Format(PyExc_ValueError, "%s: %zd values, segments of %zd, %zd levels, %zd zero "
+                     "points, %zd scales, %zd codes", name, n, seg, nq, nseg, ck_items(&v[3]),
+                     v[4].len);
+    else if (!qk_bad_mask(&v[1], n, name) && !ck_overlap(&v[0], &v[2], name)
+             && !ck_overlap(&v[0], &v[3], name) && !ck_overlap(&v[2], &v[3], name)
+             && !ck_overlap(&v[0], &v[4], name) && !ck_overlap(&v[2], &v[4], name)
+             && !ck_overlap(&v[3], &v[4], name)) {
+        void *inv = malloc((size_t)(nseg ? nseg : 1) * (size_t)v[0].itemsize);
+        if (inv == NULL)
+            PyErr_NoMemory();
+        else {
+            const uint8_t *mask = v[1].len ? v[1].buf : NULL;
+            Py_BEGIN_ALLOW_THREADS
+            if (v[0].itemsize == 4)
+                status = uniform_f32(v[0].buf, n, seg, mask, symmetric, nq, v[2].buf, v[3].buf,
+                                     inv, nseg, v[4].buf);
+            else
+                status = uniform_f64(v[0].buf, n, seg, mask, symmetric, nq, v[2].buf, v[3].buf,
+                                     inv, nseg, v[4].buf);
+            Py_END_ALLOW_THREADS
+            free(inv);
+            ok = 1;
+        }
+    }
+    ck_release(v, held);
+    if (!ok)
+        return NULL;
+    return PyLong_FromLong(status);
+}
+
 PyMethodDef ck_quant_methods[] = {
     {"quant_seg_minmax", ck_quant_seg_minmax, METH_VARARGS,
      "seg_minmax(x, seg, mask, lo, hi): each segment's min and max of the unmasked values."},
     {"quant_seg_absmax", ck_quant_seg_absmax, METH_VARARGS,
      "seg_absmax(x, seg, mask, out): each segment's largest unmasked magnitude."},
+    {"quant_uniform_all", ck_quant_uniform_all, METH_VARARGS,
+     "uniform_all(x, seg, mask, nq, symmetric, zero, scale, codes) -> 0, or 1 (subnormal "
+     "scale: nothing coded): quantize's uniform path in one call."},
     {"quant_uniform_codes", ck_quant_uniform_codes, METH_VARARGS,
      "uniform_codes(x, seg, zero, inv, fq, half, fzero, out): uniform codes, NaN -> 0."},
     {"quant_dequant_uniform", ck_quant_dequant_uniform, METH_VARARGS,
