@@ -130,12 +130,15 @@ def _code_cases(mb: int, rng) -> list[tuple[str, str, int, callable]]:
 
 def _rle_huffman_cases(residuals: np.ndarray, rng) -> list[tuple[str, str, int, callable]]:
     """(family, label, input bytes, call(kernels)) of RLEHuffman's coder: BucketDelta's
-    residuals (what it codes in a store) and 4-bit codes of a bell curve; the label gives the
+    residuals (what it codes in a store) and 4- and 8-bit codes of a bell curve (a quantized
+    chunk's codes, one a byte); the label gives the
     compression ratio (the same bytes under both)."""
     n = residuals.size
     bell = np.clip(np.rint(rng.standard_normal(n) * 2 + 8), 0, 15).astype(np.uint8)
+    bell8 = np.clip(np.rint(rng.standard_normal(n) * 40 + 128), 0, 255).astype(np.uint8)
     cases = []
-    for name, data in (("residuals, K=16, 10% changed", residuals), ("4-bit codes, bell", bell)):
+    for name, data in (("residuals, K=16, 10% changed", residuals), ("4-bit codes, bell", bell),
+                       ("8-bit codes, bell", bell8)):
         payload = rle_huffman.rle_huffman_encode(data)
         stream, nsym, size, tables = rle_huffman.coded_parts(payload)
         ratio = n / len(payload)

@@ -36,10 +36,17 @@ def _twins():
 
 
 def _data(seed: int, n: int, kind: str) -> np.ndarray:
-    """``n`` bytes: flat random, skewed (few values, geometric), or in runs (some very long)."""
+    """``n`` bytes: flat random, skewed (few values, geometric), in runs (some very long), or
+    dense: 8-bit codes of a bell curve (codes of many lengths, almost every run a single byte:
+    the encoder's pairs path) with a few runs dropped in, some across its 8 KiB chunks."""
     rng = np.random.default_rng(seed)
     if kind == "flat":
         return rng.integers(0, 256, n, dtype=np.uint8)
+    if kind == "dense":
+        x = np.clip(np.rint(rng.standard_normal(n) * 30 + 128), 0, 255).astype(np.uint8)
+        for at in rng.integers(0, n, max(1, n // 3000)):
+            x[at:at + int(rng.choice([2, 3, 9, 8200]))] = x[at]
+        return x
     if kind == "skewed":
         return np.minimum(rng.geometric(0.4, n) - 1, 255).astype(np.uint8)
     lengths = rng.choice([1, 2, 3, 40, HK.MAX_RUN + 5], n // 4 + 1, p=[.4, .3, .2, .09, .01])
@@ -54,8 +61,8 @@ def _encode_with(kernels, data: np.ndarray, head: int):
 
 
 @settings(max_examples=150, deadline=None)
-@given(n=SIZES, kind=st.sampled_from(["flat", "skewed", "runs"]), head=st.integers(0, 40),
-       seed=st.integers(0, 2**32 - 1))
+@given(n=SIZES, kind=st.sampled_from(["flat", "skewed", "runs", "dense"]),
+       head=st.integers(0, 40), seed=st.integers(0, 2**32 - 1))
 def test_encode_stream(n, kind, head, seed):
     c, ref = _twins()
     data = _data(seed, n, kind)
@@ -97,8 +104,9 @@ def _decode_both(stream, nsym, n, tables):
 
 
 @settings(max_examples=150, deadline=None)
-@given(n=SIZES, kind=st.sampled_from(["flat", "skewed", "runs"]), seed=st.integers(0, 2**32 - 1),
-       cut=st.integers(0, 64), flip=st.integers(0, 10**9), lie=st.integers(-3, 3))
+@given(n=SIZES, kind=st.sampled_from(["flat", "skewed", "runs", "dense"]),
+       seed=st.integers(0, 2**32 - 1), cut=st.integers(0, 64), flip=st.integers(0, 10**9),
+       lie=st.integers(-3, 3))
 def test_decode_symbols_on_good_and_hostile_streams(n, kind, seed, cut, flip, lie):
     """The whole stream, then truncated, with a bit flipped, and with a symbol count or a size
     that lies: the same status and bytes in both."""
