@@ -427,6 +427,9 @@ def test_waiting_for_a_persist_runs_it_at_normal_priority(flaky, level):
     normal = {(os.SCHED_OTHER, os.getpriority(os.PRIO_PROCESS, 0))}
     FlakyMemoryFS.gate = threading.Event()  # hold the persist
     pending = flaky.commit_async({"w": torch.randn(100_000)})
+    deadline = time.monotonic() + 30  # the persist thread, started by that submit, lowers itself
+    while thread_priorities("ckptstore-persist") == normal and time.monotonic() < deadline:
+        time.sleep(0.001)
     before = thread_priorities("ckptstore-persist")
     waiter = threading.Thread(target=pending.wait)
     waiter.start()
