@@ -218,7 +218,11 @@ class BackgroundThreads:
         watch = getattr(self._local, "watch", None)
         if watch is None or self._starved or time.monotonic() - watch.at < CHECK_EVERY:
             return
-        ran, waited = watch.read()
+        try:
+            ran, waited = watch.read()
+        except (OSError, ValueError, IndexError):  # unreadable now: stop watching this thread
+            self._local.watch = None
+            return
         ran_ns, waited_ns = ran - watch.ran, waited - watch.waited
         if ran_ns + waited_ns < _JUDGE_NS:
             return  # judge on more: keep the last reading
