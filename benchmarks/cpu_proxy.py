@@ -28,7 +28,9 @@ What is measured
   beside the loop, as DataLoader workers keep cores busy (issue 26). They are stopped
   (SIGSTOP) outside the timed loop -- the warm-up commit and the final wait -- and by a
   watchdog once a run has taken 3x ``--seconds`` (a frozen loop: the "froze" column counts
-  those runs; their rate is what the loop made until the busy processes stopped).
+  those runs; their rate is what the loop made until the busy processes stopped). "starved
+  persists" counts, over the runs, the persists whose threads found themselves starved and ran
+  at normal priority until they ended (issue 28).
 * Steps per second over ``--seconds`` of loop time (after one untimed warm-up commit), each
   configuration ``--repeat`` times, interleaved; the slowdown is relative to the median rate
   without checkpoints. Goals (issue 11): lossless <= 15 %, 8-bit <= 20 % on the 2-core VM,
@@ -111,9 +113,10 @@ def open_store(folder: str, options: EncodingOptions, policy: Policy, io_workers
 
 def run(config: tuple | None, state: dict, seconds: float, interval: float, root: str,
         io_workers: int | None = None, priority: str = "low", busy: Busy | None = None
-        ) -> tuple[float, int, bool]:
+        ) -> tuple[float, int, bool, int]:
     """Steps per second of the loop, the commits it made, whether the watchdog stopped the busy
-    processes (``busy`` runs only during the timed loop)."""
+    processes (``busy`` runs only during the timed loop), how many persists ran at normal
+    priority because they were starved."""
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(32, 32, generator=g), torch.randn(32, 32, generator=g) * 0.1
@@ -157,10 +160,12 @@ def run(config: tuple | None, state: dict, seconds: float, interval: float, root
     if busy:
         guard.cancel()
         busy.signal(signal.SIGSTOP)
+    starved = 0
     if store is not None:
         store.close()  # waits for the last persist (not timed)
+        starved = store._committer.background.starved_persists
     shutil.rmtree(folder, ignore_errors=True)  # ~1 GB a run: the disk would fill
-    return rate, commits, fired.is_set()
+    return rate, commits, fired.is_set(), starved
 
 
 def gil_hold(config: tuple, state: dict, root: str, priority: str = "low"
@@ -240,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.busy:
         rows += busy_rows(n, configs, state, args)
     print(markdown_table(["busy processes", "configuration", "steps/s", "slowdown", "commits",
-                          "froze"], rows, "rlrrrr"))
+                          "starved persists", "froze"], rows, "rlrrrrr"))
     print(f"\n# load average after: {_load()}")
     return 0
 
@@ -251,7 +256,7 @@ def busy_rows(n: int, configs: dict, state: dict, args: argparse.Namespace) -> l
     busy = Busy(n) if n else None
     if busy:
         busy.signal(signal.SIGSTOP)
-    runs: dict[str, list[tuple[float, int, bool]]] = {k: [] for k in configs}
+    runs: dict[str, list[tuple[float, int, bool, int]]] = {k: [] for k in configs}
     try:
         for r in range(args.repeat):
             for name, (config, workers, priority) in (configs.items() if r % 2 == 0
@@ -260,7 +265,8 @@ def busy_rows(n: int, configs: dict, state: dict, args: argparse.Namespace) -> l
                           busy)
                 runs[name].append(out)
                 print(f"busy {n}, round {r + 1}: {name}: {out[0]:.0f} steps/s, {out[1]} commits"
-                      f"{', froze' if out[2] else ''}", file=sys.stderr, flush=True)
+                      f", {out[3]} starved{', froze' if out[2] else ''}", file=sys.stderr,
+                      flush=True)
     finally:
         if busy:
             busy.close()
@@ -272,7 +278,7 @@ def busy_rows(n: int, configs: dict, state: dict, args: argparse.Namespace) -> l
         rows.append([str(n), name, f"{rate:.0f}",
                      "–" if name == "no checkpoint" else f"{100 * (1 - rate / base):+.1f} %",
                      f"{statistics.median(x[1] for x in v):.0f}",
-                     f"{sum(x[2] for x in v)}/{len(v)}"])
+                     f"{sum(x[3] for x in v)}", f"{sum(x[2] for x in v)}/{len(v)}"])
     return rows
 
 
