@@ -185,33 +185,9 @@ def quantize(
         mask[prune_idx] = 1
     codes = np.empty(n, np.uint8)
     if method == "kmeans":
-        book = np.empty((nseg, nq))
-        with np.errstate(over="ignore"):
-            bits32 = xf.astype(np.float32, copy=False).view(np.uint32)
-        fit_codebooks(xf, bits32, seg, mask, nq, float(lam), int(seed), book)
-        p.codebook = book.astype(_param_dtype(name))
-        if param_dtype == "float16":
-            with np.errstate(over="ignore"):
-                b16 = book.astype(np.float16)
-            if np.isfinite(b16).all():  # else (a level beyond +-65504): native parameters
-                p.codebook = b16.astype(_param_dtype(name))
-                p.param_dtype = "float16"
-        # codes of the levels as stored: each value gets its nearest stored level
-        nearest_codes(xf, seg, p.codebook, codes)
-    elif method != "adaptive-asymmetric" and param_dtype == "float32" and not _uniform(
-            xf, seg, mask, nq, method == "uniform-symmetric", zero := np.empty(nseg, xf.dtype),
-            scale := np.empty(nseg, xf.dtype), codes):
-        p.zero, p.scale = zero, scale  # the common path, in one kernel call
+        _kmeans_codes(xf, seg, mask, p, float(lam), int(seed), param_dtype, codes)
     else:
-        zero, scale, p.param_dtype = _uniform_params(xf, seg, mask, nseg, nq, method, bits,
-                                                     num_bins, ratio, param_dtype)
-        p.zero, p.scale = zero, scale
-        inv = _inverse(scale, xf.dtype)
-        xw = xf
-        if not np.isfinite(inv).all():  # subnormal scales: 1/scale needs float64
-            xw = xf.astype(np.float64)
-            inv = _inverse(scale.astype(np.float64), np.float64)
-        _uniform_codes(xw, seg, zero.astype(xw.dtype), inv, nq, codes)
+        _uniform_path(xf, seg, mask, p, num_bins, ratio, param_dtype, codes)
     if has_prune:
         codes[prune_idx] = p.prune_code
     if prot_idx.size:
@@ -221,6 +197,45 @@ def quantize(
         if sparse:
             p.protect_positions = prot_idx.astype(np.int64)
     return codes, p
+
+
+def _kmeans_codes(xf: np.ndarray, seg: int, mask: np.ndarray, p: QuantParams, lam: float,
+                  seed: int, param_dtype: str, codes: np.ndarray) -> None:
+    """DynaQuant's k-means: each segment's codebook into ``p``, each value's nearest level."""
+    book = np.empty((p.nseg, p.nq))
+    with np.errstate(over="ignore"):
+        bits32 = xf.astype(np.float32, copy=False).view(np.uint32)
+    fit_codebooks(xf, bits32, seg, mask, p.nq, lam, seed, book)
+    p.codebook = book.astype(_param_dtype(p.dtype))
+    if param_dtype == "float16":
+        with np.errstate(over="ignore"):
+            b16 = book.astype(np.float16)
+        if np.isfinite(b16).all():  # else (a level beyond +-65504): native parameters
+            p.codebook = b16.astype(_param_dtype(p.dtype))
+            p.param_dtype = "float16"
+    # codes of the levels as stored: each value gets its nearest stored level
+    nearest_codes(xf, seg, p.codebook, codes)
+
+
+def _uniform_path(xf: np.ndarray, seg: int, mask: np.ndarray, p: QuantParams, num_bins,
+                  ratio: float, param_dtype: str, codes: np.ndarray) -> None:
+    """Uniform quantization: zero points and scales into ``p``, the codes into ``codes`` --
+    the common case (no range search, float32 parameters) in one kernel call."""
+    nseg, symmetric = p.nseg, p.method == "uniform-symmetric"
+    if p.method != "adaptive-asymmetric" and param_dtype == "float32":
+        zero, scale = np.empty(nseg, xf.dtype), np.empty(nseg, xf.dtype)
+        if not _uniform(xf, seg, mask, p.nq, symmetric, zero, scale, codes):
+            p.zero, p.scale = zero, scale
+            return
+    zero, scale, p.param_dtype = _uniform_params(xf, seg, mask, nseg, p.nq, p.method, p.bits,
+                                                 num_bins, ratio, param_dtype)
+    p.zero, p.scale = zero, scale
+    inv = _inverse(scale, xf.dtype)
+    xw = xf
+    if not np.isfinite(inv).all():  # subnormal scales: 1/scale needs float64
+        xw = xf.astype(np.float64)
+        inv = _inverse(scale.astype(np.float64), np.float64)
+    _uniform_codes(xw, seg, zero.astype(xw.dtype), inv, p.nq, codes)
 
 
 def _inverse(scale: np.ndarray, dtype) -> np.ndarray:
