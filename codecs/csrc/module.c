@@ -1,7 +1,7 @@
-/* ckptcodecs._native: the module table, buffer acquisition (ck_buffer, ck_buffers), the
-   wrappers' tail (ck_done) and bounds checks. Every kernel checks its buffers against the
-   sizes it is given (a ValueError, never a read or write out of bounds) and releases the GIL
-   around its loops. */
+/* ckptcodecs._native: the module table, buffer acquisition (ck_buffer; ck_buffers and the
+   wrappers' tail ck_done are inline in native.h) and bounds checks. Every kernel checks its
+   buffers against the sizes it is given (a ValueError, never a read or write out of bounds)
+   and releases the GIL around its loops. */
 #include "native.h"
 
 /* 1 when a view's items are float32 or float64 by its format and item size. */
@@ -42,23 +42,6 @@ void ck_release(Py_buffer *views, int count)
 {
     for (int i = 0; i < count; i++)
         PyBuffer_Release(&views[i]);
-}
-
-int ck_buffers(PyObject *const *objs, const ck_want *wants, int n, Py_buffer *views)
-{
-    for (int i = 0; i < n; i++)
-        if (ck_buffer(objs[i], &views[i], wants[i].writable, wants[i].itemsize,
-                      wants[i].name) < 0) {
-            ck_release(views, i);
-            return -1;
-        }
-    return 0;
-}
-
-int ck_done(Py_buffer *views, int n)
-{
-    ck_release(views, n);
-    return PyErr_Occurred() ? -1 : 0;
 }
 
 int ck_runs_fit(Py_ssize_t start, Py_ssize_t count, Py_ssize_t pitch, Py_ssize_t length,

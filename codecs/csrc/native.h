@@ -36,12 +36,27 @@ typedef struct {
 #define CK_OUT(name, itemsize) {(name), (itemsize), 1}
 
 /* objs[i] acquired into views[i] as wants[i] asks, for i < n in order: 0 with all n held, or
-   -1 with the exception of the first that failed set and none held. */
-int ck_buffers(PyObject *const *objs, const ck_want *wants, int n, Py_buffer *views);
+   -1 with the exception of the first that failed set and none held. (Inline, as ck_done: a
+   call of a small kernel costs no more than with the checks written out.) */
+static inline int ck_buffers(PyObject *const *objs, const ck_want *wants, int n,
+                             Py_buffer *views)
+{
+    for (int i = 0; i < n; i++)
+        if (ck_buffer(objs[i], &views[i], wants[i].writable, wants[i].itemsize,
+                      wants[i].name) < 0) {
+            ck_release(views, i);
+            return -1;
+        }
+    return 0;
+}
 
 /* A wrapper's tail: views[0..n) released, then -1 where a Python exception is set, else 0;
    ck_none returns the wrapper's NULL or None. */
-int ck_done(Py_buffer *views, int n);
+static inline int ck_done(Py_buffer *views, int n)
+{
+    ck_release(views, n);
+    return PyErr_Occurred() ? -1 : 0;
+}
 static inline PyObject *ck_none(Py_buffer *views, int n)
 {
     return ck_done(views, n) < 0 ? NULL : Py_NewRef(Py_None);
