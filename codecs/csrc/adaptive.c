@@ -48,26 +48,23 @@ static int overlaps(ad_args *a, const char *name)
 
 int ad_parse(PyObject *args, int with_counts, int zero_width_ok, ad_args *a, const char *name)
 {
-    PyObject *x, *mask, *counts = NULL, *lo, *hi;
+    const ck_want want[5] = {CK_IN(name, CK_FLOAT), CK_IN(name, 1), CK_OUT(name, CK_FLOAT),
+                             CK_OUT(name, CK_FLOAT), CK_IN(name, 8)};
+    PyObject *obj[5];  /* x, mask, lo, hi, counts */
     Py_ssize_t num_bins;
     double ratio;
     memset(a, 0, sizeof *a);
-    if (with_counts ? !PyArg_ParseTuple(args, "OnOOOOnnd", &x, &a->seg, &mask, &counts, &lo,
-                                        &hi, &a->nq, &num_bins, &ratio)
-                    : !PyArg_ParseTuple(args, "OnOOOnnd", &x, &a->seg, &mask, &lo, &hi, &a->nq,
-                                        &num_bins, &ratio))
+    if (with_counts ? !PyArg_ParseTuple(args, "OnOOOOnnd", &obj[0], &a->seg, &obj[1], &obj[4],
+                                        &obj[2], &obj[3], &a->nq, &num_bins, &ratio)
+                    : !PyArg_ParseTuple(args, "OnOOOnnd", &obj[0], &a->seg, &obj[1], &obj[2],
+                                        &obj[3], &a->nq, &num_bins, &ratio))
         return -1;
     Py_buffer *v = a->v;
-    if (qk_float_buffer(x, &v[a->held++], 0, name) < 0
-        || ck_buffer(mask, &v[a->held++], 0, 1, name) < 0
-        || qk_float_buffer(lo, &v[a->held++], 1, name) < 0
-        || qk_float_buffer(hi, &v[a->held++], 1, name) < 0
-        || (counts && ck_buffer(counts, &v[a->held++], 0, 8, name) < 0)) {
-        ck_release(v, a->held - 1);
+    if (ck_buffers(obj, want, with_counts ? 5 : 4, v) < 0)
         return -1;
-    }
+    a->held = with_counts ? 5 : 4;
     a->x = &v[0], a->mask = &v[1], a->lo = &v[2], a->hi = &v[3];
-    a->counts = counts ? &v[4] : NULL;
+    a->counts = with_counts ? &v[4] : NULL;
     a->n = ck_items(a->x);
     a->nseg = ck_items(a->lo);
     a->cells = num_bins * AD_HPB;
@@ -89,14 +86,12 @@ int ad_parse(PyObject *args, int with_counts, int zero_width_ok, ad_args *a, con
                      ck_items(a->counts), a->nseg, a->cells);
         bad = 1;
     }
-    if (bad) {
+    if (bad || !(a->nq >= 2 && a->n_iter >= 1)) {
         ck_release(v, a->held);
-        return -1;
+        return bad ? -1 : 0;
     }
-    return a->nq >= 2 && a->n_iter >= 1;
+    return 1;
 }
-
-void ad_done(ad_args *a) { ck_release(a->v, a->held); }
 
 /* Segment [a0, b0)'s histogram in cells from lo0: cnt[j] counts the values whose cell index
    int((x - lo0) * f), clipped to [0, H - 1], is j; masked values go to the spare cell H.
@@ -299,14 +294,10 @@ static void search_pair(ad_args *a, Py_ssize_t s, int64_t *cnt, double *C, doubl
    refined in place, its histogram counted from x or taken from counts (when it has rows). */
 static PyObject *ck_adaptive_histogram_search(PyObject *self, PyObject *args)
 {
-    const char *name = "histogram_search";
     ad_args a;
-    int run = ad_parse(args, 1, 1, &a, name);
-    if (run <= 0) {
-        if (run == 0)
-            ad_done(&a);
+    int run = ad_parse(args, 1, 1, &a, "histogram_search");
+    if (run <= 0)
         return run < 0 ? NULL : Py_NewRef(Py_None);
-    }
     const int64_t H = a.cells, W = H + 1;
     int64_t *cnt = malloc((size_t)(4 * W) * sizeof *cnt);
     double *C = malloc((size_t)(2 * W) * sizeof *C), *S1 = malloc((size_t)(2 * W) * sizeof *S1);
@@ -315,13 +306,12 @@ static PyObject *ck_adaptive_histogram_search(PyObject *self, PyObject *args)
         for (Py_ssize_t s = 0; s < a.nseg; s += 2)
             search_pair(&a, s, cnt, C, S1);
         Py_END_ALLOW_THREADS
-    }
-    int ok = cnt && C && S1;
+    } else
+        PyErr_NoMemory();
     free(cnt);
     free(C);
     free(S1);
-    ad_done(&a);
-    return ok ? Py_NewRef(Py_None) : PyErr_NoMemory();
+    return ck_none(a.v, a.held);
 }
 
 PyMethodDef ck_adaptive_methods[] = {

@@ -21,13 +21,12 @@ typedef struct {
 } ad_args;
 
 /* Parse and check `args` (with a counts argument when `with_counts`): 1 when there is a search
-   to run, 0 when numba's kernel returns at once (nq < 2 or no greedy step), -1 with a
-   ValueError; the views are held unless -1 (ad_done releases them). A ratio above 1 that
-   takes more than num_bins greedy steps (num_bins - 1 without `zero_width_ok`: the direct
-   search divides by a zero spacing there, numba's raises ZeroDivisionError) is a ValueError:
-   the candidates would leave the histogram. */
+   to run, its views a->v[0..a->held) held (the caller releases them: ck_none); 0 when numba's
+   kernel returns at once (nq < 2 or no greedy step), -1 with a ValueError, none held then. A
+   ratio above 1 that takes more than num_bins greedy steps (num_bins - 1 without
+   `zero_width_ok`: the direct search divides by a zero spacing there, numba's raises
+   ZeroDivisionError) is a ValueError: the candidates would leave the histogram. */
 int ad_parse(PyObject *args, int with_counts, int zero_width_ok, ad_args *a, const char *name);
-void ad_done(ad_args *a);
 
 /* numba's int(v) of a float64 on x86-64 (cvttsd2si): v truncated, INT64_MIN where v is NaN or
    beyond the int64 range. */

@@ -172,21 +172,17 @@ PyObject *ck_adaptive_direct_ranges(PyObject *self, PyObject *args)
 {
     ad_args a;
     int run = ad_parse(args, 0, 0, &a, "direct_ranges");
-    if (run <= 0) {
-        if (run == 0)
-            ad_done(&a);
+    if (run <= 0)
         return run < 0 ? NULL : Py_NewRef(Py_None);
-    }
     Py_ssize_t len = a.seg < a.n ? a.seg : a.n;
     len = len > 1 ? len : 1;
     double *u = malloc((size_t)len * LANES * sizeof *u);
-    int ok = u != NULL;
-    if (ok) {
+    if (u) {
         Py_BEGIN_ALLOW_THREADS
         search(&a, u, len);
         Py_END_ALLOW_THREADS
-    }
-    ad_done(&a);
+    } else
+        PyErr_NoMemory();
     free(u);
-    return ok ? Py_NewRef(Py_None) : PyErr_NoMemory();
+    return ck_none(a.v, a.held);
 }

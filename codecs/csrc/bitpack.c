@@ -117,59 +117,48 @@ static void unpack(const uint8_t *buf, int bits, Py_ssize_t count, uint8_t *out)
 
 static PyObject *ck_pack(PyObject *self, PyObject *args)
 {
-    PyObject *codes_obj, *out_obj;
+    static const ck_want want[2] = {CK_IN("pack codes", 1), CK_OUT("pack out", 1)};
+    PyObject *obj[2];
     Py_ssize_t bits;
     Py_buffer v[2];
-    if (!PyArg_ParseTuple(args, "OnO", &codes_obj, &bits, &out_obj) || !check_bits(bits, "pack"))
+    if (!PyArg_ParseTuple(args, "OnO", &obj[0], &bits, &obj[1]) || !check_bits(bits, "pack")
+        || ck_buffers(obj, want, 2, v) < 0)
         return NULL;
-    if (ck_buffer(codes_obj, &v[0], 0, 1, "pack codes") < 0)
-        return NULL;
-    if (ck_buffer(out_obj, &v[1], 1, 1, "pack out") < 0) {
-        ck_release(v, 1);
-        return NULL;
-    }
     Py_ssize_t need = packed_bytes(v[0].len, bits);
-    if (v[1].len < need) {
+    if (v[1].len < need)
         PyErr_Format(PyExc_ValueError, "pack: %zd codes of %zd bits need %zd bytes, out holds "
                      "%zd", v[0].len, bits, need, v[1].len);
-        ck_release(v, 2);
-        return NULL;
+    else {
+        Py_BEGIN_ALLOW_THREADS
+        pack(v[0].buf, v[0].len, (int)bits, v[1].buf);
+        Py_END_ALLOW_THREADS
     }
-    Py_BEGIN_ALLOW_THREADS
-    pack(v[0].buf, v[0].len, (int)bits, v[1].buf);
-    Py_END_ALLOW_THREADS
-    ck_release(v, 2);
-    Py_RETURN_NONE;
+    return ck_none(v, 2);
 }
 
 static PyObject *ck_unpack(PyObject *self, PyObject *args)
 {
-    PyObject *buf_obj, *out_obj;
+    static const ck_want want[2] = {CK_IN("unpack buf", 1), CK_OUT("unpack out", 1)};
+    PyObject *obj[2];
     Py_ssize_t bits, count;
     Py_buffer v[2];
-    if (!PyArg_ParseTuple(args, "OnnO", &buf_obj, &bits, &count, &out_obj)
+    if (!PyArg_ParseTuple(args, "OnnO", &obj[0], &bits, &count, &obj[1])
         || !check_bits(bits, "unpack"))
         return NULL;
     if (count < 0)
         return PyErr_Format(PyExc_ValueError, "unpack: count %zd is negative", count);
-    if (ck_buffer(buf_obj, &v[0], 0, 1, "unpack buf") < 0)
+    if (ck_buffers(obj, want, 2, v) < 0)
         return NULL;
-    if (ck_buffer(out_obj, &v[1], 1, 1, "unpack out") < 0) {
-        ck_release(v, 1);
-        return NULL;
-    }
-    if (v[1].len < count || v[0].len < packed_bytes(count, bits)) {
+    if (v[1].len < count || v[0].len < packed_bytes(count, bits))
         PyErr_Format(PyExc_ValueError, "unpack: %zd codes of %zd bits need %zd bytes and room "
                      "for %zd codes; got %zd bytes and room for %zd", count, bits,
                      packed_bytes(count, bits), count, v[0].len, v[1].len);
-        ck_release(v, 2);
-        return NULL;
+    else {
+        Py_BEGIN_ALLOW_THREADS
+        unpack(v[0].buf, (int)bits, count, v[1].buf);
+        Py_END_ALLOW_THREADS
     }
-    Py_BEGIN_ALLOW_THREADS
-    unpack(v[0].buf, (int)bits, count, v[1].buf);
-    Py_END_ALLOW_THREADS
-    ck_release(v, 2);
-    Py_RETURN_NONE;
+    return ck_none(v, 2);
 }
 
 PyMethodDef ck_bitpack_methods[] = {

@@ -77,22 +77,19 @@ static void split_planes(const uint8_t *src, Py_ssize_t n, int itemsize, int rot
 
 static PyObject *ck_split_rows(PyObject *self, PyObject *args)
 {
-    PyObject *src_obj, *out_obj;
+    static const ck_want want[2] = {CK_IN("split_rows src", 1), CK_OUT("split_rows out", 1)};
+    PyObject *obj[2];
     Py_ssize_t itemsize, base, stride;
     int rotate;
     Py_buffer v[2];
-    if (!PyArg_ParseTuple(args, "OnpOnn", &src_obj, &itemsize, &rotate, &out_obj, &base,
+    if (!PyArg_ParseTuple(args, "OnpOnn", &obj[0], &itemsize, &rotate, &obj[1], &base,
                           &stride))
         return NULL;
     if (itemsize != 1 && itemsize != 2 && itemsize != 4 && itemsize != 8)
         return PyErr_Format(PyExc_ValueError, "split_rows: itemsize must be 1, 2, 4 or 8, "
                             "not %zd", itemsize);
-    if (ck_buffer(src_obj, &v[0], 0, 1, "split_rows src") < 0)
+    if (ck_buffers(obj, want, 2, v) < 0)
         return NULL;
-    if (ck_buffer(out_obj, &v[1], 1, 1, "split_rows out") < 0) {
-        ck_release(v, 1);
-        return NULL;
-    }
     Py_ssize_t n = v[0].len / itemsize;
     if (v[0].len % itemsize) {
         PyErr_Format(PyExc_ValueError, "split_rows: %zd bytes are not whole %zd-byte items",
@@ -107,11 +104,8 @@ static PyObject *ck_split_rows(PyObject *self, PyObject *args)
         Py_BEGIN_ALLOW_THREADS
         split_planes(src, n, (int)itemsize, rotate && itemsize > 1, out, stride);
         Py_END_ALLOW_THREADS
-        ck_release(v, 2);
-        Py_RETURN_NONE;
     }
-    ck_release(v, 2);
-    return NULL;
+    return ck_none(v, 2);
 }
 
 /* Runs of `length` items: run r from item src + r * src_pitch of the planes to item
@@ -223,11 +217,8 @@ static PyObject *merge(PyObject *args, int nplanes, const char *name)
     Py_BEGIN_ALLOW_THREADS
     merge_runs(&job);
     Py_END_ALLOW_THREADS
-    ck_release(v, held);
-    Py_RETURN_NONE;
 fail:
-    ck_release(v, held);
-    return NULL;
+    return ck_none(v, held);
 }
 
 static PyObject *ck_merge2(PyObject *self, PyObject *args) { return merge(args, 2, "merge2"); }
@@ -261,20 +252,16 @@ static void sample_plane(const uint8_t *row, Py_ssize_t n, Py_ssize_t step, Py_s
 
 static PyObject *ck_sample_rows(PyObject *self, PyObject *args)
 {
-    PyObject *out_obj, *freq_obj, *near_obj, *rep_obj;
+    static const ck_want want[4] = {CK_IN("sample_rows out", 1), CK_OUT("sample_rows freq", 8),
+                                    CK_OUT("sample_rows near", 8),
+                                    CK_OUT("sample_rows repeats", 8)};
+    PyObject *obj[4];
     Py_ssize_t base, stride, n, itemsize, step, start, length;
     Py_buffer v[4];
-    int held = 0;
-    if (!PyArg_ParseTuple(args, "OnnnnnnnOOO", &out_obj, &base, &stride, &n, &itemsize, &step,
-                          &start, &length, &freq_obj, &near_obj, &rep_obj))
+    if (!PyArg_ParseTuple(args, "OnnnnnnnOOO", &obj[0], &base, &stride, &n, &itemsize, &step,
+                          &start, &length, &obj[1], &obj[2], &obj[3])
+        || ck_buffers(obj, want, 4, v) < 0)
         return NULL;
-    if (ck_buffer(out_obj, &v[held++], 0, 1, "sample_rows out") < 0
-        || ck_buffer(freq_obj, &v[held++], 1, 8, "sample_rows freq") < 0
-        || ck_buffer(near_obj, &v[held++], 1, 8, "sample_rows near") < 0
-        || ck_buffer(rep_obj, &v[held++], 1, 8, "sample_rows repeats") < 0) {
-        ck_release(v, held - 1);
-        return NULL;
-    }
     if (n < 0 || itemsize < 0 || step < 1 || start < 0 || length < 0 || start > n
         || length > n - start) {
         PyErr_Format(PyExc_ValueError, "sample_rows: n=%zd, itemsize=%zd, step=%zd and the "
@@ -291,11 +278,10 @@ static PyObject *ck_sample_rows(PyObject *self, PyObject *args)
             sample_plane(out + p * stride, n, step, start, length, freq + 256 * p,
                          near + 256 * p, rep + p);
         Py_END_ALLOW_THREADS
-        ck_release(v, 4);
-        return PyLong_FromSsize_t(itemsize > 0 && n > 0 ? (n - 1) / step + 1 : 0);
     }
-    ck_release(v, 4);
-    return NULL;
+    if (ck_done(v, 4) < 0)
+        return NULL;
+    return PyLong_FromSsize_t(itemsize > 0 && n > 0 ? (n - 1) / step + 1 : 0);
 }
 
 /* The planes' steps without their checks, for BytePlanes' one-call encode (planes_layout.c). */

@@ -66,35 +66,29 @@ typedef int (*delta_kernel)(const uint8_t *, const uint8_t *, Py_ssize_t, int, u
 /* Parse (first, base, k, out), check sizes, run `kernel` without the GIL. */
 static PyObject *run(PyObject *args, delta_kernel kernel, const char *name)
 {
-    PyObject *first_obj, *base_obj, *out_obj;
+    const ck_want want[3] = {CK_IN(name, 1), CK_IN(name, 1), CK_OUT(name, 1)};
+    PyObject *obj[3];
     Py_ssize_t k;
     Py_buffer v[3];
-    int held = 0, ok = 0;
-    if (!PyArg_ParseTuple(args, "OOnO", &first_obj, &base_obj, &k, &out_obj))
+    if (!PyArg_ParseTuple(args, "OOnO", &obj[0], &obj[1], &k, &obj[2]))
         return NULL;
     if (k < 1 || k > 256)
         return PyErr_Format(PyExc_ValueError, "%s: k must be in 1..256, not %zd", name, k);
-    if (ck_buffer(first_obj, &v[held++], 0, 1, name) < 0
-        || ck_buffer(base_obj, &v[held++], 0, 1, name) < 0
-        || ck_buffer(out_obj, &v[held++], 1, 1, name) < 0) {
-        ck_release(v, held - 1);
+    if (ck_buffers(obj, want, 3, v) < 0)
         return NULL;
-    }
     Py_ssize_t n = v[1].len;
-    if (v[0].len != n || v[2].len < n) {
+    if (v[0].len != n || v[2].len < n)
         PyErr_Format(PyExc_ValueError, "%s: %zd codes against %zd base codes into %zd bytes",
                      name, v[0].len, n, v[2].len);
-    } else {
+    else {
+        int ok;
         Py_BEGIN_ALLOW_THREADS
         ok = kernel(v[0].buf, v[1].buf, n, (int)k, v[2].buf);
         Py_END_ALLOW_THREADS
         if (!ok)
             PyErr_Format(PyExc_ValueError, "%s: a base code is not below k=%zd", name, k);
     }
-    ck_release(v, 3);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    return ck_none(v, 3);
 }
 
 static PyObject *ck_delta_encode(PyObject *self, PyObject *args)

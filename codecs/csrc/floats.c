@@ -79,16 +79,11 @@ typedef void (*cast_kernel)(const void *, Py_ssize_t, void *);
 static PyObject *cast(PyObject *args, Py_ssize_t in_size, Py_ssize_t out_size,
                       cast_kernel kernel, const char *name)
 {
-    PyObject *src_obj, *out_obj;
+    const ck_want want[2] = {CK_IN(name, in_size), CK_OUT(name, out_size)};
+    PyObject *obj[2];
     Py_buffer v[2];
-    int held = 0, ok = 0;
-    if (!PyArg_ParseTuple(args, "OO", &src_obj, &out_obj))
+    if (!PyArg_ParseTuple(args, "OO", &obj[0], &obj[1]) || ck_buffers(obj, want, 2, v) < 0)
         return NULL;
-    if (ck_buffer(src_obj, &v[held++], 0, in_size, name) < 0
-        || ck_buffer(out_obj, &v[held++], 1, out_size, name) < 0) {
-        ck_release(v, held - 1);
-        return NULL;
-    }
     Py_ssize_t n = ck_items(&v[0]);
     if (ck_items(&v[1]) < n)
         PyErr_Format(PyExc_ValueError, "%s: %zd values into room for %zd", name, n,
@@ -97,12 +92,8 @@ static PyObject *cast(PyObject *args, Py_ssize_t in_size, Py_ssize_t out_size,
         Py_BEGIN_ALLOW_THREADS
         kernel(v[0].buf, n, v[1].buf);
         Py_END_ALLOW_THREADS
-        ok = 1;
     }
-    ck_release(v, 2);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    return ck_none(v, 2);
 }
 
 static PyObject *ck_floats_bf16_bits(PyObject *self, PyObject *args)
@@ -130,18 +121,14 @@ static int shifted(const Py_buffer *in, const Py_buffer *out, const char *name)
 static PyObject *ck_floats_add16(PyObject *self, PyObject *args)
 {
     const char *name = "floats add16";
-    PyObject *base_obj, *res_obj, *out_obj;
-    int half, ok = 0, held = 0;
+    const ck_want want[3] = {CK_IN(name, 2), CK_IN(name, 2), CK_OUT(name, 2)};
+    PyObject *obj[3];
+    int half;
     float top;
     Py_buffer v[3];
-    if (!PyArg_ParseTuple(args, "OOpfO", &base_obj, &res_obj, &half, &top, &out_obj))
+    if (!PyArg_ParseTuple(args, "OOpfO", &obj[0], &obj[1], &half, &top, &obj[2])
+        || ck_buffers(obj, want, 3, v) < 0)
         return NULL;
-    if (ck_buffer(base_obj, &v[held++], 0, 2, name) < 0
-        || ck_buffer(res_obj, &v[held++], 0, 2, name) < 0
-        || ck_buffer(out_obj, &v[held++], 1, 2, name) < 0) {
-        ck_release(v, held - 1);
-        return NULL;
-    }
     Py_ssize_t n = ck_items(&v[0]);
     if (ck_items(&v[1]) != n || ck_items(&v[2]) < n)
         PyErr_Format(PyExc_ValueError, "%s: %zd base values and %zd residuals into room for "
@@ -150,12 +137,8 @@ static PyObject *ck_floats_add16(PyObject *self, PyObject *args)
         Py_BEGIN_ALLOW_THREADS
         (half ? add16_f16 : add16_bf16)(v[0].buf, v[1].buf, n, top, v[2].buf);
         Py_END_ALLOW_THREADS
-        ok = 1;
     }
-    ck_release(v, 3);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    return ck_none(v, 3);
 }
 
 PyMethodDef ck_floats_methods[] = {

@@ -271,20 +271,3 @@ void ck_kmeans_free(ck_kmeans_scratch *s)
     free(s->centers);
     memset(s, 0, sizeof *s);
 }
-
-int ck_float_buffer(PyObject *obj, Py_buffer *view, int writable, const char *name)
-{
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, view, flags) < 0)
-        return -1;
-    const char *f = view->format ? view->format : "B";
-    if (*f == '@' || *f == '=' || *f == '<')
-        f++;
-    if ((view->itemsize == 4 && strcmp(f, "f") == 0)
-        || (view->itemsize == 8 && strcmp(f, "d") == 0))
-        return view->itemsize == 8;
-    PyErr_Format(PyExc_ValueError, "%s: expected float32 or float64 values, not format %s",
-                 name, view->format ? view->format : "B");
-    PyBuffer_Release(view);
-    return -1;
-}

@@ -27,9 +27,6 @@ void ck_fit_segment(const int64_t *cnt, const double *sums, Py_ssize_t nt, Py_ss
                     double lam, uint64_t seed, double *out, Py_ssize_t row,
                     ck_kmeans_scratch *s);
 
-/* A float buffer of float32 or float64 items (1: float64), or -1 with a ValueError. */
-int ck_float_buffer(PyObject *obj, Py_buffer *view, int writable, const char *name);
-
 /* kmeans_codes.c's kernel, listed in kmeans_fit.c's table. */
 PyObject *ck_kmeans_nearest_codes(PyObject *self, PyObject *args);
 

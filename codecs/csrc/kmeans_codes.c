@@ -158,23 +158,22 @@ static int nearest_codes(const codes_args *a)
 PyObject *ck_kmeans_nearest_codes(PyObject *self, PyObject *args)
 {
     const char *name = "kmeans nearest_codes";
-    PyObject *x_obj, *book_obj, *out_obj;
+    const ck_want want[3] = {CK_IN(name, CK_FLOAT_KM), CK_IN(name, CK_FLOAT_KM),
+                             CK_OUT(name, 1)};
+    PyObject *obj[3];  /* x, codebooks, out */
     codes_args a;
     Py_buffer v[3];
-    int held = 0, ok = 0;
-    if (!PyArg_ParseTuple(args, "OnOO", &x_obj, &a.seg, &book_obj, &out_obj))
+    if (!PyArg_ParseTuple(args, "OnOO", &obj[0], &a.seg, &obj[1], &obj[2]))
         return NULL;
     if (a.seg < 1)
         return PyErr_Format(PyExc_ValueError, "%s: seg (%zd) must be >= 1", name, a.seg);
-    if ((a.x64 = ck_float_buffer(x_obj, &v[held++], 0, name)) < 0
-        || (a.book64 = ck_float_buffer(book_obj, &v[held++], 0, name)) < 0
-        || ck_buffer(out_obj, &v[held++], 1, 1, name) < 0) {
-        ck_release(v, held - 1);
+    if (ck_buffers(obj, want, 3, v) < 0)
         return NULL;
-    }
     a.x = v[0].buf;
+    a.x64 = v[0].itemsize == 8;
     a.n = ck_items(&v[0]);
     a.book = v[1].buf;
+    a.book64 = v[1].itemsize == 8;
     a.out = v[2].buf;
     if (v[1].ndim != 2)
         PyErr_Format(PyExc_ValueError, "%s: codebooks must be 2-D (segments, levels)", name);
@@ -182,6 +181,7 @@ PyObject *ck_kmeans_nearest_codes(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "%s: %zd values into %zd codes", name, a.n,
                      ck_items(&v[2]));
     else if (!ck_overlap(&v[0], &v[2], name) && !ck_overlap(&v[1], &v[2], name)) {
+        int ok;
         a.nseg = v[1].shape[0];
         a.k = v[1].shape[1];
         Py_BEGIN_ALLOW_THREADS
@@ -190,8 +190,5 @@ PyObject *ck_kmeans_nearest_codes(PyObject *self, PyObject *args)
         if (!ok)
             PyErr_NoMemory();
     }
-    ck_release(v, 3);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    return ck_none(v, 3);
 }

@@ -116,26 +116,22 @@ static int rows_of(const Py_buffer *out, Py_ssize_t k, const char *name, Py_ssiz
 static PyObject *ck_kmeans_fit_codebooks(PyObject *self, PyObject *args)
 {
     const char *name = "kmeans fit_codebooks";
-    PyObject *x_obj, *bits_obj, *mask_obj, *out_obj;
+    const ck_want want[4] = {CK_IN(name, CK_FLOAT_KM), CK_IN(name, 4), CK_IN(name, 1),
+                             CK_OUT(name, CK_FLOAT_KM)};
+    PyObject *obj[4];  /* x, xbits, mask, out */
     long long seed;
     fit_args a;
     Py_buffer v[4];
-    int held = 0, ok = 0, f64;
-    if (!PyArg_ParseTuple(args, "OOnOndLO", &x_obj, &bits_obj, &a.seg, &mask_obj, &a.k, &a.lam,
-                          &seed, &out_obj))
+    if (!PyArg_ParseTuple(args, "OOnOndLO", &obj[0], &obj[1], &a.seg, &obj[2], &a.k, &a.lam,
+                          &seed, &obj[3]))
         return NULL;
     if (a.seg < 1 || a.k < 1)
         return PyErr_Format(PyExc_ValueError, "%s: seg (%zd) and k (%zd) must be >= 1", name,
                             a.seg, a.k);
-    if ((f64 = ck_float_buffer(x_obj, &v[held++], 0, name)) < 0
-        || ck_buffer(bits_obj, &v[held++], 0, 4, name) < 0
-        || ck_buffer(mask_obj, &v[held++], 0, 1, name) < 0
-        || ck_float_buffer(out_obj, &v[held++], 1, name) < 0) {
-        ck_release(v, held - 1);
+    if (ck_buffers(obj, want, 4, v) < 0)
         return NULL;
-    }
     a.x = v[0].buf;
-    a.f64 = f64;
+    a.f64 = v[0].itemsize == 8;
     a.n = ck_items(&v[0]);
     a.bits = v[1].buf;
     a.mask = v[2].len ? v[2].buf : NULL;
@@ -149,16 +145,14 @@ static PyObject *ck_kmeans_fit_codebooks(PyObject *self, PyObject *args)
     else if (rows_of(&v[3], a.k, name, &a.nseg, &a.row)
              && !ck_overlap(&v[0], &v[3], name) && !ck_overlap(&v[1], &v[3], name)
              && !ck_overlap(&v[2], &v[3], name)) {
+        int ok;
         Py_BEGIN_ALLOW_THREADS
         ok = fit_codebooks(&a);
         Py_END_ALLOW_THREADS
         if (!ok)
             PyErr_NoMemory();
     }
-    ck_release(v, 4);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    return ck_none(v, 4);
 }
 
 /* The most buckets of a segment, or -1 with a ValueError when offsets do not ascend within
@@ -198,23 +192,19 @@ static int fit_buckets(const int64_t *counts, const double *sums, const int64_t 
 static PyObject *ck_kmeans_fit_from_buckets(PyObject *self, PyObject *args)
 {
     const char *name = "kmeans fit_from_buckets";
-    PyObject *cnt_obj, *sums_obj, *off_obj, *out_obj;
+    const ck_want want[4] = {CK_IN(name, 8), CK_IN(name, CK_FLOAT_KM), CK_IN(name, 8),
+                             CK_OUT(name, CK_FLOAT_KM)};
+    PyObject *obj[4];  /* counts, sums, offsets, out */
     long long seed;
     fit_args a;
     Py_buffer v[4];
-    int held = 0, ok = 0;
-    if (!PyArg_ParseTuple(args, "OOOndLO", &cnt_obj, &sums_obj, &off_obj, &a.k, &a.lam, &seed,
-                          &out_obj))
+    if (!PyArg_ParseTuple(args, "OOOndLO", &obj[0], &obj[1], &obj[2], &a.k, &a.lam, &seed,
+                          &obj[3]))
         return NULL;
     if (a.k < 1)
         return PyErr_Format(PyExc_ValueError, "%s: k (%zd) must be >= 1", name, a.k);
-    if (ck_buffer(cnt_obj, &v[held++], 0, 8, name) < 0
-        || ck_float_buffer(sums_obj, &v[held++], 0, name) < 0
-        || ck_buffer(off_obj, &v[held++], 0, 8, name) < 0
-        || ck_float_buffer(out_obj, &v[held++], 1, name) < 0) {
-        ck_release(v, held - 1);
+    if (ck_buffers(obj, want, 4, v) < 0)
         return NULL;
-    }
     a.seed = (uint64_t)seed;
     a.out = v[3].buf;
     Py_ssize_t nb = ck_items(&v[0]), most = -1;
@@ -229,16 +219,14 @@ static PyObject *ck_kmeans_fit_from_buckets(PyObject *self, PyObject *args)
     else if (!PyErr_Occurred() && !ck_overlap(&v[0], &v[3], name)
              && !ck_overlap(&v[1], &v[3], name) && !ck_overlap(&v[2], &v[3], name)
              && (most = most_buckets(v[2].buf, a.nseg, nb, name)) >= 0) {
+        int ok;
         Py_BEGIN_ALLOW_THREADS
         ok = fit_buckets(v[0].buf, v[1].buf, v[2].buf, &a, most);
         Py_END_ALLOW_THREADS
         if (!ok)
             PyErr_NoMemory();
     }
-    ck_release(v, 4);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    return ck_none(v, 4);
 }
 
 PyMethodDef ck_kmeans_methods[] = {

@@ -1,21 +1,41 @@
-/* ckptcodecs._native: the module table, buffer acquisition and bounds checks. Every kernel
-   checks its buffers against the sizes it is given (a ValueError, never a read or write out of
-   bounds) and releases the GIL around its loops. */
+/* ckptcodecs._native: the module table, buffer acquisition (ck_buffer; ck_buffers and the
+   wrappers' tail ck_done are inline in native.h) and bounds checks. Every kernel checks its
+   buffers against the sizes it is given (a ValueError, never a read or write out of bounds)
+   and releases the GIL around its loops. */
 #include "native.h"
+
+/* 1 when a view's items are float32 or float64 by its format and item size. */
+static int float_format(const Py_buffer *view)
+{
+    const char *f = view->format ? view->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@')
+        f++;
+    return ((f[0] == 'f' && view->itemsize == 4) || (f[0] == 'd' && view->itemsize == 8))
+           && f[1] == '\0';
+}
 
 int ck_buffer(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize,
               const char *name)
 {
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    int flags = PyBUF_C_CONTIGUOUS | (itemsize != CK_ANY ? PyBUF_FORMAT : 0)
+                | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, view, flags) < 0)
         return -1;
-    if (view->itemsize != itemsize) {
+    const char *format = view->format ? view->format : "B";
+    if (itemsize == CK_ANY || (itemsize > 0 && view->itemsize == itemsize)
+        || (itemsize <= CK_FLOAT && float_format(view)))
+        return 0;
+    if (itemsize == CK_FLOAT)
+        PyErr_Format(PyExc_ValueError, "%s must be float32 or float64, not of format '%s'",
+                     name, format);
+    else if (itemsize == CK_FLOAT_KM)
+        PyErr_Format(PyExc_ValueError, "%s: expected float32 or float64 values, not format %s",
+                     name, format);
+    else
         PyErr_Format(PyExc_ValueError, "%s must hold %zd-byte items, not %zd-byte ones",
                      name, itemsize, view->itemsize);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
+    PyBuffer_Release(view);
+    return -1;
 }
 
 void ck_release(Py_buffer *views, int count)

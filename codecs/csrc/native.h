@@ -7,13 +7,60 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Acquire a C-contiguous buffer of `itemsize`-byte items (writable when asked); on failure a
-   Python exception is set and -1 returned, nothing held. */
+/* Item sizes of ck_buffer besides a count of bytes: CK_FLOAT, float32 or float64 items (by
+   the format too); CK_FLOAT_KM, the same with the k-means kernels' message; CK_ANY, any size
+   (and no format asked for). */
+enum { CK_ANY = -1, CK_FLOAT = -2, CK_FLOAT_KM = -3 };
+
+/* Acquire a C-contiguous buffer of `itemsize`-byte items (or as above; writable when asked);
+   on failure a Python exception (a ValueError naming `name` for the items) is set and -1
+   returned, nothing held. */
 int ck_buffer(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize,
               const char *name);
 
 /* Release the first `count` views. */
 void ck_release(Py_buffer *views, int count);
+
+/* A kernel's buffer argument: its name in errors, its item size (as ck_buffer's), written or
+   not. A wrapper lists its buffers, parses their objects into an array, and then:
+       if (ck_buffers(obj, want, n, v) < 0)   -- all n acquired in order, or none
+           return NULL;
+       ... checks (a Python exception each), the kernel between Py_BEGIN/END_ALLOW_THREADS ...
+       return ck_none(v, n);                  -- released; NULL where an exception is set */
+typedef struct {
+    const char *name;
+    Py_ssize_t itemsize;
+    int writable;
+} ck_want;
+#define CK_IN(name, itemsize) {(name), (itemsize), 0}
+#define CK_OUT(name, itemsize) {(name), (itemsize), 1}
+
+/* objs[i] acquired into views[i] as wants[i] asks, for i < n in order: 0 with all n held, or
+   -1 with the exception of the first that failed set and none held. (Inline, as ck_done: a
+   call of a small kernel costs no more than with the checks written out.) */
+static inline int ck_buffers(PyObject *const *objs, const ck_want *wants, int n,
+                             Py_buffer *views)
+{
+    for (int i = 0; i < n; i++)
+        if (ck_buffer(objs[i], &views[i], wants[i].writable, wants[i].itemsize,
+                      wants[i].name) < 0) {
+            ck_release(views, i);
+            return -1;
+        }
+    return 0;
+}
+
+/* A wrapper's tail: views[0..n) released, then -1 where a Python exception is set, else 0;
+   ck_none returns the wrapper's NULL or None. */
+static inline int ck_done(Py_buffer *views, int n)
+{
+    ck_release(views, n);
+    return PyErr_Occurred() ? -1 : 0;
+}
+static inline PyObject *ck_none(Py_buffer *views, int n)
+{
+    return ck_done(views, n) < 0 ? NULL : Py_NewRef(Py_None);
+}
 
 /* 1 when the runs [start + r * pitch, ... + length) for r < count all lie in [0, size);
    0 (after setting a ValueError naming `what`) when a value is negative or a run is outside. */

@@ -221,6 +221,8 @@ static PyObject *encode_error(int64_t status, const char *name)
    plane's; then encode (from the histograms when `from_freq`) without the GIL. */
 static PyObject *encode(PyObject *args, int from_freq, const char *name)
 {
+    const ck_want want[3] = {CK_IN("plane", 1), CK_IN(from_freq ? "freq" : "lens", 8),
+                             CK_OUT("out", 1)};
     PyObject *obj[3];
     Py_ssize_t block;
     Py_buffer v[3];
@@ -229,16 +231,8 @@ static PyObject *encode(PyObject *args, int from_freq, const char *name)
         return NULL;
     if (block < 1)
         return PyErr_Format(PyExc_ValueError, "%s: block must be >= 1, not %zd", name, block);
-    if (ck_buffer(obj[0], &v[0], 0, 1, "plane") < 0)
+    if (ck_buffers(obj, want, 3, v) < 0)
         return NULL;
-    if (ck_buffer(obj[1], &v[1], 0, 8, from_freq ? "freq" : "lens") < 0) {
-        ck_release(v, 1);
-        return NULL;
-    }
-    if (ck_buffer(obj[2], &v[2], 1, 1, "out") < 0) {
-        ck_release(v, 2);
-        return NULL;
-    }
     int64_t n = v[0].len, nblocks = (n + block - 1) / block, rows = ck_items(&v[1]) / 256;
     if (ck_items(&v[1]) % 256 || rows < nblocks)
         PyErr_Format(PyExc_ValueError, "%s: %zd table items for %lld blocks of 256", name,
@@ -261,10 +255,7 @@ static PyObject *encode(PyObject *args, int from_freq, const char *name)
             encode_error(status, name);
     }
     free(lens);
-    ck_release(v, 3);
-    if (PyErr_Occurred())
-        return NULL;
-    return PyLong_FromLongLong(status);
+    return ck_done(v, 3) < 0 ? NULL : PyLong_FromLongLong(status);
 }
 
 PyObject *ck_planes_huffman_encode_lengths(PyObject *self, PyObject *args)

@@ -6,7 +6,9 @@
    kernels. */
 #include "planes.h"
 
-static const char *const names[5] = {"src", "out", "freq", "near", "repeats"};
+static const ck_want want[6] = {CK_IN("src", 1),     CK_OUT("out", 1),
+                                CK_OUT("freq", 8),    CK_OUT("near", 8),
+                                CK_OUT("repeats", 8), CK_OUT("methods", 8)};
 
 /* 1 when the arguments fit their buffers, else 0 after a ValueError. */
 static int layout_fits(const Py_buffer v[6], Py_ssize_t itemsize, Py_ssize_t base,
@@ -53,18 +55,12 @@ PyObject *ck_planes_encode_layout(PyObject *self, PyObject *args)
     int rotate;
     double below, extra;
     Py_buffer v[6];
-    int held = 0;
     int64_t end = -1, trials = 0;
     if (!PyArg_ParseTuple(args, "OnpOnnnnnOOOOndd", &obj[0], &itemsize, &rotate, &obj[1],
                           &base, &stride, &step, &start, &length, &obj[2], &obj[3], &obj[4],
-                          &obj[5], &block, &below, &extra))
+                          &obj[5], &block, &below, &extra)
+        || ck_buffers(obj, want, 6, v) < 0)
         return NULL;
-    for (; held < 6; held++)
-        if (ck_buffer(obj[held], &v[held], held > 0, held < 2 ? 1 : 8,
-                      held < 5 ? names[held] : "methods") < 0) {
-            ck_release(v, held);
-            return NULL;
-        }
     if (layout_fits(v, itemsize, base, stride, step, start, length, block)) {
         Py_ssize_t n = v[0].len / itemsize;
         const uint8_t *src = v[0].buf;
@@ -94,8 +90,5 @@ PyObject *ck_planes_encode_layout(PyObject *self, PyObject *args)
         else if (end < -1)
             PyErr_SetString(PyExc_ValueError, "encode_layout: a Huffman code outgrew its bound");
     }
-    ck_release(v, 6);
-    if (PyErr_Occurred())
-        return NULL;
-    return Py_BuildValue("LL", (long long)end, (long long)trials);
+    return ck_done(v, 6) < 0 ? NULL : Py_BuildValue("LL", (long long)end, (long long)trials);
 }

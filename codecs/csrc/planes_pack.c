@@ -40,21 +40,17 @@ static int64_t choose(const int64_t *freq, const int64_t *near, const int64_t *r
 
 PyObject *ck_planes_choose_methods(PyObject *self, PyObject *args)
 {
+    static const ck_want want[4] = {CK_IN("freq", 8), CK_IN("near", 8), CK_IN("repeats", 8),
+                                    CK_OUT("methods", 8)};
     PyObject *obj[4];
     Py_ssize_t count, length;
     double below, extra;
     Py_buffer v[4];
-    int held = 0;
     int64_t trials = 0;
     if (!PyArg_ParseTuple(args, "OOOnnddO", &obj[0], &obj[1], &obj[2], &count, &length, &below,
-                          &extra, &obj[3]))
+                          &extra, &obj[3])
+        || ck_buffers(obj, want, 4, v) < 0)
         return NULL;
-    static const char *const names[4] = {"freq", "near", "repeats", "methods"};
-    for (; held < 4; held++)
-        if (ck_buffer(obj[held], &v[held], held == 3, 8, names[held]) < 0) {
-            ck_release(v, held);
-            return NULL;
-        }
     Py_ssize_t planes = ck_items(&v[0]) / 256;
     if (ck_items(&v[0]) % 256 || planes > 63 || ck_items(&v[1]) < 256 * planes
         || ck_items(&v[2]) < planes || ck_items(&v[3]) < planes || count < 1 || length < 2)
@@ -70,10 +66,7 @@ PyObject *ck_planes_choose_methods(PyObject *self, PyObject *args)
                         v[3].buf);
         Py_END_ALLOW_THREADS
     }
-    ck_release(v, 4);
-    if (PyErr_Occurred())
-        return NULL;
-    return PyLong_FromLongLong(trials);
+    return ck_done(v, 4) < 0 ? NULL : PyLong_FromLongLong(trials);
 }
 
 typedef struct {
@@ -170,21 +163,16 @@ static int pack_fits(const pack_t *k, const Py_buffer v[4])
 
 PyObject *ck_planes_pack_planes(PyObject *self, PyObject *args)
 {
+    static const ck_want want[4] = {CK_OUT("out", 1), CK_OUT("methods", 8), CK_IN("zbuf", 1),
+                                    CK_IN("zoff", 8)};
     PyObject *obj[4];
     Py_ssize_t base, n, itemsize, block;
     Py_buffer v[4];
-    int held = 0;
     int64_t pos = 0;
     if (!PyArg_ParseTuple(args, "OnnnnOOO", &obj[0], &base, &n, &itemsize, &block, &obj[1],
-                          &obj[2], &obj[3]))
+                          &obj[2], &obj[3])
+        || ck_buffers(obj, want, 4, v) < 0)
         return NULL;
-    static const char *const names[4] = {"out", "methods", "zbuf", "zoff"};
-    static const int items[4] = {1, 8, 1, 8};
-    for (; held < 4; held++)
-        if (ck_buffer(obj[held], &v[held], held < 2, items[held], names[held]) < 0) {
-            ck_release(v, held);
-            return NULL;
-        }
     pack_t k = {v[0].buf, base, n, itemsize, block, v[1].buf, v[2].buf, v[3].buf, pl_bmi2()};
     if (pack_fits(&k, v)) {
         Py_BEGIN_ALLOW_THREADS
@@ -195,10 +183,7 @@ PyObject *ck_planes_pack_planes(PyObject *self, PyObject *args)
         else if (pos < 0)
             PyErr_SetString(PyExc_ValueError, "pack_planes: a Huffman code outgrew its bound");
     }
-    ck_release(v, 4);
-    if (PyErr_Occurred())
-        return NULL;
-    return PyLong_FromLongLong(pos);
+    return ck_done(v, 4) < 0 ? NULL : PyLong_FromLongLong(pos);
 }
 
 /* choose and pack without their checks, for BytePlanes' one-call encode (planes_layout.c). */

@@ -130,29 +130,17 @@ int pl_lens_ok(const int64_t *lens, int64_t count, const char *what)
     return 1;
 }
 
-/* Acquire (in, table): in of `item`-byte items, table of writable 8-byte ones. */
-static int two_buffers(PyObject *in, Py_ssize_t item, PyObject *table, Py_buffer v[2],
-                       const char *a, const char *b)
-{
-    if (ck_buffer(in, &v[0], 0, item, a) < 0)
-        return -1;
-    if (ck_buffer(table, &v[1], 1, 8, b) < 0) {
-        ck_release(v, 1);
-        return -1;
-    }
-    return 0;
-}
-
 PyObject *ck_planes_plane_stats(PyObject *self, PyObject *args)
 {
-    PyObject *plane, *freq;
+    static const ck_want want[2] = {CK_IN("plane", 1), CK_OUT("freq", 8)};
+    PyObject *obj[2];
     Py_ssize_t block;
     Py_buffer v[2];
-    if (!PyArg_ParseTuple(args, "OnO", &plane, &block, &freq))
+    if (!PyArg_ParseTuple(args, "OnO", &obj[0], &block, &obj[1]))
         return NULL;
     if (block < 1)
         return PyErr_Format(PyExc_ValueError, "plane_stats: block must be >= 1, not %zd", block);
-    if (two_buffers(plane, 1, freq, v, "plane", "freq") < 0)
+    if (ck_buffers(obj, want, 2, v) < 0)
         return NULL;
     int64_t nblocks = (v[0].len + block - 1) / block;
     if (ck_items(&v[1]) < 256 * nblocks)
@@ -164,21 +152,17 @@ PyObject *ck_planes_plane_stats(PyObject *self, PyObject *args)
         pl_stats(v[0].buf, v[0].len, block, v[1].buf, bmi2);
         Py_END_ALLOW_THREADS
     }
-    ck_release(v, 2);
-    if (PyErr_Occurred())
-        return NULL;
-    Py_RETURN_NONE;
+    return ck_none(v, 2);
 }
 
 /* (freq, lens) of code_lengths (one histogram) and huffman_lengths (rows of them). */
 static PyObject *lengths(PyObject *args, int rows, const char *name)
 {
-    PyObject *freq, *lens;
+    static const ck_want want[2] = {CK_IN("freq", 8), CK_OUT("lens", 8)};
+    PyObject *obj[2];
     Py_buffer v[2];
     int64_t size = 0;
-    if (!PyArg_ParseTuple(args, "OO", &freq, &lens))
-        return NULL;
-    if (two_buffers(freq, 8, lens, v, "freq", "lens") < 0)
+    if (!PyArg_ParseTuple(args, "OO", &obj[0], &obj[1]) || ck_buffers(obj, want, 2, v) < 0)
         return NULL;
     Py_ssize_t nblocks = rows ? ck_items(&v[0]) / 256 : 1;
     if ((rows && ck_items(&v[0]) % 256) || ck_items(&v[0]) < 256 * nblocks
@@ -190,12 +174,9 @@ static PyObject *lengths(PyObject *args, int rows, const char *name)
         size = pl_lengths(v[0].buf, nblocks, v[1].buf);
         Py_END_ALLOW_THREADS
     }
-    ck_release(v, 2);
-    if (PyErr_Occurred())
+    if (ck_done(v, 2) < 0)
         return NULL;
-    if (!rows)
-        Py_RETURN_NONE;
-    return PyLong_FromLongLong(size);
+    return rows ? PyLong_FromLongLong(size) : Py_NewRef(Py_None);
 }
 
 PyObject *ck_planes_code_lengths(PyObject *self, PyObject *args)
@@ -232,8 +213,5 @@ PyObject *ck_planes_huffman_size(PyObject *self, PyObject *args)
         Py_END_ALLOW_THREADS
     }
     free(tables);
-    PyBuffer_Release(&v);
-    if (PyErr_Occurred())
-        return NULL;
-    return PyLong_FromLongLong(size);
+    return ck_done(&v, 1) < 0 ? NULL : PyLong_FromLongLong(size);
 }

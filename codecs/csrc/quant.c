@@ -12,24 +12,6 @@
    and did not vectorise them (1.8x slower). */
 #define QK_NOINLINE static __attribute__((noinline))
 
-int qk_float_buffer(PyObject *obj, Py_buffer *view, int writable, const char *name)
-{
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, view, flags) < 0)
-        return -1;
-    const char *f = view->format ? view->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@')
-        f++;
-    if (!((f[0] == 'f' && view->itemsize == 4) || (f[0] == 'd' && view->itemsize == 8))
-        || f[1] != '\0') {
-        PyErr_Format(PyExc_ValueError, "%s must be float32 or float64, not of format '%s'",
-                     name, view->format ? view->format : "B");
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
-
 int qk_bad_mask(const Py_buffer *mask, Py_ssize_t n, const char *name)
 {
     if (mask->len == 0 || mask->len >= n)
@@ -150,20 +132,17 @@ static void seg_ranges(const Py_buffer *x, Py_ssize_t seg, const uint8_t *mask, 
 static PyObject *ranges(PyObject *args, int absmax)
 {
     const char *name = absmax ? "seg_absmax" : "seg_minmax";
-    PyObject *x_obj, *mask_obj, *lo_obj = NULL, *hi_obj;
+    const ck_want want[4] = {CK_IN(name, CK_FLOAT), CK_IN(name, 1), CK_OUT(name, CK_FLOAT),
+                             CK_OUT(name, CK_FLOAT)};
+    PyObject *obj[4];  /* x, mask, hi, lo */
     Py_ssize_t seg;
     Py_buffer v[4];
-    int held = 0, ok = 0;
-    if (absmax ? !PyArg_ParseTuple(args, "OnOO", &x_obj, &seg, &mask_obj, &hi_obj)
-               : !PyArg_ParseTuple(args, "OnOOO", &x_obj, &seg, &mask_obj, &lo_obj, &hi_obj))
+    int nbuf = absmax ? 3 : 4;
+    if (absmax ? !PyArg_ParseTuple(args, "OnOO", &obj[0], &seg, &obj[1], &obj[2])
+               : !PyArg_ParseTuple(args, "OnOOO", &obj[0], &seg, &obj[1], &obj[3], &obj[2]))
         return NULL;
-    if (qk_float_buffer(x_obj, &v[held++], 0, name) < 0
-        || ck_buffer(mask_obj, &v[held++], 0, 1, name) < 0
-        || qk_float_buffer(hi_obj, &v[held++], 1, name) < 0
-        || (!absmax && qk_float_buffer(lo_obj, &v[held++], 1, name) < 0)) {
-        ck_release(v, held - 1);
+    if (ck_buffers(obj, want, nbuf, v) < 0)
         return NULL;
-    }
     Py_buffer *lo = absmax ? NULL : &v[3];
     Py_ssize_t n = ck_items(&v[0]), nseg = ck_items(&v[2]);
     if (seg < 0)
@@ -176,12 +155,8 @@ static PyObject *ranges(PyObject *args, int absmax)
         Py_BEGIN_ALLOW_THREADS
         seg_ranges(&v[0], seg, mask, lo, &v[2], nseg);
         Py_END_ALLOW_THREADS
-        ok = 1;
     }
-    ck_release(v, held);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    return ck_none(v, nbuf);
 }
 
 static PyObject *ck_quant_seg_minmax(PyObject *self, PyObject *args) { return ranges(args, 0); }
@@ -215,21 +190,16 @@ CODES_KERNEL(double, f64)
 static PyObject *ck_quant_uniform_codes(PyObject *self, PyObject *args)
 {
     const char *name = "uniform_codes";
-    PyObject *x_obj, *zero_obj, *inv_obj, *out_obj;
+    const ck_want want[4] = {CK_IN(name, CK_FLOAT), CK_IN(name, CK_FLOAT),
+                             CK_IN(name, CK_FLOAT), CK_OUT(name, 1)};
+    PyObject *obj[4];  /* x, zero, inv, out */
     Py_ssize_t seg;
     double fq, half, fzero;
     Py_buffer v[4];
-    int held = 0, ok = 0;
-    if (!PyArg_ParseTuple(args, "OnOOdddO", &x_obj, &seg, &zero_obj, &inv_obj, &fq, &half,
-                          &fzero, &out_obj))
+    if (!PyArg_ParseTuple(args, "OnOOdddO", &obj[0], &seg, &obj[1], &obj[2], &fq, &half,
+                          &fzero, &obj[3])
+        || ck_buffers(obj, want, 4, v) < 0)
         return NULL;
-    if (qk_float_buffer(x_obj, &v[held++], 0, name) < 0
-        || qk_float_buffer(zero_obj, &v[held++], 0, name) < 0
-        || qk_float_buffer(inv_obj, &v[held++], 0, name) < 0
-        || ck_buffer(out_obj, &v[held++], 1, 1, name) < 0) {
-        ck_release(v, held - 1);
-        return NULL;
-    }
     Py_ssize_t n = ck_items(&v[0]), nseg = ck_items(&v[1]);
     if (v[1].itemsize != v[0].itemsize || v[2].itemsize != v[0].itemsize)
         PyErr_Format(PyExc_ValueError, "%s: zero points and inverse scales of x's float type",
@@ -249,12 +219,8 @@ static PyObject *ck_quant_uniform_codes(PyObject *self, PyObject *args)
         else
             codes_f64(v[0].buf, n, seg, v[1].buf, v[2].buf, nseg, fq, half, fzero, v[3].buf);
         Py_END_ALLOW_THREADS
-        ok = 1;
     }
-    ck_release(v, held);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    return ck_none(v, 4);
 }
 
 /* quantize's uniform path in one call (the twin of quantization._uniform_steps): each

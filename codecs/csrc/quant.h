@@ -5,10 +5,6 @@
 
 #include "native.h"
 
-/* Acquire a C-contiguous float32 or float64 buffer (by its format, not only its item size);
-   -1 with a ValueError otherwise. */
-int qk_float_buffer(PyObject *obj, Py_buffer *view, int writable, const char *name);
-
 /* Item i of a float32/float64 view, as a double (exact), and a double stored into one
    (rounded to nearest for float32, as numpy's and numba's casts). */
 static inline double qk_get(const Py_buffer *v, Py_ssize_t i)

@@ -115,22 +115,16 @@ static PyObject *run_out_of_protected(const char *name)
 PyObject *ck_quant_dequant_uniform(PyObject *self, PyObject *args)
 {
     const char *name = "dequant_uniform";
-    PyObject *codes_obj, *zero_obj, *scale_obj, *prot_obj, *out_obj;
+    const ck_want want[5] = {CK_IN(name, 1), CK_IN(name, CK_FLOAT), CK_IN(name, CK_FLOAT),
+                             CK_IN(name, CK_FLOAT), CK_OUT(name, CK_FLOAT)};
+    PyObject *obj[5];  /* codes, zero, scale, prot, out */
     Py_ssize_t seg, nq, prune_code, protect_code;
     double lim;
     Py_buffer v[5];
-    int held = 0, ok = 0, rc = 0;
-    if (!PyArg_ParseTuple(args, "OnOOnnnOdO", &codes_obj, &seg, &zero_obj, &scale_obj, &nq,
-                          &prune_code, &protect_code, &prot_obj, &lim, &out_obj))
+    if (!PyArg_ParseTuple(args, "OnOOnnnOdO", &obj[0], &seg, &obj[1], &obj[2], &nq,
+                          &prune_code, &protect_code, &obj[3], &lim, &obj[4])
+        || ck_buffers(obj, want, 5, v) < 0)
         return NULL;
-    if (ck_buffer(codes_obj, &v[held++], 0, 1, name) < 0
-        || qk_float_buffer(zero_obj, &v[held++], 0, name) < 0
-        || qk_float_buffer(scale_obj, &v[held++], 0, name) < 0
-        || qk_float_buffer(prot_obj, &v[held++], 0, name) < 0
-        || qk_float_buffer(out_obj, &v[held++], 1, name) < 0) {
-        ck_release(v, held - 1);
-        return NULL;
-    }
     Py_ssize_t n = v[0].len;
     if (seg < 0 || ck_items(&v[2]) < ck_items(&v[1]) || ck_items(&v[4]) < n)
         PyErr_Format(PyExc_ValueError, "%s: %zd codes, segments of %zd, %zd zero points, %zd "
@@ -138,40 +132,31 @@ PyObject *ck_quant_dequant_uniform(PyObject *self, PyObject *args)
                      ck_items(&v[4]));
     else if (!ck_overlap(&v[0], &v[4], name) && !ck_overlap(&v[1], &v[4], name)
              && !ck_overlap(&v[2], &v[4], name) && !ck_overlap(&v[3], &v[4], name)) {
-        int pc = protect_match(nq, protect_code);
+        int pc = protect_match(nq, protect_code), rc;
         Py_BEGIN_ALLOW_THREADS
         if (v[4].itemsize == 4)
             rc = uniform_f32(v[0].buf, n, seg, &v[1], &v[2], nq, pc, &v[3], lim, v[4].buf);
         else
             rc = uniform_f64(v[0].buf, n, seg, &v[1], &v[2], nq, pc, &v[3], lim, v[4].buf);
         Py_END_ALLOW_THREADS
-        ok = rc == 0;
-        if (!ok)
+        if (rc != 0)
             run_out_of_protected(name);
     }
-    ck_release(v, held);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    return ck_none(v, 5);
 }
 
 PyObject *ck_quant_dequant_codebook(PyObject *self, PyObject *args)
 {
     const char *name = "dequant_codebook";
-    PyObject *codes_obj, *book_obj, *prot_obj, *out_obj;
+    const ck_want want[4] = {CK_IN(name, 1), CK_IN(name, CK_FLOAT), CK_IN(name, CK_FLOAT),
+                             CK_OUT(name, CK_FLOAT)};
+    PyObject *obj[4];  /* codes, book, prot, out */
     Py_ssize_t seg, nq, prune_code, protect_code;
     Py_buffer v[4];
-    int held = 0, ok = 0, rc = 0;
-    if (!PyArg_ParseTuple(args, "OnOnnnOO", &codes_obj, &seg, &book_obj, &nq, &prune_code,
-                          &protect_code, &prot_obj, &out_obj))
+    if (!PyArg_ParseTuple(args, "OnOnnnOO", &obj[0], &seg, &obj[1], &nq, &prune_code,
+                          &protect_code, &obj[2], &obj[3])
+        || ck_buffers(obj, want, 4, v) < 0)
         return NULL;
-    if (ck_buffer(codes_obj, &v[held++], 0, 1, name) < 0
-        || qk_float_buffer(book_obj, &v[held++], 0, name) < 0
-        || qk_float_buffer(prot_obj, &v[held++], 0, name) < 0
-        || qk_float_buffer(out_obj, &v[held++], 1, name) < 0) {
-        ck_release(v, held - 1);
-        return NULL;
-    }
     Py_ssize_t n = v[0].len, ncol = v[1].ndim == 2 ? v[1].shape[1] : -1;
     Py_ssize_t used = nq < 256 ? nq : 256;
     if (ncol < 0 || seg < 0 || ck_items(&v[3]) < n || (ck_items(&v[1]) > 0 && used > ncol))
@@ -180,19 +165,15 @@ PyObject *ck_quant_dequant_codebook(PyObject *self, PyObject *args)
                      ck_items(&v[3]));
     else if (!ck_overlap(&v[0], &v[3], name) && !ck_overlap(&v[1], &v[3], name)
              && !ck_overlap(&v[2], &v[3], name)) {
-        int pc = protect_match(nq, protect_code);
+        int pc = protect_match(nq, protect_code), rc;
         Py_BEGIN_ALLOW_THREADS
         if (v[3].itemsize == 4)
             rc = codebook_f32(v[0].buf, n, seg, &v[1], ncol, nq, pc, &v[2], v[3].buf);
         else
             rc = codebook_f64(v[0].buf, n, seg, &v[1], ncol, nq, pc, &v[2], v[3].buf);
         Py_END_ALLOW_THREADS
-        ok = rc == 0;
-        if (!ok)
+        if (rc != 0)
             run_out_of_protected(name);
     }
-    ck_release(v, held);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    return ck_none(v, 4);
 }

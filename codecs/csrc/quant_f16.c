@@ -80,17 +80,13 @@ static int not_f64(const Py_buffer *v, const char *what)
 PyObject *ck_quant_f16_round(PyObject *self, PyObject *args)
 {
     const char *name = "f16_round";
-    PyObject *v_obj, *out_obj;
+    const ck_want want[2] = {CK_IN(name, CK_FLOAT), CK_OUT(name, CK_FLOAT)};
+    PyObject *obj[2];
     Py_ssize_t direction;
     Py_buffer v[2];
-    int held = 0, ok = 0;
-    if (!PyArg_ParseTuple(args, "OnO", &v_obj, &direction, &out_obj))
+    if (!PyArg_ParseTuple(args, "OnO", &obj[0], &direction, &obj[1])
+        || ck_buffers(obj, want, 2, v) < 0)
         return NULL;
-    if (qk_float_buffer(v_obj, &v[held++], 0, name) < 0
-        || qk_float_buffer(out_obj, &v[held++], 1, name) < 0) {
-        ck_release(v, held - 1);
-        return NULL;
-    }
     Py_ssize_t n = ck_items(&v[0]);
     if (not_f64(&v[0], "f16_round's values") || not_f64(&v[1], "f16_round's out"))
         ;
@@ -100,12 +96,8 @@ PyObject *ck_quant_f16_round(PyObject *self, PyObject *args)
         Py_BEGIN_ALLOW_THREADS
         qk_f16_round(v[0].buf, n, direction, v[1].buf);
         Py_END_ALLOW_THREADS
-        ok = 1;
     }
-    ck_release(v, held);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    return ck_none(v, 2);
 }
 
 /* uniform_params_f16's work on checked arrays of n; 1 when every parameter is finite.
@@ -137,19 +129,15 @@ PARAMS(params_avx2, round_avx2, QK_AVX2)
 PyObject *ck_quant_uniform_params_f16(PyObject *self, PyObject *args)
 {
     const char *name = "uniform_params_f16";
-    PyObject *lo_obj, *hi_obj, *zero_obj, *scale_obj;
+    const ck_want want[4] = {CK_IN(name, CK_FLOAT), CK_IN(name, CK_FLOAT),
+                             CK_OUT(name, CK_FLOAT), CK_OUT(name, CK_FLOAT)};
+    PyObject *obj[4];  /* lo, hi, zero, scale */
     Py_ssize_t nq;
     Py_buffer v[4];
-    int held = 0, ok = 0, finite = 0;
-    if (!PyArg_ParseTuple(args, "OOnOO", &lo_obj, &hi_obj, &nq, &zero_obj, &scale_obj))
+    int finite = 0;
+    if (!PyArg_ParseTuple(args, "OOnOO", &obj[0], &obj[1], &nq, &obj[2], &obj[3])
+        || ck_buffers(obj, want, 4, v) < 0)
         return NULL;
-    if (qk_float_buffer(lo_obj, &v[held++], 0, name) < 0
-        || qk_float_buffer(hi_obj, &v[held++], 0, name) < 0
-        || qk_float_buffer(zero_obj, &v[held++], 1, name) < 0
-        || qk_float_buffer(scale_obj, &v[held++], 1, name) < 0) {
-        ck_release(v, held - 1);
-        return NULL;
-    }
     Py_ssize_t n = ck_items(&v[0]);
     if (v[0].itemsize != 8 || v[1].itemsize != 8 || v[2].itemsize != 8 || v[3].itemsize != 8
         || ck_items(&v[1]) != n || ck_items(&v[2]) != n || ck_items(&v[3]) != n)
@@ -162,10 +150,6 @@ PyObject *ck_quant_uniform_params_f16(PyObject *self, PyObject *args)
         finite = (qk_avx2() ? params_avx2 : params_plain)(v[0].buf, v[1].buf, n, nq, v[2].buf,
                                                           v[3].buf);
         Py_END_ALLOW_THREADS
-        ok = 1;
     }
-    ck_release(v, held);
-    if (!ok)
-        return NULL;
-    return PyBool_FromLong(finite);
+    return ck_done(v, 4) < 0 ? NULL : PyBool_FromLong(finite);
 }

@@ -439,18 +439,17 @@ static PyObject *ck_rle_encode_stream(PyObject *self, PyObject *args)
         return PyErr_Format(PyExc_ValueError, "encode_stream: head %zd is out of range", head);
     if (ck_buffer(data_obj, &v, 0, 1, "encode_stream data") < 0)
         return NULL;
-    if (v.len == 0 || v.len > PY_SSIZE_T_MAX / 4) {
+    if (v.len == 0 || v.len > PY_SSIZE_T_MAX / 4)
         PyErr_Format(PyExc_ValueError, "encode_stream: %zd bytes (1 or more)", v.len);
-        PyBuffer_Release(&v);
-        return NULL;
+    else {
+        Py_BEGIN_ALLOW_THREADS
+        ok = plan(v.buf, v.len, &p);
+        Py_END_ALLOW_THREADS
+        if (!ok)
+            PyErr_NoMemory();
+        else
+            result = encode_result(&p, head, v.len);  /* NULL after an error */
     }
-    Py_BEGIN_ALLOW_THREADS
-    ok = plan(v.buf, v.len, &p);
-    Py_END_ALLOW_THREADS
-    if (!ok)
-        PyErr_NoMemory();
-    else
-        result = encode_result(&p, head, v.len);
     plan_free(&p);
     PyBuffer_Release(&v);
     return result;

@@ -106,25 +106,20 @@ static int tables_fit(const tables_t *t, Py_ssize_t nsorted)
     return 1;
 }
 
-/* Buffers of decode_symbols' arguments: buf, lut, first, offset, count, sorted_syms, out. */
-static const char *const NAMES[7] = {"buf", "lut", "first", "offset", "count", "sorted_syms",
-                                     "out"};
+/* Buffers of decode_symbols' arguments. */
+static const ck_want WANT[7] = {CK_IN("buf", 1),    CK_IN("lut", 8),   CK_IN("first", 8),
+                                CK_IN("offset", 8), CK_IN("count", 8), CK_IN("sorted_syms", 8),
+                                CK_OUT("out", 1)};
 
 PyObject *ck_rle_decode_symbols(PyObject *self, PyObject *args)
 {
     PyObject *obj[7];
     Py_ssize_t nsym, n, maxlen;
     Py_buffer v[7];
-    int held = 0;
     if (!PyArg_ParseTuple(args, "OnnOOOOOnO", &obj[0], &nsym, &n, &obj[1], &obj[2], &obj[3],
-                          &obj[4], &obj[5], &maxlen, &obj[6]))
+                          &obj[4], &obj[5], &maxlen, &obj[6])
+        || ck_buffers(obj, WANT, 7, v) < 0)
         return NULL;
-    for (; held < 7; held++)
-        if (ck_buffer(obj[held], &v[held], held == 6, held == 0 || held == 6 ? 1 : 8,
-                      NAMES[held]) < 0) {
-            ck_release(v, held);
-            return NULL;
-        }
     tables_t t = {v[1].buf, v[2].buf, v[3].buf, v[4].buf, v[5].buf, (int)maxlen};
     int64_t status = 0;
     if (nsym < 0 || n < 0 || v[6].len < n || maxlen < 1 || maxlen > MAX_LEN
@@ -144,8 +139,5 @@ PyObject *ck_rle_decode_symbols(PyObject *self, PyObject *args)
         status = decode(v[0].buf, v[0].len, nsym, n, &t, v[6].buf);
         Py_END_ALLOW_THREADS
     }
-    ck_release(v, 7);
-    if (PyErr_Occurred())
-        return NULL;
-    return PyLong_FromLongLong(status);
+    return ck_done(v, 7) < 0 ? NULL : PyLong_FromLongLong(status);
 }

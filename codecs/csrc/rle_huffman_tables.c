@@ -107,74 +107,50 @@ int ck_canonical_codes(const int64_t *lens, Py_ssize_t n, int64_t *codes)
     return 1;
 }
 
-/* Parse (a, b) as two int64 buffers of one size n (1..ALPHABET), b writable. */
-static int two_tables(PyObject *args, Py_buffer *v, const char *name)
+typedef int (*table_kernel)(const int64_t *, Py_ssize_t, int64_t *);
+
+/* Parse (a, b) as two int64 buffers of one size n (1..ALPHABET), b writable; a's items must lie
+   in [lo, hi] (else a ValueError "name: what"); then `kernel` (0: out of memory) without the
+   GIL. */
+static PyObject *tables(PyObject *args, const char *name, int64_t lo, int64_t hi,
+                        const char *what, table_kernel kernel)
 {
-    PyObject *a_obj, *b_obj;
-    if (!PyArg_ParseTuple(args, "OO", &a_obj, &b_obj) || ck_buffer(a_obj, &v[0], 0, 8, name) < 0)
-        return 0;
-    if (ck_buffer(b_obj, &v[1], 1, 8, name) < 0) {
-        ck_release(v, 1);
-        return 0;
-    }
+    const ck_want want[2] = {CK_IN(name, 8), CK_OUT(name, 8)};
+    PyObject *obj[2];
+    Py_buffer v[2];
+    if (!PyArg_ParseTuple(args, "OO", &obj[0], &obj[1]) || ck_buffers(obj, want, 2, v) < 0)
+        return NULL;
+    const int64_t *a = v[0].buf;
     Py_ssize_t n = ck_items(&v[0]);
+    int ok = 1;
     if (n < 1 || n > ALPHABET || ck_items(&v[1]) != n || ck_overlap(&v[0], &v[1], name)) {
         if (!PyErr_Occurred())
             PyErr_Format(PyExc_ValueError, "%s: %zd and %zd items (equal, 1..%d)", name, n,
                          ck_items(&v[1]), ALPHABET);
-        ck_release(v, 2);
-        return 0;
+        return ck_none(v, 2);
     }
-    return 1;
+    for (Py_ssize_t k = 0; k < n; k++)
+        ok &= a[k] >= lo && a[k] <= hi;
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "%s: %s", name, what);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        ok = kernel(a, n, v[1].buf);
+        Py_END_ALLOW_THREADS
+        if (!ok)
+            PyErr_NoMemory();
+    }
+    return ck_none(v, 2);
 }
 
 PyObject *ck_rle_code_lengths(PyObject *self, PyObject *args)
 {
-    Py_buffer v[2];
-    int ok = 1;
-    if (!two_tables(args, v, "code_lengths"))
-        return NULL;
-    const int64_t *freq = v[0].buf;
-    Py_ssize_t n = ck_items(&v[0]);
-    for (Py_ssize_t k = 0; k < n; k++)
-        ok &= freq[k] >= 1 && freq[k] <= (INT64_MAX >> 17);
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "code_lengths: frequencies must be positive");
-    } else {
-        Py_BEGIN_ALLOW_THREADS
-        ok = ck_code_lengths(freq, n, v[1].buf);
-        Py_END_ALLOW_THREADS
-        if (!ok)
-            PyErr_NoMemory();
-    }
-    ck_release(v, 2);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    return tables(args, "code_lengths", 1, INT64_MAX >> 17, "frequencies must be positive",
+                  ck_code_lengths);
 }
 
 PyObject *ck_rle_canonical_codes(PyObject *self, PyObject *args)
 {
-    Py_buffer v[2];
-    int ok = 1;
-    if (!two_tables(args, v, "canonical_codes"))
-        return NULL;
-    const int64_t *lens = v[0].buf;
-    Py_ssize_t n = ck_items(&v[0]);
-    for (Py_ssize_t k = 0; k < n; k++)
-        ok &= lens[k] >= 0 && lens[k] <= MAX_LEN;
-    if (!ok) {
-        PyErr_Format(PyExc_ValueError, "canonical_codes: code lengths must be in 0..%d",
-                     MAX_LEN);
-    } else {
-        Py_BEGIN_ALLOW_THREADS
-        ok = ck_canonical_codes(lens, n, v[1].buf);
-        Py_END_ALLOW_THREADS
-        if (!ok)
-            PyErr_NoMemory();
-    }
-    ck_release(v, 2);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    return tables(args, "canonical_codes", 0, MAX_LEN,
+                  "code lengths must be in 0.." Py_STRINGIFY(MAX_LEN), ck_canonical_codes);
 }

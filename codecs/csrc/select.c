@@ -135,19 +135,14 @@ static unsigned long long top_key(Py_ssize_t itemsize, unsigned long long shift,
 static PyObject *ck_select_keys_hist(PyObject *self, PyObject *args)
 {
     const char *name = "keys_hist";
-    PyObject *xb_obj, *excl_obj, *counts_obj;
+    const ck_want want[3] = {CK_IN(name, CK_ANY), CK_IN(name, 1), CK_OUT(name, 8)};
+    PyObject *obj[3];  /* xb, excl, counts */
     unsigned long long shift, inf_bits;
     Py_buffer v[3];
-    int held = 0, ok = 0;
-    if (!PyArg_ParseTuple(args, "OOO&O&O", &xb_obj, &excl_obj, as_ull, &shift, as_ull,
-                          &inf_bits, &counts_obj))
+    if (!PyArg_ParseTuple(args, "OOO&O&O", &obj[0], &obj[1], as_ull, &shift, as_ull,
+                          &inf_bits, &obj[2])
+        || ck_buffers(obj, want, 3, v) < 0)
         return NULL;
-    if (PyObject_GetBuffer(xb_obj, &v[held++], PyBUF_C_CONTIGUOUS) < 0
-        || ck_buffer(excl_obj, &v[held++], 0, 1, name) < 0
-        || ck_buffer(counts_obj, &v[held++], 1, 8, name) < 0) {
-        ck_release(v, held - 1);
-        return NULL;
-    }
     Py_ssize_t n = ck_items(&v[0]);
     if (check_keys(&v[0], &v[1], shift, inf_bits, name) < 0)
         ;
@@ -163,34 +158,25 @@ static PyObject *ck_select_keys_hist(PyObject *self, PyObject *args)
         else
             hist_u64(v[0].buf, n, excl, (int)shift, inf_bits, v[2].buf);
         Py_END_ALLOW_THREADS
-        ok = 1;
     }
-    ck_release(v, held);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    return ck_none(v, 3);
 }
 
 static PyObject *ck_select_collect(PyObject *self, PyObject *args)
 {
     const char *name = "collect";
-    PyObject *xb_obj, *excl_obj, *sure_obj, *cand_obj;
+    const ck_want want[4] = {CK_IN(name, CK_ANY), CK_IN(name, 1), CK_OUT(name, 8),
+                             CK_OUT(name, 8)};
+    PyObject *obj[4];  /* xb, excl, sure, cand */
     unsigned long long shift, inf_bits;
     long long b;
-    int top, rc = -1;
+    int top, rc;
     Py_ssize_t ns = 0, nc = 0;
     Py_buffer v[4];
-    int held = 0;
-    if (!PyArg_ParseTuple(args, "OOO&O&LpOO", &xb_obj, &excl_obj, as_ull, &shift, as_ull,
-                          &inf_bits, &b, &top, &sure_obj, &cand_obj))
+    if (!PyArg_ParseTuple(args, "OOO&O&LpOO", &obj[0], &obj[1], as_ull, &shift, as_ull,
+                          &inf_bits, &b, &top, &obj[2], &obj[3])
+        || ck_buffers(obj, want, 4, v) < 0)
         return NULL;
-    if (PyObject_GetBuffer(xb_obj, &v[held++], PyBUF_C_CONTIGUOUS) < 0
-        || ck_buffer(excl_obj, &v[held++], 0, 1, name) < 0
-        || ck_buffer(sure_obj, &v[held++], 1, 8, name) < 0
-        || ck_buffer(cand_obj, &v[held++], 1, 8, name) < 0) {
-        ck_release(v, held - 1);
-        return NULL;
-    }
     Py_ssize_t n = ck_items(&v[0]);
     if (check_keys(&v[0], &v[1], shift, inf_bits, name) == 0
         && !ck_overlap(&v[0], &v[2], name) && !ck_overlap(&v[0], &v[3], name)
@@ -210,10 +196,7 @@ static PyObject *ck_select_collect(PyObject *self, PyObject *args)
                          "the %zd + %zd places given", name, b, ck_items(&v[2]),
                          ck_items(&v[3]));
     }
-    ck_release(v, held);
-    if (rc < 0)
-        return NULL;
-    return Py_BuildValue("nn", ns, nc);
+    return ck_done(v, 4) < 0 ? NULL : Py_BuildValue("nn", ns, nc);
 }
 
 PyMethodDef ck_select_methods[] = {
