@@ -266,23 +266,18 @@ UNIFORM_KERNEL(double, f64, DBL_MAX)
 static PyObject *ck_quant_uniform_all(PyObject *self, PyObject *args)
 {
     const char *name = "uniform_all";
-    PyObject *x_obj, *mask_obj, *zero_obj, *scale_obj, *codes_obj;
+    const ck_want want[5] = {CK_IN(name, CK_FLOAT), CK_IN(name, 1), CK_OUT(name, CK_FLOAT),
+                             CK_OUT(name, CK_FLOAT), CK_OUT(name, 1)};
+    PyObject *obj[5];  /* x, mask, zero, scale, codes */
     Py_ssize_t seg, nq;
     int symmetric, status = 0;
     Py_buffer v[5];
-    int held = 0, ok = 0;
-    if (!PyArg_ParseTuple(args, "OnOnpOOO", &x_obj, &seg, &mask_obj, &nq, &symmetric,
-                          &zero_obj, &scale_obj, &codes_obj))
+    if (!PyArg_ParseTuple(args, "OnOnpOOO", &obj[0], &seg, &obj[1], &nq, &symmetric, &obj[2],
+                          &obj[3], &obj[4])
+        || ck_buffers(obj, want, 5, v) < 0)
         return NULL;
-    if (qk_float_buffer(x_obj, &v[held++], 0, name) < 0
-        || ck_buffer(mask_obj, &v[held++], 0, 1, name) < 0
-        || qk_float_buffer(zero_obj, &v[held++], 1, name) < 0
-        || qk_float_buffer(scale_obj, &v[held++], 1, name) < 0
-        || ck_buffer(codes_obj, &v[held++], 1, 1, name) < 0) {
-        ck_release(v, held - 1);
-        return NULL;
-    }
     Py_ssize_t n = ck_items(&v[0]), nseg = ck_items(&v[2]);
+    void *inv = NULL;
     if (v[2].itemsize != v[0].itemsize || v[3].itemsize != v[0].itemsize)
         PyErr_Format(PyExc_ValueError, "%s: zero points and scales of x's float type", name);
     else if (seg < 0 || nq < 1 || nq > 256 || ck_items(&v[3]) != nseg || v[4].len < n)
@@ -293,7 +288,7 @@ static PyObject *ck_quant_uniform_all(PyObject *self, PyObject *args)
              && !ck_overlap(&v[0], &v[3], name) && !ck_overlap(&v[2], &v[3], name)
              && !ck_overlap(&v[0], &v[4], name) && !ck_overlap(&v[2], &v[4], name)
              && !ck_overlap(&v[3], &v[4], name)) {
-        void *inv = malloc((size_t)(nseg ? nseg : 1) * (size_t)v[0].itemsize);
+        inv = malloc((size_t)(nseg ? nseg : 1) * (size_t)v[0].itemsize);
         if (inv == NULL)
             PyErr_NoMemory();
         else {
@@ -307,11 +302,9 @@ static PyObject *ck_quant_uniform_all(PyObject *self, PyObject *args)
                                      inv, nseg, v[4].buf);
             Py_END_ALLOW_THREADS
             free(inv);
-            ok = 1;
         }
     }
-    ck_release(v, held);
-    if (!ok)
+    if (ck_done(v, 5) < 0)
         return NULL;
     return PyLong_FromLong(status);
 }
