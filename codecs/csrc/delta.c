@@ -80,6 +80,8 @@ static PyObject *run(PyObject *args, delta_kernel kernel, const char *name)
     if (v[0].len != n || v[2].len < n)
         PyErr_Format(PyExc_ValueError, "%s: %zd codes against %zd base codes into %zd bytes",
                      name, v[0].len, n, v[2].len);
+    else if (ck_overlap(&v[0], &v[2], name) || ck_overlap(&v[1], &v[2], name))
+        ;  /* the buckets are read while out is written: out may share no byte with them */
     else {
         int ok;
         Py_BEGIN_ALLOW_THREADS

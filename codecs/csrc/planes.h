@@ -65,6 +65,10 @@ int64_t pl_lengths(const int64_t *freq, int64_t nblocks, int64_t *lens);
 /* The bound of huffman_bound on the code of n bytes. */
 int64_t pl_bound(int64_t n, int64_t block);
 /* 1 when lens[0..count) all lie in 0..PL_MAX_LEN, else 0 after setting a ValueError. */
+/* 1 when every count of freq[0..count) is a count of bytes (0 .. PL_MAX_FREQ), else 0 after a
+   ValueError naming `what`: larger ones overflow the size sums (signed: undefined). */
+#define PL_MAX_FREQ (INT64_C(1) << 47)
+int pl_freq_ok(const int64_t *freq, int64_t count, const char *what);
 int pl_lens_ok(const int64_t *lens, int64_t count, const char *what);
 /* Encode plane[0..n) with lens[nblocks][256] into out (size bytes): the bytes written, or
    PL_ERR_SPACE / PL_ERR_MEMORY (planes_encode.c). */

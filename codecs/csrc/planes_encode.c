@@ -241,6 +241,8 @@ static PyObject *encode(PyObject *args, int from_freq, const char *name)
         ;
     else if (!from_freq && !pl_lens_ok(v[1].buf, 256 * nblocks, name))
         ;
+    else if (from_freq && !pl_freq_ok(v[1].buf, 256 * rows, name))
+        ;
     else if (from_freq && (lens = calloc((size_t)(256 * rows), sizeof *lens)) == NULL)
         PyErr_NoMemory();
     else {

@@ -147,7 +147,9 @@ static int pack_fits(const pack_t *k, const Py_buffer v[4])
                      ck_items(&v[1]), ck_items(&v[3]));
         return 0;
     }
-    if (!ck_runs_fit(k->base, k->itemsize, PLANE_HEAD + k->n, k->n, v[0].len, "pack_planes"))
+    /* each plane with its head before it (a plane of 0 bytes still has its head) */
+    if (!ck_runs_fit(k->base - PLANE_HEAD, k->itemsize, PLANE_HEAD + k->n, PLANE_HEAD + k->n,
+                     v[0].len, "pack_planes"))
         return 0;
     for (int64_t p = 0; p < k->itemsize; p++)
         if (k->methods[p] == PL_ZSTD

@@ -119,6 +119,17 @@ int64_t pl_lengths(const int64_t *freq, int64_t nblocks, int64_t *lens)
     return size;
 }
 
+int pl_freq_ok(const int64_t *freq, int64_t count, const char *what)
+{
+    for (int64_t k = 0; k < count; k++)
+        if (freq[k] < 0 || freq[k] > PL_MAX_FREQ) {
+            PyErr_Format(PyExc_ValueError, "%s: a count of %lld is not in 0..2**47", what,
+                         (long long)freq[k]);
+            return 0;
+        }
+    return 1;
+}
+
 int pl_lens_ok(const int64_t *lens, int64_t count, const char *what)
 {
     for (int64_t k = 0; k < count; k++)
@@ -169,7 +180,7 @@ static PyObject *lengths(PyObject *args, int rows, const char *name)
         || ck_items(&v[1]) < 256 * nblocks)
         PyErr_Format(PyExc_ValueError, "%s: freq of %zd items, lens of %zd (rows of 256)", name,
                      ck_items(&v[0]), ck_items(&v[1]));
-    else if (!ck_overlap(&v[0], &v[1], name)) {
+    else if (!ck_overlap(&v[0], &v[1], name) && pl_freq_ok(v[0].buf, 256 * nblocks, name)) {
         Py_BEGIN_ALLOW_THREADS
         size = pl_lengths(v[0].buf, nblocks, v[1].buf);
         Py_END_ALLOW_THREADS

@@ -221,6 +221,16 @@ def _call(case: str):
         "pack base": lambda: c.pack_planes(np.zeros(100, np.uint8), 3, 5, 1, 1024,
                                            np.zeros(1, np.int64), np.zeros(0, np.uint8),
                                            np.zeros(2, np.int64)),
+        # planes of 0 bytes still get their 9-byte heads, which had no bounds check (ASan)
+        "pack empty planes outside": lambda: c.pack_planes(
+            np.zeros(64, np.uint8), 256, 0, 63, 176, np.zeros(63, np.int64),
+            np.zeros(1, np.uint8), np.zeros(64, np.int64)),
+        # counts no plane can have overflowed the size sums (signed: UBSan)
+        "lengths counts too large": lambda: c.huffman_lengths(np.full((1, 256), 2**62, np.int64),
+                                                              np.zeros((1, 256), np.int64)),
+        "encode counts too large": lambda: c.huffman_encode(data, 1024,
+                                                            np.full_like(freq, 2**62),
+                                                            np.zeros(bound + 8, np.uint8)),
         "pack zstd offsets": lambda: c.pack_planes(np.zeros(100, np.uint8), 9, 20, 2, 1024,
                                                    np.full(2, PK.ZSTD, np.int64),
                                                    np.zeros(10, np.uint8),
@@ -234,7 +244,8 @@ def _call(case: str):
     "lengths overlap", "encode out short", "encode freq short", "encode bad lens",
     "encode overlap", "bound negative", "decode block 0", "decode overlap",
     "decode int32 plane", "choose count 0", "choose methods short", "pack rows outside",
-    "pack base", "pack zstd offsets"])
+    "pack base", "pack zstd offsets", "pack empty planes outside", "lengths counts too large",
+    "encode counts too large"])
 def test_hostile_arguments_raise_value_error(case):
     with pytest.raises(ValueError):
         _call(case)()

@@ -46,6 +46,8 @@ def _sample(n=100, itemsize=2, step=1, start=0, length=10, freq=2, rep=2, out=30
 
 _SHARED = _bytes(64)  # one buffer as input and output
 
+#: one buffer of codes below 16 that the delta overlap cases slice
+_CODES = np.random.default_rng(7).integers(0, 16, 192, dtype=np.uint8)
 HOSTILE = {
     "split_rows itemsize 3": ("bytegroup", "split_rows", (_bytes(9), 3, False, _bytes(99), 0, 3)),
     "split_rows part of an item": ("bytegroup", "split_rows",
@@ -93,6 +95,12 @@ HOSTILE = {
                              (_bytes(4), np.array([0, 1, 5, 0], np.uint8), 5, _bytes(4))),
     "delta sizes differ": ("delta", "encode", (_bytes(5), _bytes(4), 4, _bytes(5))),
     "delta out too small": ("delta", "encode", (_bytes(4), _bytes(4), 4, _bytes(3))),
+    # out sharing bytes with what the buckets are read from wrote past out's end (ASan)
+    "delta out is base": ("delta", "encode", (_CODES[:64], _CODES[64:128], 16, _CODES[64:128])),
+    "delta out overlaps base": ("delta", "decode", (_bytes(128), _CODES[1:129], 16,
+                                                    _CODES[:128])),
+    "delta out is the residuals": ("delta", "decode", (_CODES[:128], _bytes(128), 16,
+                                                       _CODES[:128])),
 }
 
 
