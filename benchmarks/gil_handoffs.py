@@ -15,7 +15,9 @@ interval (5 ms). A child process commits ``--size`` MB (async_writer.py's synthe
 ``commit_async`` once to warm up, then ``--commits`` more times while ``perf stat`` counts the
 calls of ``PyEval_RestoreThread`` (a uprobe) made by the store's background threads only (the
 persist thread and its I/O pool), per commit; with the persist's wall time with the process
-otherwise idle. The probe is added with ``perf probe`` on the interpreter's library (root).
+otherwise idle, and the CPU time the process spent per commit (user + system, the snapshot copy
+included: what the commit takes out of the cores). The probe is added with ``perf probe`` on
+the interpreter's library (root).
 """
 
 from __future__ import annotations
@@ -36,11 +38,13 @@ CONFIGS = {
     "lossless (default)": "EncodingOptions()",
     "raw bits": "EncodingOptions(compression='none')",
     "8-bit": "EncodingOptions(), policy=Policy(quantize=QuantSpec(bits=8))",
+    "8-bit adaptive search":
+        "EncodingOptions(), policy=Policy(quantize=QuantSpec('adaptive-asymmetric', bits=8))",
 }
 EVENT = "probe_libpython3:PyEval_RestoreThread"
 
 CHILD = r"""
-import os, sys, tempfile, threading, time
+import os, resource, sys, tempfile, threading, time
 sys.path.insert(0, {bench!r})
 from async_writer import build_state
 import ckptstore
@@ -52,12 +56,14 @@ store.commit_async(state).wait()
 tids = [t.native_id for t in threading.enumerate() if t.name.startswith("ckptstore-")]
 print(",".join(map(str, tids)), flush=True)
 sys.stdin.readline()  # perf is attached
-walls = []
+walls, cpus = [], []
 for _ in range({commits}):
-    t0 = time.perf_counter()
+    t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
     store.commit_async(state).wait()
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
     walls.append(time.perf_counter() - t0)
-print(sorted(walls)[len(walls) // 2], flush=True)
+    cpus.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+print(sorted(walls)[len(walls) // 2], sorted(cpus)[len(cpus) // 2], flush=True)
 sys.stdin.readline()  # perf has stopped counting
 store.close()
 """
@@ -77,8 +83,9 @@ def ensure_probe() -> None:
                        check=True)
 
 
-def measure(config: str, size: int, commits: int) -> tuple[float, float]:
-    """(GIL take-backs of the background threads per commit, median persist seconds)."""
+def measure(config: str, size: int, commits: int) -> tuple[float, float, float]:
+    """(GIL take-backs of the background threads per commit, median persist seconds, median
+    CPU seconds of the process per commit)."""
     code = CHILD.format(bench=os.path.dirname(os.path.abspath(__file__)), size=size,
                         config=config, commits=commits)
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
@@ -90,14 +97,14 @@ def measure(config: str, size: int, commits: int) -> tuple[float, float]:
         threading.Event().wait(1.0)  # perf attaches
         child.stdin.write("\n")
         child.stdin.flush()
-        wall = float(child.stdout.readline())
+        wall, cpu = map(float, child.stdout.readline().split())
         perf.send_signal(2)
         perf.wait()
         child.stdin.write("\n")
         child.stdin.flush()
         child.wait()
         counts = [int(m.group(1)) for m in re.finditer(r"^(\d+),", out.read(), re.M)]
-    return sum(counts) / commits, wall
+    return sum(counts) / commits, wall, cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,10 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {command_line(__file__, argv)}\n# {machine_description()}\n")
     rows = []
     for name, config in CONFIGS.items():
-        per_commit, wall = measure(config, args.size, args.commits)
-        rows.append([name, f"{per_commit:.0f}", f"{1e3 * wall:.0f}"])
+        per_commit, wall, cpu = measure(config, args.size, args.commits)
+        rows.append([name, f"{per_commit:.0f}", f"{1e3 * wall:.0f}", f"{cpu:.2f}"])
     print(markdown_table(["configuration", "GIL take-backs a commit (background threads)",
-                          "persist ms (idle process)"], rows, "lrr"))
+                          "persist ms (idle process)", "CPU-s a commit"], rows, "lrrr"))
     return 0
 
 

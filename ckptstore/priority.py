@@ -29,8 +29,9 @@ uses the cores training leaves free; where none are free (busy DataLoader worker
 it would finish only once the caller waits, at the next commit -- a longer stall than a
 normal-priority persist costs. So each background thread reads its scheduler statistics
 (``/proc/thread-self/schedstat``: time run, time waited runnable) after its tasks, at most every
-:data:`CHECK_EVERY` seconds; when the threads together get less than :data:`STARVED_SHARE` of a
-core while they want one, they run at normal priority for the rest of that persist
+:data:`CHECK_EVERY` seconds; when the threads lately runnable together get less than
+:data:`STARVED_SHARE` of a core (the sum of each one's share while it was runnable), they run
+at normal priority for the rest of that persist
 (:meth:`BackgroundThreads.settle` lowers them when it ends), as if the caller waited already.
 Raising a priority again needs the right to
 (root, ``CAP_SYS_NICE``, or ``ulimit -e`` of at least 20 minus the process's nice value); where
@@ -48,7 +49,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -71,14 +72,14 @@ CHECK_EVERY = 0.05
 STARVED_SHARE = 0.5
 #: runnable time (ns) a judgement needs at least: a few time slices, not one wake-up
 _JUDGE_NS = 4_000_000
+#: seconds a thread's last share counts in the threads' sum (it was runnable that recently)
+_FRESH = 4 * CHECK_EVERY
 
 
-def starved(ran_ns: int, waited_ns: int, threads: int) -> bool:
-    """Whether ``threads`` background threads, one of which ran ``ran_ns`` and waited
-    ``waited_ns`` runnable, together get less than :data:`STARVED_SHARE` of a core (False until the thread was
-    runnable for :data:`_JUDGE_NS`: too little to judge)."""
-    runnable = ran_ns + waited_ns
-    return runnable >= _JUDGE_NS and ran_ns * threads < STARVED_SHARE * runnable
+def starved(shares: Iterable[float]) -> bool:
+    """Whether background threads that were lately runnable, each having got ``share`` of a
+    core while it was, together get less than :data:`STARVED_SHARE` of a core."""
+    return sum(shares) < STARVED_SHARE
 
 
 def check_priority(level: str) -> str:
@@ -112,6 +113,8 @@ class _Watch:
     def __init__(self, fd: int):
         self.fd, self.at = fd, time.monotonic()
         self.ran, self.waited = self.read()
+        #: the share of a core the thread got while runnable, at its last judgement (when)
+        self.share, self.judged = 1.0, -_FRESH
 
     def read(self) -> tuple[int, int]:
         fields = os.pread(self.fd, 64, 0).split()
@@ -226,8 +229,12 @@ class BackgroundThreads:
         ran_ns, waited_ns = ran - watch.ran, waited - watch.waited
         if ran_ns + waited_ns < _JUDGE_NS:
             return  # judge on more: keep the last reading
-        watch.ran, watch.waited, watch.at = ran, waited, time.monotonic()
-        if starved(ran_ns, waited_ns, len(self._tids)):
+        now = time.monotonic()
+        watch.ran, watch.waited, watch.at = ran, waited, now
+        watch.share, watch.judged = ran_ns / (ran_ns + waited_ns), now
+        # the threads lately runnable, wherever the scheduler put them: one sharing the
+        # training thread's core may get a tenth while another has a free core to itself
+        if starved(w.share for w in self._watches if now - w.judged <= _FRESH):
             with self._lock:
                 if not self._starved:
                     self._starved = True

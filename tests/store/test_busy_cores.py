@@ -74,15 +74,13 @@ def test_training_loop_keeps_going_while_every_core_is_busy(tmp_path):
         torch.set_num_threads(threads)
 
 
-MS = 1_000_000  # nanoseconds
-
-
 def test_starved_means_less_than_half_a_core_together():
-    """The judgement :meth:`BackgroundThreads.observe` applies to one thread's statistics."""
-    assert starved(1 * MS, 19 * MS, threads=3)  # 3 x 5 % of a core
-    assert not starved(10 * MS, 10 * MS, threads=2)  # two threads at half a core: a whole one
-    assert not starved(4 * MS, 12 * MS, threads=3)  # 3 x 25 %: three quarters of a core
-    assert not starved(0, 3 * MS, threads=1)  # too short a wait to judge
+    """The judgement :meth:`BackgroundThreads.observe` applies to the shares of a core the
+    threads lately runnable got while they were."""
+    assert starved([0.05, 0.05, 0.05])  # three threads beside busy processes
+    assert not starved([1.0, 0.1])  # one on a free core, one beside the training thread
+    assert not starved([0.25, 0.25])  # half a core between them
+    assert not starved([0.6])
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"),
