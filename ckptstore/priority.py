@@ -29,8 +29,8 @@ uses the cores training leaves free; where none are free (busy DataLoader worker
 it would finish only once the caller waits, at the next commit -- a longer stall than a
 normal-priority persist costs. So each background thread reads its scheduler statistics
 (``/proc/thread-self/schedstat``: time run, time waited runnable) after its tasks, at most every
-:data:`CHECK_EVERY` seconds; when the threads lately runnable together get less than
-:data:`STARVED_SHARE` of a core (the sum of each one's share while it was runnable), they run
+:data:`CHECK_EVERY` seconds; when one got less than :data:`STARVED_THREAD` of a core while
+runnable and the threads lately runnable less than :data:`STARVED_SHARE` together, they run
 at normal priority for the rest of that persist
 (:meth:`BackgroundThreads.settle` lowers them when it ends), as if the caller waited already.
 Raising a priority again needs the right to
@@ -54,7 +54,7 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
 __all__ = ["BACKGROUND_PRIORITIES", "CHECK_EVERY", "DEFAULT_PRIORITY", "LOW_NICE",
-           "STARVED_SHARE", "BackgroundThreads", "check_priority", "started_executor", "starved"]
+           "STARVED_SHARE", "STARVED_THREAD", "BackgroundThreads", "check_priority", "started_executor", "starved"]
 
 BACKGROUND_PRIORITIES = ("low", "idle", "normal")
 DEFAULT_PRIORITY = "low"
@@ -70,16 +70,20 @@ _SCHEDSTAT = "/proc/thread-self/schedstat"
 CHECK_EVERY = 0.05
 #: below this share of one core (while they want one) the background threads count as starved
 STARVED_SHARE = 0.5
+#: ... when the thread judging got less than this share itself (threads sharing a free core get
+#: a half or a third each; beside busy processes at normal priority, a tenth or less)
+STARVED_THREAD = 0.2
 #: runnable time (ns) a judgement needs at least: a few time slices, not one wake-up
 _JUDGE_NS = 4_000_000
 #: seconds a thread's last share counts in the threads' sum (it was runnable that recently)
 _FRESH = 4 * CHECK_EVERY
 
 
-def starved(shares: Iterable[float]) -> bool:
-    """Whether background threads that were lately runnable, each having got ``share`` of a
-    core while it was, together get less than :data:`STARVED_SHARE` of a core."""
-    return sum(shares) < STARVED_SHARE
+def starved(share: float, shares: Iterable[float]) -> bool:
+    """Whether a background thread that got ``share`` of a core while it was runnable is
+    starved: it got less than :data:`STARVED_THREAD` of one, and the threads lately runnable
+    (``shares``, its own among them) less than :data:`STARVED_SHARE` together."""
+    return share < STARVED_THREAD and sum(shares) < STARVED_SHARE
 
 
 def check_priority(level: str) -> str:
@@ -234,7 +238,7 @@ class BackgroundThreads:
         watch.share, watch.judged = ran_ns / (ran_ns + waited_ns), now
         # the threads lately runnable, wherever the scheduler put them: one sharing the
         # training thread's core may get a tenth while another has a free core to itself
-        if starved(w.share for w in self._watches if now - w.judged <= _FRESH):
+        if starved(watch.share, (w.share for w in self._watches if now - w.judged <= _FRESH)):
             with self._lock:
                 if not self._starved:
                     self._starved = True

@@ -74,13 +74,14 @@ def test_training_loop_keeps_going_while_every_core_is_busy(tmp_path):
         torch.set_num_threads(threads)
 
 
-def test_starved_means_less_than_half_a_core_together():
-    """The judgement :meth:`BackgroundThreads.observe` applies to the shares of a core the
-    threads lately runnable got while they were."""
-    assert starved([0.05, 0.05, 0.05])  # three threads beside busy processes
-    assert not starved([1.0, 0.1])  # one on a free core, one beside the training thread
-    assert not starved([0.25, 0.25])  # half a core between them
-    assert not starved([0.6])
+def test_starved_means_a_fifth_of_a_core_alone_and_under_half_together():
+    """The judgement :meth:`BackgroundThreads.observe` makes from a thread's share of a core
+    while it was runnable and the shares of the threads lately runnable."""
+    assert starved(0.05, [0.05, 0.05, 0.05])  # three threads beside busy processes
+    assert not starved(0.1, [1.0, 0.1])  # one beside the training thread, one on a free core
+    assert not starved(0.45, [0.45])  # the first of two sharing a free core to judge
+    assert not starved(0.15, [0.15, 0.4])  # half a core between them
+    assert starved(0.1, [0.1])
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"),
