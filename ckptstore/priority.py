@@ -32,7 +32,9 @@ normal-priority persist costs. So each background thread reads its scheduler sta
 :data:`CHECK_EVERY` seconds; when one got less than :data:`STARVED_THREAD` of a core while
 runnable and the threads lately runnable less than :data:`STARVED_SHARE` together, they run
 at normal priority for the rest of that persist
-(:meth:`BackgroundThreads.settle` lowers them when it ends), as if the caller waited already.
+(:meth:`BackgroundThreads.settle` lowers them when it ends), as if the caller waited already;
+the next persists start raised (:meth:`BackgroundThreads.begin`), but for every
+:data:`REPROBE`-th in a row, which starts low to judge anew.
 Raising a priority again needs the right to
 (root, ``CAP_SYS_NICE``, or ``ulimit -e`` of at least 20 minus the process's nice value); where
 the system refuses, the chunks not yet started go to the store's normal-priority pool instead
@@ -53,8 +55,9 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
-__all__ = ["BACKGROUND_PRIORITIES", "CHECK_EVERY", "DEFAULT_PRIORITY", "LOW_NICE",
-           "STARVED_SHARE", "STARVED_THREAD", "BackgroundThreads", "check_priority", "started_executor", "starved"]
+__all__ = ["BACKGROUND_PRIORITIES", "CHECK_EVERY", "DEFAULT_PRIORITY", "LOW_NICE", "REPROBE",
+           "STARVED_SHARE", "STARVED_THREAD", "BackgroundThreads", "check_priority",
+           "started_executor", "starved"]
 
 BACKGROUND_PRIORITIES = ("low", "idle", "normal")
 DEFAULT_PRIORITY = "low"
@@ -73,6 +76,8 @@ STARVED_SHARE = 0.5
 #: ... when the thread judging got less than this share itself (threads sharing a free core get
 #: a half or a third each; beside busy processes at normal priority, a tenth or less)
 STARVED_THREAD = 0.2
+#: after a starved persist the next ones start raised, all but every REPROBE-th in a row
+REPROBE = 8
 #: runnable time (ns) a judgement needs at least: a few time slices, not one wake-up
 _JUDGE_NS = 4_000_000
 #: seconds a thread's last share counts in the threads' sum (it was runnable that recently)
@@ -146,7 +151,8 @@ class BackgroundThreads:
     Attributes
     ----------
     starved_persists
-        How many persists ran at normal priority because their threads were starved.
+        How many persists ran at normal priority because their threads were starved (or the
+        persist before them was).
     """
 
     def __init__(self, level: str):
@@ -159,6 +165,7 @@ class BackgroundThreads:
         self._watches: list[_Watch] = []
         self._local = threading.local()
         self._starved = False
+        self._streak = 0  # persists in a row that ran raised because starved
         self.starved_persists = 0
         #: True while someone waits and the threads could not be raised
         self.refused = False
@@ -245,13 +252,26 @@ class BackgroundThreads:
                     self.starved_persists += 1
                     self._raise_all()
 
+    def begin(self) -> None:
+        """A persist starts: after a starved one it starts raised (the cores are likely still
+        taken: judging again costs the first chunks' wait at a low share, and a thread holding
+        the GIL meanwhile stalls training), but every :data:`REPROBE`-th in a row starts at its
+        level to judge anew."""
+        with self._lock:
+            if self.level != "normal" and self._streak % REPROBE:
+                self._starved = True
+                self.starved_persists += 1
+                self._raise_all()
+
     def settle(self) -> None:
-        """A persist ended: threads raised because they were starved go back to their level
-        (the next persist starts low again and judges anew)."""
+        """A persist ended: threads raised because they were starved go back to their level."""
         with self._lock:
             if self._starved:
                 self._starved = False
+                self._streak += 1
                 self._lower_all()
+            else:
+                self._streak = 0
 
     def close(self) -> None:
         """Forget the threads (after their pools shut down: their ids may be reused)."""

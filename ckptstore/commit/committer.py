@@ -159,6 +159,7 @@ class Committer(Pipeline):
 
         def run() -> None:
             nonlocal job, snap
+            self.background.begin()  # raised from the start after a starved persist
             try:
                 info, error = self.finish(job, snap, pending.progress, executor), None
             except BaseException as e:  # noqa: BLE001 - handed to the caller through wait()
