@@ -50,13 +50,13 @@ def planes_decode(buf, out: np.ndarray | None = None) -> np.ndarray:
     :class:`CodecError` when it is malformed."""
     if _INTO is not None and isinstance(out, np.ndarray):  # the store's call: one C call
         dst = _flat_bytes(out)
-        if dst is not None and _INTO(_bytes(buf), dst) == 0:
+        if dst is not None and _into(_bytes(buf), dst):
             return dst
     b, itemsize, rotate, n, block, spans, tail = _parse(buf)
     whole = n * itemsize
     if out is None:
         dst = np.empty(whole + tail.size, np.uint8)
-        if _INTO is not None and _INTO(b, dst) == 0:
+        if _INTO is not None and _into(b, dst):
             return dst
     else:
         dst = out_array(out, whole + tail.size, "BytePlanes")
@@ -76,6 +76,15 @@ def planes_decode(buf, out: np.ndarray | None = None) -> np.ndarray:
 #: items) in one C call, block by block (planes_whole.c), where the kernels are C; it leaves
 #: every other payload, and every malformed one, to the steps of planes_decode
 _INTO = native().planes_decode_into if CHOICE == "c" else None
+
+
+def _into(b, dst: np.ndarray) -> bool:
+    """Whether ``_INTO`` decoded payload ``b`` into ``dst`` (with this thread's scratch: a
+    block of each coded plane, 1 MiB covers the store's chunks)."""
+    status = _INTO(b, dst, _scratch(0))
+    if status > 1:  # a larger block than the scratch holds
+        status = _INTO(b, dst, _scratch(status))
+    return status == 0
 
 
 def _bytes(buf):

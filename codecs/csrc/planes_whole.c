@@ -5,7 +5,8 @@
    planes where the payload holds them: one pass over the output, no plane-sized scratch, no
    Python between the steps. Anything else -- a zstd plane, one-byte items, a payload that
    does not decode, an output of another size -- is left to ckptcodecs._planes_decode, which
-   decodes it or raises the error that names what is wrong: this function only says which. */
+   decodes it or raises the error that names what is wrong: this function only says which.
+   The scratch is the caller's (Python's per-thread buffer, freed with its thread). */
 #include "planes.h"
 
 #define WHOLE_DONE 0
@@ -69,9 +70,11 @@ static int blocks(const uint8_t *const *at, const int64_t *len, const int *coded
     return 0;
 }
 
-/* Decode payload b (size bytes) into out (out_len bytes, aligned to its items). */
-static int whole(const uint8_t *b, int64_t size, uint8_t *out, int64_t out_len,
-                 uint8_t **scratch, int64_t *scratch_len, int bmi2)
+/* Decode payload b (size bytes) into out (out_len bytes, aligned to its items), with
+   scratch_len bytes of scratch: WHOLE_DONE, WHOLE_OTHER, or the scratch it needs (> 1) when
+   that is more. */
+static int64_t whole(const uint8_t *b, int64_t size, uint8_t *out, int64_t out_len,
+                     uint8_t *scratch, int64_t scratch_len, int bmi2)
 {
     if (size < HEAD)
         return WHOLE_OTHER;
@@ -93,29 +96,27 @@ static int whole(const uint8_t *b, int64_t size, uint8_t *out, int64_t out_len,
     for (int p = 0; p < itemsize; p++)
         any |= coded[p];
     int64_t need = any ? itemsize * (n < block ? n : block) : 0;
-    if (need > *scratch_len) {  /* the caller frees it */
-        uint8_t *grown = realloc(*scratch, (size_t)need);
-        if (grown == NULL)
-            return WHOLE_OTHER;
-        *scratch = grown, *scratch_len = need;
-    }
-    if (blocks(at, len, coded, itemsize, flags & 1, n, block, *scratch, out, bmi2))
+    if (need > scratch_len)
+        return need;  /* > 1: itemsize >= 2 and n >= 1 */
+    if (blocks(at, len, coded, itemsize, flags & 1, n, block, scratch, out, bmi2))
         return WHOLE_OTHER;
     memcpy(out + n * itemsize, b + size - tail, (size_t)tail);
     return WHOLE_DONE;
 }
 
-/* One scratch buffer per thread, kept between calls (a block of each coded plane: 512 KiB
-   for 4-byte items at the store's default block), so that no call pays for fresh pages. */
-static _Thread_local uint8_t *thread_scratch;
-static _Thread_local int64_t thread_scratch_len;
+/* 1 when the byte ranges of two views are apart. */
+static int apart(const Py_buffer *a, const Py_buffer *b)
+{
+    const char *p = a->buf, *q = b->buf;
+    return p + a->len <= q || q + b->len <= p;
+}
 
 PyObject *ck_planes_decode_into(PyObject *self, PyObject *args)
 {
-    PyObject *buf_obj, *out_obj;
-    Py_buffer v[2];
-    int status = WHOLE_OTHER;
-    if (!PyArg_ParseTuple(args, "OO", &buf_obj, &out_obj))
+    PyObject *buf_obj, *out_obj, *scratch_obj;
+    Py_buffer v[3];
+    int64_t status = WHOLE_OTHER;
+    if (!PyArg_ParseTuple(args, "OOO", &buf_obj, &out_obj, &scratch_obj))
         return NULL;
     if (ck_buffer(buf_obj, &v[0], 0, 1, "buf") < 0)
         return NULL;
@@ -123,20 +124,17 @@ PyObject *ck_planes_decode_into(PyObject *self, PyObject *args)
         ck_release(v, 1);
         return NULL;
     }
-    const char *b0 = v[0].buf, *o0 = v[1].buf;
-    if (b0 + v[0].len <= o0 || o0 + v[1].len <= b0) {  /* overlapping: Python's to refuse */
+    if (ck_buffer(scratch_obj, &v[2], 1, 1, "scratch") < 0) {
+        ck_release(v, 2);
+        return NULL;
+    }
+    /* overlapping buffers: left to the steps (which refuse or decode them as before) */
+    if (apart(&v[0], &v[1]) && apart(&v[2], &v[0]) && apart(&v[2], &v[1])) {
         int bmi2 = pl_bmi2();
         Py_BEGIN_ALLOW_THREADS
-        status = whole(v[0].buf, v[0].len, v[1].buf, v[1].len, &thread_scratch,
-                       &thread_scratch_len, bmi2);
-        if (thread_scratch_len > (8 << 20)) {  /* a rare huge block: not kept */
-            free(thread_scratch);
-            thread_scratch = NULL, thread_scratch_len = 0;
-        }
+        status = whole(v[0].buf, v[0].len, v[1].buf, v[1].len, v[2].buf, v[2].len, bmi2);
         Py_END_ALLOW_THREADS
     }
-    ck_release(v, 2);
-    if (PyErr_Occurred())
-        return NULL;
-    return PyLong_FromLong(status);
+    ck_release(v, 3);
+    return PyLong_FromLongLong(status);
 }

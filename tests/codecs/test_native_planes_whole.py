@@ -27,7 +27,10 @@ SEEDS = st.integers(0, 2**32 - 1)
 
 
 def _into():
-    return _backend.native().planes_decode_into
+    """The kernel, with a scratch of 1 MiB (a 128 KiB block of each of up to 8 planes)."""
+    kernel = _backend.native().planes_decode_into
+    return lambda enc, out, scratch=None: kernel(
+        enc, out, np.empty(1 << 20, np.uint8) if scratch is None else scratch)
 
 
 def _values(seed: int, n: int, dtype, tail: int) -> np.ndarray:
@@ -95,6 +98,11 @@ def test_others_are_left_to_the_steps():
     assert into(enc, np.empty(w.size + 1, np.uint8)[1:]) == 1  # not aligned to the items
     both = np.concatenate([enc, np.zeros(w.size, np.uint8)])
     assert into(both[:enc.size], both[enc.size - 8:enc.size - 8 + w.size]) == 1
+    out = np.empty(w.size, np.uint8)
+    assert into(enc, out, out[:1024]) == 1  # a scratch inside out
+    assert into(enc, out, np.empty(1000, np.uint8)) == 4 * 20_000  # a block of each plane
+    assert into(enc, out, np.empty(4 * 20_000, np.uint8)) == 0
+    assert out.tobytes() == w.tobytes()
     assert into(zst, np.empty(x.nbytes, np.uint8)) == 1
     assert P.planes_decode(zst).tobytes() == x.view(np.uint8).tobytes()
 
