@@ -12,7 +12,7 @@ import numpy as np
 from numcodecs import Zstd
 
 from ._pkernels import ERR_CODE, REFERENCE, _PLANE as _KERNEL_PLANE
-from ._backend import kernels
+from ._backend import CHOICE, kernels, native
 from ._buffers import check_int, out_array, payload
 from ._bytegroup import merge2, merge4, merge8
 from ._pdecode import huffman_decode
@@ -48,10 +48,16 @@ def _check_config(itemsize: int, block: int) -> None:
 def planes_decode(buf, out: np.ndarray | None = None) -> np.ndarray:
     """Decode a BytePlanes payload to uint8 (into ``out``'s bytes when given); raise
     :class:`CodecError` when it is malformed."""
+    if _INTO is not None and isinstance(out, np.ndarray):  # the store's call: one C call
+        dst = _flat_bytes(out)
+        if dst is not None and _into(_bytes(buf), dst):
+            return dst
     b, itemsize, rotate, n, block, spans, tail = _parse(buf)
     whole = n * itemsize
     if out is None:
         dst = np.empty(whole + tail.size, np.uint8)
+        if _INTO is not None and _into(b, dst):
+            return dst
     else:
         dst = out_array(out, whole + tail.size, "BytePlanes")
         if not (dst.flags.c_contiguous or dst.flags.f_contiguous):
@@ -64,6 +70,39 @@ def planes_decode(buf, out: np.ndarray | None = None) -> np.ndarray:
                dst[:whole].view(_UINT[itemsize]), 1, n, n, 0, n)
     dst[whole:] = tail
     return dst
+
+
+#: the whole decode of the layouts the store writes (raw and Huffman planes of 2-, 4- or 8-byte
+#: items) in one C call, block by block (planes_whole.c), where the kernels are C; it leaves
+#: every other payload, and every malformed one, to the steps of planes_decode
+_INTO = native().planes_decode_into if CHOICE == "c" else None
+
+
+def _into(b, dst: np.ndarray) -> bool:
+    """Whether ``_INTO`` decoded payload ``b`` into ``dst`` (with this thread's scratch: a
+    block of each coded plane, 1 MiB covers the store's chunks)."""
+    status = _INTO(b, dst, _scratch(0))
+    if status > 1:  # a larger block than the scratch holds
+        status = _INTO(b, dst, _scratch(status))
+    return status == 0
+
+
+def _bytes(buf):
+    """``buf`` itself when it is bytes or a flat memoryview of bytes (what the store hands
+    over: no numpy view to make), else :func:`payload`'s view of it."""
+    if type(buf) is bytes or (type(buf) is memoryview and buf.itemsize == 1
+                              and buf.ndim == 1 and buf.c_contiguous):
+        return buf
+    return payload(buf)
+
+
+def _flat_bytes(out: np.ndarray) -> np.ndarray | None:
+    """``out``'s bytes as a flat uint8 view when it is a writeable contiguous array of numbers
+    (else None: planes_decode's checks say what is wrong with it)."""
+    if out.dtype.hasobject or not out.flags.writeable or not (
+            out.flags.c_contiguous or out.flags.f_contiguous):
+        return None
+    return out.reshape(-1, order="A").view(np.uint8)
 
 
 def planes_decode_region(buf, shape: tuple[int, ...], rows: tuple[int, int],

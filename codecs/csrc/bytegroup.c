@@ -156,6 +156,18 @@ static void run8(const uint8_t *const *planes, Py_ssize_t s, Py_ssize_t length, 
     }
 }
 
+void ck_merge_items(const uint8_t *const *planes, Py_ssize_t count, int itemsize, int rotate,
+                    uint8_t *dst)
+{
+    Py_ssize_t done = ck_merge_blocks(planes, count, itemsize, rotate, dst);
+    if (itemsize == 2)
+        run2(planes[0], planes[1], done, count - done, rotate, (uint16_t *)dst + done);
+    else if (itemsize == 4)
+        run4(planes, done, count - done, rotate, (uint32_t *)dst + done);
+    else
+        run8(planes, done, count - done, rotate, (uint64_t *)dst + done);
+}
+
 /* dst is another buffer than the planes (checked by the caller: its runs may overlap each
    other when pitch < length, as in the reference, run after run). */
 static void merge_runs(const merge_job *j)

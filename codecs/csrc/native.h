@@ -85,6 +85,11 @@ Py_ssize_t ck_split_blocks(const uint8_t *src, Py_ssize_t count, int itemsize, i
 Py_ssize_t ck_merge_blocks(const uint8_t *const *planes, Py_ssize_t count, int itemsize,
                            int rotate, uint8_t *dst);
 
+/* All `count` items (of 2, 4 or 8 bytes, dst aligned to them) merged from their planes: the
+   vector steps, then the plain loop for the rest (bytegroup.c). */
+void ck_merge_items(const uint8_t *const *planes, Py_ssize_t count, int itemsize, int rotate,
+                    uint8_t *dst);
+
 /* The CPU path of the transposes: ck_set_simd("auto" | "portable" | "sse2" | "avx2") -> 0, or
    -1 with a ValueError where this build and CPU cannot run it; ck_simd() its name;
    ck_simd_paths() a new list of the names they can run. */

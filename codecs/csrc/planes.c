@@ -19,6 +19,10 @@ int pl_canonical(const int lens[256], int order[256])
 PyMethodDef ck_planes_methods[] = {
     {"planes_huffman_decode", ck_planes_huffman_decode, METH_VARARGS,
      "huffman_decode(buf, block, plane) -> bytes of buf consumed, or an ERR_* code."},
+    {"planes_decode_into", ck_planes_decode_into, METH_VARARGS,
+     "decode_into(buf, out, scratch) -> 0 when a BytePlanes payload of raw and Huffman planes"
+     " (items of 2, 4 or 8 bytes) is decoded into out, 1 when _planes_decode is to decode it,"
+     " or the scratch bytes it needs (> 1) when scratch is smaller."},
     {"planes_plane_stats", ck_planes_plane_stats, METH_VARARGS,
      "plane_stats(plane, block, freq): byte histograms of each block (int64 rows of 256)."},
     {"planes_code_lengths", ck_planes_code_lengths, METH_VARARGS,

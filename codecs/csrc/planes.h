@@ -75,6 +75,11 @@ int pl_lens_ok(const int64_t *lens, int64_t count, const char *what);
 int64_t pl_encode_lengths(const uint8_t *plane, int64_t n, int64_t block, const int64_t *lens,
                           uint8_t *out, int64_t size, int bmi2);
 
+/* Decode the Huffman block at buf[pos..] (a plane's payload of size bytes) into out[0..len):
+   the position after the block, or an error code (planes_decode.c). */
+int64_t pl_huffman_block(const uint8_t *buf, int64_t size, int64_t pos, uint8_t *out,
+                         int64_t len, int bmi2);
+
 #define PL_PLANE_HEAD 9 /* a plane's head in the payload: u8 method, u64 size */
 
 /* choose_methods and pack_planes without their checks (planes_pack.c). */
@@ -87,6 +92,7 @@ int64_t pl_pack(uint8_t *out, int64_t base, int64_t n, int64_t itemsize, int64_t
 /* The kernels of the family's files, listed in planes.c's table. */
 PyObject *ck_planes_encode_layout(PyObject *self, PyObject *args);
 PyObject *ck_planes_huffman_decode(PyObject *self, PyObject *args);
+PyObject *ck_planes_decode_into(PyObject *self, PyObject *args);
 PyObject *ck_planes_huffman_encode_lengths(PyObject *self, PyObject *args);
 PyObject *ck_planes_huffman_encode(PyObject *self, PyObject *args);
 PyObject *ck_planes_huffman_bound(PyObject *self, PyObject *args);

@@ -179,50 +179,54 @@ PL_BMI2 static int64_t streams_bmi2(dec_t d, const int lens[256], int64_t start,
     return streams_body(d, lens, start, stop, at);
 }
 
+int64_t pl_huffman_block(const uint8_t *buf, int64_t size, int64_t pos, uint8_t *out,
+                         int64_t len, int bmi2)
+{
+    int lens[256], order[256];
+    tables_t t;  /* filled whole (the block's code is complete) before it is read */
+    int64_t at[5];
+    if (pos + 2 > size)
+        return PL_ERR_TRUNCATED;
+    int lo = buf[pos], hi = buf[pos + 1];
+    pos += 2;
+    if (lo > hi)
+        return PL_ERR_CODE;
+    if (lo == hi) {
+        memset(out, lo, (size_t)len);
+        return pos;
+    }
+    if (pos + (hi - lo + 2) / 2 + 16 > size)
+        return PL_ERR_TRUNCATED;
+    memset(lens, 0, sizeof lens);
+    int64_t kraft = 0;
+    for (int s = lo; s <= hi; s++) {
+        lens[s] = (buf[pos + (s - lo) / 2] >> (4 * ((s - lo) % 2))) & 0xF;
+        if (lens[s] > PL_MAX_LEN)
+            return PL_ERR_CODE;
+        kraft += lens[s] ? (int64_t)1 << (PL_MAX_LEN - lens[s]) : 0;
+    }
+    if (kraft != 1 << PL_MAX_LEN)
+        return PL_ERR_CODE;
+    pos += (hi - lo + 2) / 2;
+    at[0] = pos + 16;
+    for (int k = 0; k < 4; k++)
+        at[k + 1] = at[k] + (int64_t)pl_load32le(buf + pos + 4 * k);
+    if (at[4] > size)
+        return PL_ERR_TRUNCATED;
+    build_tables(lens, order, pl_canonical(lens, order), t.syms, t.bits);
+    dec_t d = {buf, size, &t, out};
+    int64_t err = (bmi2 ? streams_bmi2 : streams_base)(d, lens, 0, len, at);
+    return err ? err : at[4];
+}
+
 /* Decode buf (size bytes) into plane (n bytes): the bytes consumed, or an error code. */
 static int64_t huffman_decode(const uint8_t *buf, int64_t size, int64_t block, uint8_t *plane,
                               int64_t n, int bmi2)
 {
-    int lens[256], order[256];
-    tables_t t;  /* filled whole for each block (its code is complete) before it is read */
-    int64_t pos = 0, at[5];
-    for (int64_t b = 0; b < (n + block - 1) / block; b++) {
-        int64_t start = b * block, stop = n < start + block ? n : start + block;
-        if (pos + 2 > size)
-            return PL_ERR_TRUNCATED;
-        int lo = buf[pos], hi = buf[pos + 1];
-        pos += 2;
-        if (lo > hi)
-            return PL_ERR_CODE;
-        if (lo == hi) {
-            memset(plane + start, lo, (size_t)(stop - start));
-            continue;
-        }
-        if (pos + (hi - lo + 2) / 2 + 16 > size)
-            return PL_ERR_TRUNCATED;
-        memset(lens, 0, sizeof lens);
-        int64_t kraft = 0;
-        for (int s = lo; s <= hi; s++) {
-            lens[s] = (buf[pos + (s - lo) / 2] >> (4 * ((s - lo) % 2))) & 0xF;
-            if (lens[s] > PL_MAX_LEN)
-                return PL_ERR_CODE;
-            kraft += lens[s] ? (int64_t)1 << (PL_MAX_LEN - lens[s]) : 0;
-        }
-        if (kraft != 1 << PL_MAX_LEN)
-            return PL_ERR_CODE;
-        pos += (hi - lo + 2) / 2;
-        at[0] = pos + 16;
-        for (int k = 0; k < 4; k++)
-            at[k + 1] = at[k] + (int64_t)pl_load32le(buf + pos + 4 * k);
-        if (at[4] > size)
-            return PL_ERR_TRUNCATED;
-        build_tables(lens, order, pl_canonical(lens, order), t.syms, t.bits);
-        dec_t d = {buf, size, &t, plane};
-        int64_t err = (bmi2 ? streams_bmi2 : streams_base)(d, lens, start, stop, at);
-        if (err)
-            return err;
-        pos = at[4];
-    }
+    int64_t pos = 0;
+    for (int64_t start = 0; start < n && pos >= 0; start += block)
+        pos = pl_huffman_block(buf, size, pos, plane + start,
+                               n - start < block ? n - start : block, bmi2);
     return pos;
 }
 
