@@ -12,8 +12,8 @@ Every time a thread comes back from a call that released the GIL (an ``os`` call
 kernel, a blocking lock, a tensor's dealloc) it takes the GIL back in ``PyEval_RestoreThread``;
 beside a thread that keeps the GIL busy, each such take-back waits for that thread's switch
 interval (5 ms). A child process commits ``--size`` MB (async_writer.py's synthetic state) with
-``commit_async`` once to warm up, then ``--commits`` more times while ``perf stat`` counts the
-calls of ``PyEval_RestoreThread`` (a uprobe) made by the store's background threads only (the
+``commit_async`` once to warm up, ``--commits`` times timed, then ``--commits`` more times
+while ``perf stat`` counts the calls of ``PyEval_RestoreThread`` (a uprobe) made by the store's background threads only (the
 persist thread and its I/O pool), per commit; with the persist's wall time with the process
 otherwise idle, and the CPU time the process spent per commit (user + system, the snapshot copy
 included: what the commit takes out of the cores). The probe is added with ``perf probe`` on
@@ -53,16 +53,18 @@ state = build_state({size} << 20)
 folder = tempfile.mkdtemp()
 store = ckptstore.open(folder, options={config})
 store.commit_async(state).wait()
-tids = [t.native_id for t in threading.enumerate() if t.name.startswith("ckptstore-")]
-print(",".join(map(str, tids)), flush=True)
-sys.stdin.readline()  # perf is attached
 walls, cpus = [], []
-for _ in range({commits}):
+for _ in range({commits}):  # before perf arms the probe: its traps cost CPU too
     t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
     store.commit_async(state).wait()
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     walls.append(time.perf_counter() - t0)
     cpus.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+tids = [t.native_id for t in threading.enumerate() if t.name.startswith("ckptstore-")]
+print(",".join(map(str, tids)), flush=True)
+sys.stdin.readline()  # perf is attached
+for _ in range({commits}):
+    store.commit_async(state).wait()
 print(sorted(walls)[len(walls) // 2], sorted(cpus)[len(cpus) // 2], flush=True)
 sys.stdin.readline()  # perf has stopped counting
 store.close()

@@ -113,21 +113,13 @@ static int apart(const Py_buffer *a, const Py_buffer *b)
 
 PyObject *ck_planes_decode_into(PyObject *self, PyObject *args)
 {
-    PyObject *buf_obj, *out_obj, *scratch_obj;
+    static const ck_want want[3] = {CK_IN("buf", 1), CK_OUT("out", 1), CK_OUT("scratch", 1)};
+    PyObject *obj[3];
     Py_buffer v[3];
     int64_t status = WHOLE_OTHER;
-    if (!PyArg_ParseTuple(args, "OOO", &buf_obj, &out_obj, &scratch_obj))
+    if (!PyArg_ParseTuple(args, "OOO", &obj[0], &obj[1], &obj[2])
+        || ck_buffers(obj, want, 3, v) < 0)
         return NULL;
-    if (ck_buffer(buf_obj, &v[0], 0, 1, "buf") < 0)
-        return NULL;
-    if (ck_buffer(out_obj, &v[1], 1, 1, "out") < 0) {
-        ck_release(v, 1);
-        return NULL;
-    }
-    if (ck_buffer(scratch_obj, &v[2], 1, 1, "scratch") < 0) {
-        ck_release(v, 2);
-        return NULL;
-    }
     /* overlapping buffers: left to the steps (which refuse or decode them as before) */
     if (apart(&v[0], &v[1]) && apart(&v[2], &v[0]) && apart(&v[2], &v[1])) {
         int bmi2 = pl_bmi2();
@@ -135,6 +127,7 @@ PyObject *ck_planes_decode_into(PyObject *self, PyObject *args)
         status = whole(v[0].buf, v[0].len, v[1].buf, v[1].len, v[2].buf, v[2].len, bmi2);
         Py_END_ALLOW_THREADS
     }
-    ck_release(v, 3);
+    if (ck_done(v, 3) < 0)
+        return NULL;
     return PyLong_FromLongLong(status);
 }
