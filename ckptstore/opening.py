@@ -55,8 +55,8 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
     ``background_priority`` is the CPU priority of ``commit_async``'s persist and of the threads
     that encode and write its chunks: ``"low"`` (the default: nice +10, a fair share of a busy
     core), ``"idle"`` (Linux ``SCHED_IDLE``: starves when other processes keep every core busy)
-    or ``"normal"``; while the caller waits for a persist, it runs at normal priority. See
-    :mod:`ckptstore.priority`.
+    or ``"normal"``; while the caller waits for a persist, or where its threads find themselves
+    starved (no core left free), it runs at normal priority. See :mod:`ckptstore.priority`.
 
     ``retry`` (a :class:`ckptstore.Retry`) sets how object-store requests that fail with a
     transient error are repeated after the client's own retries (default ``Retry()``: 4
