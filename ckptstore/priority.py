@@ -31,14 +31,15 @@ normal-priority persist costs. So each background thread reads its scheduler sta
 (``/proc/thread-self/schedstat``: time run, time waited runnable) after its tasks, at most every
 :data:`CHECK_EVERY` seconds; when one got less than :data:`STARVED_THREAD` of a core while
 runnable and the threads lately runnable less than :data:`STARVED_SHARE` together, they run
-at normal priority for the rest of that persist
-(:meth:`BackgroundThreads.settle` lowers them when it ends), as if the caller waited already;
-the next persists start raised (:meth:`BackgroundThreads.begin`), but for every
-:data:`REPROBE`-th in a row, which starts low to judge anew.
-Raising a priority again needs the right to
-(root, ``CAP_SYS_NICE``, or ``ulimit -e`` of at least 20 minus the process's nice value); where
-the system refuses, the chunks not yet started go to the store's normal-priority pool instead
-(:meth:`BackgroundThreads.executor`), and the persist thread goes on at its fair low share.
+at normal priority for the rest of that persist (:meth:`BackgroundThreads.settle` lowers them
+when it ends), as if the caller waited already; the next persists start raised
+(:meth:`BackgroundThreads.begin`), but for every :data:`REPROBE`-th in a row, which starts low
+to judge anew.
+
+Raising a priority again needs the right to (root, ``CAP_SYS_NICE``, or ``ulimit -e`` of at
+least 20 minus the process's nice value); where the system refuses, the chunks not yet started
+go to the store's normal-priority pool instead (:meth:`BackgroundThreads.executor`), and the
+persist thread goes on at its fair low share.
 
 Synchronous commits and checkouts, where the caller waits, always run at normal priority.
 Where the operating system refuses a change, the threads keep their priority; outside Linux
@@ -248,9 +249,7 @@ class BackgroundThreads:
         if starved(watch.share, (w.share for w in self._watches if now - w.judged <= _FRESH)):
             with self._lock:
                 if not self._starved:
-                    self._starved = True
-                    self.starved_persists += 1
-                    self._raise_all()
+                    self._raise_starved()
 
     def begin(self) -> None:
         """A persist starts: after a starved one it starts raised (the cores are likely still
@@ -259,9 +258,12 @@ class BackgroundThreads:
         level to judge anew."""
         with self._lock:
             if self.level != "normal" and self._streak % REPROBE:
-                self._starved = True
-                self.starved_persists += 1
-                self._raise_all()
+                self._raise_starved()
+
+    def _raise_starved(self) -> None:  # under the lock: this persist runs raised until settle
+        self._starved = True
+        self.starved_persists += 1
+        self._raise_all()
 
     def settle(self) -> None:
         """A persist ended: threads raised because they were starved go back to their level."""
