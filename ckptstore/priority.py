@@ -175,6 +175,12 @@ class BackgroundThreads:
         """A thread pool whose threads run at this level (normal while :meth:`boosted`)."""
         return ThreadPoolExecutor(workers, thread_name_prefix=name, initializer=self._register)
 
+    @property
+    def thread_ids(self) -> frozenset[int]:
+        """Native ids of the threads running at this level now (those of this store only)."""
+        with self._lock:
+            return frozenset(self._tids)
+
     def executor(self, low: Executor, normal: Executor) -> Executor:
         """Submits to ``low``, or to ``normal`` while a wait could not raise the threads; each
         task on ``low`` ends with :meth:`observe`."""

@@ -67,6 +67,21 @@ def store(store_url):
     s.close()
 
 
+@pytest.fixture
+def neighbours(tmp_path):
+    """Stores that another test might have left open in this process, one per background
+    priority, each with a persist done (its threads alive at their level): tests that read
+    thread priorities must see only their own store's threads."""
+    import torch
+    stores = [ckptstore.open(tmp_path / f"neighbour-{level}", background_priority=level)
+              for level in ckptstore.priority.BACKGROUND_PRIORITIES]
+    for s in stores:
+        s.commit_async({"w": torch.randn(300, 300)}).wait()
+    yield stores
+    for s in stores:
+        s.close()
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "every_backend: run once per back-end (the test's `store` or `store_url`)")

@@ -52,6 +52,7 @@ def flaky():
     store = ckptstore.open(f"flaky://{uuid.uuid4().hex}")
     yield store
     FlakyMemoryFS.failing, FlakyMemoryFS.gate = False, None
+    store.close()  # its threads end: tests that read thread priorities see only their own
 
 
 @pytest.mark.every_backend
@@ -361,10 +362,12 @@ def test_tracked_increments_stage_only_their_rows(tmp_path):
     assert all(s < table / 3 for s, _ in staged)
 
 
-def thread_priorities(prefix: str) -> set[tuple[int, int]]:
-    """(scheduling policy, nice value) of this process's threads named ``prefix``..."""
+def thread_priorities(store: ckptstore.Store, prefix: str) -> set[tuple[int, int]]:
+    """(scheduling policy, nice value) of ``store``'s background threads named ``prefix``...
+    (only its own: stores other tests left open in this process keep theirs)."""
+    mine = store._committer.background.thread_ids
     return {(os.sched_getscheduler(t.native_id), os.getpriority(os.PRIO_PROCESS, t.native_id))
-            for t in threading.enumerate() if t.name.startswith(prefix)}
+            for t in threading.enumerate() if t.name.startswith(prefix) and t.native_id in mine}
 
 
 LINUX_PRIORITIES = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"),
@@ -372,7 +375,7 @@ LINUX_PRIORITIES = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"),
 
 
 @LINUX_PRIORITIES
-def test_background_persist_runs_at_low_priority(tmp_path):
+def test_background_persist_runs_at_low_priority(tmp_path, neighbours):
     """commit_async's persist thread and the I/O threads that write its chunks run at nice +10
     by default (a fair share of a busy core), SCHED_IDLE only when asked; synchronous work keeps
     the store's normal pool; "normal" persists on that pool; a wrong value is refused before
@@ -383,16 +386,17 @@ def test_background_persist_runs_at_low_priority(tmp_path):
     with ckptstore.open(tmp_path / "low") as store:
         store.commit(state)
         store.commit_async(state).wait()
-        assert thread_priorities("ckptstore-persist") == low
-        assert thread_priorities("ckptstore-bg-io") == low
-        assert thread_priorities("ckptstore-io") == {(os.SCHED_OTHER, normal)}
+        assert thread_priorities(store, "ckptstore-persist") == low
+        assert thread_priorities(store, "ckptstore-bg-io") == low
+        assert {(os.sched_getscheduler(t.native_id), os.getpriority(os.PRIO_PROCESS, t.native_id))
+                for t in store.repo.executor._threads} == {(os.SCHED_OTHER, normal)}
     with ckptstore.open(tmp_path / "normal", background_priority="normal") as store:
         store.commit_async(state).wait()
-        assert thread_priorities("ckptstore-persist") == {(os.SCHED_OTHER, normal)}
+        assert thread_priorities(store, "ckptstore-persist") == {(os.SCHED_OTHER, normal)}
         assert store._committer._background_io is None
     with ckptstore.open(tmp_path / "idle", background_priority="idle") as store:
         store.commit_async(state).wait()
-        assert {p for p, _ in thread_priorities("ckptstore-persist")} == {os.SCHED_IDLE}
+        assert {p for p, _ in thread_priorities(store, "ckptstore-persist")} == {os.SCHED_IDLE}
     with pytest.raises(ValueError, match="background_priority"):
         ckptstore.open(tmp_path / "bad", background_priority="high")
     assert not (tmp_path / "bad").exists()
@@ -417,7 +421,7 @@ def raising_refused() -> bool:
 
 @LINUX_PRIORITIES
 @pytest.mark.parametrize("level", ["low", "idle"])
-def test_waiting_for_a_persist_runs_it_at_normal_priority(flaky, level):
+def test_waiting_for_a_persist_runs_it_at_normal_priority(flaky, level, neighbours):
     """Priority inheritance: while the caller waits for the commit in flight, the persist's
     threads run at the caller's priority (busy cores cannot starve the wait), and go back to
     their low priority after."""
@@ -428,20 +432,22 @@ def test_waiting_for_a_persist_runs_it_at_normal_priority(flaky, level):
     FlakyMemoryFS.gate = threading.Event()  # hold the persist
     pending = flaky.commit_async({"w": torch.randn(100_000)})
     deadline = time.monotonic() + 30  # the persist thread, started by that submit, lowers itself
-    while thread_priorities("ckptstore-persist") == normal and time.monotonic() < deadline:
+    while thread_priorities(flaky, "ckptstore-persist") in (set(), normal) \
+            and time.monotonic() < deadline:
         time.sleep(0.001)
-    before = thread_priorities("ckptstore-persist")
+    before = thread_priorities(flaky, "ckptstore-persist")
     waiter = threading.Thread(target=pending.wait)
     waiter.start()
     deadline = time.monotonic() + 30
-    while thread_priorities("ckptstore-persist") != normal and time.monotonic() < deadline:
+    while thread_priorities(flaky, "ckptstore-persist") != normal and time.monotonic() < deadline:
         time.sleep(0.01)
-    during = thread_priorities("ckptstore-persist")
+    during = thread_priorities(flaky, "ckptstore-persist")
     FlakyMemoryFS.gate.set()
     waiter.join()
     assert before != normal and during == normal
-    assert thread_priorities("ckptstore-persist") == before  # lowered again after the wait
+    assert thread_priorities(flaky, "ckptstore-persist") == before  # lowered again after the wait
     assert pending.wait().id == flaky.log()[0].id
+    flaky.close()
 
 
 UNPRIVILEGED_SCRIPT = """
