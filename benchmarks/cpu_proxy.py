@@ -19,8 +19,10 @@ What is measured
   calls ``store.commit_async(state)``; the persist runs in the background while the loop goes
   on. Configurations: no checkpoint; the lossless default (byte planes); raw bits
   (``compression="none"``); ``Policy(quantize=QuantSpec(bits=8))`` (``method="auto"``: plain
-  uniform asymmetric at 8 bits, as Check-N-Run) and the same with Check-N-Run's adaptive range
-  search forced (``"adaptive-asymmetric"``, the default before); each at the
+  uniform asymmetric at 8 bits, as Check-N-Run; RLE + Huffman only where a chunk's sample says
+  it saves 8 %), the same with every chunk coded (``entropy_min_saving=0.0``, before) and with
+  Check-N-Run's adaptive range search forced (``"adaptive-asymmetric"``, the default before);
+  each at the
   ``background_priority`` values of ``--priority`` (default: the store's default, ``low``);
   ``idle-old`` is ``SCHED_IDLE`` without the priority inheritance of issue 26 (the default
   before it), ``low-19`` is ``low`` at nice +19 instead of +10.
@@ -33,7 +35,9 @@ What is measured
   at normal priority until they ended (issue 28).
 * Steps per second over ``--seconds`` of loop time (after one untimed warm-up commit), each
   configuration ``--repeat`` times, interleaved; the slowdown is relative to the median rate
-  without checkpoints. Goals (issue 11): lossless <= 15 %, 8-bit <= 20 % on the 2-core VM,
+  without checkpoints; "paired" is the median over the rounds of the time a step takes against
+  the bare copy's in the same round (the runs of a round are minutes apart at most, while the
+  rate drifts by 10 % and more over a benchmark on a VM). Goals (issue 11): lossless <= 15 %, 8-bit <= 20 % on the 2-core VM,
   and every policy <= 1.1x the slowdown of a bare copy of the state into preallocated buffers
   on the loop's thread at the same interval (its own configuration).
 * ``--gil``: instead, what one persist takes from a thread that only wants the GIL: the main
@@ -70,6 +74,8 @@ CONFIGS = {
     "commit_async, lossless (default)": (EncodingOptions(), Policy()),
     "commit_async, raw bits": (EncodingOptions(compression="none"), Policy()),
     "commit_async, 8-bit": (EncodingOptions(), Policy(quantize=QuantSpec(bits=8))),
+    "commit_async, 8-bit, every chunk entropy coded": (
+        EncodingOptions(), Policy(quantize=QuantSpec(bits=8, entropy_min_saving=0.0))),
     "commit_async, 8-bit adaptive search": (
         EncodingOptions(), Policy(quantize=QuantSpec("adaptive-asymmetric", bits=8))),
 }
@@ -244,8 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for n in args.busy:
         rows += busy_rows(n, configs, state, args)
-    print(markdown_table(["busy processes", "configuration", "steps/s", "slowdown", "commits",
-                          "starved persists", "froze"], rows, "rlrrrrr"))
+    print(markdown_table(["busy processes", "configuration", "steps/s", "slowdown",
+                          "step time / bare copy's (paired)", "commits", "starved persists",
+                          "froze"], rows, "rlrrrrrr"))
     print(f"\n# load average after: {_load()}")
     return 0
 
@@ -275,8 +282,12 @@ def busy_rows(n: int, configs: dict, state: dict, args: argparse.Namespace) -> l
     rows = []
     for name, v in runs.items():
         rate = statistics.median(x[0] for x in v)
+        # the time a step takes against the bare copy's in the same round (runs drift by 10 %
+        # and more over a benchmark on a VM; a round's runs are next to each other)
+        paired = statistics.median(b[0] / x[0] for b, x in zip(runs[BARE], v))
         rows.append([str(n), name, f"{rate:.0f}",
                      "–" if name == "no checkpoint" else f"{100 * (1 - rate / base):+.1f} %",
+                     "–" if name in ("no checkpoint", BARE) else f"{paired:.2f}x",
                      f"{statistics.median(x[1] for x in v):.0f}",
                      f"{sum(x[3] for x in v)}", f"{sum(x[2] for x in v)}/{len(v)}"])
     return rows

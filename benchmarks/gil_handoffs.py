@@ -38,6 +38,8 @@ CONFIGS = {
     "lossless (default)": "EncodingOptions()",
     "raw bits": "EncodingOptions(compression='none')",
     "8-bit": "EncodingOptions(), policy=Policy(quantize=QuantSpec(bits=8))",
+    "8-bit, every chunk entropy coded":
+        "EncodingOptions(), policy=Policy(quantize=QuantSpec(bits=8, entropy_min_saving=0.0))",
     "8-bit adaptive search":
         "EncodingOptions(), policy=Policy(quantize=QuantSpec('adaptive-asymmetric', bits=8))",
 }

@@ -85,6 +85,14 @@ def _huffman_share(freq: np.ndarray) -> float:
     return float((freq * lens).sum() / 8 / freq.sum())
 
 
+def huffman_share(data: np.ndarray) -> float:
+    """Bytes a Huffman code of the byte histogram of ``data`` (uint8, 1-d, not empty) spends,
+    as a share of its bytes."""
+    freq = np.empty((1, 256), np.int64)
+    _K.plane_stats(data, data.size, freq)
+    return _huffman_share(freq[0])
+
+
 def _zstd_pays(row: np.ndarray, quick: bool) -> bool:
     """Whether zstd, on a contiguous sample from the middle of ``row``, beats the Huffman code
     of the sample's histogram by ``ZSTD_GAIN`` of its bytes (zstd runs at ~150 MB/s on an

@@ -48,9 +48,10 @@ from ._hkernels import (
 )
 from ._buffers import as_input, copy_out, payload
 from .errors import CodecError
+from .planes import huffman_share
 
-__all__ = ["RLEHuffman", "coded_parts", "decode_tables", "rle_huffman_decode",
-           "rle_huffman_encode"]
+__all__ = ["SAMPLE_BLOCK", "SAMPLE_BLOCKS", "RLEHuffman", "coded_parts", "decode_tables",
+           "pays_to_code", "rle_huffman_decode", "rle_huffman_encode"]
 
 VERSION = 1
 _HEAD = struct.Struct("<BBQ")
@@ -67,13 +68,46 @@ _ERRORS = {
 }
 
 
-def rle_huffman_encode(data) -> bytes:
+#: :func:`pays_to_code` reads this many evenly spaced blocks of a buffer ...
+SAMPLE_BLOCKS = 16
+#: ... of this many bytes each (1/16 of the 8-bit codes of a 1 MiB chunk)
+SAMPLE_BLOCK = 1024
+#: below this share of bytes that start a run, runs are common: RLE may pay whatever the
+#: bytes' entropy
+_RUNS_RARE = 7 / 8
+
+
+def pays_to_code(arr: np.ndarray, min_saving: float) -> bool:
+    """Whether RLEHuffman coding ``arr`` (uint8, 1-d) saves at least ``min_saving`` of its
+    size, as a sample tells: its :data:`SAMPLE_BLOCKS` evenly spaced blocks of
+    :data:`SAMPLE_BLOCK` bytes. Where runs are common in them, or the buffer is under four
+    samples' size, yes (coding finds out); else where a Huffman code of the sample's byte
+    histogram takes at most ``1 - min_saving`` of its size."""
+    n = arr.size
+    if n < 4 * SAMPLE_BLOCKS * SAMPLE_BLOCK:
+        return True
+    step = (n - SAMPLE_BLOCK) // (SAMPLE_BLOCKS - 1)
+    sample = np.lib.stride_tricks.as_strided(arr, (SAMPLE_BLOCKS, SAMPLE_BLOCK), (step, 1))
+    if np.count_nonzero(sample[:, 1:] != sample[:, :-1]) < _RUNS_RARE * (sample.size
+                                                                          - SAMPLE_BLOCKS):
+        return True
+    return huffman_share(sample.reshape(-1)) <= 1.0 - min_saving
+
+
+def rle_huffman_encode(data, min_saving: float = 0.0) -> bytes:
     """Encode bytes (any contiguous buffer) to the RLEHuffman layout (the coding runs in one
-    compiled call that releases the GIL)."""
+    compiled call that releases the GIL). ``min_saving`` > 0: stored raw, without coding,
+    where a sample of it says that coding would save less than that share of the size
+    (:func:`pays_to_code`), as zstd stores literals raw below a minimum gain: coding costs a
+    core a few nanoseconds a byte."""
     arr = ensure_contiguous_ndarray(as_input(data)).reshape(-1).view(np.uint8)
     n = arr.size
+    if not 0.0 <= min_saving < 1.0:
+        raise ValueError(f"min_saving must be in [0, 1), not {min_saving!r}")
     if n == 0:
         return _HEAD.pack(VERSION, 0, 0)
+    if min_saving and not pays_to_code(arr, min_saving):
+        return _HEAD.pack(VERSION, 0, n) + arr.tobytes()
     head = _HEAD.size + _HUFF.size
     out, end, nsym, used, lens = _K.encode_stream(arr, head)
     if end < 0:  # coding would not make it smaller: store raw

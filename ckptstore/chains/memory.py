@@ -102,7 +102,8 @@ class ChainMemory:
             d = policy.decide(policy_path(path) if policy_path else path, tensor)
             dtype = dtype_name(tensor.dtype)
             codec = QuantizedLossy(d.quant.codec_kwargs(dtype), d.quant.entropy,
-                                   d.quant.prune_zeros) if d.quant is not None else None
+                                   d.quant.prune_zeros, d.quant.entropy_min_saving
+                                   ) if d.quant is not None else None
             if d.want == "full":
                 return TensorDecision("full", codec) if codec is not None else FULL_LOSSLESS
             kind = kind_for_want(d.want)

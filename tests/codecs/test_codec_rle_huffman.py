@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from ckptcodecs import CodecError, RLEHuffman, rle_huffman_decode, rle_huffman_encode
 from ckptcodecs import _hkernels as HK
+from ckptcodecs.rle_huffman import SAMPLE_BLOCK, SAMPLE_BLOCKS, pays_to_code
 from common import check_config, check_encode_decode, check_repr
 
 RNG = np.random.default_rng(3)
@@ -47,6 +48,40 @@ def test_compresses_runs_and_skewed_data():
     assert len(rle_huffman_encode(CASES["sparse"])) < CASES["sparse"].size / 10
     few = rle_huffman_encode(CASES["few-values"])
     assert len(few) < CASES["few-values"].size * 2.2 / 8  # entropy 1.58 bits, runs cost some
+
+
+def _codes(size: int, spread: float) -> np.ndarray:
+    """Bytes like quantized codes: a rounded normal around 128 (spread 40: ~7.3 bits of
+    entropy, a Huffman code saves ~7 %; spread 6: ~4.6 bits)."""
+    return RNG.normal(128, spread, size).round().clip(0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("shuffle_blocks", [False, True])
+def test_min_saving_stores_raw_where_a_sample_says_coding_saves_less(shuffle_blocks):
+    """``min_saving``: a buffer whose sample says Huffman coding saves less than that share is
+    stored raw without coding (mode 0, decoded as before); one that saves more, or whose
+    runs RLE codes, or too small to sample, is coded as without it; the sample's verdict
+    agrees with what coding the whole saves."""
+    n = 1 << 18
+    flat = _codes(n, 40)  # coding saves ~7 %
+    coded = rle_huffman_encode(flat)
+    saving = 1 - len(coded) / (n + 10)
+    assert 0.04 < saving < 0.10 and coded[1] == 1
+    if shuffle_blocks:  # the sample's blocks from another order of the same bytes
+        flat = flat.reshape(64, -1)[RNG.permutation(64)].reshape(-1)
+    for min_saving, raw in ((saving - 0.02, False), (saving + 0.02, True)):
+        enc = rle_huffman_encode(flat, min_saving)
+        assert (enc[1] == 0) == raw
+        np.testing.assert_array_equal(rle_huffman_decode(enc), flat)
+    assert pays_to_code(flat, saving - 0.02) and not pays_to_code(flat, saving + 0.02)
+    narrow = _codes(n, 6)  # saves ~40 %
+    runs = np.repeat(_codes(n // 16, 40), 16)  # every byte 16 times: RLE pays, Huffman not
+    small = flat[:4 * SAMPLE_BLOCKS * SAMPLE_BLOCK - 1]
+    for data in (narrow, runs, small):
+        assert rle_huffman_encode(data, 0.08) == rle_huffman_encode(data)
+    assert len(rle_huffman_encode(runs, 0.5)) < n / 4
+    with pytest.raises(ValueError, match="min_saving"):
+        rle_huffman_encode(flat, 1.0)
 
 
 def test_symbol_stream_uses_runs_only_beyond_one():
