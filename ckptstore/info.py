@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .history.manifest import Manifest
+from .history.summary import Summary
 
 __all__ = ["CommitInfo", "GCResult", "VerifyReport"]
 
@@ -38,6 +39,15 @@ class CommitInfo:
                    time=_dt.datetime.fromtimestamp(m.time, tz=_dt.timezone.utc),
                    message=m.message, metadata=dict(m.metadata), logical_bytes=m.logical_bytes,
                    stored_bytes=m.stored_bytes, tensors=len(m.tensors))
+
+    @classmethod
+    def from_summary(cls, s: Summary) -> CommitInfo:
+        """From a commit's :class:`~ckptstore.history.summary.Summary` (what history walks
+        cache)."""
+        return cls(id=s.id, parent=s.parent,
+                   time=_dt.datetime.fromtimestamp(s.time, tz=_dt.timezone.utc),
+                   message=s.message, metadata=dict(s.metadata), logical_bytes=s.logical_bytes,
+                   stored_bytes=s.stored_bytes, tensors=s.tensors)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

@@ -279,7 +279,7 @@ class Store:
         return self.repo.iter_log(ref, limit)
 
     def info(self, ref: str) -> CommitInfo:
-        return CommitInfo.from_manifest(self.manifest(self.resolve(ref)))
+        return CommitInfo.from_summary(self.repo.summary(self.resolve(ref)))
 
     def tag(self, name: str, ref: str = "main") -> str:
         """Create tag ``name`` at ``ref``; raises :class:`RefExists` if it exists."""

@@ -17,14 +17,32 @@ from ..format.ids import is_commit_id, new_commit_id
 from ..info import CommitInfo
 from ..format.layout import COMMITS, RESTORES, check_ref_name, manifest_id, manifest_key, restore_key
 from .manifest import Manifest, decode_manifest, encode_manifest
+from .summary import Summary
 from ..priority import started_executor
 from .refs import Refs
 from .revparse import HEX_PREFIX_RE, history_loop, parse_revision
 from ..storage import Storage
 
-__all__ = ["Repository"]
+__all__ = ["CACHED_ENTRIES", "CACHED_MANIFESTS", "CACHED_SUMMARIES", "MIN_CACHED",
+           "Repository"]
 
-_CACHED_MANIFESTS = 512
+#: the manifest cache keeps at most this many manifests ...
+CACHED_MANIFESTS = 512
+#: ... and, beyond the newest MIN_CACHED, at most this many entries (tensors, storages, shards,
+#: packs) in all: a decoded entry takes ~4 KB and a dozen Python objects, which every full
+#: garbage collection of the training process walks (512 manifests of 300 tensors held 600 MB
+#: and made each full collection 4.5x longer)
+CACHED_ENTRIES = 16_384
+#: the newest manifests kept whatever their size (a commit reads its parent's, a chain's
+#: checkout its links')
+MIN_CACHED = 4
+#: commit summaries cached (history walks and retention read these, not manifests): a few
+#: hundred bytes each
+CACHED_SUMMARIES = 65_536
+
+
+def _entries(m: Manifest) -> int:
+    return 1 + len(m.tensors) + len(m.storages) + len(m.shards) + len(m.packs)
 
 
 class Repository:
@@ -47,6 +65,8 @@ class Repository:
         # CPU priority (priority.py's fact; storage only says how many threads suit it)
         self.executor = started_executor(self.io_workers, "ckptstore-io")
         self._manifests: OrderedDict[str, Manifest] = OrderedDict()
+        self._cached_entries = 0
+        self._summaries: OrderedDict[str, Summary] = OrderedDict()
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -76,21 +96,55 @@ class Repository:
         self.remember(m)
         return m
 
+    def summary(self, commit_id: str, fresh: bool = False) -> Summary:
+        """What history walks read of a commit (:class:`Summary`; cached apart from the
+        manifests, by the ten thousand). ``fresh`` as in :meth:`manifest`."""
+        with self._lock:
+            cached = self._summaries.get(commit_id)
+            if cached is not None:
+                self._summaries.move_to_end(commit_id)
+        if cached is not None and (not fresh or self.storage.exists(manifest_key(commit_id))):
+            return cached
+        self.manifest(commit_id, fresh)  # remembers its summary
+        with self._lock:
+            cached = self._summaries.get(commit_id)
+        return cached if cached is not None else Summary.of(self.manifest(commit_id))
+
     def write_manifest(self, m: Manifest) -> None:
         """Store a new commit's manifest (put-if-absent: manifests are never overwritten)."""
         self.storage.put_if_absent(manifest_key(m.id), encode_manifest(m))
         self.remember(m)
 
     def remember(self, m: Manifest) -> None:
+        """Cache ``m``, the least recently used manifests making room (see
+        :data:`CACHED_ENTRIES`)."""
+        summary = Summary.of(m)
         with self._lock:
+            self._summaries[m.id] = summary
+            self._summaries.move_to_end(m.id)
+            while len(self._summaries) > CACHED_SUMMARIES:
+                self._summaries.popitem(last=False)
+            old = self._manifests.pop(m.id, None)
+            self._cached_entries += _entries(m) - (_entries(old) if old is not None else 0)
             self._manifests[m.id] = m
-            while len(self._manifests) > _CACHED_MANIFESTS:
-                self._manifests.popitem(last=False)
+            while len(self._manifests) > MIN_CACHED and (
+                    len(self._manifests) > CACHED_MANIFESTS
+                    or self._cached_entries > CACHED_ENTRIES):
+                self._cached_entries -= _entries(self._manifests.popitem(last=False)[1])
 
     def forget(self, commit_id: str) -> None:
         """Drop a commit from the manifest cache (after gc removed it)."""
         with self._lock:
-            self._manifests.pop(commit_id, None)
+            self._summaries.pop(commit_id, None)
+            old = self._manifests.pop(commit_id, None)
+            if old is not None:
+                self._cached_entries -= _entries(old)
+
+    @property
+    def cached_manifests(self) -> tuple[int, int]:
+        """(manifests, entries) in the manifest cache now."""
+        with self._lock:
+            return len(self._manifests), self._cached_entries
 
     def commit_ids(self) -> list[str]:
         """Ids of every commit manifest in the store (reachable or not)."""
@@ -100,7 +154,7 @@ class Repository:
     def resolve(self, ref: str) -> str:
         """Commit id of a branch, tag, commit id, unique id prefix, with ``~N`` / ``^``."""
         rev = parse_revision(ref)
-        return rev.walk(self._resolve_name(rev.name), lambda c: self.manifest(c, fresh=True).parent,
+        return rev.walk(self._resolve_name(rev.name), lambda c: self.summary(c, fresh=True).parent,
                         ref)
 
     def _resolve_name(self, name: str) -> str:
@@ -145,14 +199,14 @@ class Repository:
         n, seen = 0, set()
         while commit_id is not None and (limit is None or n < limit):
             try:
-                m = self.manifest(commit_id, fresh=True)
+                m = self.summary(commit_id, fresh=True)
             except RefNotFound:
                 if n == 0:  # gc never removes what a ref names: the ref itself is damaged
                     raise RefNotFound(f"{ref!r} names commit {commit_id}, which is not in the "
                                       "store: its ref file is damaged; point it at a good commit "
                                       "(store.reset_branch) or restore it") from None
                 return  # older history was removed by gc
-            yield CommitInfo.from_manifest(m)
+            yield CommitInfo.from_summary(m)
             seen.add(commit_id)
             if m.parent in seen:
                 raise history_loop(commit_id, m.parent)
@@ -169,7 +223,7 @@ class Repository:
         for c in roots:
             while c is not None and c not in seen:
                 try:
-                    m = self.manifest(c)
+                    m = self.summary(c)
                 except RefNotFound:
                     break
                 except CkptStoreError:

@@ -46,7 +46,7 @@ def _parents(repo: Repository, commits: list[str]) -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for c in commits:
         try:
-            out[c] = repo.manifest(c).parent
+            out[c] = repo.summary(c).parent
         except CkptStoreError:
             continue
     return out

@@ -38,7 +38,7 @@ def _retained(repo: Repository, walk: Walk, keep_last: int | None, keep_tags: bo
         line = repo.reachable([tip])  # newest first along first parents
         keep.update(line if keep_last is None else line[: max(keep_last, 1)])
         if keep_every:
-            keep.update(c for c in line if repo.manifest(c).generation % keep_every == 0)
+            keep.update(c for c in line if repo.summary(c).generation % keep_every == 0)
     if keep_tags:
         keep.update(c for c in repo.refs.tags().values() if c in reachable)
     for lost in find_dangling(repo, set(reachable)):  # a lost ref file's line: kept whole,

@@ -21,7 +21,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from ..chains.walk import Walk
 from ..errors import CkptStoreError
 from ..format.layout import data_dir, manifest_key
 
@@ -156,10 +155,9 @@ def apply_retention(repo: Repository, rule: Retention) -> list[str]:
         keep.add(tip)
         keep |= rule.select([_candidate(repo, c) for c in line])
     keep.update(repo.refs.tags().values())
-    walk = Walk(repo.manifest)
     stack = list(keep)
-    while stack:
-        for base in walk.commits_read(repo.manifest(stack.pop())) - keep:
+    while stack:  # the chains' bases, transitively (from summaries: no manifest decoded twice)
+        for base in repo.summary(stack.pop()).base_commits - keep:
             keep.add(base)
             stack.append(base)
     drop = sorted(reachable - keep)
@@ -179,8 +177,8 @@ def apply_retention(repo: Repository, rule: Retention) -> list[str]:
 
 
 def _candidate(repo: Repository, commit_id: str) -> Candidate:
-    m = repo.manifest(commit_id)
-    return Candidate(commit_id, m.generation, dict(m.metadata))
+    s = repo.summary(commit_id)
+    return Candidate(commit_id, s.generation, dict(s.metadata))
 
 
 def _data_read(repo: Repository, commits: Iterable[str]) -> set[str]:
@@ -189,7 +187,7 @@ def _data_read(repo: Repository, commits: Iterable[str]) -> set[str]:
     out: set[str] = set()
     for c in commits:
         try:
-            out |= set(repo.manifest(c).data_commits())
+            out |= repo.summary(c).data_commits
         except (FileNotFoundError, KeyError):
             continue
     return out

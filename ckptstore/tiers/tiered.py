@@ -120,7 +120,7 @@ class Tiers:
                 if not self.local.exists(manifest_key(commit)) or self._part_up(commit):
                     break  # removed locally (uploaded before, then local retention)
                 line.append(commit)
-                commit = self.local_view.manifest(commit).parent
+                commit = self.local_view.summary(commit).parent
             for c in reversed(line):
                 self.uploader.add(self._journal(c, branch))
 
