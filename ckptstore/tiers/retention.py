@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ..chains.walk import Walk
 from ..errors import RefNotFound
 from ..history.repository import Repository
 from ..policy.retention import Candidate, Retention
@@ -44,7 +43,6 @@ def reads(view: Repository, commits: Iterable[str]) -> set[str]:
     """``commits`` and, transitively, every commit they read: chain bases (their manifests)
     and the commits whose data folders their entries point into. ``view`` reads each manifest
     where it is (a tiered store's: the local tier first, then the remote)."""
-    walk = Walk(view.manifest)
     out: set[str] = set()
     walked: set[str] = set()
     stack = list(commits)
@@ -54,10 +52,10 @@ def reads(view: Repository, commits: Iterable[str]) -> set[str]:
             continue
         walked.add(commit)
         try:
-            m = view.manifest(commit)
+            s = view.summary(commit)  # no manifest decoded again (history/summary.py)
         except RefNotFound:  # a rank's part whose manifest is on neither tier yet
             out.add(commit)
             continue
-        out |= {commit} | m.data_commits()  # data folders only: no manifest needed there
-        stack.extend(walk.commits_read(m) - walked)
+        out |= {commit} | s.data_commits  # data folders only: no manifest needed there
+        stack.extend(s.base_commits - walked)  # chain bases: their manifests, transitively
     return out
