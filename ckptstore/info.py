@@ -35,10 +35,7 @@ class CommitInfo:
 
     @classmethod
     def from_manifest(cls, m: Manifest) -> CommitInfo:
-        return cls(id=m.id, parent=m.parent,
-                   time=_dt.datetime.fromtimestamp(m.time, tz=_dt.timezone.utc),
-                   message=m.message, metadata=dict(m.metadata), logical_bytes=m.logical_bytes,
-                   stored_bytes=m.stored_bytes, tensors=len(m.tensors))
+        return cls.from_summary(Summary.of(m))
 
     @classmethod
     def from_summary(cls, s: Summary) -> CommitInfo:

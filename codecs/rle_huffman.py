@@ -94,6 +94,11 @@ def pays_to_code(arr: np.ndarray, min_saving: float) -> bool:
     return huffman_share(sample.reshape(-1)) <= 1.0 - min_saving
 
 
+def _raw(arr: np.ndarray) -> bytes:
+    """``arr`` stored raw (mode 0), copied once."""
+    return b"".join((_HEAD.pack(VERSION, 0, arr.size), arr))
+
+
 def rle_huffman_encode(data, min_saving: float = 0.0) -> bytes:
     """Encode bytes (any contiguous buffer) to the RLEHuffman layout (the coding runs in one
     compiled call that releases the GIL). ``min_saving`` > 0: stored raw, without coding,
@@ -107,11 +112,11 @@ def rle_huffman_encode(data, min_saving: float = 0.0) -> bytes:
     if n == 0:
         return _HEAD.pack(VERSION, 0, 0)
     if min_saving and not pays_to_code(arr, min_saving):
-        return _HEAD.pack(VERSION, 0, n) + arr.tobytes()
+        return _raw(arr)
     head = _HEAD.size + _HUFF.size
     out, end, nsym, used, lens = _K.encode_stream(arr, head)
     if end < 0:  # coding would not make it smaller: store raw
-        return _HEAD.pack(VERSION, 0, n) + arr.tobytes()
+        return _raw(arr)
     header = (_HEAD.pack(VERSION, 1, n) + _HUFF.pack(nsym, used.size)
               + used.astype("<u2").tobytes() + lens.astype(np.uint8).tobytes())
     header += struct.pack("<I", zlib.crc32(header))

@@ -105,10 +105,10 @@ class Repository:
                 self._summaries.move_to_end(commit_id)
         if cached is not None and (not fresh or self.storage.exists(manifest_key(commit_id))):
             return cached
-        self.manifest(commit_id, fresh)  # remembers its summary
+        m = self.manifest(commit_id, fresh)  # remembers its summary, unless cached already
         with self._lock:
             cached = self._summaries.get(commit_id)
-        return cached if cached is not None else Summary.of(self.manifest(commit_id))
+        return cached if cached is not None else Summary.of(m)
 
     def write_manifest(self, m: Manifest) -> None:
         """Store a new commit's manifest (put-if-absent: manifests are never overwritten)."""
