@@ -21,7 +21,8 @@ What is measured
   (``compression="none"``); ``Policy(quantize=QuantSpec(bits=8))`` (``method="auto"``: plain
   uniform asymmetric at 8 bits, as Check-N-Run; RLE + Huffman only where a chunk's sample says
   it saves 8 %), the same with every chunk coded (``entropy_min_saving=0.0``, before) and with
-  Check-N-Run's adaptive range search forced (``"adaptive-asymmetric"``, the default before);
+  Check-N-Run's adaptive range search forced (``"adaptive-asymmetric"``, the default before),
+  and 8-bit encoded a kernel call a step, as before the one-call chunk encoder (issue 28);
   each at the
   ``background_priority`` values of ``--priority`` (default: the store's default, ``low``);
   ``idle-old`` is ``SCHED_IDLE`` without the priority inheritance of issue 26 (the default
@@ -40,6 +41,11 @@ What is measured
   rate drifts by 10 % and more over a benchmark on a VM). Goals (issue 11): lossless <= 15 %, 8-bit <= 20 % on the 2-core VM,
   and every policy <= 1.1x the slowdown of a bare copy of the state into preallocated buffers
   on the loop's thread at the same interval (its own configuration).
+* "loop slept": what the rate hides under the drift of the cores' speed -- the seconds a commit
+  the loop's thread was neither on a core nor waiting for one (``/proc/thread-self/schedstat``
+  against the wall clock: asleep, waiting for the GIL or for a persist to end), and how many
+  times it went to sleep (voluntary context switches), medians over the runs. Without a
+  background persist the loop never sleeps.
 * ``--gil``: instead, what one persist takes from a thread that only wants the GIL: the main
   thread spins on ``time.perf_counter()`` while one ``commit_async`` persists, and every pause
   of more than 0.2 ms between two of its reads counts as time the persist's threads held the
@@ -58,7 +64,9 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import NamedTuple
 
 import torch
 
@@ -68,6 +76,7 @@ from common import command_line, machine_description, markdown_table  # noqa: E4
 
 import ckptstore  # noqa: E402
 from ckptstore import EncodingOptions, Policy, QuantSpec  # noqa: E402
+from ckptcodecs import Quantize, rle_huffman  # noqa: E402
 
 CONFIGS = {
     "no checkpoint": None,
@@ -78,7 +87,29 @@ CONFIGS = {
         EncodingOptions(), Policy(quantize=QuantSpec(bits=8, entropy_min_saving=0.0))),
     "commit_async, 8-bit adaptive search": (
         EncodingOptions(), Policy(quantize=QuantSpec("adaptive-asymmetric", bits=8))),
+    # before the one-call chunk encoder: quantize's steps, a kernel call (and a wait for the
+    # GIL after it) each
+    "commit_async, 8-bit, a kernel call a step (before)": (
+        EncodingOptions(), Policy(quantize=QuantSpec(bits=8)), "steps"),
 }
+
+
+@contextmanager
+def encoded_in_steps(on: bool) -> Iterator[None]:
+    """Quantized chunks encoded a kernel call a step, as before the one-call encoder (issue
+    28): ``Quantize.encode_one_call`` declines, RLEHuffman runs its steps."""
+    if not on:
+        yield
+        return
+    one_call, coder = Quantize.encode_one_call, rle_huffman._ONE_CALL
+    Quantize.encode_one_call = lambda self, buf, **kw: None
+    rle_huffman._ONE_CALL = None
+    try:
+        yield
+    finally:
+        Quantize.encode_one_call, rle_huffman._ONE_CALL = one_call, coder
+
+
 #: the issue's yardstick: each tensor copied into a preallocated buffer on the loop's thread
 #: (the stall a snapshot cannot avoid), nothing persisted
 BARE = "bare copy into preallocated buffers"
@@ -101,6 +132,33 @@ class Busy:
             p.wait()
 
 
+class Run(NamedTuple):
+    """One timed loop: steps per second, commits, whether the watchdog fired, persists that ran
+    raised, and the loop thread's sleeps: seconds it was neither running nor waiting for a core
+    (waiting for the GIL, or for a persist), and how many times it went to sleep."""
+
+    rate: float
+    commits: int
+    froze: bool
+    starved: int
+    slept: float
+    sleeps: int
+
+
+def thread_clock() -> tuple[float, float, int]:
+    """This thread's seconds on a core and seconds waited runnable (``schedstat``), and its
+    voluntary context switches (``status``); zeros where /proc has no such files."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            run_ns, wait_ns = map(int, f.read().split()[:2])
+        with open("/proc/thread-self/status") as f:
+            switches = next(int(line.split()[1]) for line in f
+                            if line.startswith("voluntary_ctxt_switches"))
+    except (OSError, StopIteration, ValueError):
+        return 0.0, 0.0, 0
+    return run_ns / 1e9, wait_ns / 1e9, switches
+
+
 #: benchmark-only priorities: SCHED_IDLE never raised (before issue 26); nice +19 for "low"
 VARIANTS = {"idle-old": "idle", "low-19": "low"}
 LOW_NICE = ckptstore.priority.LOW_NICE
@@ -117,9 +175,22 @@ def open_store(folder: str, options: EncodingOptions, policy: Policy, io_workers
     return store
 
 
+def _stepwise(config: tuple | str | None) -> bool:
+    return isinstance(config, tuple) and config[2:] == ("steps",)
+
+
 def run(config: tuple | None, state: dict, seconds: float, interval: float, root: str,
         io_workers: int | None = None, priority: str = "low", busy: Busy | None = None
-        ) -> tuple[float, int, bool, int]:
+        ) -> Run:
+    """:func:`run_loop`, quantized chunks encoded in steps for a configuration that says so."""
+    with encoded_in_steps(_stepwise(config)):
+        return run_loop(config[:2] if _stepwise(config) else config, state, seconds, interval,
+                        root, io_workers, priority, busy)
+
+
+def run_loop(config: tuple | None, state: dict, seconds: float, interval: float, root: str,
+             io_workers: int | None = None, priority: str = "low", busy: Busy | None = None
+             ) -> Run:
     """Steps per second of the loop, the commits it made, whether the watchdog stopped the busy
     processes (``busy`` runs only during the timed loop), how many persists ran at normal
     priority because they were starved."""
@@ -145,6 +216,7 @@ def run(config: tuple | None, state: dict, seconds: float, interval: float, root
         busy.signal(signal.SIGCONT)
         guard.start()
     steps, commits = 0, 0
+    before = thread_clock()
     t0 = last = time.perf_counter()
     while True:
         for _ in range(6):  # 24 small ops
@@ -162,7 +234,10 @@ def run(config: tuple | None, state: dict, seconds: float, interval: float, root
             last = now
         if now - t0 >= seconds:
             break
-    rate = steps / (time.perf_counter() - t0)
+    wall = time.perf_counter() - t0
+    after = thread_clock()
+    rate = steps / wall
+    slept = wall - (after[0] - before[0]) - (after[1] - before[1])
     if busy:
         guard.cancel()
         busy.signal(signal.SIGSTOP)
@@ -171,16 +246,20 @@ def run(config: tuple | None, state: dict, seconds: float, interval: float, root
         store.close()  # waits for the last persist (not timed)
         starved = store._committer.background.starved_persists
     shutil.rmtree(folder, ignore_errors=True)  # ~1 GB a run: the disk would fill
-    return rate, commits, fired.is_set(), starved
+    return Run(rate, commits, fired.is_set(), starved, slept, after[2] - before[2])
 
 
 def gil_hold(config: tuple, state: dict, root: str, priority: str = "low"
              ) -> tuple[float, int, float]:
     """One persist of ``state`` while this thread spins: its wall seconds, and the number and
     total seconds of this thread's pauses longer than 0.2 ms."""
-    options, policy = config
+    options, policy = config[:2]
     folder = tempfile.mkdtemp(dir=root)
-    store = open_store(folder, options, policy, None, priority)
+    with encoded_in_steps(_stepwise(config)):
+        return _gil_hold(open_store(folder, options, policy, None, priority), state, folder)
+
+
+def _gil_hold(store: ckptstore.Store, state: dict, folder: str) -> tuple[float, int, float]:
     store.commit_async(state).wait()  # warm
     pending = store.commit_async(state)
     t0 = last = time.perf_counter()
@@ -251,8 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.busy:
         rows += busy_rows(n, configs, state, args)
     print(markdown_table(["busy processes", "configuration", "steps/s", "slowdown",
-                          "step time / bare copy's (paired)", "commits", "starved persists",
-                          "froze"], rows, "rlrrrrrr"))
+                          "step time / bare copy's (paired)", "loop slept ms a commit",
+                          "loop sleeps a commit", "commits", "starved persists", "froze"],
+                         rows, "rlrrrrrrrr"))
     print(f"\n# load average after: {_load()}")
     return 0
 
@@ -263,7 +343,7 @@ def busy_rows(n: int, configs: dict, state: dict, args: argparse.Namespace) -> l
     busy = Busy(n) if n else None
     if busy:
         busy.signal(signal.SIGSTOP)
-    runs: dict[str, list[tuple[float, int, bool, int]]] = {k: [] for k in configs}
+    runs: dict[str, list[Run]] = {k: [] for k in configs}
     try:
         for r in range(args.repeat):
             for name, (config, workers, priority) in (configs.items() if r % 2 == 0
@@ -271,9 +351,9 @@ def busy_rows(n: int, configs: dict, state: dict, args: argparse.Namespace) -> l
                 out = run(config, state, args.seconds, args.interval, root, workers, priority,
                           busy)
                 runs[name].append(out)
-                print(f"busy {n}, round {r + 1}: {name}: {out[0]:.0f} steps/s, {out[1]} commits"
-                      f", {out[3]} starved{', froze' if out[2] else ''}", file=sys.stderr,
-                      flush=True)
+                print(f"busy {n}, round {r + 1}: {name}: {out.rate:.0f} steps/s, {out.commits} "
+                      f"commits, {out.starved} starved{', froze' if out.froze else ''}, slept "
+                      f"{1e3 * out.slept:.0f} ms in {out.sleeps}", file=sys.stderr, flush=True)
     finally:
         if busy:
             busy.close()
@@ -285,9 +365,13 @@ def busy_rows(n: int, configs: dict, state: dict, args: argparse.Namespace) -> l
         # the time a step takes against the bare copy's in the same round (runs drift by 10 %
         # and more over a benchmark on a VM; a round's runs are next to each other)
         paired = statistics.median(b[0] / x[0] for b, x in zip(runs[BARE], v))
+        per_commit = [(x.slept / x.commits, x.sleeps / x.commits) for x in v if x.commits]
         rows.append([str(n), name, f"{rate:.0f}",
                      "–" if name == "no checkpoint" else f"{100 * (1 - rate / base):+.1f} %",
                      "–" if name in ("no checkpoint", BARE) else f"{paired:.2f}x",
+                     f"{1e3 * statistics.median(s for s, _ in per_commit):.0f}"
+                     if per_commit else "–",
+                     f"{statistics.median(k for _, k in per_commit):.0f}" if per_commit else "–",
                      f"{statistics.median(x[1] for x in v):.0f}",
                      f"{sum(x[3] for x in v)}", f"{sum(x[2] for x in v)}/{len(v)}"])
     return rows

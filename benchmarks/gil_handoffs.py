@@ -42,6 +42,16 @@ CONFIGS = {
         "EncodingOptions(), policy=Policy(quantize=QuantSpec(bits=8, entropy_min_saving=0.0))",
     "8-bit adaptive search":
         "EncodingOptions(), policy=Policy(quantize=QuantSpec('adaptive-asymmetric', bits=8))",
+    "8-bit, a kernel call a step (before)":
+        "EncodingOptions(), policy=Policy(quantize=QuantSpec(bits=8))",
+}
+#: what runs in the child before the store opens, for a configuration that needs it: before the
+#: one-call chunk encoder (issue 28), quantized chunks were encoded a kernel call a step
+PRELUDES = {
+    "8-bit, a kernel call a step (before)":
+        "from ckptcodecs import Quantize, rle_huffman\n"
+        "Quantize.encode_one_call = lambda self, buf, **kw: None\n"
+        "rle_huffman._ONE_CALL = None",
 }
 EVENT = "probe_libpython3:PyEval_RestoreThread"
 
@@ -52,6 +62,7 @@ from async_writer import build_state
 import ckptstore
 from ckptstore import EncodingOptions, Policy, QuantSpec
 state = build_state({size} << 20)
+{prelude}
 folder = tempfile.mkdtemp()
 store = ckptstore.open(folder, options={config})
 store.commit_async(state).wait()
@@ -87,11 +98,12 @@ def ensure_probe() -> None:
                        check=True)
 
 
-def measure(config: str, size: int, commits: int) -> tuple[float, float, float]:
+def measure(config: str, size: int, commits: int, prelude: str = ""
+            ) -> tuple[float, float, float]:
     """(GIL take-backs of the background threads per commit, median persist seconds, median
     CPU seconds of the process per commit)."""
     code = CHILD.format(bench=os.path.dirname(os.path.abspath(__file__)), size=size,
-                        config=config, commits=commits)
+                        config=config, commits=commits, prelude=prelude)
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
     tids = child.stdout.readline().strip()
@@ -123,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {command_line(__file__, argv)}\n# {machine_description()}\n")
     rows = []
     for name, config in CONFIGS.items():
-        per_commit, wall, cpu = measure(config, args.size, args.commits)
+        per_commit, wall, cpu = measure(config, args.size, args.commits,
+                                        PRELUDES.get(name, ""))
         rows.append([name, f"{per_commit:.0f}", f"{1e3 * wall:.0f}", f"{cpu:.2f}"])
     print(markdown_table(["configuration", "GIL take-backs a commit (background threads)",
                           "persist ms (idle process)", "CPU-s a commit"], rows, "lrrr"))

@@ -13,6 +13,8 @@ Depends on numpy, numcodecs and zarr only -- never on ``ckptstore`` -- plus its 
   :func:`planes_decode_region` puts together a block of rows and columns only).
 - :func:`encode_chunk` / :func:`decode_chunk`: the self-contained Quantize chunk layout for codes
   and parameters computed elsewhere (e.g. codes rebuilt from a BucketDelta).
+- :func:`encode_uniform_chunk`: a uniform Quantize chunk (RLEHuffman coded or not) in one
+  compiled call, or None where :func:`quantize`'s special cases need its own steps.
 - :func:`qdelta_encode` / :func:`qdelta_decode`: DynaQuant code-delta chunks (new parameters +
   RLE+Huffman coded BucketDelta of the codes against a base version's codes).
 - :func:`pack_bits` / :func:`unpack_bits` / :func:`packed_size`: the dense bit packing of codes.
@@ -58,6 +60,7 @@ from .quantize import (  # the function quantize, bound after the submodule it s
     quantize,
 )
 from .rle_huffman import RLEHuffman, rle_huffman_decode, rle_huffman_encode
+from .uniform_chunk import encode_uniform_chunk
 
 __all__ = [
     "GRANULARITIES",
@@ -78,6 +81,7 @@ __all__ = [
     "delta_encode",
     "dequantize",
     "encode_chunk",
+    "encode_uniform_chunk",
     "pack_bits",
     "packed_size",
     "planes_decode",

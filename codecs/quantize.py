@@ -23,6 +23,7 @@ from .qparams import (
     segment_length,
 )
 from .quantization import dequantize, quantize
+from .uniform_chunk import encode_uniform_chunk, one_call_applies
 
 # the codec; the names imported above stay importable from here for code written against the
 # single-module quantize of earlier releases
@@ -122,6 +123,8 @@ class Quantize(Codec):
         self.dtype = dtype
         self.protect_mode = protect_mode
         self.param_dtype = param_dtype
+        self._one_call = one_call_applies(method, self.protect, self.prune, dtype, protect_mode,
+                                          param_dtype)
 
     def get_config(self) -> dict:
         config = super().get_config()
@@ -133,6 +136,9 @@ class Quantize(Codec):
 
     def encode(self, buf) -> bytes:
         """Quantize ``buf`` (any buffer; see the class notes) into one chunk."""
+        chunk = self.encode_one_call(buf)
+        if chunk is not None:
+            return chunk
         arr = self._values(buf)
         codes, params = quantize(
             arr, self.method, self.bits, granularity=self.granularity,
@@ -140,6 +146,18 @@ class Quantize(Codec):
             levels=self.levels, num_bins=self.num_bins, ratio=self.ratio, lam=self.lam,
             dtype=self.dtype, protect_mode=self.protect_mode, param_dtype=self.param_dtype)
         return encode_chunk(codes, params)
+
+    def encode_one_call(self, buf, *, entropy: bool = False, min_saving: float = 0.0
+                        ) -> bytes | None:
+        """:meth:`encode`'s chunk in one compiled call that releases the GIL once, or None
+        where quantize's special cases need its own steps (see
+        :func:`ckptcodecs.encode_uniform_chunk`); ``entropy``: RLEHuffman coded, as
+        ``rle_huffman_encode(chunk, min_saving)`` codes it."""
+        if not self._one_call:
+            return None
+        return encode_uniform_chunk(self._values(buf), self.method, self.bits,
+                                    self.granularity, self.group_size, entropy=entropy,
+                                    min_saving=min_saving)
 
     def _values(self, buf) -> np.ndarray:
         """The array to quantize: ``buf`` in memory order; raw bytes read as ``self.dtype``."""

@@ -30,7 +30,7 @@ import numpy as np
 from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray
 
-from ._backend import kernels
+from ._backend import CHOICE, kernels, native
 from ._hkernels import (
     ALPHABET,
     ERR_BITS,
@@ -59,6 +59,8 @@ _HUFF = struct.Struct("<QI")
 # The implementation this process runs (ckptcodecs._backend): C, or the numba kernels.
 _K = kernels("rle_huffman", encode_stream=encode_stream, code_lengths=code_lengths,
              canonical_codes=canonical_codes, decode_symbols=decode_symbols)
+#: the whole payload in one call that releases the GIL once (C; numba runs the steps below)
+_ONE_CALL = native().rle_huffman_encode_all if CHOICE == "c" else None
 _ERRORS = {
     ERR_BITS: "bit stream ends early",
     ERR_CODE: "bit pattern that is no Huffman code",
@@ -109,6 +111,15 @@ def rle_huffman_encode(data, min_saving: float = 0.0) -> bytes:
     n = arr.size
     if not 0.0 <= min_saving < 1.0:
         raise ValueError(f"min_saving must be in [0, 1), not {min_saving!r}")
+    if _ONE_CALL is not None:
+        return _ONE_CALL(arr, float(min_saving))
+    return _encode_steps(arr, min_saving)
+
+
+def _encode_steps(arr: np.ndarray, min_saving: float) -> bytes:
+    """:func:`rle_huffman_encode` of ``arr`` (uint8, 1-d) a step at a time, kernel by kernel:
+    what numba runs, and the twin the one compiled call is checked against."""
+    n = arr.size
     if n == 0:
         return _HEAD.pack(VERSION, 0, 0)
     if min_saving and not pays_to_code(arr, min_saving):

@@ -110,6 +110,11 @@ class QuantizedLossy(ChunkCodec):
         return add_crc(rle_huffman_encode(body, self._min_saving) if self.entropy else body)
 
     def encode(self, chunk: np.ndarray) -> Encoded:
+        if not self.prune_zeros:  # the same bytes as the steps below, releasing the GIL once
+            data = self._codec.encode_one_call(chunk, entropy=self.entropy,
+                                               min_saving=self._min_saving)
+            if data is not None:
+                return add_crc(data)
         return self.encode_codes(chunk)[0]
 
     def decode_codes(self, data: Buffer, where: str) -> tuple[np.ndarray, QuantParams]:

@@ -55,7 +55,7 @@ static inline __attribute__((always_inline)) void pack_n(const uint8_t *codes, P
     pack_tail(codes, count - 8 * groups, bits, carry, out);
 }
 
-static void pack(const uint8_t *codes, Py_ssize_t count, int bits, uint8_t *out)
+void ck_pack_bits(const uint8_t *codes, Py_ssize_t count, int bits, uint8_t *out)
 {
     switch (bits) {
     case 1: pack_n(codes, count, 1, out); break;
@@ -130,7 +130,7 @@ static PyObject *ck_pack(PyObject *self, PyObject *args)
                      "%zd", v[0].len, bits, need, v[1].len);
     else {
         Py_BEGIN_ALLOW_THREADS
-        pack(v[0].buf, v[0].len, (int)bits, v[1].buf);
+        ck_pack_bits(v[0].buf, v[0].len, (int)bits, v[1].buf);
         Py_END_ALLOW_THREADS
     }
     return ck_none(v, 2);

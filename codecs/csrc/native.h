@@ -143,6 +143,22 @@ void ck_sample_planes(const uint8_t *out, Py_ssize_t stride, Py_ssize_t n, Py_ss
                       Py_ssize_t step, Py_ssize_t start, Py_ssize_t length, int64_t *freq,
                       int64_t *near, int64_t *repeats);
 
+/* `count` codes of `bits` (1..8) bits packed into out (bitpack.c: ckptcodecs.bitpack's
+   layout), unchecked. */
+void ck_pack_bits(const uint8_t *codes, Py_ssize_t count, int bits, uint8_t *out);
+
+/* RLEHuffman's payload in one call (rle_huffman.c; no GIL needed), the bytes of
+   rle_huffman.py's rle_huffman_encode: ck_rh_pays, its gate (pays_to_code: whether a sample of
+   data[0..n) says coding saves at least min_saving); ck_rh_encode, data coded into out, or
+   stored raw where coding would not make it smaller (data and out apart; -1 when memory runs
+   out); ck_rh_raw, data stored raw (data may be out + CK_RH_HEAD: kept in place). out has room
+   for CK_RH_ROOM(n) bytes; each returns the bytes written. */
+#define CK_RH_HEAD 10
+#define CK_RH_ROOM(n) ((n) + 32)
+int ck_rh_pays(const uint8_t *data, Py_ssize_t n, double min_saving);
+Py_ssize_t ck_rh_encode(const uint8_t *data, Py_ssize_t n, uint8_t *out);
+Py_ssize_t ck_rh_raw(const uint8_t *data, Py_ssize_t n, uint8_t *out);
+
 /* RLEHuffman's tables (rle_huffman_tables.c): Huffman code lengths (at most 24) of the positive
    freq[0..n) into lens, canonical codes of lens[0..n) (each 0..24) into codes; 0 when memory
    runs out. */

@@ -10,7 +10,7 @@
 #define LANES 8
 /* Kernels kept out of line: inlined into uniform_all's loop, gcc lost their restrict pointers
    and did not vectorise them (1.8x slower). */
-#define QK_NOINLINE static __attribute__((noinline))
+#define QK_NOINLINE __attribute__((noinline))
 
 int qk_bad_mask(const Py_buffer *mask, Py_ssize_t n, const char *name)
 {
@@ -33,7 +33,7 @@ int qk_bad_mask(const Py_buffer *mask, Py_ssize_t n, const char *name)
                 return x[i];                                                                  \
         return 0;                                                                             \
     }                                                                                         \
-    QK_NOINLINE void range_##SUFFIX(const T *restrict x, Py_ssize_t m,                        \
+    QK_NOINLINE void qk_range_##SUFFIX(const T *restrict x, Py_ssize_t m,                     \
                                const uint8_t *restrict mask, double *lo, double *hi)          \
     {                                                                                         \
         T mn[LANES], mx[LANES];                                                               \
@@ -82,7 +82,7 @@ int qk_bad_mask(const Py_buffer *mask, Py_ssize_t n, const char *name)
         *lo = a;                                                                              \
         *hi = b;                                                                              \
     }                                                                                         \
-    static double absmax_##SUFFIX(const T *restrict x, Py_ssize_t m,                          \
+    double qk_absmax_##SUFFIX(const T *restrict x, Py_ssize_t m,                              \
                                   const uint8_t *restrict mask)                               \
     {                                                                                         \
         T mx[LANES] = {0};                                                                    \
@@ -115,13 +115,13 @@ static void seg_ranges(const Py_buffer *x, Py_ssize_t seg, const uint8_t *mask, 
         const uint8_t *m = mask ? mask + a0 : NULL;
         double mn, mx;
         if (x->itemsize == 4 && lo)
-            range_f32((const float *)x->buf + a0, b0 - a0, m, &mn, &mx);
+            qk_range_f32((const float *)x->buf + a0, b0 - a0, m, &mn, &mx);
         else if (lo)
-            range_f64((const double *)x->buf + a0, b0 - a0, m, &mn, &mx);
+            qk_range_f64((const double *)x->buf + a0, b0 - a0, m, &mn, &mx);
         else if (x->itemsize == 4)
-            mx = absmax_f32((const float *)x->buf + a0, b0 - a0, m);
+            mx = qk_absmax_f32((const float *)x->buf + a0, b0 - a0, m);
         else
-            mx = absmax_f64((const double *)x->buf + a0, b0 - a0, m);
+            mx = qk_absmax_f64((const double *)x->buf + a0, b0 - a0, m);
         if (lo)
             qk_set(lo, s, mn);
         qk_set(hi, s, mx);
@@ -166,7 +166,7 @@ static PyObject *ck_quant_seg_absmax(PyObject *self, PyObject *args) { return ra
 /* out[i] = clip((x - zero) * inv + half, fzero, fq) truncated; NaN -> 0, in x's own float
    type (numba's: the scalars are of the working type). */
 #define CODES_KERNEL(T, SUFFIX)                                                               \
-    QK_NOINLINE void codes_##SUFFIX(const T *restrict x, Py_ssize_t n, Py_ssize_t seg,        \
+    QK_NOINLINE void qk_codes_##SUFFIX(const T *restrict x, Py_ssize_t n, Py_ssize_t seg,     \
                                const T *zero, const T *inv, Py_ssize_t nseg, T fq, T half,    \
                                T fzero, uint8_t *restrict out)                                \
     {                                                                                         \
@@ -214,10 +214,10 @@ static PyObject *ck_quant_uniform_codes(PyObject *self, PyObject *args)
              && !ck_overlap(&v[2], &v[3], name)) {
         Py_BEGIN_ALLOW_THREADS
         if (v[0].itemsize == 4)
-            codes_f32(v[0].buf, n, seg, v[1].buf, v[2].buf, nseg, (float)fq, (float)half,
+            qk_codes_f32(v[0].buf, n, seg, v[1].buf, v[2].buf, nseg, (float)fq, (float)half,
                       (float)fzero, v[3].buf);
         else
-            codes_f64(v[0].buf, n, seg, v[1].buf, v[2].buf, nseg, fq, half, fzero, v[3].buf);
+            qk_codes_f64(v[0].buf, n, seg, v[1].buf, v[2].buf, nseg, fq, half, fzero, v[3].buf);
         Py_END_ALLOW_THREADS
     }
     return ck_none(v, 4);
@@ -228,7 +228,7 @@ static PyObject *ck_quant_uniform_codes(PyObject *self, PyObject *args)
    (float64 arithmetic, then x's float type), the inverse scales in x's type, then the codes --
    one release of the GIL where the steps took a dozen. 0, or 1 where an inverse scale is not
    finite (a subnormal scale: the caller's float64 steps), the codes then untouched. */
-#define UNIFORM_KERNEL(T, SUFFIX, TMAX)                                                        \
+#define UNIFORM_KERNEL(T, SUFFIX, TMAX)                                                       \
     static int uniform_##SUFFIX(const T *x, Py_ssize_t n, Py_ssize_t seg,                     \
                                 const uint8_t *mask, int symmetric, Py_ssize_t nq, T *zero,   \
                                 T *scale, T *inv, Py_ssize_t nseg, uint8_t *codes)            \
@@ -239,10 +239,10 @@ static PyObject *ck_quant_uniform_codes(PyObject *self, PyObject *args)
             const uint8_t *m = mask ? mask + a0 : NULL;                                       \
             double lo, hi;                                                                    \
             if (symmetric) {                                                                  \
-                hi = absmax_##SUFFIX(x + a0, b0 - a0, m);                                     \
+                hi = qk_absmax_##SUFFIX(x + a0, b0 - a0, m);                                  \
                 lo = -hi;                                                                     \
             } else                                                                            \
-                range_##SUFFIX(x + a0, b0 - a0, m, &lo, &hi);                                 \
+                qk_range_##SUFFIX(x + a0, b0 - a0, m, &lo, &hi);                              \
             if (nq == 1) {                                                                    \
                 zero[s] = (T)(lo / 2 + hi / 2);                                               \
                 scale[s] = 0;                                                                 \
@@ -255,7 +255,7 @@ static PyObject *ck_quant_uniform_codes(PyObject *self, PyObject *args)
             if (!isfinite(inv[s]))                                                            \
                 return 1;                                                                     \
         }                                                                                     \
-        codes_##SUFFIX(x, n, seg, zero, inv, nseg, (T)(nq - 1), (T)0.5, (T)0, codes);         \
+        qk_codes_##SUFFIX(x, n, seg, zero, inv, nseg, (T)(nq - 1), (T)0.5, (T)0, codes);      \
         return 0;                                                                             \
     }
 
@@ -317,6 +317,9 @@ PyMethodDef ck_quant_methods[] = {
     {"quant_uniform_all", ck_quant_uniform_all, METH_VARARGS,
      "uniform_all(x, seg, mask, nq, symmetric, zero, scale, codes) -> 0, or 1 (subnormal "
      "scale: nothing coded): quantize's uniform path in one call."},
+    {"quant_encode_uniform", ck_quant_encode_uniform, METH_VARARGS,
+     "encode_uniform(x, seg, bits, symmetric, entropy, min_saving) -> bytes, or None: a uniform "
+     "Quantize chunk (RLEHuffman coded with entropy) in one call (quant_chunk.c)."},
     {"quant_uniform_codes", ck_quant_uniform_codes, METH_VARARGS,
      "uniform_codes(x, seg, zero, inv, fq, half, fzero, out): uniform codes, NaN -> 0."},
     {"quant_dequant_uniform", ck_quant_dequant_uniform, METH_VARARGS,

@@ -49,10 +49,21 @@ void qk_f16_round(const double *v, Py_ssize_t n, Py_ssize_t direction, double *o
 #endif
 static inline int qk_avx2(void) { return QK_HAVE_AVX2 && ck_vector() >= CK_AVX2; }
 
+/* quant.c's per-segment steps, unchecked (mask NULL or of m items): the range of x[0..m) by
+   numba's comparisons ((0, 0) when nothing counts), its largest magnitude, and the uniform
+   codes of the segments of seg items (seg_minmax, seg_absmax and uniform_codes). */
+void qk_range_f32(const float *restrict x, Py_ssize_t m, const uint8_t *restrict mask,
+                  double *lo, double *hi);
+double qk_absmax_f32(const float *restrict x, Py_ssize_t m, const uint8_t *restrict mask);
+void qk_codes_f32(const float *restrict x, Py_ssize_t n, Py_ssize_t seg, const float *zero,
+                  const float *inv, Py_ssize_t nseg, float fq, float half, float fzero,
+                  uint8_t *restrict out);
+
 /* The kernels kept in the family's other files, listed in quant.c's table. */
 PyObject *ck_quant_dequant_uniform(PyObject *self, PyObject *args);
 PyObject *ck_quant_dequant_codebook(PyObject *self, PyObject *args);
 PyObject *ck_quant_f16_round(PyObject *self, PyObject *args);
 PyObject *ck_quant_uniform_params_f16(PyObject *self, PyObject *args);
+PyObject *ck_quant_encode_uniform(PyObject *self, PyObject *args);
 
 #endif

@@ -5,6 +5,7 @@
    byte value v is index v, a run of r >= 2 (the value before it occurs r times) is index
    RUN_BASE + r. */
 #include "native.h"
+#include "planes.h"
 
 #define ALPHABET (1 << 16)
 #define RUN_BASE 254
@@ -455,9 +456,140 @@ static PyObject *ck_rle_encode_stream(PyObject *self, PyObject *args)
     return result;
 }
 
+/* ---- The whole payload in one call (rle_huffman.py's rle_huffman_encode, issue 28) ---- */
+
+#define RH_VERSION 1
+#define RH_CODED_HEAD (CK_RH_HEAD + 12)  /* + u64 nsym, u32 nused */
+#define SAMPLE_BLOCKS 16                 /* rle_huffman.py's SAMPLE_BLOCKS, SAMPLE_BLOCK */
+#define SAMPLE_BLOCK 1024
+
+static void store16(uint8_t *p, uint16_t x) { p[0] = (uint8_t)x; p[1] = (uint8_t)(x >> 8); }
+static void store32(uint8_t *p, uint32_t x) { store16(p, (uint16_t)x); store16(p + 2, (uint16_t)(x >> 16)); }
+static void store64(uint8_t *p, uint64_t x) { store32(p, (uint32_t)x); store32(p + 4, (uint32_t)(x >> 32)); }
+
+/* zlib's CRC-32 of a header (a few hundred bytes: bit by bit). */
+static uint32_t crc32_ieee(const uint8_t *p, Py_ssize_t n)
+{
+    uint32_t c = 0xFFFFFFFFu;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++)
+            c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+    }
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* rle_huffman.py's pays_to_code: whether a sample of data (SAMPLE_BLOCKS evenly spaced blocks
+   of SAMPLE_BLOCK bytes) says coding saves at least min_saving: yes under four samples' size,
+   or where runs are common in it (fewer than 7/8 of its bytes differ from the one before),
+   else where the Huffman code of its histogram (BytePlanes' code lengths) takes at most
+   1 - min_saving of its bytes -- the same float64 arithmetic, the same verdicts. */
+int ck_rh_pays(const uint8_t *data, Py_ssize_t n, double min_saving)
+{
+    if (n < 4 * SAMPLE_BLOCKS * SAMPLE_BLOCK)
+        return 1;
+    Py_ssize_t step = (n - SAMPLE_BLOCK) / (SAMPLE_BLOCKS - 1);
+    int64_t changes = 0, freq[256] = {0}, lens[256], bits = 0;
+    for (int b = 0; b < SAMPLE_BLOCKS; b++) {
+        const uint8_t *s = data + b * step;
+        for (int j = 1; j < SAMPLE_BLOCK; j++)
+            changes += s[j] != s[j - 1];
+    }
+    if ((double)changes < 7.0 / 8.0 * (double)(SAMPLE_BLOCKS * SAMPLE_BLOCK - SAMPLE_BLOCKS))
+        return 1;
+    for (int b = 0; b < SAMPLE_BLOCKS; b++)
+        for (int j = 0; j < SAMPLE_BLOCK; j++)
+            freq[data[b * step + j]]++;
+    pl_code_lengths(freq, lens);
+    for (int v = 0; v < 256; v++)
+        bits += freq[v] * lens[v];
+    return (double)bits / 8.0 / (double)(SAMPLE_BLOCKS * SAMPLE_BLOCK) <= 1.0 - min_saving;
+}
+
+Py_ssize_t ck_rh_raw(const uint8_t *data, Py_ssize_t n, uint8_t *out)
+{
+    out[0] = RH_VERSION;
+    out[1] = 0;
+    store64(out + 2, (uint64_t)n);
+    if (out + CK_RH_HEAD != data && n)
+        memcpy(out + CK_RH_HEAD, data, (size_t)n);
+    return CK_RH_HEAD + n;
+}
+
+Py_ssize_t ck_rh_encode(const uint8_t *data, Py_ssize_t n, uint8_t *out)
+{
+    plan_t p = {0};
+    Py_ssize_t written = 0;
+    if (n > 0) {
+        if (!plan(data, n, &p))
+            written = -1;
+        else {
+            Py_ssize_t hlen = RH_CODED_HEAD + 3 * p.nused + 4;
+            if (hlen + (Py_ssize_t)((p.nbits + 7) / 8) < RH_CODED_HEAD + n) {
+                Py_ssize_t end = write_plan(&p, out + hlen);
+                if (end < 0)
+                    written = -1;
+                else {
+                    const int64_t *lens = p.used + 2 * (size_t)ALPHABET;
+                    out[0] = RH_VERSION;
+                    out[1] = 1;
+                    store64(out + 2, (uint64_t)n);
+                    store64(out + CK_RH_HEAD, (uint64_t)p.nsym);
+                    store32(out + CK_RH_HEAD + 8, (uint32_t)p.nused);
+                    for (Py_ssize_t k = 0; k < p.nused; k++) {
+                        store16(out + RH_CODED_HEAD + 2 * k, (uint16_t)p.used[k]);
+                        out[RH_CODED_HEAD + 2 * p.nused + k] = (uint8_t)lens[k];
+                    }
+                    store32(out + hlen - 4, crc32_ieee(out, hlen - 4));
+                    written = hlen + end;
+                }
+            }
+        }
+    }
+    plan_free(&p);
+    return written ? written : ck_rh_raw(data, n, out);
+}
+
+/* encode_all(data, min_saving) -> bytes: ck_rh_encode of any contiguous buffer. */
+static PyObject *ck_rle_encode_all(PyObject *self, PyObject *args)
+{
+    PyObject *data_obj, *res = NULL;
+    double min_saving;
+    Py_buffer v;
+    if (!PyArg_ParseTuple(args, "Od", &data_obj, &min_saving))
+        return NULL;
+    if (!(min_saving >= 0.0 && min_saving < 1.0))
+        return PyErr_Format(PyExc_ValueError, "min_saving must be in [0, 1), not %R",
+                            PyTuple_GetItem(args, 1));
+    if (ck_buffer(data_obj, &v, 0, CK_ANY, "encode_all data") < 0)
+        return NULL;
+    if (v.len > PY_SSIZE_T_MAX / 4)
+        PyErr_Format(PyExc_ValueError, "encode_all: %zd bytes is too many", v.len);
+    else if ((res = PyBytes_FromStringAndSize(NULL, CK_RH_ROOM(v.len))) != NULL) {
+        Py_ssize_t end;
+        uint8_t *out = (uint8_t *)PyBytes_AS_STRING(res);
+        Py_BEGIN_ALLOW_THREADS
+        if (min_saving > 0 && !ck_rh_pays(v.buf, v.len, min_saving))
+            end = ck_rh_raw(v.buf, v.len, out);
+        else
+            end = ck_rh_encode(v.buf, v.len, out);
+        Py_END_ALLOW_THREADS
+        if (end < 0) {
+            Py_CLEAR(res);
+            PyErr_NoMemory();
+        } else
+            _PyBytes_Resize(&res, end);  /* NULL and an exception if it fails */
+    }
+    PyBuffer_Release(&v);
+    return res;
+}
+
 PyMethodDef ck_rle_huffman_methods[] = {
     {"rle_huffman_encode_stream", ck_rle_encode_stream, METH_VARARGS,
      "encode_stream(data, head) -> (out, end, nsym, used, lens): RLE + Huffman in one call."},
+    {"rle_huffman_encode_all", ck_rle_encode_all, METH_VARARGS,
+     "encode_all(data, min_saving) -> bytes: the whole RLEHuffman payload (the gate, the code "
+     "or the raw layout) in one call."},
     {"rle_huffman_code_lengths", ck_rle_code_lengths, METH_VARARGS,
      "code_lengths(freq, lens): length-limited Huffman code lengths (int64 tables)."},
     {"rle_huffman_canonical_codes", ck_rle_canonical_codes, METH_VARARGS,

@@ -1,0 +1,154 @@
+/* A whole uniform Quantize chunk in one call (issue 28): quantize's uniform path, the chunk
+   layout of _qformat.encode_chunk and, optionally, the RLEHuffman payload -- one release of
+   the GIL where the steps took about fifteen (numpy's checks and copies, the gate's sample,
+   the coder's two calls), each of which a background persist paid for with a wait for the
+   GIL beside a training loop. The bytes are those of
+       rle_huffman_encode(encode_chunk(*quantize(x, method, bits, ...)), min_saving)
+   for float32 values without protected or pruned ones and float32 parameters; a segment at a
+   time: its values checked finite, its range, zero point and scale, its codes, while it is in
+   cache. Where a value is not finite (quantize protects it) or an inverse scale is not
+   (a subnormal scale: quantize's float64 steps), nothing is returned: the caller's steps run. */
+#include "quant.h"
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+
+#define QC_HEAD 31  /* _qformat's version-1 header: <BBBBBHQQQ */
+
+/* 1 when every value of x[0..m) is finite (its exponent bits not all set). */
+static int all_finite(const float *restrict x, Py_ssize_t m)
+{
+    uint32_t bad = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        bad |= ((u & 0x7F800000u) == 0x7F800000u);
+    }
+    return !bad;
+}
+
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int k = 0; k < 8; k++)
+        p[k] = (uint8_t)(v >> (8 * k));
+}
+static void putf32(uint8_t *p, float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    for (int k = 0; k < 4; k++)
+        p[k] = (uint8_t)(u >> (8 * k));
+}
+
+/* The chunk of x[0..n) (n >= 1) into body (QC_HEAD + 8 * nseg + packed bytes); codes: n bytes
+   of scratch where bits < 8 (else the codes go straight into body). 0, or 1 where quantize's
+   own steps must run (nothing usable written). */
+static int uniform_chunk(const float *x, Py_ssize_t n, Py_ssize_t seg, int bits, int symmetric,
+                         uint8_t *body, uint8_t *codes)
+{
+    Py_ssize_t nseg = (n + seg - 1) / seg, nq = (Py_ssize_t)1 << bits, a0, b0;
+    uint8_t *zeros = body + QC_HEAD, *scales = zeros + 4 * nseg, *packed = scales + 4 * nseg;
+    uint8_t *out = bits == 8 ? packed : codes;
+    for (Py_ssize_t s = 0; s < nseg; s++) {
+        qk_segment(s, seg, n, &a0, &b0);
+        const float *xs = x + a0;
+        Py_ssize_t m = b0 - a0;
+        if (!all_finite(xs, m))
+            return 1;
+        double lo, hi;  /* as quant.c's uniform_f32, mask-free, nq >= 2 */
+        if (symmetric) {
+            hi = qk_absmax_f32(xs, m, NULL);
+            lo = -hi;
+        } else
+            qk_range_f32(xs, m, NULL, &lo, &hi);
+        float zero = (float)lo, scale = (float)((hi - (double)zero) / (double)(nq - 1));
+        scale = isfinite(scale) ? scale : FLT_MAX;
+        float inv = scale > 0 ? 1.0f / scale : 0.0f;
+        if (!isfinite(inv))
+            return 1;
+        putf32(zeros + 4 * s, zero);
+        putf32(scales + 4 * s, scale);
+        qk_codes_f32(xs, m, m, &zero, &inv, 1, (float)(nq - 1), 0.5f, 0.0f, out + a0);
+    }
+    if (bits < 8)
+        ck_pack_bits(codes, n, bits, packed);
+    body[0] = 1;                           /* version */
+    body[1] = symmetric ? 0 : 1;           /* METHODS.index */
+    body[2] = (uint8_t)bits;
+    body[3] = 0;                           /* flags: no prune, no protect, float32 params */
+    body[4] = 0;                           /* float32 */
+    put16(body + 5, (uint16_t)nq);
+    put64(body + 7, (uint64_t)n);
+    put64(body + 15, (uint64_t)seg);
+    put64(body + 23, 0);                   /* nprot */
+    return 0;
+}
+
+/* encode_uniform(x, seg, bits, symmetric, entropy, min_saving) -> bytes, or None where
+   quantize's steps must run (see above); x: float32 values, C-contiguous. */
+PyObject *ck_quant_encode_uniform(PyObject *self, PyObject *args)
+{
+    const char *name = "encode_uniform";
+    PyObject *x_obj, *res = NULL;
+    Py_ssize_t seg, bits;
+    int symmetric, entropy, status = 0;
+    double min_saving;
+    Py_buffer x;
+    if (!PyArg_ParseTuple(args, "Onnppd", &x_obj, &seg, &bits, &symmetric, &entropy,
+                          &min_saving)
+        || ck_buffer(x_obj, &x, 0, CK_FLOAT, name) < 0)
+        return NULL;
+    Py_ssize_t n = ck_items(&x), nseg = seg > 0 ? (n + seg - 1) / seg : 0;
+    if (x.itemsize != 4)
+        PyErr_Format(PyExc_ValueError, "%s: float32 values, not %zd-byte ones", name,
+                     x.itemsize);
+    else if (seg < 1 || bits < 1 || bits > 8)
+        PyErr_Format(PyExc_ValueError, "%s: segments of %zd values, %zd bits (1..8)", name,
+                     seg, bits);
+    else if (!(min_saving >= 0.0 && min_saving < 1.0))
+        PyErr_Format(PyExc_ValueError, "%s: min_saving %g is not in [0, 1)", name, min_saving);
+    else if (n == 0 || n > PY_SSIZE_T_MAX / 16)
+        status = 1;  /* an empty chunk: quantize's steps */
+    else {
+        Py_ssize_t qsize = QC_HEAD + 8 * nseg + (Py_ssize_t)(((size_t)n * (size_t)bits + 7) / 8);
+        Py_ssize_t room = entropy ? CK_RH_ROOM(qsize) : qsize, at = entropy ? CK_RH_HEAD : 0;
+        res = PyBytes_FromStringAndSize(NULL, room);
+        uint8_t *codes = NULL, *copy = NULL;
+        Py_ssize_t end = qsize;
+        if (res != NULL) {
+            uint8_t *out = (uint8_t *)PyBytes_AS_STRING(res), *body = out + at;
+            Py_BEGIN_ALLOW_THREADS
+            if (bits < 8 && (codes = malloc((size_t)n)) == NULL)
+                end = -1;
+            else if ((status = uniform_chunk(x.buf, n, seg, (int)bits, symmetric, body, codes))
+                     == 0 && entropy) {
+                if (min_saving > 0 && !ck_rh_pays(body, qsize, min_saving))
+                    end = ck_rh_raw(body, qsize, out);  /* in place */
+                else if ((copy = malloc((size_t)qsize)) == NULL)
+                    end = -1;
+                else {  /* the coder writes where the chunk lies: it reads a copy */
+                    memcpy(copy, body, (size_t)qsize);
+                    end = ck_rh_encode(copy, qsize, out);
+                }
+            }
+            Py_END_ALLOW_THREADS
+            free(codes);
+            free(copy);
+            if (end < 0)
+                PyErr_NoMemory();
+            else if (!status)
+                _PyBytes_Resize(&res, end);  /* NULL and an exception where it fails */
+        }
+    }
+    PyBuffer_Release(&x);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(res);
+        return NULL;
+    }
+    if (status) {
+        Py_XDECREF(res);
+        Py_RETURN_NONE;
+    }
+    return res;
+}

@@ -1,0 +1,51 @@
+"""A whole uniform Quantize chunk in one compiled call (issue 28).
+
+:func:`encode_uniform_chunk` returns the bytes of ``encode_chunk(*quantize(x, method, bits,
+...))`` -- with ``entropy``, of ``rle_huffman_encode`` of them -- where the uniform path needs
+none of quantize's special cases, and None elsewhere (the caller then runs those steps). The
+steps release the GIL about fifteen times a chunk (numpy's checks and copies, the kernels, the
+entropy gate's sample, the coder's two calls); a persist in the background waits for the GIL
+again after each, and beside a training loop each wait costs the loop a hand-over. The one
+call (``quant_encode_uniform``, ``csrc/quant_chunk.c``) releases it once, and quantizes a
+segment at a time while it is in cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._backend import CHOICE, native
+from .qparams import segment_length
+
+__all__ = ["encode_uniform_chunk", "one_call_applies"]
+
+_native = native() if CHOICE == "c" else None
+_UNIFORM = ("uniform-asymmetric", "uniform-symmetric")
+
+
+def one_call_applies(method: str, protect: float = 0.0, prune: float = 0.0,
+                     dtype: str | None = None, protect_mode: str = "level",
+                     param_dtype: str = "float32") -> bool:
+    """Whether :func:`encode_uniform_chunk` can stand for quantize's steps with these
+    parameters (float32 data aside): a uniform method, nothing protected or pruned, float32
+    parameters, the level layout, the compiled kernels in use (not numba's reference)."""
+    return (_native is not None and method in _UNIFORM and protect == 0 and prune == 0
+            and dtype is None and protect_mode == "level" and param_dtype == "float32")
+
+
+def encode_uniform_chunk(x: np.ndarray, method: str, bits: int, granularity: str = "row",
+                         group_size: int | None = None, *, entropy: bool = False,
+                         min_saving: float = 0.0) -> bytes | None:
+    """The stored bytes of a uniform Quantize chunk of ``x`` in one call, or None where
+    quantize's own steps must run: data other than float32, or a value that is not finite
+    (quantize protects it), a subnormal scale, an empty array -- and wherever
+    :func:`one_call_applies` says no for ``method`` (check it first for the other parameters).
+
+    ``entropy``: RLEHuffman coded as ``rle_huffman_encode(chunk, min_saving)`` codes it."""
+    arr = np.asarray(x)
+    if _native is None or method not in _UNIFORM or arr.dtype != np.float32:
+        return None
+    seg = segment_length(arr.shape, granularity, group_size)
+    return _native.quant_encode_uniform(np.ascontiguousarray(arr).reshape(-1), seg, int(bits),
+                                        method == "uniform-symmetric", bool(entropy),
+                                        float(min_saving))
