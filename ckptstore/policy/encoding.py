@@ -62,6 +62,13 @@ class QuantSpec:
     ratio: float = 1.0
     prune_zeros: bool = False
 
+    def __post_init__(self) -> None:
+        saving = self.entropy_min_saving
+        if isinstance(saving, bool) or not isinstance(saving, (int, float)) or not (
+                0.0 <= saving < 1.0):
+            raise ValueError("entropy_min_saving is the least share of a chunk's size entropy "
+                             f"coding must save, in [0, 1): not {saving!r}")
+
     def with_bits(self, bits: int) -> QuantSpec:
         return replace(self, bits=bits)
 

@@ -70,3 +70,9 @@ def test_raw_codes_cost_what_the_saving_was(tmp_path):
 def test_a_bad_min_saving_is_refused():
     with pytest.raises(ValueError, match="min_saving"):
         ckptstore.chunkcodec.QuantizedLossy({"method": "kmeans", "bits": 2}, min_saving=1.0)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5, float("nan"), "0.1", True])
+def test_a_minimum_saving_out_of_range_is_refused_when_the_spec_is_made(bad):
+    with pytest.raises(ValueError, match="entropy_min_saving"):
+        QuantSpec(bits=8, entropy_min_saving=bad)
