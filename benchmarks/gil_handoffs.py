@@ -56,7 +56,7 @@ PRELUDES = {
 EVENT = "probe_libpython3:PyEval_RestoreThread"
 
 CHILD = r"""
-import os, resource, sys, tempfile, threading, time
+import os, resource, shutil, sys, tempfile, threading, time
 sys.path.insert(0, {bench!r})
 from async_writer import build_state
 import ckptstore
@@ -81,6 +81,7 @@ for _ in range({commits}):
 print(sorted(walls)[len(walls) // 2], sorted(cpus)[len(cpus) // 2], flush=True)
 sys.stdin.readline()  # perf has stopped counting
 store.close()
+shutil.rmtree(folder, ignore_errors=True)  # 2 GB and more a configuration
 """
 
 

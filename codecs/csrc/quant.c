@@ -25,7 +25,7 @@ int qk_bad_mask(const Py_buffer *mask, Py_ssize_t n, const char *name)
    them, in LANES lanes (a masked value is +-inf: it never wins); (0, 0) when there is none.
    A zero result takes the sign of the first zero, as the sequential loop does. ABSMAX: the
    largest |x| from 0.0. */
-#define RANGE_KERNELS(T, SUFFIX)                                                              \
+#define RANGE_KERNELS(T, SUFFIX, ATTR)                                                        \
     static T first_zero_##SUFFIX(const T *x, Py_ssize_t m, const uint8_t *mask)               \
     {                                                                                         \
         for (Py_ssize_t i = 0; i < m; i++)                                                    \
@@ -33,7 +33,7 @@ int qk_bad_mask(const Py_buffer *mask, Py_ssize_t n, const char *name)
                 return x[i];                                                                  \
         return 0;                                                                             \
     }                                                                                         \
-    QK_NOINLINE void qk_range_##SUFFIX(const T *restrict x, Py_ssize_t m,                     \
+    QK_NOINLINE ATTR void qk_range_##SUFFIX(const T *restrict x, Py_ssize_t m,                \
                                const uint8_t *restrict mask, double *lo, double *hi)          \
     {                                                                                         \
         T mn[LANES], mx[LANES];                                                               \
@@ -82,7 +82,7 @@ int qk_bad_mask(const Py_buffer *mask, Py_ssize_t n, const char *name)
         *lo = a;                                                                              \
         *hi = b;                                                                              \
     }                                                                                         \
-    double qk_absmax_##SUFFIX(const T *restrict x, Py_ssize_t m,                              \
+    ATTR double qk_absmax_##SUFFIX(const T *restrict x, Py_ssize_t m,                         \
                                   const uint8_t *restrict mask)                               \
     {                                                                                         \
         T mx[LANES] = {0};                                                                    \
@@ -102,8 +102,10 @@ int qk_bad_mask(const Py_buffer *mask, Py_ssize_t n, const char *name)
         return b;                                                                             \
     }
 
-RANGE_KERNELS(float, f32)
-RANGE_KERNELS(double, f64)
+RANGE_KERNELS(float, f32, )
+RANGE_KERNELS(double, f64, )
+/* for quant_chunk.c's one call: the same loops built for AVX2 (the same bits) */
+RANGE_KERNELS(float, f32_avx2, CK_TARGET_AVX2)
 
 /* Each segment's range (lo and hi given) or largest magnitude (lo NULL, into hi). */
 static void seg_ranges(const Py_buffer *x, Py_ssize_t seg, const uint8_t *mask, Py_buffer *lo,
@@ -165,8 +167,8 @@ static PyObject *ck_quant_seg_absmax(PyObject *self, PyObject *args) { return ra
 
 /* out[i] = clip((x - zero) * inv + half, fzero, fq) truncated; NaN -> 0, in x's own float
    type (numba's: the scalars are of the working type). */
-#define CODES_KERNEL(T, SUFFIX)                                                               \
-    QK_NOINLINE void qk_codes_##SUFFIX(const T *restrict x, Py_ssize_t n, Py_ssize_t seg,     \
+#define CODES_KERNEL(T, SUFFIX, ATTR)                                                         \
+    QK_NOINLINE ATTR void qk_codes_##SUFFIX(const T *restrict x, Py_ssize_t n, Py_ssize_t seg, \
                                const T *zero, const T *inv, Py_ssize_t nseg, T fq, T half,    \
                                T fzero, uint8_t *restrict out)                                \
     {                                                                                         \
@@ -184,8 +186,9 @@ static PyObject *ck_quant_seg_absmax(PyObject *self, PyObject *args) { return ra
         }                                                                                     \
     }
 
-CODES_KERNEL(float, f32)
-CODES_KERNEL(double, f64)
+CODES_KERNEL(float, f32, )
+CODES_KERNEL(double, f64, )
+CODES_KERNEL(float, f32_avx2, CK_TARGET_AVX2)
 
 static PyObject *ck_quant_uniform_codes(PyObject *self, PyObject *args)
 {

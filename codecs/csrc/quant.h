@@ -58,6 +58,13 @@ double qk_absmax_f32(const float *restrict x, Py_ssize_t m, const uint8_t *restr
 void qk_codes_f32(const float *restrict x, Py_ssize_t n, Py_ssize_t seg, const float *zero,
                   const float *inv, Py_ssize_t nseg, float fq, float half, float fzero,
                   uint8_t *restrict out);
+/* The same three built for AVX2 (quant_chunk.c runs them where the CPU path is avx2 or above). */
+void qk_range_f32_avx2(const float *restrict x, Py_ssize_t m, const uint8_t *restrict mask,
+                       double *lo, double *hi);
+double qk_absmax_f32_avx2(const float *restrict x, Py_ssize_t m, const uint8_t *restrict mask);
+void qk_codes_f32_avx2(const float *restrict x, Py_ssize_t n, Py_ssize_t seg, const float *zero,
+                       const float *inv, Py_ssize_t nseg, float fq, float half, float fzero,
+                       uint8_t *restrict out);
 
 /* The kernels kept in the family's other files, listed in quant.c's table. */
 PyObject *ck_quant_dequant_uniform(PyObject *self, PyObject *args);

@@ -16,16 +16,32 @@
 #define QC_HEAD 31  /* _qformat's version-1 header: <BBBBBHQQQ */
 
 /* 1 when every value of x[0..m) is finite (its exponent bits not all set). */
-static int all_finite(const float *restrict x, Py_ssize_t m)
-{
-    uint32_t bad = 0;
-    for (Py_ssize_t i = 0; i < m; i++) {
-        uint32_t u;
-        memcpy(&u, &x[i], 4);
-        bad |= ((u & 0x7F800000u) == 0x7F800000u);
+#define ALL_FINITE(NAME, ATTR)                                                                \
+    ATTR static int NAME(const float *restrict x, Py_ssize_t m)                              \
+    {                                                                                         \
+        uint32_t bad = 0;                                                                     \
+        for (Py_ssize_t i = 0; i < m; i++) {                                                  \
+            uint32_t u;                                                                       \
+            memcpy(&u, &x[i], 4);                                                             \
+            bad |= ((u & 0x7F800000u) == 0x7F800000u);                                        \
+        }                                                                                     \
+        return !bad;                                                                          \
     }
-    return !bad;
-}
+ALL_FINITE(all_finite, )
+ALL_FINITE(all_finite_avx2, CK_TARGET_AVX2)
+
+/* A segment's steps, built for the baseline CPU or for AVX2 (the same bits). */
+typedef struct {
+    int (*finite)(const float *restrict, Py_ssize_t);
+    void (*range)(const float *restrict, Py_ssize_t, const uint8_t *restrict, double *,
+                  double *);
+    double (*absmax)(const float *restrict, Py_ssize_t, const uint8_t *restrict);
+    void (*codes)(const float *restrict, Py_ssize_t, Py_ssize_t, const float *, const float *,
+                  Py_ssize_t, float, float, float, uint8_t *restrict);
+} steps_t;
+static const steps_t STEPS_BASE = {all_finite, qk_range_f32, qk_absmax_f32, qk_codes_f32};
+static const steps_t STEPS_AVX2 = {all_finite_avx2, qk_range_f32_avx2, qk_absmax_f32_avx2,
+                                   qk_codes_f32_avx2};
 
 static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 static void put64(uint8_t *p, uint64_t v)
@@ -44,8 +60,8 @@ static void putf32(uint8_t *p, float f)
 /* The chunk of x[0..n) (n >= 1) into body (QC_HEAD + 8 * nseg + packed bytes); codes: n bytes
    of scratch where bits < 8 (else the codes go straight into body). 0, or 1 where quantize's
    own steps must run (nothing usable written). */
-static int uniform_chunk(const float *x, Py_ssize_t n, Py_ssize_t seg, int bits, int symmetric,
-                         uint8_t *body, uint8_t *codes)
+static int uniform_chunk(const steps_t *k, const float *x, Py_ssize_t n, Py_ssize_t seg,
+                         int bits, int symmetric, uint8_t *body, uint8_t *codes)
 {
     Py_ssize_t nseg = (n + seg - 1) / seg, nq = (Py_ssize_t)1 << bits, a0, b0;
     uint8_t *zeros = body + QC_HEAD, *scales = zeros + 4 * nseg, *packed = scales + 4 * nseg;
@@ -54,14 +70,14 @@ static int uniform_chunk(const float *x, Py_ssize_t n, Py_ssize_t seg, int bits,
         qk_segment(s, seg, n, &a0, &b0);
         const float *xs = x + a0;
         Py_ssize_t m = b0 - a0;
-        if (!all_finite(xs, m))
+        if (!k->finite(xs, m))
             return 1;
         double lo, hi;  /* as quant.c's uniform_f32, mask-free, nq >= 2 */
         if (symmetric) {
-            hi = qk_absmax_f32(xs, m, NULL);
+            hi = k->absmax(xs, m, NULL);
             lo = -hi;
         } else
-            qk_range_f32(xs, m, NULL, &lo, &hi);
+            k->range(xs, m, NULL, &lo, &hi);
         float zero = (float)lo, scale = (float)((hi - (double)zero) / (double)(nq - 1));
         scale = isfinite(scale) ? scale : FLT_MAX;
         float inv = scale > 0 ? 1.0f / scale : 0.0f;
@@ -69,7 +85,7 @@ static int uniform_chunk(const float *x, Py_ssize_t n, Py_ssize_t seg, int bits,
             return 1;
         putf32(zeros + 4 * s, zero);
         putf32(scales + 4 * s, scale);
-        qk_codes_f32(xs, m, m, &zero, &inv, 1, (float)(nq - 1), 0.5f, 0.0f, out + a0);
+        k->codes(xs, m, m, &zero, &inv, 1, (float)(nq - 1), 0.5f, 0.0f, out + a0);
     }
     if (bits < 8)
         ck_pack_bits(codes, n, bits, packed);
@@ -118,11 +134,13 @@ PyObject *ck_quant_encode_uniform(PyObject *self, PyObject *args)
         Py_ssize_t end = qsize;
         if (res != NULL) {
             uint8_t *out = (uint8_t *)PyBytes_AS_STRING(res), *body = out + at;
+            const steps_t *k = CK_HAVE_BUILDS && ck_vector() >= CK_AVX2 ? &STEPS_AVX2
+                                                                        : &STEPS_BASE;
             Py_BEGIN_ALLOW_THREADS
             if (bits < 8 && (codes = malloc((size_t)n)) == NULL)
                 end = -1;
-            else if ((status = uniform_chunk(x.buf, n, seg, (int)bits, symmetric, body, codes))
-                     == 0 && entropy) {
+            else if ((status = uniform_chunk(k, x.buf, n, seg, (int)bits, symmetric, body,
+                                             codes)) == 0 && entropy) {
                 if (min_saving > 0 && !ck_rh_pays(body, qsize, min_saving))
                     end = ck_rh_raw(body, qsize, out);  /* in place */
                 else if ((copy = malloc((size_t)qsize)) == NULL)

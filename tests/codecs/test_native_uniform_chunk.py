@@ -1,10 +1,10 @@
 """A whole uniform Quantize chunk in one call (``ckptcodecs.encode_uniform_chunk``, C) against
 the steps it stands for, ``encode_chunk(*quantize(...))`` and ``rle_huffman_encode(chunk,
 min_saving)``, a kernel call each: the same bytes on every kind of value, bit width, method,
-segment length and entropy gate; None exactly where quantize's special cases need its steps
-(values that are not finite, subnormal scales, no values); RLEHuffman's own one call against its
-steps; hostile arguments raise ValueError; the call runs without the GIL; the stores' codec and
-the numcodecs codec use it only where it writes what the steps write."""
+segment length and entropy gate, on each CPU path; None exactly where quantize's special cases
+need its steps (values that are not finite, subnormal scales, no values); RLEHuffman's own one
+call against its steps; hostile arguments raise ValueError; the call runs without the GIL; the
+stores' codec and the numcodecs codec use it only where it writes what the steps write."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ from ckptcodecs.uniform_chunk import one_call_applies
 from ckptstore.chunkcodec.quantized import QuantizedLossy
 from helpers import spins_during
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.skipif(
     _backend.CHOICE != "c", reason="the one call is the compiled kernels' (CKPTCODECS_KERNELS="
-    "numba, or no build: the steps run, as the reference)")
+    "numba, or no build: the steps run, as the reference)"),
+    pytest.mark.usefixtures("each_simd_path")]  # the baseline and AVX2 builds of its loops
 
 KINDS = ["normal", "runs", "constant", "huge", "tiny", "subnormal", "specials"]
 METHODS = ["uniform-asymmetric", "uniform-symmetric"]
