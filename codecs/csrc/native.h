@@ -77,6 +77,22 @@ static inline Py_ssize_t ck_items(const Py_buffer *v) { return v->len / v->items
 static inline uint16_t ck_load16(const uint8_t *p) { uint16_t x; memcpy(&x, p, 2); return x; }
 static inline uint32_t ck_load32(const uint8_t *p) { uint32_t x; memcpy(&x, p, 4); return x; }
 static inline uint64_t ck_load64(const uint8_t *p) { uint64_t x; memcpy(&x, p, 8); return x; }
+/* Little-endian stores, whatever the CPU (headers written byte by byte). */
+static inline void ck_store16(uint8_t *p, uint16_t x)
+{
+    p[0] = (uint8_t)x;
+    p[1] = (uint8_t)(x >> 8);
+}
+static inline void ck_store32(uint8_t *p, uint32_t x)
+{
+    ck_store16(p, (uint16_t)x);
+    ck_store16(p + 2, (uint16_t)(x >> 16));
+}
+static inline void ck_store64(uint8_t *p, uint64_t x)
+{
+    ck_store32(p, (uint32_t)x);
+    ck_store32(p + 4, (uint32_t)(x >> 32));
+}
 
 /* The first items of `count` (a multiple of 16) split into planes / merged from planes by
    vector code (transpose.c); the callers' plain loops do the rest. */

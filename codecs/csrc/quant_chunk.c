@@ -43,18 +43,11 @@ static const steps_t STEPS_BASE = {all_finite, qk_range_f32, qk_absmax_f32, qk_c
 static const steps_t STEPS_AVX2 = {all_finite_avx2, qk_range_f32_avx2, qk_absmax_f32_avx2,
                                    qk_codes_f32_avx2};
 
-static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int k = 0; k < 8; k++)
-        p[k] = (uint8_t)(v >> (8 * k));
-}
 static void putf32(uint8_t *p, float f)
 {
     uint32_t u;
     memcpy(&u, &f, 4);
-    for (int k = 0; k < 4; k++)
-        p[k] = (uint8_t)(u >> (8 * k));
+    ck_store32(p, u);
 }
 
 /* The chunk of x[0..n) (n >= 1) into body (QC_HEAD + 8 * nseg + packed bytes); codes: n bytes
@@ -94,10 +87,10 @@ static int uniform_chunk(const steps_t *k, const float *x, Py_ssize_t n, Py_ssiz
     body[2] = (uint8_t)bits;
     body[3] = 0;                           /* flags: no prune, no protect, float32 params */
     body[4] = 0;                           /* float32 */
-    put16(body + 5, (uint16_t)nq);
-    put64(body + 7, (uint64_t)n);
-    put64(body + 15, (uint64_t)seg);
-    put64(body + 23, 0);                   /* nprot */
+    ck_store16(body + 5, (uint16_t)nq);
+    ck_store64(body + 7, (uint64_t)n);
+    ck_store64(body + 15, (uint64_t)seg);
+    ck_store64(body + 23, 0);                   /* nprot */
     return 0;
 }
 

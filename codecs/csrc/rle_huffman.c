@@ -463,10 +463,6 @@ static PyObject *ck_rle_encode_stream(PyObject *self, PyObject *args)
 #define SAMPLE_BLOCKS 16                 /* rle_huffman.py's SAMPLE_BLOCKS, SAMPLE_BLOCK */
 #define SAMPLE_BLOCK 1024
 
-static void store16(uint8_t *p, uint16_t x) { p[0] = (uint8_t)x; p[1] = (uint8_t)(x >> 8); }
-static void store32(uint8_t *p, uint32_t x) { store16(p, (uint16_t)x); store16(p + 2, (uint16_t)(x >> 16)); }
-static void store64(uint8_t *p, uint64_t x) { store32(p, (uint32_t)x); store32(p + 4, (uint32_t)(x >> 32)); }
-
 /* zlib's CRC-32 of a header (a few hundred bytes: bit by bit). */
 static uint32_t crc32_ieee(const uint8_t *p, Py_ssize_t n)
 {
@@ -510,7 +506,7 @@ Py_ssize_t ck_rh_raw(const uint8_t *data, Py_ssize_t n, uint8_t *out)
 {
     out[0] = RH_VERSION;
     out[1] = 0;
-    store64(out + 2, (uint64_t)n);
+    ck_store64(out + 2, (uint64_t)n);
     if (out + CK_RH_HEAD != data && n)
         memcpy(out + CK_RH_HEAD, data, (size_t)n);
     return CK_RH_HEAD + n;
@@ -533,14 +529,14 @@ Py_ssize_t ck_rh_encode(const uint8_t *data, Py_ssize_t n, uint8_t *out)
                     const int64_t *lens = p.used + 2 * (size_t)ALPHABET;
                     out[0] = RH_VERSION;
                     out[1] = 1;
-                    store64(out + 2, (uint64_t)n);
-                    store64(out + CK_RH_HEAD, (uint64_t)p.nsym);
-                    store32(out + CK_RH_HEAD + 8, (uint32_t)p.nused);
+                    ck_store64(out + 2, (uint64_t)n);
+                    ck_store64(out + CK_RH_HEAD, (uint64_t)p.nsym);
+                    ck_store32(out + CK_RH_HEAD + 8, (uint32_t)p.nused);
                     for (Py_ssize_t k = 0; k < p.nused; k++) {
-                        store16(out + RH_CODED_HEAD + 2 * k, (uint16_t)p.used[k]);
+                        ck_store16(out + RH_CODED_HEAD + 2 * k, (uint16_t)p.used[k]);
                         out[RH_CODED_HEAD + 2 * p.nused + k] = (uint8_t)lens[k];
                     }
-                    store32(out + hlen - 4, crc32_ieee(out, hlen - 4));
+                    ck_store32(out + hlen - 4, crc32_ieee(out, hlen - 4));
                     written = hlen + end;
                 }
             }
