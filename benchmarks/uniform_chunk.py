@@ -14,7 +14,8 @@ one call at a time, as before), "one call" ``encode_uniform_chunk(x, ..., entrop
 min_saving=0.08)``, on the CPU paths ``sse2`` (the baseline build of its loops) and ``avx2``;
 and how many times each releases the GIL a chunk (the calls that take it back, counted with
 ``sys.setprofile`` on C calls: every C function the steps call that releases it). Two kinds of
-rows: a bell curve (the entropy gate stores the codes raw) and rows of few values (coded).
+rows: a bell curve (the entropy gate stores the codes raw), rows of few values (coded), and the
+bell curve as bfloat16 (4 MB chunks of the same rows; "per 256 MB" is of float32's size).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import time
 import numpy as np
 
 from ckptcodecs import _backend, encode_chunk, encode_uniform_chunk, quantize, rle_huffman_encode
+from ckptcodecs.floats import to_bf16_bits
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import command_line, machine_description, markdown_table  # noqa: E402
@@ -37,20 +39,32 @@ ROWS, COLS = 16384, 128  # 8 MB of float32 a chunk
 PER_256MB = 256 / (CHUNKS * ROWS * COLS * 4 / 2**20)
 
 
+KINDS = ("bell curve (stored raw)", "rows of few values (coded)",
+         "bfloat16 bell curve (stored raw)")
+
+
 def _chunks(kind: str) -> list[np.ndarray]:
+    """The chunks of a kind of rows: float32, or bfloat16 bits (a uint16 array)."""
     rng = np.random.default_rng(0)
-    if kind == "bell curve (stored raw)":
-        return [rng.normal(0, 0.05, (ROWS, COLS)).astype(np.float32) for _ in range(CHUNKS)]
-    return [np.repeat(np.round(rng.normal(0, 2, (ROWS, COLS // 16))), 16, axis=1)
-            .astype(np.float32) for _ in range(CHUNKS)]
+    if kind == "rows of few values (coded)":
+        return [np.repeat(np.round(rng.normal(0, 2, (ROWS, COLS // 16))), 16, axis=1)
+                .astype(np.float32) for _ in range(CHUNKS)]
+    chunks = [rng.normal(0, 0.05, (ROWS, COLS)).astype(np.float32) for _ in range(CHUNKS)]
+    return [to_bf16_bits(c) for c in chunks] if kind.startswith("bfloat16") else chunks
+
+
+def _dtype(x: np.ndarray) -> str | None:
+    return "bfloat16" if x.dtype == np.uint16 else None
 
 
 def _steps(x: np.ndarray) -> bytes:
-    return rle_huffman_encode(encode_chunk(*quantize(x, "uniform-asymmetric", 8)), 0.08)
+    chunk = encode_chunk(*quantize(x, "uniform-asymmetric", 8, dtype=_dtype(x)))
+    return rle_huffman_encode(chunk, 0.08)
 
 
 def _one_call(x: np.ndarray) -> bytes:
-    return encode_uniform_chunk(x, "uniform-asymmetric", 8, entropy=True, min_saving=0.08)
+    return encode_uniform_chunk(x, "uniform-asymmetric", 8, entropy=True, min_saving=0.08,
+                                dtype=_dtype(x))
 
 
 def _gil_calls(fn, x: np.ndarray) -> int:
@@ -80,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     native = _backend.native()
     paths = [p for p in ("sse2", "avx2") if p in native.simd_paths()]
     rows = []
-    for kind in ("bell curve (stored raw)", "rows of few values (coded)"):
+    for kind in KINDS:
         chunks = _chunks(kind)
         assert all(_one_call(c) == _steps(c) for c in chunks)  # the same bytes
         variants = {f"{name}, {path}": (fn, path) for path in paths

@@ -157,7 +157,7 @@ class Quantize(Codec):
             return None
         return encode_uniform_chunk(self._values(buf), self.method, self.bits,
                                     self.granularity, self.group_size, entropy=entropy,
-                                    min_saving=min_saving)
+                                    min_saving=min_saving, dtype=self.dtype)
 
     def _values(self, buf) -> np.ndarray:
         """The array to quantize: ``buf`` in memory order; raw bytes read as ``self.dtype``."""

@@ -21,31 +21,44 @@ __all__ = ["encode_uniform_chunk", "one_call_applies"]
 
 _native = native() if CHOICE == "c" else None
 _UNIFORM = ("uniform-asymmetric", "uniform-symmetric")
+#: the chunk header's dtype codes (``_floats.DTYPE_CODES``) of what the one call reads
+_F32, _BF16 = 0, 3
+_CODES = {"float32": _F32, "float16": 2}
 
 
 def one_call_applies(method: str, protect: float = 0.0, prune: float = 0.0,
                      dtype: str | None = None, protect_mode: str = "level",
                      param_dtype: str = "float32") -> bool:
     """Whether :func:`encode_uniform_chunk` can stand for quantize's steps with these
-    parameters (float32 data aside): a uniform method, nothing protected or pruned, float32
-    parameters, the level layout, the compiled kernels in use (not numba's reference)."""
+    parameters (the data's own type aside): a uniform method, nothing protected or pruned,
+    float32 parameters, the level layout, the compiled kernels in use (not numba's reference);
+    ``dtype`` None or ``"bfloat16"`` (Quantize's: bfloat16 bits in a uint16 array)."""
     return (_native is not None and method in _UNIFORM and protect == 0 and prune == 0
-            and dtype is None and protect_mode == "level" and param_dtype == "float32")
+            and dtype in (None, "bfloat16") and protect_mode == "level"
+            and param_dtype == "float32")
 
 
 def encode_uniform_chunk(x: np.ndarray, method: str, bits: int, granularity: str = "row",
                          group_size: int | None = None, *, entropy: bool = False,
-                         min_saving: float = 0.0) -> bytes | None:
+                         min_saving: float = 0.0, dtype: str | None = None) -> bytes | None:
     """The stored bytes of a uniform Quantize chunk of ``x`` in one call, or None where
-    quantize's own steps must run: data other than float32, or a value that is not finite
-    (quantize protects it), a subnormal scale, an empty array -- and wherever
-    :func:`one_call_applies` says no for ``method`` (check it first for the other parameters).
+    quantize's own steps must run: data other than float32 or float16 (or, with
+    ``dtype="bfloat16"``, a uint16 array of bfloat16 bits, as :func:`quantize` takes them), a
+    value that is not finite (quantize protects it), a subnormal scale, an empty array -- and
+    wherever :func:`one_call_applies` says no for ``method`` (check it first for the other
+    parameters). 16-bit values are widened to float32 a segment at a time, as quantize widens
+    them all first.
 
     ``entropy``: RLEHuffman coded as ``rle_huffman_encode(chunk, min_saving)`` codes it."""
     arr = np.asarray(x)
-    if _native is None or method not in _UNIFORM or arr.dtype != np.float32:
+    if dtype == "bfloat16":
+        code = _BF16 if arr.dtype.itemsize == 2 and arr.dtype.kind in "uif" else None
+    else:
+        code = _CODES.get(arr.dtype.name) if dtype is None else None
+    if _native is None or method not in _UNIFORM or code is None:
         return None
     seg = segment_length(arr.shape, granularity, group_size)
-    return _native.quant_encode_uniform(np.ascontiguousarray(arr).reshape(-1), seg, int(bits),
-                                        method == "uniform-symmetric", bool(entropy),
-                                        float(min_saving))
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    return _native.quant_encode_uniform(flat if code == _F32 else flat.view(np.uint16), seg,
+                                        int(bits), method == "uniform-symmetric", bool(entropy),
+                                        float(min_saving), code)

@@ -4,16 +4,31 @@
    the coder's two calls), each of which a background persist paid for with a wait for the
    GIL beside a training loop. The bytes are those of
        rle_huffman_encode(encode_chunk(*quantize(x, method, bits, ...)), min_saving)
-   for float32 values without protected or pruned ones and float32 parameters; a segment at a
-   time: its values checked finite, its range, zero point and scale, its codes, while it is in
-   cache. Where a value is not finite (quantize protects it) or an inverse scale is not
-   (a subnormal scale: quantize's float64 steps), nothing is returned: the caller's steps run. */
+   for float32, float16 or bfloat16 values without protected or pruned ones and float32
+   parameters; a segment at a time (16-bit values widened into a scratch first): its values
+   checked finite, its range, zero point and scale, its codes, while it is in cache. Where a
+   value is not finite (quantize protects it) or an inverse scale is not (a subnormal scale:
+   quantize's float64 steps), nothing is returned: the caller's steps run. */
 #include "quant.h"
+#include "floats.h"
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
 
 #define QC_HEAD 31  /* _qformat's version-1 header: <BBBBBHQQQ */
+enum { QC_F32 = 0, QC_F16 = 2, QC_BF16 = 3 };  /* _floats.DTYPE_CODES */
+
+/* float32 values of m 16-bit floats (bfloat16 or float16 bits), exact, into out: what
+   _floats.as_float gives quantize. */
+static void widen(const uint16_t *restrict h, Py_ssize_t m, int dtype, float *restrict out)
+{
+    if (dtype == QC_BF16)
+        for (Py_ssize_t i = 0; i < m; i++)
+            out[i] = ck_float_of((uint32_t)h[i] << 16);
+    else
+        for (Py_ssize_t i = 0; i < m; i++)
+            out[i] = ck_float_of(ck_f32_of_f16(h[i]));
+}
 
 /* 1 when every value of x[0..m) is finite (its exponent bits not all set). */
 #define ALL_FINITE(NAME, ATTR)                                                                \
@@ -50,19 +65,25 @@ static void putf32(uint8_t *p, float f)
     ck_store32(p, u);
 }
 
-/* The chunk of x[0..n) (n >= 1) into body (QC_HEAD + 8 * nseg + packed bytes); codes: n bytes
-   of scratch where bits < 8 (else the codes go straight into body). 0, or 1 where quantize's
-   own steps must run (nothing usable written). */
-static int uniform_chunk(const steps_t *k, const float *x, Py_ssize_t n, Py_ssize_t seg,
-                         int bits, int symmetric, uint8_t *body, uint8_t *codes)
+/* The chunk of the n (>= 1) values at x (float32, or 16-bit floats of `dtype` widened a
+   segment at a time into wide: seg floats of scratch) into body (QC_HEAD + 8 * nseg + packed
+   bytes); codes: n bytes of scratch where bits < 8 (else the codes go straight into body). 0,
+   or 1 where quantize's own steps must run (nothing usable written). */
+static int uniform_chunk(const steps_t *k, const void *x, int dtype, Py_ssize_t n,
+                         Py_ssize_t seg, int bits, int symmetric, uint8_t *body, uint8_t *codes,
+                         float *wide)
 {
     Py_ssize_t nseg = (n + seg - 1) / seg, nq = (Py_ssize_t)1 << bits, a0, b0;
     uint8_t *zeros = body + QC_HEAD, *scales = zeros + 4 * nseg, *packed = scales + 4 * nseg;
     uint8_t *out = bits == 8 ? packed : codes;
     for (Py_ssize_t s = 0; s < nseg; s++) {
         qk_segment(s, seg, n, &a0, &b0);
-        const float *xs = x + a0;
         Py_ssize_t m = b0 - a0;
+        const float *xs = (const float *)x + a0;
+        if (dtype != QC_F32) {
+            widen((const uint16_t *)x + a0, m, dtype, wide);
+            xs = wide;
+        }
         if (!k->finite(xs, m))
             return 1;
         double lo, hi;  /* as quant.c's uniform_f32, mask-free, nq >= 2 */
@@ -86,7 +107,7 @@ static int uniform_chunk(const steps_t *k, const float *x, Py_ssize_t n, Py_ssiz
     body[1] = symmetric ? 0 : 1;           /* METHODS.index */
     body[2] = (uint8_t)bits;
     body[3] = 0;                           /* flags: no prune, no protect, float32 params */
-    body[4] = 0;                           /* float32 */
+    body[4] = (uint8_t)dtype;
     ck_store16(body + 5, (uint16_t)nq);
     ck_store64(body + 7, (uint64_t)n);
     ck_store64(body + 15, (uint64_t)seg);
@@ -94,22 +115,27 @@ static int uniform_chunk(const steps_t *k, const float *x, Py_ssize_t n, Py_ssiz
     return 0;
 }
 
-/* encode_uniform(x, seg, bits, symmetric, entropy, min_saving) -> bytes, or None where
-   quantize's steps must run (see above); x: float32 values, C-contiguous. */
+/* encode_uniform(x, seg, bits, symmetric, entropy, min_saving, dtype) -> bytes, or None where
+   quantize's steps must run (see above); x: C-contiguous float32 values (dtype 0), or the bits
+   of float16 (2) or bfloat16 (3) values. */
 PyObject *ck_quant_encode_uniform(PyObject *self, PyObject *args)
 {
     const char *name = "encode_uniform";
     PyObject *x_obj, *res = NULL;
     Py_ssize_t seg, bits;
-    int symmetric, entropy, status = 0;
+    int symmetric, entropy, dtype, status = 0;
     double min_saving;
     Py_buffer x;
-    if (!PyArg_ParseTuple(args, "Onnppd", &x_obj, &seg, &bits, &symmetric, &entropy,
-                          &min_saving)
-        || ck_buffer(x_obj, &x, 0, CK_FLOAT, name) < 0)
+    if (!PyArg_ParseTuple(args, "Onnppdi", &x_obj, &seg, &bits, &symmetric, &entropy,
+                          &min_saving, &dtype))
+        return NULL;
+    if (dtype != QC_F32 && dtype != QC_F16 && dtype != QC_BF16)
+        return PyErr_Format(PyExc_ValueError, "%s: dtype code %d (0 float32, 2 float16, 3 "
+                            "bfloat16)", name, dtype);
+    if (ck_buffer(x_obj, &x, 0, dtype == QC_F32 ? CK_FLOAT : 2, name) < 0)
         return NULL;
     Py_ssize_t n = ck_items(&x), nseg = seg > 0 ? (n + seg - 1) / seg : 0;
-    if (x.itemsize != 4)
+    if (dtype == QC_F32 && x.itemsize != 4)
         PyErr_Format(PyExc_ValueError, "%s: float32 values, not %zd-byte ones", name,
                      x.itemsize);
     else if (seg < 1 || bits < 1 || bits > 8)
@@ -124,16 +150,19 @@ PyObject *ck_quant_encode_uniform(PyObject *self, PyObject *args)
         Py_ssize_t room = entropy ? CK_RH_ROOM(qsize) : qsize, at = entropy ? CK_RH_HEAD : 0;
         res = PyBytes_FromStringAndSize(NULL, room);
         uint8_t *codes = NULL, *copy = NULL;
+        float *wide = NULL;
         Py_ssize_t end = qsize;
         if (res != NULL) {
             uint8_t *out = (uint8_t *)PyBytes_AS_STRING(res), *body = out + at;
             const steps_t *k = CK_HAVE_BUILDS && ck_vector() >= CK_AVX2 ? &STEPS_AVX2
                                                                         : &STEPS_BASE;
             Py_BEGIN_ALLOW_THREADS
-            if (bits < 8 && (codes = malloc((size_t)n)) == NULL)
+            if ((bits < 8 && (codes = malloc((size_t)n)) == NULL)
+                || (dtype != QC_F32
+                    && (wide = malloc(sizeof *wide * (size_t)(seg < n ? seg : n))) == NULL))
                 end = -1;
-            else if ((status = uniform_chunk(k, x.buf, n, seg, (int)bits, symmetric, body,
-                                             codes)) == 0 && entropy) {
+            else if ((status = uniform_chunk(k, x.buf, dtype, n, seg, (int)bits, symmetric, body,
+                                             codes, wide)) == 0 && entropy) {
                 if (min_saving > 0 && !ck_rh_pays(body, qsize, min_saving))
                     end = ck_rh_raw(body, qsize, out);  /* in place */
                 else if ((copy = malloc((size_t)qsize)) == NULL)
@@ -146,6 +175,7 @@ PyObject *ck_quant_encode_uniform(PyObject *self, PyObject *args)
             Py_END_ALLOW_THREADS
             free(codes);
             free(copy);
+            free(wide);
             if (end < 0)
                 PyErr_NoMemory();
             else if (!status)

@@ -1,10 +1,11 @@
 """A whole uniform Quantize chunk in one call (``ckptcodecs.encode_uniform_chunk``, C) against
 the steps it stands for, ``encode_chunk(*quantize(...))`` and ``rle_huffman_encode(chunk,
 min_saving)``, a kernel call each: the same bytes on every kind of value, bit width, method,
-segment length and entropy gate, on each CPU path; None exactly where quantize's special cases
-need its steps (values that are not finite, subnormal scales, no values); RLEHuffman's own one
-call against its steps; hostile arguments raise ValueError; the call runs without the GIL; the
-stores' codec and the numcodecs codec use it only where it writes what the steps write."""
+segment length, entropy gate and float width (float32, float16, bfloat16), on each CPU path;
+None exactly where quantize's special cases need its steps (values that are not finite,
+subnormal scales, no values); RLEHuffman's own one call against its steps; hostile arguments
+raise ValueError; the call runs without the GIL; the stores' codec and the numcodecs codec use
+it only where it writes what the steps write."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from ckptcodecs import (Quantize, _backend, encode_chunk, encode_uniform_chunk, quantize,
                         rle_huffman_encode)
 from ckptcodecs import rle_huffman as RH
+from ckptcodecs.floats import to_bf16_bits
 from ckptcodecs.uniform_chunk import one_call_applies
 from ckptstore.chunkcodec.quantized import QuantizedLossy
 from helpers import spins_during
@@ -48,24 +50,35 @@ def _values(seed: int, shape: tuple[int, ...], kind: str) -> np.ndarray:
     return x.astype(np.float32).reshape(shape)
 
 
+def _as(x: np.ndarray, width: str) -> tuple[np.ndarray, str | None]:
+    """``x`` as float32, float16, or bfloat16 bits (a uint16 array and dtype "bfloat16")."""
+    if width == "bfloat16":
+        return to_bf16_bits(x), "bfloat16"
+    with np.errstate(over="ignore"):
+        return x.astype(width), None
+
+
 def _steps(x: np.ndarray, method: str, bits: int, granularity: str, group_size: int | None,
-           entropy: bool, min_saving: float) -> bytes:
-    codes, params = quantize(x, method, bits, granularity=granularity, group_size=group_size)
+           entropy: bool, min_saving: float, dtype: str | None = None) -> bytes:
+    codes, params = quantize(x, method, bits, granularity=granularity, group_size=group_size,
+                             dtype=dtype)
     chunk = encode_chunk(codes, params)
     return rle_huffman_encode(chunk, min_saving) if entropy else chunk
 
 
-def _check(x, method, bits, granularity, group_size, entropy, min_saving) -> bytes | None:
+def _check(x, method, bits, granularity, group_size, entropy, min_saving, dtype=None
+           ) -> bytes | None:
     got = encode_uniform_chunk(x, method, bits, granularity, group_size, entropy=entropy,
-                               min_saving=min_saving)
+                               min_saving=min_saving, dtype=dtype)
     if got is None:  # only where quantize's special cases apply
         if x.size:
-            _, p = quantize(x, method, bits, granularity=granularity, group_size=group_size)
+            _, p = quantize(x, method, bits, granularity=granularity, group_size=group_size,
+                            dtype=dtype)
             with np.errstate(over="ignore", divide="ignore"):
                 subnormal = not np.isfinite(np.float32(1) / p.scale[p.scale > 0]).all()
             assert p.protected.size or subnormal  # non-finite values, or float64 steps
         return None
-    assert got == _steps(x, method, bits, granularity, group_size, entropy, min_saving)
+    assert got == _steps(x, method, bits, granularity, group_size, entropy, min_saving, dtype)
     return got
 
 
@@ -73,21 +86,23 @@ def _check(x, method, bits, granularity, group_size, entropy, min_saving) -> byt
 @given(seed=st.integers(0, 2**31), rows=st.integers(0, 40), cols=st.integers(1, 300),
        kind=st.sampled_from(KINDS), method=st.sampled_from(METHODS), bits=st.integers(1, 8),
        granularity=st.sampled_from(["row", "tensor", "group"]), group=st.integers(1, 200),
-       entropy=st.booleans(), min_saving=st.sampled_from([0.0, 0.08, 0.5]))
+       entropy=st.booleans(), min_saving=st.sampled_from([0.0, 0.08, 0.5]),
+       width=st.sampled_from(["float32", "float16", "bfloat16"]))
 def test_one_call_writes_what_the_steps_write(seed, rows, cols, kind, method, bits, granularity,
-                                              group, entropy, min_saving):
-    x = _values(seed, (rows, cols), kind)
+                                              group, entropy, min_saving, width):
+    x, dtype = _as(_values(seed, (rows, cols), kind), width)
     _check(x, method, bits, granularity, group if granularity == "group" else None, entropy,
-           min_saving)
+           min_saving, dtype)
 
 
 @pytest.mark.parametrize("kind", ["normal", "runs", "constant", "huge"])
 @pytest.mark.parametrize("bits", [8, 4, 2])
 @pytest.mark.parametrize("min_saving", [0.0, 0.08, 0.3])
-def test_chunks_the_entropy_gate_samples(kind, bits, min_saving):
+@pytest.mark.parametrize("width", ["float32", "bfloat16"])
+def test_chunks_the_entropy_gate_samples(kind, bits, min_saving, width):
     """Chunks of 64 KiB and more, where the gate reads its sample: coded or raw alike."""
-    x = _values(bits, (2048, 96), kind)
-    got = _check(x, "uniform-asymmetric", bits, "row", None, True, min_saving)
+    x, dtype = _as(_values(bits, (2048, 96), kind), width)
+    got = _check(x, "uniform-asymmetric", bits, "row", None, True, min_saving, dtype)
     assert got is not None and got[0] == 1  # RLEHuffman version 1
 
 
@@ -98,18 +113,23 @@ def test_special_cases_are_left_to_the_steps(kind):
     assert encode_uniform_chunk(np.zeros(0, np.float32), "uniform-asymmetric", 8) is None
     assert encode_uniform_chunk(x.astype(np.float64), "uniform-asymmetric", 8) is None
     assert encode_uniform_chunk(x, "kmeans", 8) is None
+    assert encode_uniform_chunk(to_bf16_bits(x), "uniform-asymmetric", 8) is None  # no dtype
+    assert encode_uniform_chunk(x, "uniform-asymmetric", 8, dtype="bfloat16") is None
 
 
 def test_hostile_arguments_raise():
     call = _backend.native().quant_encode_uniform
     x = _values(2, (16, 16), "normal").reshape(-1)
-    for args in [(x, 0, 8, False, True, 0.0), (x, 16, 0, False, True, 0.0),
-                 (x, 16, 9, False, True, 0.0), (x, 16, 8, False, True, 1.0),
-                 (x, 16, 8, False, True, -0.1), (x.astype(np.float64), 16, 8, False, True, 0.0)]:
+    for args in [(x, 0, 8, False, True, 0.0, 0), (x, 16, 0, False, True, 0.0, 0),
+                 (x, 16, 9, False, True, 0.0, 0), (x, 16, 8, False, True, 1.0, 0),
+                 (x, 16, 8, False, True, -0.1, 0), (x.astype(np.float64), 16, 8, False, True,
+                                                    0.0, 0),
+                 (x, 16, 8, False, True, 0.0, 1), (x, 16, 8, False, True, 0.0, 3),
+                 (to_bf16_bits(x), 16, 8, False, True, 0.0, 0)]:
         with pytest.raises(ValueError):
             call(*args)
     with pytest.raises((ValueError, BufferError)):
-        call(x.reshape(16, 16)[:, ::2], 8, 8, False, True, 0.0)
+        call(x.reshape(16, 16)[:, ::2], 8, 8, False, True, 0.0, 0)
 
 
 def test_the_one_call_releases_the_gil():
@@ -142,6 +162,9 @@ def test_codecs_use_the_one_call_only_where_it_applies():
     assert q.encode(x) == encode_chunk(codes, params)
     assert q.encode_one_call(x) == encode_chunk(codes, params)
     assert Quantize("uniform-asymmetric", 8, protect=0.01).encode_one_call(x) is None
+    b16 = to_bf16_bits(x)
+    assert Quantize("uniform-asymmetric", 8, dtype="bfloat16").encode(b16) == encode_chunk(
+        *quantize(b16, "uniform-asymmetric", 8, dtype="bfloat16"))
     codec = QuantizedLossy({"method": "uniform-asymmetric", "bits": 8})
     body, crc = codec.encode(x)
     assert bytes(body) == rle_huffman_encode(encode_chunk(*quantize(x, "uniform-asymmetric", 8)),
