@@ -136,10 +136,10 @@ class Quantize(Codec):
 
     def encode(self, buf) -> bytes:
         """Quantize ``buf`` (any buffer; see the class notes) into one chunk."""
-        chunk = self.encode_one_call(buf)
+        arr = self._values(buf)
+        chunk = self._one_call_chunk(arr)
         if chunk is not None:
             return chunk
-        arr = self._values(buf)
         codes, params = quantize(
             arr, self.method, self.bits, granularity=self.granularity,
             group_size=self.group_size, protect=self.protect, prune=self.prune,
@@ -153,11 +153,15 @@ class Quantize(Codec):
         where quantize's special cases need its own steps (see
         :func:`ckptcodecs.encode_uniform_chunk`); ``entropy``: RLEHuffman coded, as
         ``rle_huffman_encode(chunk, min_saving)`` codes it."""
+        return self._one_call_chunk(self._values(buf), entropy, min_saving)
+
+    def _one_call_chunk(self, arr: np.ndarray, entropy: bool = False, min_saving: float = 0.0
+                        ) -> bytes | None:
         if not self._one_call:
             return None
-        return encode_uniform_chunk(self._values(buf), self.method, self.bits,
-                                    self.granularity, self.group_size, entropy=entropy,
-                                    min_saving=min_saving, dtype=self.dtype)
+        return encode_uniform_chunk(arr, self.method, self.bits, self.granularity,
+                                    self.group_size, entropy=entropy, min_saving=min_saving,
+                                    dtype=self.dtype)
 
     def _values(self, buf) -> np.ndarray:
         """The array to quantize: ``buf`` in memory order; raw bytes read as ``self.dtype``."""

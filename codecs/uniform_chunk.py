@@ -15,15 +15,15 @@ from __future__ import annotations
 import numpy as np
 
 from ._backend import CHOICE, native
+from ._floats import dtype_code
 from .qparams import segment_length
 
 __all__ = ["encode_uniform_chunk", "one_call_applies"]
 
 _native = native() if CHOICE == "c" else None
 _UNIFORM = ("uniform-asymmetric", "uniform-symmetric")
-#: the chunk header's dtype codes (``_floats.DTYPE_CODES``) of what the one call reads
-_F32, _BF16 = 0, 3
-_CODES = {"float32": _F32, "float16": 2}
+#: what the one call reads besides bfloat16 bits: these values
+_FLOATS = ("float32", "float16")
 
 
 def one_call_applies(method: str, protect: float = 0.0, prune: float = 0.0,
@@ -52,13 +52,13 @@ def encode_uniform_chunk(x: np.ndarray, method: str, bits: int, granularity: str
     ``entropy``: RLEHuffman coded as ``rle_huffman_encode(chunk, min_saving)`` codes it."""
     arr = np.asarray(x)
     if dtype == "bfloat16":
-        code = _BF16 if arr.dtype.itemsize == 2 and arr.dtype.kind in "uif" else None
+        name = dtype if arr.dtype.itemsize == 2 and arr.dtype.kind in "uif" else None
     else:
-        code = _CODES.get(arr.dtype.name) if dtype is None else None
-    if _native is None or method not in _UNIFORM or code is None:
+        name = arr.dtype.name if dtype is None and arr.dtype.name in _FLOATS else None
+    if _native is None or method not in _UNIFORM or name is None:
         return None
     seg = segment_length(arr.shape, granularity, group_size)
     flat = np.ascontiguousarray(arr).reshape(-1)
-    return _native.quant_encode_uniform(flat if code == _F32 else flat.view(np.uint16), seg,
-                                        int(bits), method == "uniform-symmetric", bool(entropy),
-                                        float(min_saving), code)
+    return _native.quant_encode_uniform(flat if name == "float32" else flat.view(np.uint16),
+                                        seg, int(bits), method == "uniform-symmetric",
+                                        bool(entropy), float(min_saving), dtype_code(name))
