@@ -23,7 +23,8 @@ What is measured
   it saves 8 %), the same with every chunk coded (``entropy_min_saving=0.0``, before) and with
   Check-N-Run's adaptive range search forced (``"adaptive-asymmetric"``, the default before),
   and 8-bit encoded a kernel call a step, as before the one-call chunk encoder (issue 28);
-  each at the
+  lossless and raw bits with chunk files written through the page cache, as before they went
+  past it (``O_DIRECT``); each at the
   ``background_priority`` values of ``--priority`` (default: the store's default, ``low``);
   ``idle-old`` is ``SCHED_IDLE`` without the priority inheritance of issue 26 (the default
   before it), ``low-19`` is ``low`` at nice +19 instead of +10.
@@ -91,6 +92,11 @@ CONFIGS = {
     # GIL after it) each
     "commit_async, 8-bit, a kernel call a step (before)": (
         EncodingOptions(), Policy(quantize=QuantSpec(bits=8)), "steps"),
+    # before chunk files went past the page cache (O_DIRECT): cached, written back, dropped
+    "commit_async, lossless, through the page cache (before)": (
+        EncodingOptions(), Policy(), "cached"),
+    "commit_async, raw bits, through the page cache (before)": (
+        EncodingOptions(compression="none"), Policy(), "cached"),
 }
 
 
@@ -165,13 +171,15 @@ LOW_NICE = ckptstore.priority.LOW_NICE
 
 
 def open_store(folder: str, options: EncodingOptions, policy: Policy, io_workers: int | None,
-               priority: str) -> ckptstore.Store:
-    """A store at ``priority`` (or one of :data:`VARIANTS`)."""
+               priority: str, cached: bool = False) -> ckptstore.Store:
+    """A store at ``priority`` (or one of :data:`VARIANTS`); ``cached``: chunk files written
+    through the page cache, as before O_DIRECT."""
     ckptstore.priority.LOW_NICE = 19 if priority == "low-19" else LOW_NICE
     store = ckptstore.open(folder, options=options, policy=policy, io_workers=io_workers,
                            background_priority=VARIANTS.get(priority, priority))
     if priority == "idle-old":
         store._committer.background.boosted = nullcontext
+    store.storage.direct_writes = not cached
     return store
 
 
@@ -179,18 +187,23 @@ def _stepwise(config: tuple | str | None) -> bool:
     return isinstance(config, tuple) and config[2:] == ("steps",)
 
 
+def _cached(config: tuple | str | None) -> bool:
+    return isinstance(config, tuple) and config[2:] == ("cached",)
+
+
 def run(config: tuple | None, state: dict, seconds: float, interval: float, root: str,
         io_workers: int | None = None, priority: str = "low", busy: Busy | None = None
         ) -> Run:
-    """:func:`run_loop`, quantized chunks encoded in steps for a configuration that says so."""
+    """:func:`run_loop`, quantized chunks encoded in steps, or chunk files written through the
+    page cache, for a configuration that says so."""
     with encoded_in_steps(_stepwise(config)):
-        return run_loop(config[:2] if _stepwise(config) else config, state, seconds, interval,
-                        root, io_workers, priority, busy)
+        return run_loop(config[:2] if isinstance(config, tuple) else config, state, seconds,
+                        interval, root, io_workers, priority, busy, _cached(config))
 
 
 def run_loop(config: tuple | None, state: dict, seconds: float, interval: float, root: str,
-             io_workers: int | None = None, priority: str = "low", busy: Busy | None = None
-             ) -> Run:
+             io_workers: int | None = None, priority: str = "low", busy: Busy | None = None,
+             cached: bool = False) -> Run:
     """Steps per second of the loop, the commits it made, whether the watchdog stopped the busy
     processes (``busy`` runs only during the timed loop), how many persists ran at normal
     priority because they were starved."""
@@ -203,7 +216,7 @@ def run_loop(config: tuple | None, state: dict, seconds: float, interval: float,
     buffers = [torch.empty_like(t) for t in tensors] if config == BARE else []
     if config is not None and config != BARE:
         options, policy = config
-        store = open_store(folder, options, policy, io_workers, priority)
+        store = open_store(folder, options, policy, io_workers, priority, cached)
         store.commit_async(state).wait()  # warm: staging buffers, compiled kernels
     fired = threading.Event()
 
@@ -256,7 +269,8 @@ def gil_hold(config: tuple, state: dict, root: str, priority: str = "low"
     options, policy = config[:2]
     folder = tempfile.mkdtemp(dir=root)
     with encoded_in_steps(_stepwise(config)):
-        return _gil_hold(open_store(folder, options, policy, None, priority), state, folder)
+        return _gil_hold(open_store(folder, options, policy, None, priority, _cached(config)),
+                         state, folder)
 
 
 def _gil_hold(store: ckptstore.Store, state: dict, folder: str) -> tuple[float, int, float]:

@@ -20,8 +20,21 @@ from numcodecs.compat import (
 
 from .errors import CodecError, CodecTypeError
 
-__all__ = ["as_input", "check_bool", "check_int", "check_real", "copy_out", "out_array",
+__all__ = ["aligned_empty", "as_input", "check_bool", "check_int", "check_real", "copy_out", "out_array",
            "payload"]
+
+
+#: where encoded outputs start: a page, so a store writing them past the page cache
+#: (``O_DIRECT``) writes them in place instead of through a copy
+OUT_ALIGN = 4096
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """An uninitialised uint8 array of ``nbytes`` whose data starts on an ``OUT_ALIGN`` boundary
+    (a view into an array ``OUT_ALIGN - 1`` bytes longer)."""
+    raw = np.empty(nbytes + OUT_ALIGN - 1, np.uint8)
+    start = -raw.ctypes.data % OUT_ALIGN
+    return raw[start:start + nbytes]
 
 
 def _as_array(buf, role: str) -> np.ndarray:

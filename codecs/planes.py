@@ -44,7 +44,7 @@ from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray
 
 from ._backend import CHOICE, native
-from ._buffers import as_input, check_bool, payload
+from ._buffers import aligned_empty, as_input, check_bool, payload
 from ._bytegroup import sample_rows, split_rows
 from ._pkernels import HUFFMAN, RAW, ZSTD
 from ._planes_decode import (_HEAD, _PLANE, _ZSTD, VERSION, VERSION_TAIL, _K, _check_config,
@@ -142,7 +142,7 @@ def planes_encode(data, itemsize: int = 4, rotate: bool = True,
     n, tail = divmod(src.size, itemsize)
     rotate = bool(rotate) and itemsize > 1
     stride, base = _PLANE.size + n, _HEAD.size + _PLANE.size
-    out = np.empty(_HEAD.size + itemsize * stride + tail, np.uint8)  # every plane raw, at most
+    out = aligned_empty(_HEAD.size + itemsize * stride + tail)  # every plane raw, at most
     version = VERSION_TAIL if tail else VERSION  # whole items: version 1, byte for byte
     _HEAD.pack_into(out, 0, version, itemsize, int(rotate), 0, src.size, block)
     step = start = length = 0  # small planes: no sampling, Huffman where it pays

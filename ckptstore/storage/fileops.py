@@ -15,8 +15,17 @@ same system calls in the same order and raise the same ``OSError``; the tests ru
 from __future__ import annotations
 
 import importlib
+import mmap
 import os
+import threading
 from collections.abc import Sequence
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no O_DIRECT either
+    fcntl = None  # type: ignore[assignment]
+
+import numpy as np
 
 from .base import Buffer
 
@@ -33,7 +42,7 @@ native = _files is not None
 
 
 def write_new(path: str, parts: Sequence[Buffer], fsync: bool, inside: str | None = None,
-              drop: bool = False) -> int:
+              drop: bool = False, direct: bool = False) -> int:
     """A new file at ``path`` holding ``parts`` in order (a file there is unlinked first, so a
     write never goes into a file a link shares or a reader maps), fsynced when ``fsync``; the
     bytes written.
@@ -41,9 +50,12 @@ def write_new(path: str, parts: Sequence[Buffer], fsync: bool, inside: str | Non
     ``inside`` (a store root's resolved path): make the file's folder first, after checking that
     its parent resolves inside, and check the folder made; where anything is there already or a
     check fails, nothing is written and -1 comes back (the caller takes its checked way).
-    ``drop`` (with ``fsync``): advise the file's pages out of the page cache once on disk."""
+    ``drop`` (with ``fsync``): advise the file's pages out of the page cache once on disk;
+    ``direct`` (with both): write all but the last partial block past the page cache
+    (``O_DIRECT``, from the buffers in place where they start aligned, else through a bounce
+    buffer of the thread's), where the file system takes it."""
     if native:
-        return _files.write_new(path, parts, fsync, inside, drop)
+        return _files.write_new(path, parts, fsync, inside, drop, direct)
     if inside is not None and not _made_inside(os.path.dirname(path), inside):
         return -1
     fd = _create_anew(path)
@@ -51,12 +63,10 @@ def write_new(path: str, parts: Sequence[Buffer], fsync: bool, inside: str | Non
         views = [memoryview(p).cast("B") for p in parts]
         total = sum(len(v) for v in views)
         views = [v for v in views if len(v)]
+        if fsync and drop and direct:
+            views = _write_direct(fd, views)
         while views:  # writev takes at most _IOV_MAX buffers and may write short
-            n = os.writev(fd, views[:_IOV_MAX])
-            while views and n >= len(views[0]):  # drop the buffers written, cut into the next
-                n -= len(views.pop(0))
-            if n:
-                views[0] = views[0][n:]
+            views = _advance(views, os.writev(fd, views[:_IOV_MAX]))
         if fsync:
             os.fsync(fd)
             if drop and hasattr(os, "posix_fadvise"):
@@ -64,6 +74,79 @@ def write_new(path: str, parts: Sequence[Buffer], fsync: bool, inside: str | Non
     finally:
         os.close(fd)
     return total
+
+
+#: a block O_DIRECT writes in: any logical block size up to a page (files.c's DIRECT_ALIGN)
+_DIRECT_ALIGN = 4096
+#: the largest bounce buffer; larger files go through it in pieces (files.c's BOUNCE_MAX)
+_BOUNCE_MAX = 8 << 20
+_bounce = threading.local()
+
+
+def _write_direct(fd: int, views: list[memoryview]) -> list[memoryview]:
+    """Write the ``_DIRECT_ALIGN``-aligned front of ``views`` to the new file ``fd`` with
+    ``O_DIRECT`` (files.c's ``write_direct``: a view in place where it starts aligned, else the
+    next piece through this thread's bounce buffer), then clear ``O_DIRECT``; the views left for
+    the buffered writes (all of them where the file system refuses O_DIRECT or a direct write)."""
+    o_direct = getattr(os, "O_DIRECT", 0)
+    front = sum(len(v) for v in views) & ~(_DIRECT_ALIGN - 1)
+    if not o_direct or fcntl is None or not front:
+        return views
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | o_direct)
+    except OSError:  # not on this file system
+        return views
+    try:
+        while front:
+            piece = len(views[0]) & ~(_DIRECT_ALIGN - 1)
+            start = np.frombuffer(views[0], np.uint8).ctypes.data if len(views[0]) else 1
+            if start % _DIRECT_ALIGN or not piece:
+                bounce = _bounce_of(min(front, _BOUNCE_MAX))
+                piece = min(front, _BOUNCE_MAX)
+                at = 0
+                for v in views:  # gather the piece, the views untouched
+                    take = min(len(v), piece - at)
+                    bounce[at:at + take] = v[:take]
+                    at += take
+                    if at == piece:
+                        break
+                source = bounce[:piece]
+            else:
+                source = views[0][:piece]
+            try:
+                done = os.write(fd, source)
+            except InterruptedError:
+                continue
+            except OSError:  # refused: the buffered writes write the rest
+                break
+            if done <= 0:
+                break
+            views = _advance(views, done)
+            if done < piece:  # the offset may be unaligned now: the rest through the cache
+                break
+            front -= piece
+    finally:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+    return views
+
+
+def _bounce_of(size: int) -> memoryview:
+    """This thread's page-aligned bounce buffer of at least ``size`` bytes (an anonymous map)."""
+    have = getattr(_bounce, "buffer", None)
+    if have is None or len(have) < size:
+        _bounce.buffer = memoryview(mmap.mmap(-1, size))
+    return _bounce.buffer
+
+
+def _advance(views: list[memoryview], done: int) -> list[memoryview]:
+    """``views`` less their first ``done`` bytes."""
+    views = list(views)
+    while views and done >= len(views[0]):
+        done -= len(views.pop(0))
+    if done:
+        views[0] = views[0][done:]
+    return views
 
 
 def _made_inside(folder: str, root: str) -> bool:

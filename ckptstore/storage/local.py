@@ -67,6 +67,10 @@ class LocalStorage(Storage):
         #: and new page-cache pages for every commit cost system time and evict what training
         #: reads; a tiered store's local tier keeps them, its uploader reads them next)
         self.keep_written = False
+        #: and write those chunk files past the page cache (``O_DIRECT``, where the file system
+        #: takes it; the last partial block through the cache): no page-cache pages to fill,
+        #: write back and drop, about 0.05 CPU-s less per 256 MB committed (docs/benchmarks.md)
+        self.direct_writes = True
         self._root = Root(self.root)
         self._made_dirs: set[str] = set()
         self._dirs_lock = threading.Lock()
@@ -153,11 +157,12 @@ class LocalStorage(Storage):
         if folder not in self._made_dirs:  # a new chunk's folder: made, checked and written in
             # one call (the checked way takes four, each a wait for the GIL beside a busy loop)
             if fileops.write_new(path, parts, self.durable, self._root.real(),
-                                 not self.keep_written) >= 0:
+                                 not self.keep_written, self.direct_writes) >= 0:
                 self._made(folder)
                 return
         self._makedirs(folder, key)
-        fileops.write_new(path, parts, self.durable, drop=not self.keep_written)
+        fileops.write_new(path, parts, self.durable, drop=not self.keep_written,
+                          direct=self.direct_writes)
 
     def link_chunk(self, source: str, key: str) -> bool:
         path = self.path(key)

@@ -62,6 +62,50 @@ def test_write_new_writes_every_part_in_order(tmp_path, steps, parts):
     assert oct(os.stat(path).st_mode & 0o777) == oct(0o644 & ~_umask())
 
 
+def _aligned(nbytes: int, offset: int = 0) -> np.ndarray:
+    """``nbytes`` of varied bytes starting ``offset`` bytes past a page boundary."""
+    raw = np.empty(nbytes + offset + 4096, np.uint8)
+    start = -raw.ctypes.data % 4096 + offset
+    out = raw[start:start + nbytes]
+    out[:] = np.arange(nbytes, dtype=np.uint64) * 2654435761 >> 13
+    return out
+
+
+@pytest.mark.parametrize("parts", [
+    [_aligned(4096 * 3 + 100)],                       # in place, then the tail
+    [_aligned(4096 * 3 + 100, 16), b"crc!"],          # unaligned (a malloc-ed body): bounced
+    [_aligned(4096 * 2), _aligned(4096, 8), b"tail"],  # in place, then bounced across parts
+    [_aligned(9 << 20, 16)],                          # more than one bounce buffer's piece
+    [_aligned(4095, 0)],                              # less than a block: no direct write
+    [_aligned(4096)],                                 # exactly a block: no tail
+    [bytes([i % 251]) * (i % 7) for i in range(2500)],
+    [],
+], ids=["aligned", "unaligned", "mixed", "pieces", "small", "block", "many", "empty"])
+def test_direct_writes_write_every_part_in_order(tmp_path, steps, parts):
+    """``direct`` (a durable store's chunks): the same file, whatever the parts' alignment."""
+    path = str(tmp_path / "f")
+    expected = b"".join(memoryview(p).cast("B").tobytes() for p in parts)
+    assert fileops.write_new(path, parts, True, None, True, True) == len(expected)
+    with open(path, "rb") as f:
+        assert f.read() == expected
+
+
+def test_direct_writes_fall_back_where_o_direct_is_refused(tmp_path, monkeypatch):
+    """A file system without O_DIRECT (the Python twin: its fcntl refuses the flag): buffered."""
+    monkeypatch.setattr(fileops, "native", False)
+    real = fileops.fcntl.fcntl
+
+    def refusing(fd, cmd, arg=0):
+        if cmd == fileops.fcntl.F_SETFL and arg & os.O_DIRECT:
+            raise OSError(22, "Invalid argument")
+        return real(fd, cmd, arg)
+
+    monkeypatch.setattr(fileops.fcntl, "fcntl", refusing)
+    data = _aligned(3 << 20, 16)
+    assert fileops.write_new(str(tmp_path / "f"), [data], True, None, True, True) == data.size
+    assert (tmp_path / "f").read_bytes() == data.tobytes()
+
+
 def test_write_new_replaces_a_file_without_writing_through_its_links(tmp_path, steps):
     path, other = str(tmp_path / "f"), str(tmp_path / "g")
     with open(other, "wb") as f:
@@ -227,6 +271,25 @@ def test_compiled_steps_make_the_expected_system_calls(tmp_path):
     r = str(tmp_path)
     assert synced == [r + "/d/c/0", r + "/d/c", r + "/d", r]
     assert calls.count("fsync") == 5
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed here")
+def test_direct_writes_go_past_the_page_cache(tmp_path):
+    """With ``direct``, the aligned front is written with O_DIRECT set and the tail without."""
+    script = (
+        "import sys; from ckptstore.storage import fileops as f\n"
+        "f.write_new(sys.argv[1] + '/c', [b'x' * (3 * 4096 + 10)], True, None, True, True)\n")
+    trace = subprocess.run(
+        ["strace", "-f", "-e", "trace=fcntl,write,writev,fsync", sys.executable, "-c", script,
+         str(tmp_path)], capture_output=True, text=True, check=True).stderr
+    lines = [line for line in trace.splitlines() if "F_SETFL" in line or "write" in line
+             or "fsync(" in line]
+    steps = [("set" if "O_DIRECT" in line else "clear") if "F_SETFL" in line
+             else line.split("(")[0].split("]")[-1].strip() for line in lines]
+    start = steps.index("set")
+    assert steps[start:start + 5] == ["set", "write", "clear", "writev", "fsync"]
+    assert "= 12288" in lines[start + 1] and "= 10" in lines[start + 3]
+    assert (tmp_path / "c").read_bytes() == b"x" * (3 * 4096 + 10)
 
 
 def test_a_step_lets_other_threads_run(tmp_path, steps):
