@@ -290,6 +290,69 @@ static void search_pair(ad_args *a, Py_ssize_t s, int64_t *cnt, double *C, doubl
         }
 }
 
+#if AD_HAVE_LANES
+/* Segments s .. s + AD_LANES - 1 (those < nseg) searched at once by ad_walk_lanes, each lane
+   as search_pair searches it in its pair (the same counts, prefix sums, first error and walk);
+   lo/hi of a searched range set. A pair neither of whose segments is searched is skipped, as
+   search_pair skips it: its lanes walk over empty histograms and nothing is written. */
+static void search_lanes(ad_args *a, Py_ssize_t s, int64_t *cnt, double *C, double *S1,
+                         double *rec)
+{
+    const int64_t H = a->cells, W = H + 1;
+    double lo0[AD_LANES], rg[AD_LANES];
+    int ok[AD_LANES], any = 0;
+    for (int l = 0; l < AD_LANES; l++) {
+        lo0[l] = rg[l] = 0.0;
+        ok[l] = 0;
+        if (s + l < a->nseg) {
+            lo0[l] = qk_get(a->lo, s + l);
+            rg[l] = qk_get(a->hi, s + l) - lo0[l];
+            ok[l] = rg[l] > 0.0 && rg[l] != INFINITY;
+        }
+        any |= ok[l];
+    }
+    if (!any)
+        return;
+    ad_lanes w;
+    for (int l = 0; l < AD_LANES; l++) {
+        double *Cl = C + l * W, *Sl = S1 + l * W;
+        if (s + l < a->nseg && (ok[l] || ok[l ^ 1]))
+            count_cells(a, s + l, lo0[l], ok[l] ? rg[l] : 0.0, cnt);
+        else
+            memset(cnt, 0, (size_t)W * sizeof *cnt);
+        prefix_sums(cnt, H, Cl, Sl);
+        w.A[l] = 0.0, w.B[l] = (double)H;
+        w.best[l] = full_error(a->nq, Cl, Sl, H);
+        w.ba[l] = w.A[l], w.bb[l] = w.B[l];
+        w.CH[l] = Cl[H], w.SH[l] = Sl[H];
+    }
+    ad_records(C, S1, W, rec);
+    ad_walk_lanes(&w, a->nq, a->n_iter, rec, W);
+    for (int l = 0; l < AD_LANES; l++)
+        if (ok[l]) {
+            qk_set(a->lo, s + l, lo0[l] + w.ba[l] * (rg[l] / (double)H));
+            qk_set(a->hi, s + l, lo0[l] + w.bb[l] * (rg[l] / (double)H));
+        }
+}
+
+/* All segments by search_lanes; 0, or -1 where its tables cannot be had (nothing done). */
+static int search_all_lanes(ad_args *a, int64_t *cnt)
+{
+    const int64_t W = a->cells + 1;
+    double *C = malloc((size_t)(AD_LANES * W) * sizeof *C);
+    double *S1 = malloc((size_t)(AD_LANES * W) * sizeof *S1);
+    double *rec = malloc((size_t)(4 * AD_LANES * W) * sizeof *rec);
+    int ok = C && S1 && rec;
+    if (ok)
+        for (Py_ssize_t s = 0; s < a->nseg; s += AD_LANES)
+            search_lanes(a, s, cnt, C, S1, rec);
+    free(C);
+    free(S1);
+    free(rec);
+    return ok ? 0 : -1;
+}
+#endif
+
 /* histogram_search(x, seg, mask, counts, lo, hi, nq, num_bins, ratio): each segment's range
    refined in place, its histogram counted from x or taken from counts (when it has rows). */
 static PyObject *ck_adaptive_histogram_search(PyObject *self, PyObject *args)
@@ -303,7 +366,12 @@ static PyObject *ck_adaptive_histogram_search(PyObject *self, PyObject *args)
     double *C = malloc((size_t)(2 * W) * sizeof *C), *S1 = malloc((size_t)(2 * W) * sizeof *S1);
     if (cnt && C && S1) {
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t s = 0; s < a.nseg; s += 2)
+        int done = 0;
+#if AD_HAVE_LANES
+        if (qk_avx2() && H <= AD_LANES_CELLS)
+            done = search_all_lanes(&a, cnt) == 0;
+#endif
+        for (Py_ssize_t s = 0; !done && s < a.nseg; s += 2)
             search_pair(&a, s, cnt, C, S1);
         Py_END_ALLOW_THREADS
     } else

@@ -40,6 +40,31 @@ static inline int64_t ad_trunc(double v)
 static inline double ad_max(double a, double b) { return b > a ? b : a; }
 static inline double ad_min(double a, double b) { return b < a ? b : a; }
 
+/* The histogram search's walks with AVX2, AD_LANES segments at once (adaptive_lanes.c; x86-64
+   with GCC or clang): their state, lane l for segment s + l. Run where the CPU path is "avx2"
+   or above and a histogram has at most AD_LANES_CELLS cells (the records of 8 lanes then take
+   at most 4 MiB); elsewhere adaptive.c's pair loop. */
+#define AD_LANES 8
+#define AD_LANES_CELLS (1 << 14)
+#if defined(__x86_64__) && defined(__GNUC__)
+#define AD_HAVE_LANES 1
+#else
+#define AD_HAVE_LANES 0
+#endif
+typedef struct {
+    double A[AD_LANES], B[AD_LANES], best[AD_LANES], ba[AD_LANES], bb[AD_LANES];
+    double CH[AD_LANES], SH[AD_LANES];
+} ad_lanes;
+
+/* rec[4 j .. 4 j + 4) = S1[j], C[j], S1[j + hpb], C[j + hpb] for each lane's cells j in
+   [l W, l W + W - hpb) (lane l's prefix sums at C/S1[l W ..]): the operands of a threshold. */
+void ad_records(const double *C, const double *S1, int64_t W, double *rec);
+
+/* n_iter greedy steps of every lane over its records (nq levels; cells W - 1 a histogram, as
+   adaptive.c's pair loop, lane parity its pair position). */
+void ad_walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, const double *rec,
+                   int64_t W);
+
 /* The short rows' exact search (adaptive_direct.c). */
 PyObject *ck_adaptive_direct_ranges(PyObject *self, PyObject *args);
 

@@ -130,6 +130,24 @@ def test_long_segments(seg, nseg):
         assert _run(c, name, *args) == _run(numba, name, *args), name
 
 
+@pytest.mark.parametrize("num_bins", [4095, 4096, 4097, 6000])
+def test_histograms_past_the_lanes_cells(num_bins):
+    """Histograms of more than 2**14 cells: the pair loop on every CPU path (the AVX2 lanes
+    take up to 2**14), at the edge and past it, 11 segments (a group of 8 and a rest)."""
+    x = _rows(11, 300, 11, np.float64, "normal")
+    lo, hi = _ranges(x, 300, NO_MASK, 11, False)
+    c, numba = _twins()
+    args = (x, 300, NO_MASK, lo, hi, 7, num_bins, 0.01)
+    want = _run(numba, "histogram_search", *args)
+    before = _backend.native().simd()
+    try:
+        for path in _backend.native().simd_paths():
+            _backend.use_simd(path)
+            assert _run(c, "histogram_search", *args) == want, path
+    finally:
+        _backend.use_simd(before)
+
+
 @pytest.mark.parametrize("shape", [(64, 96), (40, 17)])
 def test_quantize_the_same_under_either_kernels(monkeypatch, shape):
     """quantize's adaptive method (histogram rows of 96, direct rows of 17): the same codes
