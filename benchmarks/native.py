@@ -335,6 +335,8 @@ def _adaptive_cases(mb: int, rng) -> list[tuple[str, str, int, callable]]:
     return [
         ("adaptive", "histogram_search, rows of 4096, 4 bits", n, case(4096, 16, 45, False)),
         ("adaptive", "histogram_search, rows of 128, 4 bits", n, case(128, 16, 45, False)),
+        ("adaptive", "histogram_search, rows of 64, 4 bits", n, case(64, 16, 45, False)),
+        ("adaptive", "histogram_search, rows of 1024, 8 bits", n, case(1024, 256, 45, False)),
         ("adaptive", "histogram_search from counts, rows of 4096, 4 bits", n // 4096 * 180 * 8,
          case(4096, 16, 45, False, True)),
         ("adaptive", "direct_ranges, rows of 32, 4 bits", n, case(32, 16, 45, True)),

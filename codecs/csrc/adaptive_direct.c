@@ -96,6 +96,8 @@ static Py_ssize_t cells(const ad_args *a, Py_ssize_t s, double lo0, double rg0, 
     }
 LANE_ERRORS(errors_plain, , floor_exact)
 LANE_ERRORS(errors_avx2, QK_AVX2, floor)  /* AVX2 implies SSE4.1's vroundpd: floor inline */
+/* x86-64-v4: the 8 lanes one vector, and 32 registers */
+LANE_ERRORS(errors_avx512, CK_TARGET_AVX512, floor)
 
 typedef void errors_fn(const double *, Py_ssize_t, Py_ssize_t, const double *,
                        const double *, const double *, double, int, double *, double *);
@@ -161,7 +163,9 @@ static void search_lanes(ad_args *a, Py_ssize_t s, Py_ssize_t len, double *u,
 
 static void search(ad_args *a, double *u, Py_ssize_t len)
 {
-    errors_fn *errors = qk_avx2() ? errors_avx2 : errors_plain;
+    int level = CK_HAVE_BUILDS ? ck_vector() : CK_PORTABLE;
+    errors_fn *errors = level >= CK_AVX512 ? errors_avx512
+                        : level >= CK_AVX2 ? errors_avx2 : errors_plain;
     for (Py_ssize_t s = 0; s < a->nseg; s += LANES)
         search_lanes(a, s, len, u, errors);
 }
