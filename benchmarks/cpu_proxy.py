@@ -22,6 +22,7 @@ What is measured
   uniform asymmetric at 8 bits, as Check-N-Run; RLE + Huffman only where a chunk's sample says
   it saves 8 %), the same with every chunk coded (``entropy_min_saving=0.0``, before) and with
   Check-N-Run's adaptive range search forced (``"adaptive-asymmetric"``, the default before),
+  Check-N-Run's 4 bits (``QuantSpec(bits=4)``: ``"auto"`` searches adaptively there),
   and 8-bit encoded a kernel call a step, as before the one-call chunk encoder (issue 28);
   lossless and raw bits with chunk files written through the page cache, as before they went
   past it (``O_DIRECT``); each at the
@@ -88,6 +89,9 @@ CONFIGS = {
         EncodingOptions(), Policy(quantize=QuantSpec(bits=8, entropy_min_saving=0.0))),
     "commit_async, 8-bit adaptive search": (
         EncodingOptions(), Policy(quantize=QuantSpec("adaptive-asymmetric", bits=8))),
+    # Check-N-Run's 4-bit configuration: "auto" at 4 bits is the adaptive search
+    "commit_async, 4-bit (auto: the adaptive search)": (
+        EncodingOptions(), Policy(quantize=QuantSpec(bits=4))),
     # before the one-call chunk encoder: quantize's steps, a kernel call (and a wait for the
     # GIL after it) each
     "commit_async, 8-bit, a kernel call a step (before)": (
