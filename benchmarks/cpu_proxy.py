@@ -15,7 +15,8 @@ What is measured
   small kernels. Here: one torch thread, each step 24 small torch ops on 32 x 32 tensors (a few
   microseconds each, so the loop is bound by Python and the GIL, like kernel launches).
 * The state: ``--size`` MB of float32 (async_writer.py's synthetic state: two embedding-like
-  tables, a dense matrix, 300 small tensors). Every ``--interval`` seconds of loop time the loop
+  tables, a dense matrix, 300 small tensors), or with ``--state minilm`` a real one: MiniLM's
+  weights and AdamW moments after a 5-step fine-tune (lossless.py's), 271 MB. Every ``--interval`` seconds of loop time the loop
   calls ``store.commit_async(state)``; the persist runs in the background while the loop goes
   on. Configurations: no checkpoint; the lossless default (byte planes); raw bits
   (``compression="none"``); ``Policy(quantize=QuantSpec(bits=8))`` (``method="auto"``: plain
@@ -308,6 +309,18 @@ def gil_table(state: dict, repeat: int) -> list[list[str]]:
     return rows
 
 
+def minilm_state(steps: int = 5) -> dict:
+    """MiniLM's float weights and its AdamW moments after ``steps`` steps of lossless.py's
+    fine-tune, as one state of tensors (about 271 MB) and a step counter."""
+    from lossless import finetune
+
+    versions, moments = finetune(2, steps)
+    state: dict = {f"model.{k}": torch.from_numpy(v) for k, v in versions[-1].items()}
+    state |= {f"optim.{i}": torch.from_numpy(m) for i, m in enumerate(moments)}
+    state["step"] = steps
+    return state
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", type=int, default=256, help="state size in MB")
@@ -327,10 +340,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="run only the checkpoint configurations whose names contain one of these")
     ap.add_argument("--gil", action="store_true",
                     help="measure what one persist takes from a thread that wants the GIL")
+    ap.add_argument("--state", choices=["synthetic", "minilm"], default="synthetic",
+                    help="synthetic: --size MB of async_writer.py's normal_ floats; minilm: "
+                         "MiniLM's weights and AdamW moments after a short fine-tune (271 MB, "
+                         "a real training state; --size ignored)")
     args = ap.parse_args(argv)
     print(f"# {command_line(__file__, argv)}\n# {machine_description()}\n"
           f"# load average before: {_load()}\n")
-    state = build_state(args.size << 20)
+    state = build_state(args.size << 20) if args.state == "synthetic" else minilm_state()
     if args.gil:
         print(markdown_table(["configuration", "persist ms", "pauses > 0.2 ms", "paused ms"],
                              gil_table(state, args.repeat), "lrrr"))
