@@ -78,7 +78,7 @@ _NO_ZSTD = np.zeros(0, np.uint8)
 def _huffman_share(freq: np.ndarray) -> float:
     """Bytes a Huffman code of this histogram spends, as a share of the bytes counted (at least
     one bit a byte: a plane of long zero runs costs Huffman far more than its entropy)."""
-    lens = np.zeros(256, np.int64)
+    lens = np.empty(256, np.int64)  # code_lengths sets all 256 (np.zeros hands the GIL over)
     if freq.sum() == 0:
         return 0.0
     _K.code_lengths(freq, lens)

@@ -208,9 +208,16 @@ def write_chunks(storage: Storage, prefix: str, grid: ChunkGrid, dtype: np.dtype
         storage.put_chunk(chunk_key(prefix, ZARR_JSON), meta)
         return len(meta)
 
-    futures = [submit(put_meta)] if attributes is not None else []
-    futures += [submit(put_chunk, i, key, lo, hi) for i, key, lo, hi in grid]
-    return futures
+    def put_meta_and_chunk(i: int, key: str, lo: int, hi: int) -> int:
+        return put_meta() + put_chunk(i, key, lo, hi)
+
+    # the zarr.json goes in the first chunk's task: a task of its own cost the background
+    # threads two more takes of the GIL (its worker woken, its future), one per array
+    chunks = list(grid)
+    if attributes is None or not chunks:
+        futures = [submit(put_meta)] if attributes is not None else []
+        return futures + [submit(put_chunk, *c) for c in chunks]
+    return [submit(put_meta_and_chunk, *chunks[0])] + [submit(put_chunk, *c) for c in chunks[1:]]
 
 
 def read_array(storage: Storage, prefix: str, grid: ChunkGrid, np_dtype: np.dtype,

@@ -149,14 +149,36 @@ def _advance(views: list[memoryview], done: int) -> list[memoryview]:
     return views
 
 
+#: the most missing folders the one-call write makes above a file (files.c's MAX_NEW_LEVELS)
+_MAX_NEW_LEVELS = 8
+
+
 def _made_inside(folder: str, root: str) -> bool:
-    """Make ``folder`` where its parent resolves inside ``root`` and nothing is there; whether
+    """Make ``folder`` and its missing parents (up to ``_MAX_NEW_LEVELS`` in all) where the
+    nearest ancestor that exists resolves inside ``root`` and the folder is not there; whether
     it was made and resolves inside."""
-    try:
-        if not _inside(os.path.realpath(os.path.dirname(folder), strict=True), root):
+    base, missing = os.path.dirname(folder), []
+    while True:  # up to the nearest ancestor that exists
+        try:
+            os.lstat(base)
+            break
+        except FileNotFoundError:
+            if len(missing) + 1 >= _MAX_NEW_LEVELS or base in ("", os.sep):
+                return False
+            missing.append(base)
+            base = os.path.dirname(base)
+        except OSError:  # not a folder on the way, no access: the checked way says which
             return False
-    except OSError:  # missing, a dangling link, a loop: the checked way says which
+    try:
+        if not _inside(os.path.realpath(base, strict=True), root):
+            return False
+    except OSError:  # a dangling link, a loop: the checked way says which
         return False
+    for parent in reversed(missing):
+        try:
+            os.mkdir(parent)
+        except FileExistsError:  # made meanwhile
+            pass
     try:
         os.mkdir(folder)
     except FileExistsError:

@@ -133,26 +133,30 @@ def test_write_new_errors_match(tmp_path, monkeypatch):
 
 def test_write_new_inside_makes_and_checks_the_folder(tmp_path, monkeypatch):
     root = tmp_path / "root"
-    (root / "data").mkdir(parents=True)
     outside = tmp_path / "outside"
     outside.mkdir()
-    os.symlink(outside, root / "linked")
-    (root / "data" / "there").mkdir()
     real = str(root)
+
+    def layout():
+        shutil.rmtree(root, ignore_errors=True)
+        (root / "data" / "there").mkdir(parents=True)
+        os.symlink(outside, root / "linked")
+
+    deep = root.joinpath("data", *"abcdefg")  # 7 missing folders above the file, 8 with c0
     cases = {  # the chunk's path -> what comes back
         root / "data" / "c0" / "0": 1,           # a new folder in a folder inside: written
         root / "linked" / "c0" / "0": -1,        # its parent leads out of the store
+        root / "linked" / "new" / "c0" / "0": -1,  # so does its nearest existing ancestor
         root / "data" / "there" / "0": -1,       # its folder is there already: the checked way
-        root / "missing" / "c0" / "0": -1,       # its parent is missing
+        root / "missing" / "c0" / "0": 1,        # missing parents inside: made (an array's
+        root / "data" / "a" / "c" / "0" / "0": 1,  # first chunk: its folder, c, the row's)
+        deep / "h" / "c0" / "0": -1,             # 9 missing: the checked way
+        deep / "c0" / "0": 1,                    # 8 missing: made
     }
     for path, expected in cases.items():
-        def reset(path=path):
-            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
-            if path.parent.name == "there":
-                path.parent.mkdir()
-
-        a, b = _both(monkeypatch, fileops.write_new, str(path), [b"x"], True, real, reset=reset)
+        a, b = _both(monkeypatch, fileops.write_new, str(path), [b"x"], True, real, reset=layout)
         assert a == b == ("ok", expected), path
+        assert os.path.exists(path) == (expected == 1), path
     assert os.listdir(outside) == []
 
 

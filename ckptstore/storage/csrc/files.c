@@ -239,24 +239,51 @@ static int resolves_inside(const char *path, const char *root)
     return ok;
 }
 
-/* Make the folder of `path`: its parent must resolve inside `root`, and so must the folder once
-   made. 0 when made; 1 when not (anything there already, a parent outside or unresolvable):
-   the caller takes the checked way; -1 on another failure of mkdir. */
+/* The most missing folders the one-call write makes above a file (an array's first chunk of a
+   commit needs three: the array's, "c" and the chunk row's); more go the checked way. */
+#define MAX_NEW_LEVELS 8
+
+/* Make the folder of `path` and its missing parents (up to MAX_NEW_LEVELS in all): the nearest
+   one that exists must resolve inside `root`, and so must the folder once made. 0 when made; 1
+   when not (the folder there already, an ancestor outside, unresolvable or not a folder, too
+   many missing): the caller takes the checked way; -1 on another failure of mkdir. */
 static int make_folder_inside(const char *path, const char *root, failure *f)
 {
-    char *folder = strdup(path), *parent = folder ? strdup(path) : NULL;
-    int rc = 1;
-    if (!folder || !parent) {
+    char *folder = strdup(path), *base = folder ? strdup(path) : NULL;
+    int rc = 1, levels = 1;
+    struct stat st;
+    if (!folder || !base) {
         errno = ENOMEM;
         fail(f, NULL);
         rc = -1;
         goto out;
     }
     dirname_in_place(folder);
-    dirname_in_place(parent);
-    dirname_in_place(parent);
-    if (!resolves_inside(parent, root))
+    strcpy(base, folder);
+    for (;;) { /* up to the nearest ancestor that exists */
+        dirname_in_place(base);
+        if (lstat(base, &st) == 0)
+            break;
+        if (errno != ENOENT || levels >= MAX_NEW_LEVELS || base[0] == '\0'
+            || strcmp(base, "/") == 0)
+            goto out;
+        levels++;
+    }
+    if (!resolves_inside(base, root))
         goto out;
+    for (size_t i = strlen(base) + 1; levels > 1 && folder[i]; i++) { /* the parents, in order */
+        if (folder[i] != '/')
+            continue;
+        folder[i] = '\0';
+        int made = mkdir(folder, 0777) == 0 || errno == EEXIST; /* EEXIST: made meanwhile */
+        if (!made)
+            fail(f, folder);
+        folder[i] = '/';
+        if (!made) {
+            rc = -1;
+            goto out;
+        }
+    }
     if (mkdir(folder, 0777) != 0) {
         if (errno != EEXIST) {
             fail(f, folder);
@@ -267,7 +294,7 @@ static int make_folder_inside(const char *path, const char *root, failure *f)
     rc = resolves_inside(folder, root) ? 0 : 1; /* nothing swapped a link in meanwhile */
 out:
     free(folder);
-    free(parent);
+    free(base);
     return rc;
 }
 
