@@ -15,9 +15,7 @@ same system calls in the same order and raise the same ``OSError``; the tests ru
 from __future__ import annotations
 
 import importlib
-import mmap
 import os
-import threading
 from collections.abc import Sequence
 
 try:
@@ -51,9 +49,9 @@ def write_new(path: str, parts: Sequence[Buffer], fsync: bool, inside: str | Non
     its parent resolves inside, and check the folder made; where anything is there already or a
     check fails, nothing is written and -1 comes back (the caller takes its checked way).
     ``drop`` (with ``fsync``): advise the file's pages out of the page cache once on disk;
-    ``direct`` (with both): write all but the last partial block past the page cache
-    (``O_DIRECT``, from the buffers in place where they start aligned, else through a bounce
-    buffer of the thread's), where the file system takes it."""
+    ``direct`` (with both): write the page-aligned front of buffers that start on a page past
+    the page cache (``O_DIRECT``, straight from them), where the file system takes it; the rest
+    goes through the cache."""
     if native:
         return _files.write_new(path, parts, fsync, inside, drop, direct)
     if inside is not None and not _made_inside(os.path.dirname(path), inside):
@@ -78,19 +76,20 @@ def write_new(path: str, parts: Sequence[Buffer], fsync: bool, inside: str | Non
 
 #: a block O_DIRECT writes in: any logical block size up to a page (files.c's DIRECT_ALIGN)
 _DIRECT_ALIGN = 4096
-#: the largest bounce buffer; larger files go through it in pieces (files.c's BOUNCE_MAX)
-_BOUNCE_MAX = 8 << 20
-_bounce = threading.local()
 
 
 def _write_direct(fd: int, views: list[memoryview]) -> list[memoryview]:
-    """Write the ``_DIRECT_ALIGN``-aligned front of ``views`` to the new file ``fd`` with
-    ``O_DIRECT`` (files.c's ``write_direct``: a view in place where it starts aligned, else the
-    next piece through this thread's bounce buffer), then clear ``O_DIRECT``; the views left for
-    the buffered writes (all of them where the file system refuses O_DIRECT or a direct write)."""
+    """Write the ``_DIRECT_ALIGN``-aligned fronts of the views at the head of ``views`` that
+    start on a page to the new file ``fd`` with ``O_DIRECT`` (files.c's ``write_direct``), then
+    clear ``O_DIRECT``; the views left for the buffered writes (all of them where none starts on
+    a page, or the file system refuses O_DIRECT or a direct write)."""
     o_direct = getattr(os, "O_DIRECT", 0)
-    front = sum(len(v) for v in views) & ~(_DIRECT_ALIGN - 1)
-    if not o_direct or fcntl is None or not front:
+
+    def in_place(v: memoryview) -> int:  # the aligned front of v, where v starts on a page
+        start = np.frombuffer(v, np.uint8).ctypes.data if len(v) else 1
+        return 0 if start % _DIRECT_ALIGN else len(v) & ~(_DIRECT_ALIGN - 1)
+
+    if not o_direct or fcntl is None or not views or not in_place(views[0]):
         return views
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     try:
@@ -98,24 +97,9 @@ def _write_direct(fd: int, views: list[memoryview]) -> list[memoryview]:
     except OSError:  # not on this file system
         return views
     try:
-        while front:
-            piece = len(views[0]) & ~(_DIRECT_ALIGN - 1)
-            start = np.frombuffer(views[0], np.uint8).ctypes.data if len(views[0]) else 1
-            if start % _DIRECT_ALIGN or not piece:
-                bounce = _bounce_of(min(front, _BOUNCE_MAX))
-                piece = min(front, _BOUNCE_MAX)
-                at = 0
-                for v in views:  # gather the piece, the views untouched
-                    take = min(len(v), piece - at)
-                    bounce[at:at + take] = v[:take]
-                    at += take
-                    if at == piece:
-                        break
-                source = bounce[:piece]
-            else:
-                source = views[0][:piece]
+        while views and (piece := in_place(views[0])):
             try:
-                done = os.write(fd, source)
+                done = os.write(fd, views[0][:piece])
             except InterruptedError:
                 continue
             except OSError:  # refused: the buffered writes write the rest
@@ -125,18 +109,9 @@ def _write_direct(fd: int, views: list[memoryview]) -> list[memoryview]:
             views = _advance(views, done)
             if done < piece:  # the offset may be unaligned now: the rest through the cache
                 break
-            front -= piece
     finally:
         fcntl.fcntl(fd, fcntl.F_SETFL, flags)
     return views
-
-
-def _bounce_of(size: int) -> memoryview:
-    """This thread's page-aligned bounce buffer of at least ``size`` bytes (an anonymous map)."""
-    have = getattr(_bounce, "buffer", None)
-    if have is None or len(have) < size:
-        _bounce.buffer = memoryview(mmap.mmap(-1, size))
-    return _bounce.buffer
 
 
 def _advance(views: list[memoryview], done: int) -> list[memoryview]:

@@ -72,15 +72,16 @@ def _aligned(nbytes: int, offset: int = 0) -> np.ndarray:
 
 
 @pytest.mark.parametrize("parts", [
-    [_aligned(4096 * 3 + 100)],                       # in place, then the tail
-    [_aligned(4096 * 3 + 100, 16), b"crc!"],          # unaligned (a malloc-ed body): bounced
-    [_aligned(4096 * 2), _aligned(4096, 8), b"tail"],  # in place, then bounced across parts
-    [_aligned(9 << 20, 16)],                          # more than one bounce buffer's piece
+    [_aligned(4096 * 3 + 100), b"crc!"],              # in place, then the tail and the crc
+    [_aligned(4096 * 3 + 100, 16), b"crc!"],          # not on a page (a malloc-ed body): cached
+    [_aligned(4096 * 2), _aligned(4096), b"tail"],    # two in place, then the tail
+    [_aligned(4096 * 2), _aligned(4096, 8), b"tail"],  # in place, then cached
+    [_aligned(9 << 20)],                              # a large one in place
     [_aligned(4095, 0)],                              # less than a block: no direct write
     [_aligned(4096)],                                 # exactly a block: no tail
     [bytes([i % 251]) * (i % 7) for i in range(2500)],
     [],
-], ids=["aligned", "unaligned", "mixed", "pieces", "small", "block", "many", "empty"])
+], ids=["aligned", "unaligned", "two", "mixed", "large", "small", "block", "many", "empty"])
 def test_direct_writes_write_every_part_in_order(tmp_path, steps, parts):
     """``direct`` (a durable store's chunks): the same file, whatever the parts' alignment."""
     path = str(tmp_path / "f")
@@ -101,7 +102,7 @@ def test_direct_writes_fall_back_where_o_direct_is_refused(tmp_path, monkeypatch
         return real(fd, cmd, arg)
 
     monkeypatch.setattr(fileops.fcntl, "fcntl", refusing)
-    data = _aligned(3 << 20, 16)
+    data = _aligned(3 << 20)  # on a page: the twin asks for O_DIRECT, and is refused
     assert fileops.write_new(str(tmp_path / "f"), [data], True, None, True, True) == data.size
     assert (tmp_path / "f").read_bytes() == data.tobytes()
 
@@ -279,10 +280,13 @@ def test_compiled_steps_make_the_expected_system_calls(tmp_path):
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed here")
 def test_direct_writes_go_past_the_page_cache(tmp_path):
-    """With ``direct``, the aligned front is written with O_DIRECT set and the tail without."""
+    """With ``direct``, the aligned front of a buffer on a page is written with O_DIRECT set and
+    the tail without; a buffer that is not on a page is written as without ``direct``."""
     script = (
-        "import sys; from ckptstore.storage import fileops as f\n"
-        "f.write_new(sys.argv[1] + '/c', [b'x' * (3 * 4096 + 10)], True, None, True, True)\n")
+        "import mmap, sys; from ckptstore.storage import fileops as f\n"
+        "m = mmap.mmap(-1, 3 * 4096 + 10); m.write(b'x' * (3 * 4096 + 10))\n"
+        "f.write_new(sys.argv[1] + '/c', [memoryview(m)], True, None, True, True)\n"
+        "f.write_new(sys.argv[1] + '/d', [b'x' * 20000], True, None, True, True)\n")
     trace = subprocess.run(
         ["strace", "-f", "-e", "trace=fcntl,write,writev,fsync", sys.executable, "-c", script,
          str(tmp_path)], capture_output=True, text=True, check=True).stderr
@@ -293,7 +297,9 @@ def test_direct_writes_go_past_the_page_cache(tmp_path):
     start = steps.index("set")
     assert steps[start:start + 5] == ["set", "write", "clear", "writev", "fsync"]
     assert "= 12288" in lines[start + 1] and "= 10" in lines[start + 3]
+    assert steps[start + 5:] == ["writev", "fsync"]  # the bytes object: through the cache
     assert (tmp_path / "c").read_bytes() == b"x" * (3 * 4096 + 10)
+    assert (tmp_path / "d").read_bytes() == b"x" * 20000
 
 
 def test_a_step_lets_other_threads_run(tmp_path, steps):

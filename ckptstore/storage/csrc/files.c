@@ -16,7 +16,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,106 +102,36 @@ static void advance(struct iovec *iov, int count, int *first, size_t done)
 
    A file whose pages are dropped once fsynced (a durable store's chunk) gains nothing from the
    page cache on its way to disk: its bytes are copied into new cache pages, written back and
-   dropped, about 0.1 CPU-s of system time per 256 MB beside the encode (docs/benchmarks.md,
-   "Chunk files written past the page cache"). Its aligned front is written with O_DIRECT from a
-   bounce buffer of the thread's instead (a user-space copy, then the device reads it), and
-   only the tail of less than DIRECT_ALIGN bytes goes through the cache. Where the file system
-   refuses O_DIRECT, or refuses a write of it, the rest is written as before. */
-#define DIRECT_ALIGN 4096          /* any block size up to a page */
-#define BOUNCE_MAX (8 << 20)       /* a bounce buffer's largest size; larger files go in pieces */
+   dropped, system time the persist pays on every commit (docs/benchmarks.md, "Chunk files past
+   the page cache"). Where its first buffers start on a page (BytePlanes' output does), their
+   page-aligned front is written with O_DIRECT straight from them instead, and only the rest
+   (the body's last partial block, the crc) goes through the cache. Buffers that do not start
+   on a page (a raw chunk of the snapshot, a quantized chunk's bytes) go through the cache as
+   before: copying them into an aligned buffer first saved CPU on 7 MB chunks but cost more than
+   it saved on a real state's 1 MB ones. Where the file system refuses O_DIRECT, or refuses a
+   write of it, the rest is written as before. */
+#define DIRECT_ALIGN 4096 /* any block size up to a page */
 
-typedef struct {
-    void *buf;
-    size_t size;
-} bounce_t;
-
-static pthread_key_t bounce_key;
-static int bounce_ready;
-static pthread_once_t bounce_once = PTHREAD_ONCE_INIT;
-
-static void bounce_free(void *p)
-{
-    bounce_t *b = p;
-    free(b->buf);
-    free(b);
-}
-
-static void bounce_init(void)
-{
-    bounce_ready = pthread_key_create(&bounce_key, bounce_free) == 0;
-}
-
-/* This thread's bounce buffer of at least `size` bytes (DIRECT_ALIGN-aligned), kept for its next
-   file; NULL where none can be had. */
-static void *bounce_of(size_t size)
-{
-    pthread_once(&bounce_once, bounce_init);
-    if (!bounce_ready)
-        return NULL;
-    bounce_t *b = pthread_getspecific(bounce_key);
-    if (!b) {
-        if (!(b = calloc(1, sizeof *b)))
-            return NULL;
-        if (pthread_setspecific(bounce_key, b) != 0) {
-            free(b);
-            return NULL;
-        }
-    }
-    if (b->size < size) {
-        void *buf = NULL;
-        if (posix_memalign(&buf, DIRECT_ALIGN, size) != 0)
-            return NULL;
-        free(b->buf);
-        b->buf = buf, b->size = size;
-    }
-    return b->buf;
-}
-
-/* Copy `n` bytes from the front of iov[first..count) into `out` (the iovecs untouched). */
-static void gather(const struct iovec *iov, int count, int first, uint8_t *out, size_t n)
-{
-    for (int k = first; n && k < count; k++) {
-        size_t take = iov[k].iov_len < n ? iov[k].iov_len : n;
-        memcpy(out, iov[k].iov_base, take);
-        out += take, n -= take;
-    }
-}
-
-/* Write the DIRECT_ALIGN-aligned front of iov[*first..count) to the new file `fd` with O_DIRECT
-   (advancing *first and *written past it), then leave `fd` without O_DIRECT for the tail. A
-   file system that refuses O_DIRECT, a short or refused direct write: the buffered writes that
-   follow write the rest (and meet any real error again). 0, or -1 (errno) where O_DIRECT cannot
-   be cleared again. */
+/* Write the DIRECT_ALIGN-aligned fronts of the buffers at the head of iov[*first..count) that
+   start on a page to the new file `fd` with O_DIRECT (advancing *first and *written past
+   them), then leave `fd` without O_DIRECT for the rest. A file system that refuses O_DIRECT, a
+   short or refused direct write: the buffered writes that follow write the rest (and meet any
+   real error again). 0, or -1 (errno) where O_DIRECT cannot be cleared again. */
 static int write_direct(int fd, struct iovec *iov, int count, int *first, Py_ssize_t *written)
 {
 #ifdef O_DIRECT
-    size_t left = 0;
-    for (int k = *first; k < count; k++)
-        left += iov[k].iov_len;
-    size_t front = left & ~(size_t)(DIRECT_ALIGN - 1);
-    if (!front)
-        return 0;
+    if (*first >= count || ((uintptr_t)iov[*first].iov_base & (DIRECT_ALIGN - 1))
+        || iov[*first].iov_len < DIRECT_ALIGN)
+        return 0; /* nothing in place: no direct write */
     int flags = fcntl(fd, F_GETFL);
     if (flags < 0 || fcntl(fd, F_SETFL, flags | O_DIRECT) != 0)
         return 0; /* not on this file system */
-    size_t piece_max = front < BOUNCE_MAX ? front : BOUNCE_MAX;
-    uint8_t *bounce = NULL;
-    while (front) {
-        /* a buffer in place where it starts aligned (a raw chunk of a page-aligned snapshot),
-           else the next piece copied into the bounce buffer */
+    while (*first < count) {
         const struct iovec *v = &iov[*first];
         size_t piece = v->iov_len & ~(size_t)(DIRECT_ALIGN - 1);
-        const void *from = v->iov_base;
-        if (((uintptr_t)from & (DIRECT_ALIGN - 1)) || !piece) {
-            if (!bounce && !(bounce = bounce_of(piece_max)))
-                break;
-            piece = front < piece_max ? front : piece_max;
-            gather(iov, count, *first, bounce, piece);
-            from = bounce;
-        } else if (piece > front) {
-            piece = front;
-        }
-        ssize_t done = write(fd, from, piece);
+        if (((uintptr_t)v->iov_base & (DIRECT_ALIGN - 1)) || !piece)
+            break;
+        ssize_t done = write(fd, v->iov_base, piece);
         if (done < 0 && errno == EINTR)
             continue;
         if (done <= 0)
@@ -210,8 +139,7 @@ static int write_direct(int fd, struct iovec *iov, int count, int *first, Py_ssi
         *written += done;
         advance(iov, count, first, (size_t)done);
         if ((size_t)done < piece)
-            break; /* the offset may be unaligned now: the rest through the cache */
-        front -= piece;
+            break; /* short: the offset may be unaligned now, the rest through the cache */
     }
     return fcntl(fd, F_SETFL, flags) == 0 ? 0 : -1;
 #else
@@ -366,11 +294,12 @@ PyDoc_STRVAR(write_new_doc,
 "write_new(path, parts, fsync, inside=None, drop=False, direct=False) -> int\n\n"
 "A new file at ``path`` holding the byte buffers ``parts`` in order (a file there is unlinked\n"
 "first), fsynced when ``fsync``; with ``drop`` too, its pages advised out of the page cache\n"
-"once fsynced (POSIX_FADV_DONTNEED), and with ``direct`` as well, all but its last partial\n"
-"block written past the cache (O_DIRECT) where the file system takes it; the bytes written. ``inside`` (a store root's resolved path):\n"
-"make the file's folder first, its parent and itself checked to resolve inside; where anything\n"
-"is there already or a check fails, nothing is written and -1 comes back. One call with the\n"
-"GIL released.");
+"once fsynced (POSIX_FADV_DONTNEED), and with ``direct`` as well, the page-aligned front of the\n"
+"buffers that start on a page written past the cache (O_DIRECT) where the file system takes\n"
+"it; the bytes written. ``inside`` (a store root's resolved path): make the file's folder\n"
+"and its missing parents first, the nearest that exists and the folder checked to resolve\n"
+"inside; where the folder is there already or a check fails, nothing is written and -1 comes\n"
+"back. One call with the GIL released.");
 
 static PyObject *write_new(PyObject *self, PyObject *args)
 {
