@@ -96,6 +96,38 @@ records4(const double *rec, __m128i j, __m256d *s1y, __m256d *cy, __m256d *s1x, 
     *cx = _mm256_permute2f128_pd(t1, t3, 0x31);
 }
 
+/* The two candidates' sums of 4 lanes over their thresholds. */
+typedef struct {
+    __m256d tx, ux, ty, uy;
+} sums4;
+
+/* Threshold k (kv: k in every lane) of 4 lanes' two candidates of spacing d, the first at p,
+   added into s: v = A + k d, t = p + k d, j = trunc(min(t, jmax)), then the pair loop's sums. */
+CK_TARGET_AVX2 static inline __attribute__((always_inline)) void
+threshold4(const lanes4 *v, __m256d kv, __m256d d, __m256d p, const double *rec, sums4 *s)
+{
+    const __m256d hpb = _mm256_set1_pd(AD_HPB), two = _mm256_set1_pd(2.0);
+    __m256d kd = _mm256_mul_pd(kv, d), x = _mm256_add_pd(v->A, kd);
+    __m128i j = _mm256_cvttpd_epi32(_mm256_min_pd(_mm256_add_pd(p, kd), v->jmax));
+    __m256d s1y, cy, s1x, cx;
+    records4(rec, _mm_add_epi32(_mm_slli_epi32(j, 2), v->base), &s1y, &cy, &s1x, &cx);
+    s->ty = _mm256_add_pd(s->ty, s1y);
+    s->uy = _mm256_add_pd(s->uy, _mm256_mul_pd(cy, _mm256_add_pd(_mm256_mul_pd(two, x), d)));
+    s->tx = _mm256_add_pd(s->tx, s1x);
+    s->ux = _mm256_add_pd(s->ux, _mm256_mul_pd(cx, _mm256_add_pd(
+                                      _mm256_mul_pd(two, _mm256_add_pd(x, hpb)), d)));
+}
+
+/* A step's spacing d = (B - A - hpb) * inv and first threshold p = off + A + 0.5 * d + 0.5. */
+CK_TARGET_AVX2 static inline __attribute__((always_inline)) void
+spacing4(const lanes4 *v, __m256d inv, __m256d *d, __m256d *p)
+{
+    const __m256d hpb = _mm256_set1_pd(AD_HPB), half = _mm256_set1_pd(0.5);
+    *d = _mm256_mul_pd(_mm256_sub_pd(_mm256_sub_pd(v->B, v->A), hpb), inv);
+    *p = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(v->off, v->A), _mm256_mul_pd(half, *d)),
+                       half);
+}
+
 /* A greedy step of 4 lanes from their sums: the better candidate, and the best so far. */
 CK_TARGET_AVX2 static inline __attribute__((always_inline)) void
 step4(lanes4 *v, __m256d d, __m256d tx, __m256d ux, __m256d ty, __m256d uy)
@@ -121,46 +153,21 @@ step4(lanes4 *v, __m256d d, __m256d tx, __m256d ux, __m256d ty, __m256d uy)
 CK_TARGET_AVX2 static inline __attribute__((always_inline)) void
 walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, const double *rec, int64_t W)
 {
-    const __m256d hpb = _mm256_set1_pd(AD_HPB), half = _mm256_set1_pd(0.5);
-    const __m256d two = _mm256_set1_pd(2.0), inv = _mm256_set1_pd(1.0 / (double)(nq - 1));
-    const __m256d one = _mm256_set1_pd(1.0);
+    const __m256d inv = _mm256_set1_pd(1.0 / (double)(nq - 1)), one = _mm256_set1_pd(1.0);
     lanes4 v0 = load4(w, 0, W), v1 = load4(w, 1, W);
     for (Py_ssize_t i = 0; i < n_iter; i++) {
-        /* d = (B - A - hpb) * inv; the first threshold p = off + A + 0.5 * d + 0.5 */
-        __m256d d0 = _mm256_mul_pd(_mm256_sub_pd(_mm256_sub_pd(v0.B, v0.A), hpb), inv);
-        __m256d d1 = _mm256_mul_pd(_mm256_sub_pd(_mm256_sub_pd(v1.B, v1.A), hpb), inv);
-        __m256d p0 = _mm256_add_pd(
-            _mm256_add_pd(_mm256_add_pd(v0.off, v0.A), _mm256_mul_pd(half, d0)), half);
-        __m256d p1 = _mm256_add_pd(
-            _mm256_add_pd(_mm256_add_pd(v1.off, v1.A), _mm256_mul_pd(half, d1)), half);
-        __m256d tx0 = _mm256_setzero_pd(), ux0 = tx0, ty0 = tx0, uy0 = tx0;
-        __m256d tx1 = tx0, ux1 = tx0, ty1 = tx0, uy1 = tx0;
-        __m256d kv = _mm256_setzero_pd();  /* (double)k, exactly */
+        __m256d d0, p0, d1, p1;
+        spacing4(&v0, inv, &d0, &p0);
+        spacing4(&v1, inv, &d1, &p1);
+        const __m256d zero = _mm256_setzero_pd();
+        sums4 s0 = {zero, zero, zero, zero}, s1 = s0;
+        __m256d kv = zero;  /* (double)k, exactly */
         for (Py_ssize_t k = 0; k < nq - 1; k++, kv = _mm256_add_pd(kv, one)) {
-            __m256d s1y, cy, s1x, cx;
-            /* lanes 0-3: v = A + k d, t = p + k d, j = trunc(min(t, jmax)) */
-            __m256d kd0 = _mm256_mul_pd(kv, d0), x0 = _mm256_add_pd(v0.A, kd0);
-            __m128i j0 = _mm256_cvttpd_epi32(_mm256_min_pd(_mm256_add_pd(p0, kd0), v0.jmax));
-            records4(rec, _mm_add_epi32(_mm_slli_epi32(j0, 2), v0.base), &s1y, &cy, &s1x, &cx);
-            ty0 = _mm256_add_pd(ty0, s1y);
-            uy0 = _mm256_add_pd(uy0, _mm256_mul_pd(cy, _mm256_add_pd(_mm256_mul_pd(two, x0),
-                                                                       d0)));
-            tx0 = _mm256_add_pd(tx0, s1x);
-            ux0 = _mm256_add_pd(ux0, _mm256_mul_pd(cx, _mm256_add_pd(
-                                          _mm256_mul_pd(two, _mm256_add_pd(x0, hpb)), d0)));
-            /* lanes 4-7 */
-            __m256d kd1 = _mm256_mul_pd(kv, d1), x1 = _mm256_add_pd(v1.A, kd1);
-            __m128i j1 = _mm256_cvttpd_epi32(_mm256_min_pd(_mm256_add_pd(p1, kd1), v1.jmax));
-            records4(rec, _mm_add_epi32(_mm_slli_epi32(j1, 2), v1.base), &s1y, &cy, &s1x, &cx);
-            ty1 = _mm256_add_pd(ty1, s1y);
-            uy1 = _mm256_add_pd(uy1, _mm256_mul_pd(cy, _mm256_add_pd(_mm256_mul_pd(two, x1),
-                                                                       d1)));
-            tx1 = _mm256_add_pd(tx1, s1x);
-            ux1 = _mm256_add_pd(ux1, _mm256_mul_pd(cx, _mm256_add_pd(
-                                          _mm256_mul_pd(two, _mm256_add_pd(x1, hpb)), d1)));
+            threshold4(&v0, kv, d0, p0, rec, &s0);  /* lanes 0-3 */
+            threshold4(&v1, kv, d1, p1, rec, &s1);  /* lanes 4-7 */
         }
-        step4(&v0, d0, tx0, ux0, ty0, uy0);
-        step4(&v1, d1, tx1, ux1, ty1, uy1);
+        step4(&v0, d0, s0.tx, s0.ux, s0.ty, s0.uy);
+        step4(&v1, d1, s1.tx, s1.ux, s1.ty, s1.uy);
     }
     store4(w, 0, &v0);
     store4(w, 1, &v1);
