@@ -20,8 +20,8 @@ from numcodecs.compat import (
 
 from .errors import CodecError, CodecTypeError
 
-__all__ = ["aligned_empty", "as_input", "check_bool", "check_int", "check_real", "copy_out", "out_array",
-           "payload"]
+__all__ = ["aligned_empty", "as_input", "check_bool", "check_int", "check_real", "copy_out",
+           "out_array", "payload"]
 
 
 #: where encoded outputs start: a page, so a store writing them past the page cache

@@ -45,9 +45,10 @@ def write_new(path: str, parts: Sequence[Buffer], fsync: bool, inside: str | Non
     write never goes into a file a link shares or a reader maps), fsynced when ``fsync``; the
     bytes written.
 
-    ``inside`` (a store root's resolved path): make the file's folder first, after checking that
-    its parent resolves inside, and check the folder made; where anything is there already or a
-    check fails, nothing is written and -1 comes back (the caller takes its checked way).
+    ``inside`` (a store root's resolved path): make the file's folder and its missing parents
+    first (up to 8), after checking that the nearest that exists resolves inside, and check the
+    folder made; where the folder is there already or a check fails, nothing is written and -1
+    comes back (the caller takes its checked way).
     ``drop`` (with ``fsync``): advise the file's pages out of the page cache once on disk;
     ``direct`` (with both): write the page-aligned front of buffers that start on a page past
     the page cache (``O_DIRECT``, straight from them), where the file system takes it; the rest

@@ -69,8 +69,8 @@ class LocalStorage(Storage):
         self.keep_written = False
         #: and write those chunk files past the page cache where their bytes start on a page
         #: (BytePlanes' do; ``O_DIRECT`` where the file system takes it, the last partial block
-        #: through the cache): no page-cache pages to fill, write back and drop, 15 % less CPU
-        #: a lossless commit (docs/benchmarks.md)
+        #: through the cache): no page-cache pages to fill, write back and drop, about 14 % less
+        #: CPU a lossless commit (docs/benchmarks.md)
         self.direct_writes = True
         self._root = Root(self.root)
         self._made_dirs: set[str] = set()
