@@ -164,18 +164,43 @@ static void count_cells(const ad_args *a, Py_ssize_t s, double lo0, double rg, i
 }
 
 /* Prefix sums of count and value (at cell centres) at C/S1[0..H]: integer sums (wrapping as
-   numba's int64 do), then converted; cnt is left alone. */
-static void prefix_sums(const int64_t *cnt, int64_t H, double *C, double *S1)
+   numba's int64 do), then converted; Q4[0..H / hpb] those of cnt[j] (2j + 1)^2 at the edges
+   (the early end's: a walk stands on edges). 1 when all three are exact (counts from 0 to
+   2**40, 16 T (2H + 1)^2 below 2**53); cnt is left alone. */
+static int prefix_sums(const int64_t *cnt, int64_t H, double *C, double *S1, double *Q4)
 {
-    uint64_t c = 0, s1 = 0;
+    uint64_t c = 0, s1 = 0, q = 0, big = 0;
     C[0] = 0.0;
     S1[0] = 0.0;
-    for (int64_t j = 0; j < H; j++) {
-        c += (uint64_t)cnt[j];
-        s1 += (uint64_t)cnt[j] * (uint64_t)(2 * j + 1);
-        C[j + 1] = (double)(int64_t)c;
-        S1[j + 1] = 0.5 * (double)(int64_t)s1;
+    Q4[0] = 0.0;
+    for (int64_t e = 0; e < H; e += AD_HPB) {  /* H is a multiple of hpb */
+        for (int64_t j = e; j < e + AD_HPB; j++) {
+            uint64_t n = (uint64_t)cnt[j], o = (uint64_t)(2 * j + 1);
+            big |= n >> 40;  /* a negative count too */
+            c += n;
+            s1 += n * o;
+            q += n * o * o;
+            C[j + 1] = (double)(int64_t)c;
+            S1[j + 1] = 0.5 * (double)(int64_t)s1;
+        }
+        Q4[e / AD_HPB + 1] = (double)(int64_t)q;
     }
+    const double o = 2.0 * (double)H + 1.0;
+    return !big && 16.0 * (double)c * o * o < 0x1p53;
+}
+
+int ad_early_end = 1;
+
+double ad_margin(int exact, Py_ssize_t nq, int64_t H, double T)
+{
+    return exact && ad_early_end ? ldexp(((double)nq + 16.0) * ((double)H + 1.0) * ((double)H + 1.0) * (T + 1.0),
+                         -40)
+                 : INFINITY;
+}
+
+PyObject *ad_steps(ad_args *a, Py_ssize_t steps)
+{
+    return ck_done(a->v, a->held) < 0 ? NULL : PyLong_FromSsize_t(steps);
 }
 
 /* The error of the full range [0, H] (adaptive._full_error with s2tot = 0). */
@@ -257,8 +282,10 @@ static inline void step(walk *w, double tx, double ux, double ty, double uy, dou
     w->bb = bt ? w->B : w->bb;
 }
 
-/* Segments s and s + 1 (when < nseg) searched side by side; lo/hi of a searched range set. */
-static void search_pair(ad_args *a, Py_ssize_t s, int64_t *cnt, double *C, double *S1)
+/* Segments s and s + 1 (when < nseg) searched side by side, until both are settled
+   (ad_settled); lo/hi of a searched range set; the steps walked. */
+static Py_ssize_t search_pair(ad_args *a, Py_ssize_t s, int64_t *cnt, double *C, double *S1,
+                              double *Q)
 {
     const int64_t H = a->cells, W = H + 1;
     double lo0[2] = {0.0, 0.0}, rg[2] = {0.0, 0.0};
@@ -269,25 +296,36 @@ static void search_pair(ad_args *a, Py_ssize_t s, int64_t *cnt, double *C, doubl
         ok[t] = rg[t] > 0.0 && rg[t] != INFINITY;
     }
     if (!(ok[0] || ok[1]))
-        return;
+        return 0;
     walk w[2];
+    double eps[2];
     for (int t = 0; t < 2; t++) {
         count_cells(a, s + t, lo0[t], ok[t] ? rg[t] : 0.0, cnt);
-        prefix_sums(cnt, H, C + t * W, S1 + t * W);
+        int exact = prefix_sums(cnt, H, C + t * W, S1 + t * W, Q + t * W);
         walk_start(&w[t], C + t * W, S1 + t * W, a->nq, H);
+        eps[t] = ok[t] ? ad_margin(exact, a->nq, H, C[t * W + H]) : -INFINITY;
     }
     const double inv = 1.0 / (double)(a->nq - 1);
     double r[2][5];
-    for (Py_ssize_t i = 0; i < a->n_iter; i++) {
+    Py_ssize_t i = 0;
+    while (i < a->n_iter) {
         sums2(w, a->nq, inv, C, S1, W, r);
         step(&w[0], r[0][0], r[0][1], r[0][2], r[0][3], r[0][4]);
         step(&w[1], r[1][0], r[1][1], r[1][2], r[1][3], r[1][4]);
+        i++;
+        int done = 1;
+        for (int t = 0; t < 2; t++)
+            done &= ad_settled(C + t * W, S1 + t * W, Q + t * W, H, eps[t], w[t].A, w[t].B,
+                               w[t].best);
+        if (done)
+            break;
     }
     for (int t = 0; t < 2; t++)
         if (ok[t]) {
             qk_set(a->lo, s + t, lo0[t] + w[t].ba * (rg[t] / (double)H));
             qk_set(a->hi, s + t, lo0[t] + w[t].bb * (rg[t] / (double)H));
         }
+    return i;
 }
 
 #if AD_HAVE_LANES
@@ -295,8 +333,8 @@ static void search_pair(ad_args *a, Py_ssize_t s, int64_t *cnt, double *C, doubl
    as search_pair searches it in its pair (the same counts, prefix sums, first error and walk);
    lo/hi of a searched range set. A pair neither of whose segments is searched is skipped, as
    search_pair skips it: its lanes walk over empty histograms and nothing is written. */
-static void search_lanes(ad_args *a, Py_ssize_t s, int64_t *cnt, double *C, double *S1,
-                         double *rec)
+static Py_ssize_t search_lanes(ad_args *a, Py_ssize_t s, int64_t *cnt, double *C, double *S1,
+                               double *Q, double *rec)
 {
     const int64_t H = a->cells, W = H + 1;
     double lo0[AD_LANES], rg[AD_LANES];
@@ -312,44 +350,51 @@ static void search_lanes(ad_args *a, Py_ssize_t s, int64_t *cnt, double *C, doub
         any |= ok[l];
     }
     if (!any)
-        return;
+        return 0;
     ad_lanes w;
+    w.C = C, w.S1 = S1, w.Q = Q;
     for (int l = 0; l < AD_LANES; l++) {
         double *Cl = C + l * W, *Sl = S1 + l * W;
         if (s + l < a->nseg && (ok[l] || ok[l ^ 1]))
             count_cells(a, s + l, lo0[l], ok[l] ? rg[l] : 0.0, cnt);
         else
             memset(cnt, 0, (size_t)W * sizeof *cnt);
-        prefix_sums(cnt, H, Cl, Sl);
+        int exact = prefix_sums(cnt, H, Cl, Sl, Q + l * W);
+        w.eps[l] = ok[l] ? ad_margin(exact, a->nq, H, Cl[H]) : -INFINITY;
         w.A[l] = 0.0, w.B[l] = (double)H;
         w.best[l] = full_error(a->nq, Cl, Sl, H);
         w.ba[l] = w.A[l], w.bb[l] = w.B[l];
         w.CH[l] = Cl[H], w.SH[l] = Sl[H];
     }
     ad_records(C, S1, W, rec);
-    ad_walk_lanes(&w, a->nq, a->n_iter, rec, W);
+    Py_ssize_t steps = ad_walk_lanes(&w, a->nq, a->n_iter, rec, W);
     for (int l = 0; l < AD_LANES; l++)
         if (ok[l]) {
             qk_set(a->lo, s + l, lo0[l] + w.ba[l] * (rg[l] / (double)H));
             qk_set(a->hi, s + l, lo0[l] + w.bb[l] * (rg[l] / (double)H));
         }
+    return steps;
 }
 
-/* All segments by search_lanes; 0, or -1 where its tables cannot be had (nothing done). */
-static int search_all_lanes(ad_args *a, int64_t *cnt)
+/* All segments by search_lanes; the steps walked, or -1 where its tables cannot be had
+   (nothing done). */
+static Py_ssize_t search_all_lanes(ad_args *a, int64_t *cnt)
 {
     const int64_t W = a->cells + 1;
     double *C = malloc((size_t)(AD_LANES * W) * sizeof *C);
     double *S1 = malloc((size_t)(AD_LANES * W) * sizeof *S1);
+    double *Q = malloc((size_t)(AD_LANES * W) * sizeof *Q);
     double *rec = malloc((size_t)(4 * AD_LANES * W) * sizeof *rec);
-    int ok = C && S1 && rec;
+    int ok = C && S1 && Q && rec;
+    Py_ssize_t steps = 0;
     if (ok)
         for (Py_ssize_t s = 0; s < a->nseg; s += AD_LANES)
-            search_lanes(a, s, cnt, C, S1, rec);
+            steps += search_lanes(a, s, cnt, C, S1, Q, rec);
     free(C);
     free(S1);
+    free(Q);
     free(rec);
-    return ok ? 0 : -1;
+    return ok ? steps : -1;
 }
 #endif
 
@@ -360,34 +405,55 @@ static PyObject *ck_adaptive_histogram_search(PyObject *self, PyObject *args)
     ad_args a;
     int run = ad_parse(args, 1, 1, &a, "histogram_search");
     if (run <= 0)
-        return run < 0 ? NULL : Py_NewRef(Py_None);
+        return run < 0 ? NULL : PyLong_FromLong(0);
     const int64_t H = a.cells, W = H + 1;
     int64_t *cnt = malloc((size_t)(4 * W) * sizeof *cnt);
     double *C = malloc((size_t)(2 * W) * sizeof *C), *S1 = malloc((size_t)(2 * W) * sizeof *S1);
-    if (cnt && C && S1) {
+    double *Q = malloc((size_t)(2 * W) * sizeof *Q);
+    Py_ssize_t steps = -1;
+    if (cnt && C && S1 && Q) {
         Py_BEGIN_ALLOW_THREADS
-        int done = 0;
 #if AD_HAVE_LANES
         if (qk_avx2() && H <= AD_LANES_CELLS)
-            done = search_all_lanes(&a, cnt) == 0;
+            steps = search_all_lanes(&a, cnt);
 #endif
-        for (Py_ssize_t s = 0; !done && s < a.nseg; s += 2)
-            search_pair(&a, s, cnt, C, S1);
+        if (steps < 0) {
+            steps = 0;
+            for (Py_ssize_t s = 0; s < a.nseg; s += 2)
+                steps += search_pair(&a, s, cnt, C, S1, Q);
+        }
         Py_END_ALLOW_THREADS
     } else
         PyErr_NoMemory();
     free(cnt);
     free(C);
     free(S1);
-    return ck_none(a.v, a.held);
+    free(Q);
+    return ad_steps(&a, steps);
+}
+
+/* adaptive_early_end(on): whether the searches end a walk early (adaptive.h), from now on in
+   this process; returns the previous setting. The same ranges either way: for tests and
+   benchmarks. */
+static PyObject *ck_adaptive_early_end(PyObject *self, PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    int before = ad_early_end;
+    ad_early_end = on;
+    return PyBool_FromLong(before);
 }
 
 PyMethodDef ck_adaptive_methods[] = {
+    {"adaptive_early_end", ck_adaptive_early_end, METH_O,
+     "adaptive_early_end(on) -> the previous setting: whether the searches end a greedy walk "
+     "once no later candidate can win (the same ranges either way)."},
     {"adaptive_histogram_search", ck_adaptive_histogram_search, METH_VARARGS,
-     "histogram_search(x, seg, mask, counts, lo, hi, nq, num_bins, ratio): the greedy range "
-     "search over each segment's histogram (from x, or counts when it has rows)."},
+     "histogram_search(x, seg, mask, counts, lo, hi, nq, num_bins, ratio) -> steps walked: the "
+     "greedy range search over each segment's histogram (from x, or counts when it has rows)."},
     {"adaptive_direct_ranges", ck_adaptive_direct_ranges, METH_VARARGS,
-     "direct_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio): the greedy range search with "
-     "each candidate's exact error (short segments)."},
+     "direct_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio) -> steps walked: the greedy "
+     "range search with each candidate's exact error (short segments)."},
     {NULL, NULL, 0, NULL},
 };

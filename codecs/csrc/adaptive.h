@@ -28,6 +28,46 @@ typedef struct {
    ZeroDivisionError) is a ValueError: the candidates would leave the histogram. */
 int ad_parse(PyObject *args, int with_counts, int zero_width_ok, ad_args *a, const char *name);
 
+/* A search's return: its views released (ck_done), then NULL where an exception is set, else
+   the greedy steps walked (summed over the groups of segments walked together: the early end's
+   measure). */
+PyObject *ad_steps(ad_args *a, Py_ssize_t steps);
+
+/* The walk's early end. Every candidate a greedy walk reaches after a step lies inside the
+   range [A, B] it stands on, so each of its values outside [A, B] costs at least its distance
+   to A or B squared: the error of the rest of the walk is at least that clip error, LB(A, B).
+   Where LB(A, B), less a margin eps for the rounding of the computed errors, is not below the
+   best error so far, no later candidate can become the best (the walk keeps the first of equal
+   errors), and the walk may end: the same ranges, fewer steps. */
+
+/* For a histogram's prefix sums C (count) and S1 (values at cell centres j + 1/2) of the
+   cells below each cell, and Q (sum of cnt[j] (2j + 1)^2) of those below each edge (Q[i]:
+   below edge i hpb), exact (integers and halves below 2**53, which the search checks before
+   it ends a walk early), 4 LB(A, B) - Q[H / hpb] is
+       Q[A / hpb] - 8 A S1[A] + 4 A^2 C[A] - Q[B / hpb] - 8 B (S1[H] - S1[B])
+       + 4 B^2 (C[H] - C[B])
+   ((2j + 1 - 2A)^2 summed over the cells below A, (2j + 1 - 2B)^2 over those from B; Q[H] / 4
+   is the constant the computed errors leave out), exact too. 1 when a walk standing on [A, B]
+   (edges, in cells) with its best computed error `best` may end: that / 4 - eps >= best (eps
+   a margin far above the computed errors' rounding; false for a NaN best). */
+static inline int ad_settled(const double *C, const double *S1, const double *Q, int64_t H,
+                             double eps, double A, double B, double best)
+{
+    int64_t a = (int64_t)A, b = (int64_t)B;
+    double lb4 = (Q[a / AD_HPB] - 8.0 * A * S1[a] + 4.0 * A * A * C[a])
+                 + ((4.0 * B * B * (C[H] - C[b]) - 8.0 * B * (S1[H] - S1[b])) - Q[b / AD_HPB]);
+    return lb4 * 0.25 - eps >= best;
+}
+
+/* The early end's margin for a histogram of T values (nq levels, H cells), or INFINITY (never
+   end early) where the prefix sums are not exact: about 2**13 times the rounding of the
+   computed errors, (nq + 16) (H + 1)^2 (T + 1) 2**-40. */
+double ad_margin(int exact, Py_ssize_t nq, int64_t H, double T);
+
+/* 0 turns the early end off (adaptive_early_end: tests and benchmarks); ad_margin is then
+   INFINITY. */
+extern int ad_early_end;
+
 /* numba's int(v) of a float64 on x86-64 (cvttsd2si): v truncated, INT64_MIN where v is NaN or
    beyond the int64 range. */
 static inline int64_t ad_trunc(double v)
@@ -54,15 +94,20 @@ static inline double ad_min(double a, double b) { return b < a ? b : a; }
 typedef struct {
     double A[AD_LANES], B[AD_LANES], best[AD_LANES], ba[AD_LANES], bb[AD_LANES];
     double CH[AD_LANES], SH[AD_LANES];
+    /* the early end: lane l's prefix sums at C/S1/Q + l W (Q: at the edges), its margin eps
+       (-INFINITY: a lane nothing is read from, settled from the start) */
+    const double *C, *S1, *Q;
+    double eps[AD_LANES];
 } ad_lanes;
 
 /* rec[4 j .. 4 j + 4) = S1[j], C[j], S1[j + hpb], C[j + hpb] for each lane's cells j in
    [l W, l W + W - hpb) (lane l's prefix sums at C/S1[l W ..]): the operands of a threshold. */
 void ad_records(const double *C, const double *S1, int64_t W, double *rec);
 
-/* n_iter greedy steps of every lane over its records (nq levels; cells W - 1 a histogram, as
-   adaptive.c's pair loop, lane parity its pair position). */
-void ad_walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, const double *rec,
+/* Up to n_iter greedy steps of every lane over its records (nq levels; cells W - 1 a
+   histogram, as adaptive.c's pair loop, lane parity its pair position), until every lane is
+   settled (ad_settled); the steps walked. */
+Py_ssize_t ad_walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, const double *rec,
                    int64_t W);
 
 /* The short rows' exact search (adaptive_direct.c). */

@@ -39,19 +39,25 @@ NO_TRAPS static inline __attribute__((always_inline)) double min_(double a, doub
 }
 
 /* The unmasked values of segment s in cells from lo0, exactly, into lane `lane` of u (LANES
-   values a row); their count, or -1 where the range rg0 is not searched. */
+   values a row); their count, or -1 where the range rg0 is not searched. *umax: the largest
+   |u| (NaN where one is NaN). */
 static Py_ssize_t cells(const ad_args *a, Py_ssize_t s, double lo0, double rg0, double *u,
-                        int lane)
+                        int lane, double *umax)
 {
+    *umax = 0.0;
     if (!(rg0 > 0.0 && rg0 != INFINITY))
         return -1;
     Py_ssize_t a0, b0, m = 0;
     qk_segment(s, a->seg, a->n, &a0, &b0);
     const uint8_t *mask = a->mask->len ? (const uint8_t *)a->mask->buf : NULL;
-    double f = (double)a->cells / rg0;
+    double f = (double)a->cells / rg0, top = 0.0;
     for (Py_ssize_t i = a0; i < b0; i++)
-        if (!(mask && mask[i]))
-            u[m++ * LANES + lane] = (qk_get(a->x, i) - lo0) * f;
+        if (!(mask && mask[i])) {
+            double v = (qk_get(a->x, i) - lo0) * f;
+            u[m++ * LANES + lane] = v;
+            top = v != v ? v : (fabs(v) > top ? fabs(v) : top);  /* NaN stays */
+        }
+    *umax = top;
     return m;
 }
 
@@ -102,18 +108,57 @@ LANE_ERRORS(errors_avx512, CK_TARGET_AVX512, floor)
 typedef void errors_fn(const double *, Py_ssize_t, Py_ssize_t, const double *,
                        const double *, const double *, double, int, double *, double *);
 
-/* The greedy walks of LANES segments over u: each lane's best [ba, bb] in cells. */
-static void walk(const double *u, Py_ssize_t mmin, Py_ssize_t mmax, const double *m,
-                 const ad_args *a, errors_fn *errors, double *ba, double *bb)
+/* Each lane's clip error of [A, B] over its values u[i * LANES + l], i < m[l]: sum (A - u)^2
+   over u < A and (u - B)^2 over u > B, the lower bound of the early end (adaptive.h). */
+#define LANE_BOUNDS(NAME, ATTR)                                                               \
+    NO_TRAPS ATTR static void NAME(const double *restrict u, Py_ssize_t mmin, Py_ssize_t mmax, \
+                                   const double *restrict m, const double *A,                 \
+                                   const double *B, double *lb)                               \
+    {                                                                                         \
+        double s[LANES];                                                                      \
+        for (int l = 0; l < LANES; l++)                                                       \
+            s[l] = 0.0;                                                                       \
+        for (Py_ssize_t i = 0; i < mmin; i++)                                                 \
+            for (int l = 0; l < LANES; l++) {                                                 \
+                double v = u[i * LANES + l];                                                  \
+                double below = max_(A[l] - v, 0.0), above = max_(v - B[l], 0.0);             \
+                s[l] += below * below + above * above;                                        \
+            }                                                                                 \
+        for (Py_ssize_t i = mmin; i < mmax; i++)                                              \
+            for (int l = 0; l < LANES; l++) {                                                 \
+                double v = u[i * LANES + l];                                                  \
+                double below = max_(A[l] - v, 0.0), above = max_(v - B[l], 0.0);             \
+                int in = (double)i < m[l];                                                    \
+                s[l] += in ? below * below + above * above : 0.0;                             \
+            }                                                                                 \
+        memcpy(lb, s, sizeof s);                                                              \
+    }
+LANE_BOUNDS(bounds_plain, )
+LANE_BOUNDS(bounds_avx2, QK_AVX2)
+LANE_BOUNDS(bounds_avx512, CK_TARGET_AVX512)
+
+typedef void bounds_fn(const double *, Py_ssize_t, Py_ssize_t, const double *, const double *,
+                       const double *, double *);
+
+/* The greedy walks of LANES segments over u until every lane is settled (its clip error
+   lb, less eps, not below its best: adaptive.h's early end): each lane's best [ba, bb] in
+   cells; the steps walked. */
+static Py_ssize_t walk(const double *u, Py_ssize_t mmin, Py_ssize_t mmax, const double *m,
+                       const double *eps, const ad_args *a, errors_fn *errors,
+                       bounds_fn *bounds, double *ba, double *bb)
 {
     const double qmax = (double)a->nq - 1.0, H = (double)a->cells;
-    double A[LANES], B[LANES], best[LANES], ex[LANES], ey[LANES];
+    double A[LANES], B[LANES], best[LANES], ex[LANES], ey[LANES], lb[LANES];
     for (int l = 0; l < LANES; l++)
         A[l] = 0.0, B[l] = H;
     errors(u, mmin, mmax, m, A, B, qmax, 1, best, ey);
     memcpy(ba, A, sizeof A);
     memcpy(bb, B, sizeof B);
-    for (Py_ssize_t i = 0; i < a->n_iter; i++) {
+    int may_end = 1;  /* no lane that never settles (eps +INFINITY): else no bound pass */
+    for (int l = 0; l < LANES; l++)
+        may_end &= eps[l] < INFINITY;
+    Py_ssize_t i = 0;
+    while (i < a->n_iter) {
         errors(u, mmin, mmax, m, A, B, qmax, 0, ex, ey);
         for (int l = 0; l < LANES; l++) {
             int tk = ex[l] < ey[l];
@@ -125,25 +170,45 @@ static void walk(const double *u, Py_ssize_t mmin, Py_ssize_t mmax, const double
             ba[l] = bt ? A[l] : ba[l];
             bb[l] = bt ? B[l] : bb[l];
         }
+        i++;
+        if (!may_end)
+            continue;
+        bounds(u, mmin, mmax, m, A, B, lb);
+        int all = 1;
+        for (int l = 0; l < LANES; l++)
+            all &= lb[l] - eps[l] >= best[l];
+        if (all)
+            break;
     }
+    return i;
 }
 
 /* Segments s .. s + LANES - 1 (those < nseg): lo/hi of a searched range set. */
-static void search_lanes(ad_args *a, Py_ssize_t s, Py_ssize_t len, double *u,
-                         errors_fn *errors)
+static Py_ssize_t search_lanes(ad_args *a, Py_ssize_t s, Py_ssize_t len, double *u,
+                               errors_fn *errors, bounds_fn *bounds)
 {
-    double lo0[LANES], rg0[LANES], m[LANES], ba[LANES], bb[LANES];
+    double lo0[LANES], rg0[LANES], m[LANES], ba[LANES], bb[LANES], eps[LANES];
     Py_ssize_t mmin = len, mmax = 0;
     int any = 0;
     memset(u, 0, (size_t)len * LANES * sizeof *u);
     for (int l = 0; l < LANES; l++) {
         Py_ssize_t k = -1;
+        double umax = 0.0;
         lo0[l] = rg0[l] = 0.0;
         if (s + l < a->nseg) {
             lo0[l] = qk_get(a->lo, s + l);
             rg0[l] = qk_get(a->hi, s + l) - lo0[l];
-            k = cells(a, s + l, lo0[l], rg0[l], u, l);
+            k = cells(a, s + l, lo0[l], rg0[l], u, l, &umax);
         }
+        /* the early end's margin, far above the rounding of k squares of values up to
+           R = max(H, umax) cells summed (about (k + nq) k (R + 1)^2 2**-53); a lane not
+           searched or of no values is settled from the start (-inf), one with a value that
+           is not finite never (+inf) */
+        double R = (double)a->cells > umax ? (double)a->cells : umax;
+        eps[l] = k <= 0 ? -INFINITY
+                 : !(umax < INFINITY) || !ad_early_end ? INFINITY
+                 : ldexp(((double)a->nq + (double)k + 16.0) * ((double)k + 1.0) * (R + 1.0)
+                         * (R + 1.0), -40);
         any |= k >= 0;
         m[l] = k > 0 ? (double)k : 0.0;
         mmax = k > mmax ? k : mmax;
@@ -151,23 +216,28 @@ static void search_lanes(ad_args *a, Py_ssize_t s, Py_ssize_t len, double *u,
         rg0[l] = k >= 0 ? rg0[l] : 0.0;  /* 0: not searched */
     }
     if (!any)
-        return;
-    walk(u, mmin, mmax, m, a, errors, ba, bb);
+        return 0;
+    Py_ssize_t steps = walk(u, mmin, mmax, m, eps, a, errors, bounds, ba, bb);
     const double H = (double)a->cells;
     for (int l = 0; l < LANES; l++)
         if (rg0[l] != 0.0) {
             qk_set(a->lo, s + l, lo0[l] + ba[l] * (rg0[l] / H));
             qk_set(a->hi, s + l, lo0[l] + bb[l] * (rg0[l] / H));
         }
+    return steps;
 }
 
-static void search(ad_args *a, double *u, Py_ssize_t len)
+static Py_ssize_t search(ad_args *a, double *u, Py_ssize_t len)
 {
     int level = CK_HAVE_BUILDS ? ck_vector() : CK_PORTABLE;
     errors_fn *errors = level >= CK_AVX512 ? errors_avx512
                         : level >= CK_AVX2 ? errors_avx2 : errors_plain;
+    bounds_fn *bounds = level >= CK_AVX512 ? bounds_avx512
+                        : level >= CK_AVX2 ? bounds_avx2 : bounds_plain;
+    Py_ssize_t steps = 0;
     for (Py_ssize_t s = 0; s < a->nseg; s += LANES)
-        search_lanes(a, s, len, u, errors);
+        steps += search_lanes(a, s, len, u, errors, bounds);
+    return steps;
 }
 
 /* direct_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio): each segment's range refined in
@@ -177,16 +247,17 @@ PyObject *ck_adaptive_direct_ranges(PyObject *self, PyObject *args)
     ad_args a;
     int run = ad_parse(args, 0, 0, &a, "direct_ranges");
     if (run <= 0)
-        return run < 0 ? NULL : Py_NewRef(Py_None);
+        return run < 0 ? NULL : PyLong_FromLong(0);
     Py_ssize_t len = a.seg < a.n ? a.seg : a.n;
     len = len > 1 ? len : 1;
     double *u = malloc((size_t)len * LANES * sizeof *u);
+    Py_ssize_t steps = 0;
     if (u) {
         Py_BEGIN_ALLOW_THREADS
-        search(&a, u, len);
+        steps = search(&a, u, len);
         Py_END_ALLOW_THREADS
     } else
         PyErr_NoMemory();
     free(u);
-    return ck_none(a.v, a.held);
+    return ad_steps(&a, steps);
 }

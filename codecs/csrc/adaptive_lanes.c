@@ -150,12 +150,30 @@ step4(lanes4 *v, __m256d d, __m256d tx, __m256d ux, __m256d ty, __m256d uy)
     v->bb = _mm256_blendv_pd(v->bb, v->B, bt);
 }
 
-CK_TARGET_AVX2 static inline __attribute__((always_inline)) void
+/* 1 when the 4 lanes of v (lanes 4 h ..; prefix sums W apart) are settled (ad_settled). */
+CK_TARGET_AVX2 static inline __attribute__((always_inline)) int
+settled4(const ad_lanes *w, int h, const lanes4 *v, int64_t W)
+{
+    double A[4], B[4], best[4];
+    _mm256_storeu_pd(A, v->A);
+    _mm256_storeu_pd(B, v->B);
+    _mm256_storeu_pd(best, v->best);
+    int all = 1;
+    for (int q = 0; q < 4; q++) {
+        const int l = 4 * h + q;
+        all &= ad_settled(w->C + l * W, w->S1 + l * W, w->Q + l * W, W - 1, w->eps[l], A[q],
+                          B[q], best[q]);
+    }
+    return all;
+}
+
+CK_TARGET_AVX2 static inline __attribute__((always_inline)) Py_ssize_t
 walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, const double *rec, int64_t W)
 {
     const __m256d inv = _mm256_set1_pd(1.0 / (double)(nq - 1)), one = _mm256_set1_pd(1.0);
     lanes4 v0 = load4(w, 0, W), v1 = load4(w, 1, W);
-    for (Py_ssize_t i = 0; i < n_iter; i++) {
+    Py_ssize_t i = 0;
+    while (i < n_iter) {
         __m256d d0, p0, d1, p1;
         spacing4(&v0, inv, &d0, &p0);
         spacing4(&v1, inv, &d1, &p1);
@@ -168,27 +186,32 @@ walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, const double *rec, int
         }
         step4(&v0, d0, s0.tx, s0.ux, s0.ty, s0.uy);
         step4(&v1, d1, s1.tx, s1.ux, s1.ty, s1.uy);
+        i++;
+        if (settled4(w, 0, &v0, W) && settled4(w, 1, &v1, W))
+            break;
     }
     store4(w, 0, &v0);
     store4(w, 1, &v1);
+    return i;
 }
 /* The walk built twice: for AVX2, and for x86-64-v4, where the same instructions may use 32
    vector registers instead of 16 (the loop holds about 20 vectors: with 16 some live on the
    stack). */
-CK_TARGET_AVX2 static void walk_avx2(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter,
-                                     const double *rec, int64_t W)
+CK_TARGET_AVX2 static Py_ssize_t walk_avx2(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter,
+                                           const double *rec, int64_t W)
 {
-    walk_lanes(w, nq, n_iter, rec, W);
+    return walk_lanes(w, nq, n_iter, rec, W);
 }
 
-CK_TARGET_AVX512 static void walk_avx512(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter,
-                                         const double *rec, int64_t W)
+CK_TARGET_AVX512 static Py_ssize_t walk_avx512(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter,
+                                               const double *rec, int64_t W)
 {
-    walk_lanes(w, nq, n_iter, rec, W);
+    return walk_lanes(w, nq, n_iter, rec, W);
 }
 
-void ad_walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, const double *rec, int64_t W)
+Py_ssize_t ad_walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, const double *rec,
+                         int64_t W)
 {
-    (ck_vector() >= CK_AVX512 ? walk_avx512 : walk_avx2)(w, nq, n_iter, rec, W);
+    return (ck_vector() >= CK_AVX512 ? walk_avx512 : walk_avx2)(w, nq, n_iter, rec, W);
 }
 #endif

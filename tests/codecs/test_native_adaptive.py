@@ -44,6 +44,9 @@ def _rows(seed: int, seg: int, nseg: int, dtype, kind: str) -> np.ndarray:
         x = rng.choice([-2.0, 0.5, -0.5, 3.0], n)
     elif kind == "subnormal":
         x = x * 1e-310
+    elif kind == "outliers" and n:  # the best range lies deep inside: a long walk
+        at = rng.integers(0, n, max(1, n // 16))
+        x[at] *= rng.choice([-300.0, 40.0, 1e4], at.size)
     with np.errstate(over="ignore"):
         return x.astype(dtype)
 
@@ -76,7 +79,8 @@ def _run(k, name, x, seg, mask, lo, hi, nq, num_bins, ratio, counts=adaptive._NO
 @settings(max_examples=150, deadline=None)
 @given(seg=st.integers(1, 200), nseg=st.integers(0, 9), dtype=st.sampled_from([np.float32,
                                                                                 np.float64]),
-       kind=st.sampled_from(["normal", "specials", "constant", "ties", "subnormal"]),
+       kind=st.sampled_from(["normal", "specials", "constant", "ties", "subnormal",
+                             "outliers"]),
        mask_kind=st.sampled_from(["none", "all", "clear", "some"]), fixed=st.booleans(),
        nq=st.one_of(st.integers(2, 17), st.integers(2, 256)),
        num_bins=st.one_of(st.integers(1, 4), st.integers(1, 60), st.just(45)),
@@ -146,6 +150,74 @@ def test_histograms_past_the_lanes_cells(num_bins):
             assert _run(c, "histogram_search", *args) == want, path
     finally:
         _backend.use_simd(before)
+
+
+def _walk(name, x, seg, lo, hi, nq, num_bins, early_end: bool):
+    """The C search with its early end on or off: the ranges' bytes and the steps walked."""
+    native = _backend.native()
+    before = native.adaptive_early_end(early_end)
+    try:
+        lo, hi = lo.copy(), hi.copy()
+        k = _twins()[0]
+        if name == "histogram_search":
+            steps = k.histogram_search(x, seg, NO_MASK, adaptive._NO_COUNTS, lo, hi, nq,
+                                       num_bins, 1.0)
+        else:
+            steps = k.direct_ranges(x, seg, NO_MASK, lo, hi, nq, num_bins, 1.0)
+        return lo.tobytes() + hi.tobytes(), steps
+    finally:
+        native.adaptive_early_end(before)
+
+
+@pytest.mark.parametrize("bits, seg, kind", [(8, 64, "normal"), (8, 1024, "normal"),
+                                             (4, 64, "normal"), (4, 32, "normal"),
+                                             (3, 300, "normal"), (2, 16, "normal"),
+                                             (4, 64, "outliers"), (8, 1024, "outliers")])
+def test_the_walk_ends_early_with_the_same_ranges(bits, seg, kind):
+    """A walk ends once the clip error outside its range (less a margin) reaches its best error
+    (adaptive.h): the same ranges as the whole walk and as the numba twin, on every CPU path,
+    in fewer steps -- far fewer where the levels are many."""
+    nq, nseg = 2 ** bits, 37
+    x = _rows(13, seg, nseg, np.float32, kind)
+    lo, hi = _ranges(x, seg, NO_MASK, nseg, False)
+    name = "direct_ranges" if adaptive.use_direct(seg, nq) else "histogram_search"
+    num_bins = adaptive.default_num_bins(bits)
+    want = _run(_twins()[1], name, x, seg, NO_MASK, lo, hi, nq, num_bins, 1.0)
+    before = _backend.native().simd()
+    try:
+        for path in _backend.native().simd_paths():
+            _backend.use_simd(path)
+            ended, steps = _walk(name, x, seg, lo, hi, nq, num_bins, True)
+            whole, full = _walk(name, x, seg, lo, hi, nq, num_bins, False)
+            assert ended == whole == want, path
+            assert full > 0 and steps <= full, path
+            if bits == 8 and kind == "normal":
+                assert 8 * steps < full, (path, steps, full)
+            if bits == 4 and kind == "normal":
+                assert 2 * steps < full, (path, steps, full)
+    finally:
+        _backend.use_simd(before)
+
+
+def test_counts_past_the_exact_sums_walk_to_the_end():
+    """Given counts whose prefix sums are not exact in float64 (past 2**40 a cell): no early
+    end (its bound needs exact sums), the twin's ranges."""
+    nseg, num_bins, nq = 5, 45, 256
+    counts = np.full(adaptive.cell_counts_shape(nseg, num_bins), 1 << 41, np.int64)
+    lo, hi = np.zeros(nseg), np.ones(nseg)
+    c, numba = _twins()
+    args = (adaptive._NO_VALUES, 1, NO_MASK, lo, hi, nq, num_bins, 1.0, counts)
+    assert _run(c, "histogram_search", *args) == _run(numba, "histogram_search", *args)
+    l2, h2 = lo.copy(), hi.copy()
+    steps = c.histogram_search(adaptive._NO_VALUES, 1, NO_MASK, counts, l2, h2, nq, num_bins,
+                               1.0)
+    _backend.native().adaptive_early_end(False)
+    try:
+        full = c.histogram_search(adaptive._NO_VALUES, 1, NO_MASK, counts, lo.copy(),
+                                  hi.copy(), nq, num_bins, 1.0)
+    finally:
+        _backend.native().adaptive_early_end(True)
+    assert steps == full > 0
 
 
 @pytest.mark.parametrize("shape", [(64, 96), (40, 17)])
