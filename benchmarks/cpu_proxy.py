@@ -79,7 +79,7 @@ from common import command_line, machine_description, markdown_table  # noqa: E4
 
 import ckptstore  # noqa: E402
 from ckptstore import EncodingOptions, Policy, QuantSpec  # noqa: E402
-from ckptcodecs import Quantize, rle_huffman  # noqa: E402
+from ckptcodecs import Quantize, _backend, rle_huffman  # noqa: E402
 
 CONFIGS = {
     "no checkpoint": None,
@@ -93,6 +93,12 @@ CONFIGS = {
     # Check-N-Run's 4-bit configuration: "auto" at 4 bits is the adaptive search
     "commit_async, 4-bit (auto: the adaptive search)": (
         EncodingOptions(), Policy(quantize=QuantSpec(bits=4))),
+    # before the adaptive search's early end: every greedy walk to its end (the same ranges)
+    "commit_async, 8-bit adaptive search, the whole walk (before)": (
+        EncodingOptions(), Policy(quantize=QuantSpec("adaptive-asymmetric", bits=8)),
+        "whole walk"),
+    "commit_async, 4-bit (auto), the whole walk (before)": (
+        EncodingOptions(), Policy(quantize=QuantSpec(bits=4)), "whole walk"),
     # before the one-call chunk encoder: quantize's steps, a kernel call (and a wait for the
     # GIL after it) each
     "commit_async, 8-bit, a kernel call a step (before)": (
@@ -119,6 +125,21 @@ def encoded_in_steps(on: bool) -> Iterator[None]:
         yield
     finally:
         Quantize.encode_one_call, rle_huffman._ONE_CALL = one_call, coder
+
+
+@contextmanager
+def whole_walks(on: bool) -> Iterator[None]:
+    """The adaptive search's greedy walks taken to their end, as before their early end
+    (issue 28; the same ranges): ``ckptcodecs._native.adaptive_early_end(False)``."""
+    if not on:
+        yield
+        return
+    native = _backend.native()
+    before = native.adaptive_early_end(False)
+    try:
+        yield
+    finally:
+        native.adaptive_early_end(before)
 
 
 #: the issue's yardstick: each tensor copied into a preallocated buffer on the loop's thread
@@ -196,12 +217,17 @@ def _cached(config: tuple | str | None) -> bool:
     return isinstance(config, tuple) and config[2:] == ("cached",)
 
 
+def _whole_walk(config: tuple | str | None) -> bool:
+    return isinstance(config, tuple) and config[2:] == ("whole walk",)
+
+
 def run(config: tuple | None, state: dict, seconds: float, interval: float, root: str,
         io_workers: int | None = None, priority: str = "low", busy: Busy | None = None
         ) -> Run:
-    """:func:`run_loop`, quantized chunks encoded in steps, or chunk files written through the
-    page cache, for a configuration that says so."""
-    with encoded_in_steps(_stepwise(config)):
+    """:func:`run_loop`, quantized chunks encoded in steps, chunk files written through the
+    page cache, or the adaptive search's walks taken to their end, for a configuration that
+    says so."""
+    with encoded_in_steps(_stepwise(config)), whole_walks(_whole_walk(config)):
         return run_loop(config[:2] if isinstance(config, tuple) else config, state, seconds,
                         interval, root, io_workers, priority, busy, _cached(config))
 
@@ -273,7 +299,7 @@ def gil_hold(config: tuple, state: dict, root: str, priority: str = "low"
     total seconds of this thread's pauses longer than 0.2 ms."""
     options, policy = config[:2]
     folder = tempfile.mkdtemp(dir=root)
-    with encoded_in_steps(_stepwise(config)):
+    with encoded_in_steps(_stepwise(config)), whole_walks(_whole_walk(config)):
         return _gil_hold(open_store(folder, options, policy, None, priority, _cached(config)),
                          state, folder)
 
