@@ -93,12 +93,18 @@ CONFIGS = {
     # Check-N-Run's 4-bit configuration: "auto" at 4 bits is the adaptive search
     "commit_async, 4-bit (auto: the adaptive search)": (
         EncodingOptions(), Policy(quantize=QuantSpec(bits=4))),
-    # before the adaptive search's early end: every greedy walk to its end (the same ranges)
-    "commit_async, 8-bit adaptive search, the whole walk (before)": (
+    # the adaptive method before its one-call chunk encoder (quantize's steps, a kernel call
+    # each), and before that, before its early end too (every greedy walk to its end)
+    "commit_async, 8-bit adaptive search, a kernel call a step (before)": (
         EncodingOptions(), Policy(quantize=QuantSpec("adaptive-asymmetric", bits=8)),
-        "whole walk"),
-    "commit_async, 4-bit (auto), the whole walk (before)": (
-        EncodingOptions(), Policy(quantize=QuantSpec(bits=4)), "whole walk"),
+        "steps"),
+    "commit_async, 8-bit adaptive search, steps and the whole walk (before)": (
+        EncodingOptions(), Policy(quantize=QuantSpec("adaptive-asymmetric", bits=8)),
+        "steps", "whole walk"),
+    "commit_async, 4-bit (auto), a kernel call a step (before)": (
+        EncodingOptions(), Policy(quantize=QuantSpec(bits=4)), "steps"),
+    "commit_async, 4-bit (auto), steps and the whole walk (before)": (
+        EncodingOptions(), Policy(quantize=QuantSpec(bits=4)), "steps", "whole walk"),
     # before the one-call chunk encoder: quantize's steps, a kernel call (and a wait for the
     # GIL after it) each
     "commit_async, 8-bit, a kernel call a step (before)": (
@@ -209,16 +215,21 @@ def open_store(folder: str, options: EncodingOptions, policy: Policy, io_workers
     return store
 
 
+def _marked(config: tuple | str | None, mark: str) -> bool:
+    """Whether a configuration's tuple carries ``mark`` after its options and policy."""
+    return isinstance(config, tuple) and mark in config[2:]
+
+
 def _stepwise(config: tuple | str | None) -> bool:
-    return isinstance(config, tuple) and config[2:] == ("steps",)
+    return _marked(config, "steps")
 
 
 def _cached(config: tuple | str | None) -> bool:
-    return isinstance(config, tuple) and config[2:] == ("cached",)
+    return _marked(config, "cached")
 
 
 def _whole_walk(config: tuple | str | None) -> bool:
-    return isinstance(config, tuple) and config[2:] == ("whole walk",)
+    return _marked(config, "whole walk")
 
 
 def run(config: tuple | None, state: dict, seconds: float, interval: float, root: str,

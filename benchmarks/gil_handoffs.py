@@ -44,14 +44,27 @@ CONFIGS = {
         "EncodingOptions(), policy=Policy(quantize=QuantSpec('adaptive-asymmetric', bits=8))",
     "8-bit, a kernel call a step (before)":
         "EncodingOptions(), policy=Policy(quantize=QuantSpec(bits=8))",
+    "8-bit adaptive search, a kernel call a step (before)":
+        "EncodingOptions(), policy=Policy(quantize=QuantSpec('adaptive-asymmetric', bits=8))",
+    "8-bit adaptive search, steps and the whole walk (before)":
+        "EncodingOptions(), policy=Policy(quantize=QuantSpec('adaptive-asymmetric', bits=8))",
+    "4-bit (QuantSpec(bits=4): the adaptive search)":
+        "EncodingOptions(), policy=Policy(quantize=QuantSpec(bits=4))",
+    "4-bit, a kernel call a step (before)":
+        "EncodingOptions(), policy=Policy(quantize=QuantSpec(bits=4))",
 }
 #: what runs in the child before the store opens, for a configuration that needs it: before the
 #: one-call chunk encoder (issue 28), quantized chunks were encoded a kernel call a step
+_STEPS = ("from ckptcodecs import Quantize, rle_huffman\n"
+          "Quantize.encode_one_call = lambda self, buf, **kw: None\n"
+          "rle_huffman._ONE_CALL = None")
+#: before the adaptive search's early end (issue 28): every greedy walk to its end
+_WHOLE_WALK = "from ckptcodecs import _backend\n_backend.native().adaptive_early_end(False)"
 PRELUDES = {
-    "8-bit, a kernel call a step (before)":
-        "from ckptcodecs import Quantize, rle_huffman\n"
-        "Quantize.encode_one_call = lambda self, buf, **kw: None\n"
-        "rle_huffman._ONE_CALL = None",
+    "8-bit, a kernel call a step (before)": _STEPS,
+    "8-bit adaptive search, a kernel call a step (before)": _STEPS,
+    "8-bit adaptive search, steps and the whole walk (before)": _STEPS + "\n" + _WHOLE_WALK,
+    "4-bit, a kernel call a step (before)": _STEPS,
 }
 EVENT = "probe_libpython3:PyEval_RestoreThread"
 

@@ -13,8 +13,9 @@ Depends on numpy, numcodecs and zarr only -- never on ``ckptstore`` -- plus its 
   :func:`planes_decode_region` puts together a block of rows and columns only).
 - :func:`encode_chunk` / :func:`decode_chunk`: the self-contained Quantize chunk layout for codes
   and parameters computed elsewhere (e.g. codes rebuilt from a BucketDelta).
-- :func:`encode_uniform_chunk`: a uniform Quantize chunk (RLEHuffman coded or not) in one
-  compiled call, or None where :func:`quantize`'s special cases need its own steps.
+- :func:`encode_uniform_chunk`: a uniform or adaptive-asymmetric Quantize chunk (RLEHuffman
+  coded or not) in one compiled call, or None where :func:`quantize`'s special cases need its
+  own steps.
 - :func:`qdelta_encode` / :func:`qdelta_decode`: DynaQuant code-delta chunks (new parameters +
   RLE+Huffman coded BucketDelta of the codes against a base version's codes).
 - :func:`pack_bits` / :func:`unpack_bits` / :func:`packed_size`: the dense bit packing of codes.

@@ -161,7 +161,7 @@ class Quantize(Codec):
             return None
         return encode_uniform_chunk(arr, self.method, self.bits, self.granularity,
                                     self.group_size, entropy=entropy, min_saving=min_saving,
-                                    dtype=self.dtype)
+                                    dtype=self.dtype, num_bins=self.num_bins, ratio=self.ratio)
 
     def _values(self, buf) -> np.ndarray:
         """The array to quantize: ``buf`` in memory order; raw bytes read as ``self.dtype``."""

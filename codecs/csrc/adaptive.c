@@ -20,8 +20,8 @@ static Py_ssize_t greedy_steps(double ratio, Py_ssize_t num_bins, int zero_width
         return 0;
     if (num_bins < 1 || num_bins > AD_MAX_CELLS / AD_HPB
         || t >= (double)num_bins + (zero_width_ok ? 2.0 : 1.0)) {
-        PyErr_Format(PyExc_ValueError, "%s: %zd bins and a ratio of %g (num_bins 1..%d, "
-                     "ratio at most 1)", name, num_bins, ratio, AD_MAX_CELLS / AD_HPB);
+        ck_value_error("%s: %zd bins and a ratio of %g (num_bins 1..%d, ratio at most 1)", name,
+                       num_bins, ratio, AD_MAX_CELLS / AD_HPB);
         return -1;
     }
     return (Py_ssize_t)t - 1;
@@ -398,37 +398,73 @@ static Py_ssize_t search_all_lanes(ad_args *a, int64_t *cnt)
 }
 #endif
 
+/* The histogram search over a's segments: the steps walked, or -1 out of memory (nothing
+   done). No Python calls: runs without the GIL. */
+static Py_ssize_t histogram_run(ad_args *a)
+{
+    const int64_t H = a->cells, W = H + 1;
+    int64_t *cnt = malloc((size_t)(4 * W) * sizeof *cnt);
+    double *C = malloc((size_t)(2 * W) * sizeof *C), *S1 = malloc((size_t)(2 * W) * sizeof *S1);
+    double *Q = malloc((size_t)(2 * W) * sizeof *Q);
+    Py_ssize_t steps = -1;
+    if (cnt && C && S1 && Q) {
+#if AD_HAVE_LANES
+        if (qk_avx2() && H <= AD_LANES_CELLS)
+            steps = search_all_lanes(a, cnt);
+#endif
+        if (steps < 0) {
+            steps = 0;
+            for (Py_ssize_t s = 0; s < a->nseg; s += 2)
+                steps += search_pair(a, s, cnt, C, S1, Q);
+        }
+    }
+    free(cnt);
+    free(C);
+    free(S1);
+    free(Q);
+    return steps;
+}
+
+Py_ssize_t ad_greedy_steps(double ratio, Py_ssize_t num_bins, int zero_width_ok,
+                           const char *name)
+{
+    return greedy_steps(ratio, num_bins, zero_width_ok, name);
+}
+
+Py_ssize_t ad_search_floats(const float *x, Py_ssize_t n, Py_ssize_t seg, double *lo, double *hi,
+                            Py_ssize_t nseg, Py_ssize_t nq, Py_ssize_t num_bins,
+                            Py_ssize_t n_iter)
+{
+    ad_args a;
+    memset(&a, 0, sizeof a);
+    Py_buffer *v = a.v;  /* views of raw memory: no object behind them, never released */
+    v[0].buf = (void *)x, v[0].len = n * 4, v[0].itemsize = 4;
+    v[1].buf = NULL, v[1].len = 0, v[1].itemsize = 1;
+    v[2].buf = lo, v[2].len = nseg * 8, v[2].itemsize = 8;
+    v[3].buf = hi, v[3].len = nseg * 8, v[3].itemsize = 8;
+    a.x = &v[0], a.mask = &v[1], a.lo = &v[2], a.hi = &v[3], a.counts = NULL;
+    a.n = n, a.seg = seg, a.nseg = nseg, a.nq = nq, a.cells = num_bins * AD_HPB;
+    a.n_iter = n_iter;
+    if (nq < 2 || n_iter < 1 || nseg < 1)
+        return 0;
+    return ad_use_direct(seg, nq) ? ad_direct_run(&a) : histogram_run(&a);
+}
+
 /* histogram_search(x, seg, mask, counts, lo, hi, nq, num_bins, ratio): each segment's range
-   refined in place, its histogram counted from x or taken from counts (when it has rows). */
+   refined in place, its histogram counted from x or taken from counts (when it has rows); the
+   steps walked. */
 static PyObject *ck_adaptive_histogram_search(PyObject *self, PyObject *args)
 {
     ad_args a;
     int run = ad_parse(args, 1, 1, &a, "histogram_search");
     if (run <= 0)
         return run < 0 ? NULL : PyLong_FromLong(0);
-    const int64_t H = a.cells, W = H + 1;
-    int64_t *cnt = malloc((size_t)(4 * W) * sizeof *cnt);
-    double *C = malloc((size_t)(2 * W) * sizeof *C), *S1 = malloc((size_t)(2 * W) * sizeof *S1);
-    double *Q = malloc((size_t)(2 * W) * sizeof *Q);
-    Py_ssize_t steps = -1;
-    if (cnt && C && S1 && Q) {
-        Py_BEGIN_ALLOW_THREADS
-#if AD_HAVE_LANES
-        if (qk_avx2() && H <= AD_LANES_CELLS)
-            steps = search_all_lanes(&a, cnt);
-#endif
-        if (steps < 0) {
-            steps = 0;
-            for (Py_ssize_t s = 0; s < a.nseg; s += 2)
-                steps += search_pair(&a, s, cnt, C, S1, Q);
-        }
-        Py_END_ALLOW_THREADS
-    } else
+    Py_ssize_t steps;
+    Py_BEGIN_ALLOW_THREADS
+    steps = histogram_run(&a);
+    Py_END_ALLOW_THREADS
+    if (steps < 0)
         PyErr_NoMemory();
-    free(cnt);
-    free(C);
-    free(S1);
-    free(Q);
     return ad_steps(&a, steps);
 }
 

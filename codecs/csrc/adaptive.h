@@ -110,7 +110,25 @@ void ad_records(const double *C, const double *S1, int64_t W, double *rec);
 Py_ssize_t ad_walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, const double *rec,
                    int64_t W);
 
-/* The short rows' exact search (adaptive_direct.c). */
+/* The short rows' exact search (adaptive_direct.c): its Python wrapper, and the search over
+   a's segments (steps walked, -1 out of memory; no Python calls: runs without the GIL). */
 PyObject *ck_adaptive_direct_ranges(PyObject *self, PyObject *args);
+Py_ssize_t ad_direct_run(ad_args *a);
+
+/* adaptive.use_direct: segments of at most 2 (nq - 1) + 16 values get the exact search. */
+static inline int ad_use_direct(Py_ssize_t seg, Py_ssize_t nq) { return seg <= 2 * (nq - 1) + 16; }
+
+/* The greedy step count of num_bins and ratio, checked (0: no search; -1 with a ValueError:
+   the Python wrappers' check; call it with the GIL). */
+Py_ssize_t ad_greedy_steps(double ratio, Py_ssize_t num_bins, int zero_width_ok,
+                           const char *name);
+
+/* adaptive.adaptive_ranges on raw arrays (quant_chunk.c's one call): x the n float32 values,
+   no mask, lo/hi the nseg segments' float64 min/max refined in place, by the search
+   ad_use_direct picks, n_iter greedy steps (ad_greedy_steps). The steps walked, or -1 out of
+   memory; no Python calls. */
+Py_ssize_t ad_search_floats(const float *x, Py_ssize_t n, Py_ssize_t seg, double *lo, double *hi,
+                            Py_ssize_t nseg, Py_ssize_t nq, Py_ssize_t num_bins,
+                            Py_ssize_t n_iter);
 
 #endif

@@ -240,24 +240,29 @@ static Py_ssize_t search(ad_args *a, double *u, Py_ssize_t len)
     return steps;
 }
 
+Py_ssize_t ad_direct_run(ad_args *a)
+{
+    Py_ssize_t len = a->seg < a->n ? a->seg : a->n;
+    len = len > 1 ? len : 1;
+    double *u = malloc((size_t)len * LANES * sizeof *u);
+    Py_ssize_t steps = u ? search(a, u, len) : -1;
+    free(u);
+    return steps;
+}
+
 /* direct_ranges(x, seg, mask, lo, hi, nq, num_bins, ratio): each segment's range refined in
-   place by the exact search. */
+   place by the exact search; the steps walked. */
 PyObject *ck_adaptive_direct_ranges(PyObject *self, PyObject *args)
 {
     ad_args a;
     int run = ad_parse(args, 0, 0, &a, "direct_ranges");
     if (run <= 0)
         return run < 0 ? NULL : PyLong_FromLong(0);
-    Py_ssize_t len = a.seg < a.n ? a.seg : a.n;
-    len = len > 1 ? len : 1;
-    double *u = malloc((size_t)len * LANES * sizeof *u);
-    Py_ssize_t steps = 0;
-    if (u) {
-        Py_BEGIN_ALLOW_THREADS
-        steps = search(&a, u, len);
-        Py_END_ALLOW_THREADS
-    } else
+    Py_ssize_t steps;
+    Py_BEGIN_ALLOW_THREADS
+    steps = ad_direct_run(&a);
+    Py_END_ALLOW_THREADS
+    if (steps < 0)
         PyErr_NoMemory();
-    free(u);
     return ad_steps(&a, steps);
 }

@@ -4,7 +4,9 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 /* Item sizes of ck_buffer besides a count of bytes: CK_FLOAT, float32 or float64 items (by
@@ -57,6 +59,18 @@ static inline int ck_done(Py_buffer *views, int n)
     ck_release(views, n);
     return PyErr_Occurred() ? -1 : 0;
 }
+/* A ValueError of printf's format (PyErr_Format takes no %g: its floats), NULL. */
+static inline PyObject *ck_value_error(const char *fmt, ...)
+{
+    char text[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    PyErr_SetString(PyExc_ValueError, text);
+    return NULL;
+}
+
 static inline PyObject *ck_none(Py_buffer *views, int n)
 {
     return ck_done(views, n) < 0 ? NULL : Py_NewRef(Py_None);

@@ -211,8 +211,7 @@ static PyObject *ck_quant_uniform_codes(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "%s: %zd values, segments of %zd, %zd zero points, %zd "
                      "inverse scales, %zd codes", name, n, seg, nseg, ck_items(&v[2]), v[3].len);
     else if (!(fzero >= 0 && fzero <= fq && fq <= 255))
-        PyErr_Format(PyExc_ValueError, "%s: codes from %g to %g (0 <= from <= to <= 255)",
-                     name, fzero, fq);
+        ck_value_error("%s: codes from %g to %g (0 <= from <= to <= 255)", name, fzero, fq);
     else if (!ck_overlap(&v[0], &v[3], name) && !ck_overlap(&v[1], &v[3], name)
              && !ck_overlap(&v[2], &v[3], name)) {
         Py_BEGIN_ALLOW_THREADS
@@ -323,6 +322,9 @@ PyMethodDef ck_quant_methods[] = {
     {"quant_encode_uniform", ck_quant_encode_uniform, METH_VARARGS,
      "encode_uniform(x, seg, bits, symmetric, entropy, min_saving) -> bytes, or None: a uniform "
      "Quantize chunk (RLEHuffman coded with entropy) in one call (quant_chunk.c)."},
+    {"quant_encode_adaptive", ck_quant_encode_adaptive, METH_VARARGS,
+     "encode_adaptive(x, seg, bits, num_bins, ratio, entropy, min_saving, dtype) -> bytes, or "
+     "None: an adaptive-asymmetric Quantize chunk in one call, its range search included."},
     {"quant_uniform_codes", ck_quant_uniform_codes, METH_VARARGS,
      "uniform_codes(x, seg, zero, inv, fq, half, fzero, out): uniform codes, NaN -> 0."},
     {"quant_dequant_uniform", ck_quant_dequant_uniform, METH_VARARGS,

@@ -72,5 +72,6 @@ PyObject *ck_quant_dequant_codebook(PyObject *self, PyObject *args);
 PyObject *ck_quant_f16_round(PyObject *self, PyObject *args);
 PyObject *ck_quant_uniform_params_f16(PyObject *self, PyObject *args);
 PyObject *ck_quant_encode_uniform(PyObject *self, PyObject *args);
+PyObject *ck_quant_encode_adaptive(PyObject *self, PyObject *args);
 
 #endif

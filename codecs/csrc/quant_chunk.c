@@ -1,4 +1,5 @@
-/* A whole uniform Quantize chunk in one call (issue 28): quantize's uniform path, the chunk
+/* A whole uniform or adaptive Quantize chunk in one call (issue 28): quantize's uniform path
+   (or its adaptive one: the ranges refined by Check-N-Run's search first), the chunk
    layout of _qformat.encode_chunk and, optionally, the RLEHuffman payload -- one release of
    the GIL where the steps took about fifteen (numpy's checks and copies, the gate's sample,
    the coder's two calls), each of which a background persist paid for with a wait for the
@@ -10,6 +11,7 @@
    value is not finite (quantize protects it) or an inverse scale is not (a subnormal scale:
    quantize's float64 steps), nothing is returned: the caller's steps run. */
 #include "quant.h"
+#include "adaptive.h"
 #include "floats.h"
 #include <float.h>
 #include <math.h>
@@ -65,7 +67,43 @@ static void putf32(uint8_t *p, float f)
     ck_store32(p, u);
 }
 
-/* The chunk of the n (>= 1) values at x (float32, or 16-bit floats of `dtype` widened a
+/* Segment s's zero point and scale from its range [lo, hi] (as quantize's _uniform_params
+   with float32 parameters), into the chunk's tables, and its codes into out; 1 where the
+   inverse scale is not finite (quantize's float64 steps). */
+static int segment_codes(const steps_t *k, const float *xs, Py_ssize_t m, double lo, double hi,
+                         Py_ssize_t nq, uint8_t *zeros, uint8_t *scales, Py_ssize_t s,
+                         uint8_t *out)
+{
+    float zero = (float)lo, scale = (float)((hi - (double)zero) / (double)(nq - 1));
+    scale = isfinite(scale) ? scale : FLT_MAX;
+    float inv = scale > 0 ? 1.0f / scale : 0.0f;
+    if (!isfinite(inv))
+        return 1;
+    putf32(zeros + 4 * s, zero);
+    putf32(scales + 4 * s, scale);
+    k->codes(xs, m, m, &zero, &inv, 1, (float)(nq - 1), 0.5f, 0.0f, out);
+    return 0;
+}
+
+/* The packed codes and _qformat's version-1 header of a chunk of n values. */
+static void finish_chunk(uint8_t *body, const uint8_t *codes, Py_ssize_t n, Py_ssize_t seg,
+                         int bits, int method, int dtype)
+{
+    Py_ssize_t nseg = (n + seg - 1) / seg;
+    if (bits < 8)
+        ck_pack_bits(codes, n, bits, body + QC_HEAD + 8 * nseg);
+    body[0] = 1;                           /* version */
+    body[1] = (uint8_t)method;             /* METHODS.index */
+    body[2] = (uint8_t)bits;
+    body[3] = 0;                           /* flags: no prune, no protect, float32 params */
+    body[4] = (uint8_t)dtype;
+    ck_store16(body + 5, (uint16_t)(1 << bits));
+    ck_store64(body + 7, (uint64_t)n);
+    ck_store64(body + 15, (uint64_t)seg);
+    ck_store64(body + 23, 0);                   /* nprot */
+}
+
+/* The uniform chunk of the n (>= 1) values at x (float32, or 16-bit floats of `dtype` widened a
    segment at a time into wide: seg floats of scratch) into body (QC_HEAD + 8 * nseg + packed
    bytes); codes: n bytes of scratch where bits < 8 (else the codes go straight into body). 0,
    or 1 where quantize's own steps must run (nothing usable written). */
@@ -74,8 +112,8 @@ static int uniform_chunk(const steps_t *k, const void *x, int dtype, Py_ssize_t 
                          float *wide)
 {
     Py_ssize_t nseg = (n + seg - 1) / seg, nq = (Py_ssize_t)1 << bits, a0, b0;
-    uint8_t *zeros = body + QC_HEAD, *scales = zeros + 4 * nseg, *packed = scales + 4 * nseg;
-    uint8_t *out = bits == 8 ? packed : codes;
+    uint8_t *zeros = body + QC_HEAD, *scales = zeros + 4 * nseg;
+    uint8_t *out = bits == 8 ? scales + 4 * nseg : codes;
     for (Py_ssize_t s = 0; s < nseg; s++) {
         qk_segment(s, seg, n, &a0, &b0);
         Py_ssize_t m = b0 - a0;
@@ -92,43 +130,57 @@ static int uniform_chunk(const steps_t *k, const void *x, int dtype, Py_ssize_t 
             lo = -hi;
         } else
             k->range(xs, m, NULL, &lo, &hi);
-        float zero = (float)lo, scale = (float)((hi - (double)zero) / (double)(nq - 1));
-        scale = isfinite(scale) ? scale : FLT_MAX;
-        float inv = scale > 0 ? 1.0f / scale : 0.0f;
-        if (!isfinite(inv))
+        if (segment_codes(k, xs, m, lo, hi, nq, zeros, scales, s, out + a0))
             return 1;
-        putf32(zeros + 4 * s, zero);
-        putf32(scales + 4 * s, scale);
-        k->codes(xs, m, m, &zero, &inv, 1, (float)(nq - 1), 0.5f, 0.0f, out + a0);
     }
-    if (bits < 8)
-        ck_pack_bits(codes, n, bits, packed);
-    body[0] = 1;                           /* version */
-    body[1] = symmetric ? 0 : 1;           /* METHODS.index */
-    body[2] = (uint8_t)bits;
-    body[3] = 0;                           /* flags: no prune, no protect, float32 params */
-    body[4] = (uint8_t)dtype;
-    ck_store16(body + 5, (uint16_t)nq);
-    ck_store64(body + 7, (uint64_t)n);
-    ck_store64(body + 15, (uint64_t)seg);
-    ck_store64(body + 23, 0);                   /* nprot */
+    finish_chunk(body, codes, n, seg, bits, symmetric ? 0 : 1, dtype);
     return 0;
 }
 
-/* encode_uniform(x, seg, bits, symmetric, entropy, min_saving, dtype) -> bytes, or None where
-   quantize's steps must run (see above); x: C-contiguous float32 values (dtype 0), or the bits
-   of float16 (2) or bfloat16 (3) values. */
-PyObject *ck_quant_encode_uniform(PyObject *self, PyObject *args)
+/* The adaptive-asymmetric chunk (quantize's adaptive path: each segment's min/max refined by
+   Check-N-Run's search, ad_search_floats, then uniform codes): as uniform_chunk, with every
+   segment's range before the search; 16-bit values widened all at once into wide (n floats:
+   the search reads them all). lo/hi: nseg doubles of scratch. 0, 1 (quantize's steps), or -1
+   out of memory. */
+static int adaptive_chunk(const steps_t *k, const void *x, int dtype, Py_ssize_t n,
+                          Py_ssize_t seg, int bits, Py_ssize_t num_bins, Py_ssize_t n_iter,
+                          uint8_t *body, uint8_t *codes, float *wide, double *lo, double *hi)
 {
-    const char *name = "encode_uniform";
-    PyObject *x_obj, *res = NULL;
-    Py_ssize_t seg, bits;
-    int symmetric, entropy, dtype, status = 0;
-    double min_saving;
+    Py_ssize_t nseg = (n + seg - 1) / seg, nq = (Py_ssize_t)1 << bits, a0, b0;
+    uint8_t *zeros = body + QC_HEAD, *scales = zeros + 4 * nseg;
+    uint8_t *out = bits == 8 ? scales + 4 * nseg : codes;
+    const float *xf = (const float *)x;
+    if (dtype != QC_F32) {
+        widen((const uint16_t *)x, n, dtype, wide);
+        xf = wide;
+    }
+    for (Py_ssize_t s = 0; s < nseg; s++) {
+        qk_segment(s, seg, n, &a0, &b0);
+        if (!k->finite(xf + a0, b0 - a0))
+            return 1;
+        k->range(xf + a0, b0 - a0, NULL, &lo[s], &hi[s]);
+    }
+    if (ad_search_floats(xf, n, seg, lo, hi, nseg, nq, num_bins, n_iter) < 0)
+        return -1;
+    for (Py_ssize_t s = 0; s < nseg; s++) {
+        qk_segment(s, seg, n, &a0, &b0);
+        if (segment_codes(k, xf + a0, b0 - a0, lo[s], hi[s], nq, zeros, scales, s, out + a0))
+            return 1;
+    }
+    finish_chunk(body, codes, n, seg, bits, 2, dtype);
+    return 0;
+}
+
+/* The chunk of a one-call encoder in bytes (RLEHuffman coded with `entropy`), or None where
+   quantize's steps must run; method 0 uniform-symmetric, 1 uniform-asymmetric, 2
+   adaptive-asymmetric (num_bins, n_iter: its search). */
+static PyObject *encode_call(const char *name, PyObject *x_obj, Py_ssize_t seg, Py_ssize_t bits,
+                             int method, Py_ssize_t num_bins, Py_ssize_t n_iter, int entropy,
+                             double min_saving, int dtype)
+{
+    PyObject *res = NULL;
+    int status = 0;
     Py_buffer x;
-    if (!PyArg_ParseTuple(args, "Onnppdi", &x_obj, &seg, &bits, &symmetric, &entropy,
-                          &min_saving, &dtype))
-        return NULL;
     if (dtype != QC_F32 && dtype != QC_F16 && dtype != QC_BF16)
         return PyErr_Format(PyExc_ValueError, "%s: dtype code %d (0 float32, 2 float16, 3 "
                             "bfloat16)", name, dtype);
@@ -142,7 +194,7 @@ PyObject *ck_quant_encode_uniform(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "%s: segments of %zd values, %zd bits (1..8)", name,
                      seg, bits);
     else if (!(min_saving >= 0.0 && min_saving < 1.0))
-        PyErr_Format(PyExc_ValueError, "%s: min_saving %g is not in [0, 1)", name, min_saving);
+        ck_value_error("%s: min_saving %g is not in [0, 1)", name, min_saving);
     else if (n == 0 || n > PY_SSIZE_T_MAX / 16)
         status = 1;  /* an empty chunk: quantize's steps */
     else {
@@ -151,31 +203,44 @@ PyObject *ck_quant_encode_uniform(PyObject *self, PyObject *args)
         res = PyBytes_FromStringAndSize(NULL, room);
         uint8_t *codes = NULL, *copy = NULL;
         float *wide = NULL;
+        double *lo = NULL, *hi = NULL;
         Py_ssize_t end = qsize;
         if (res != NULL) {
             uint8_t *out = (uint8_t *)PyBytes_AS_STRING(res), *body = out + at;
             const steps_t *k = CK_HAVE_BUILDS && ck_vector() >= CK_AVX2 ? &STEPS_AVX2
                                                                         : &STEPS_BASE;
+            Py_ssize_t nwide = method == 2 ? n : (seg < n ? seg : n);
             Py_BEGIN_ALLOW_THREADS
             if ((bits < 8 && (codes = malloc((size_t)n)) == NULL)
-                || (dtype != QC_F32
-                    && (wide = malloc(sizeof *wide * (size_t)(seg < n ? seg : n))) == NULL))
+                || (dtype != QC_F32 && (wide = malloc(sizeof *wide * (size_t)nwide)) == NULL)
+                || (method == 2 && ((lo = malloc(sizeof *lo * (size_t)nseg)) == NULL
+                                    || (hi = malloc(sizeof *hi * (size_t)nseg)) == NULL)))
                 end = -1;
-            else if ((status = uniform_chunk(k, x.buf, dtype, n, seg, (int)bits, symmetric, body,
-                                             codes, wide)) == 0 && entropy) {
-                if (min_saving > 0 && !ck_rh_pays(body, qsize, min_saving))
-                    end = ck_rh_raw(body, qsize, out);  /* in place */
-                else if ((copy = malloc((size_t)qsize)) == NULL)
-                    end = -1;
-                else {  /* the coder writes where the chunk lies: it reads a copy */
-                    memcpy(copy, body, (size_t)qsize);
-                    end = ck_rh_encode(copy, qsize, out);
+            else {
+                status = method == 2 ? adaptive_chunk(k, x.buf, dtype, n, seg, (int)bits,
+                                                      num_bins, n_iter, body, codes, wide, lo,
+                                                      hi)
+                                     : uniform_chunk(k, x.buf, dtype, n, seg, (int)bits,
+                                                     method == 0, body, codes, wide);
+                if (status < 0)
+                    end = -1, status = 0;
+                else if (status == 0 && entropy) {
+                    if (min_saving > 0 && !ck_rh_pays(body, qsize, min_saving))
+                        end = ck_rh_raw(body, qsize, out);  /* in place */
+                    else if ((copy = malloc((size_t)qsize)) == NULL)
+                        end = -1;
+                    else {  /* the coder writes where the chunk lies: it reads a copy */
+                        memcpy(copy, body, (size_t)qsize);
+                        end = ck_rh_encode(copy, qsize, out);
+                    }
                 }
             }
             Py_END_ALLOW_THREADS
             free(codes);
             free(copy);
             free(wide);
+            free(lo);
+            free(hi);
             if (end < 0)
                 PyErr_NoMemory();
             else if (!status)
@@ -192,4 +257,41 @@ PyObject *ck_quant_encode_uniform(PyObject *self, PyObject *args)
         Py_RETURN_NONE;
     }
     return res;
+}
+
+/* encode_uniform(x, seg, bits, symmetric, entropy, min_saving, dtype) -> bytes, or None where
+   quantize's steps must run (see above); x: C-contiguous float32 values (dtype 0), or the bits
+   of float16 (2) or bfloat16 (3) values. */
+PyObject *ck_quant_encode_uniform(PyObject *self, PyObject *args)
+{
+    PyObject *x_obj;
+    Py_ssize_t seg, bits;
+    int symmetric, entropy, dtype;
+    double min_saving;
+    if (!PyArg_ParseTuple(args, "Onnppdi", &x_obj, &seg, &bits, &symmetric, &entropy,
+                          &min_saving, &dtype))
+        return NULL;
+    return encode_call("encode_uniform", x_obj, seg, bits, symmetric ? 0 : 1, 0, 0, entropy,
+                       min_saving, dtype);
+}
+
+/* encode_adaptive(x, seg, bits, num_bins, ratio, entropy, min_saving, dtype) -> bytes, or None:
+   as encode_uniform for quantize's adaptive-asymmetric method (its range search of num_bins
+   bins over ratio of the range; ValueError where the search takes neither). */
+PyObject *ck_quant_encode_adaptive(PyObject *self, PyObject *args)
+{
+    const char *name = "encode_adaptive";
+    PyObject *x_obj;
+    Py_ssize_t seg, bits, num_bins;
+    int entropy, dtype;
+    double ratio, min_saving;
+    if (!PyArg_ParseTuple(args, "Onnndpdi", &x_obj, &seg, &bits, &num_bins, &ratio, &entropy,
+                          &min_saving, &dtype))
+        return NULL;
+    /* the check of the search the segments get (adaptive.adaptive_ranges' choice) */
+    int zero_width_ok = !(bits >= 1 && bits <= 8 && ad_use_direct(seg, (Py_ssize_t)1 << bits));
+    Py_ssize_t n_iter = ad_greedy_steps(ratio, num_bins, zero_width_ok, name);
+    if (n_iter < 0)
+        return NULL;
+    return encode_call(name, x_obj, seg, bits, 2, num_bins, n_iter, entropy, min_saving, dtype);
 }

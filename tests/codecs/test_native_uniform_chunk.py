@@ -1,4 +1,4 @@
-"""A whole uniform Quantize chunk in one call (``ckptcodecs.encode_uniform_chunk``, C) against
+"""A whole uniform or adaptive Quantize chunk in one call (``ckptcodecs.encode_uniform_chunk``, C) against
 the steps it stands for, ``encode_chunk(*quantize(...))`` and ``rle_huffman_encode(chunk,
 min_saving)``, a kernel call each: the same bytes on every kind of value, bit width, method,
 segment length, entropy gate and float width (float32, float16, bfloat16), on each CPU path;
@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.skipif(
     pytest.mark.usefixtures("each_simd_path")]  # the baseline and AVX2 builds of its loops
 
 KINDS = ["normal", "runs", "constant", "huge", "tiny", "subnormal", "specials"]
-METHODS = ["uniform-asymmetric", "uniform-symmetric"]
+METHODS = ["uniform-asymmetric", "uniform-symmetric", "adaptive-asymmetric"]
 
 
 def _values(seed: int, shape: tuple[int, ...], kind: str) -> np.ndarray:
@@ -59,26 +59,28 @@ def _as(x: np.ndarray, width: str) -> tuple[np.ndarray, str | None]:
 
 
 def _steps(x: np.ndarray, method: str, bits: int, granularity: str, group_size: int | None,
-           entropy: bool, min_saving: float, dtype: str | None = None) -> bytes:
+           entropy: bool, min_saving: float, dtype: str | None = None, **search) -> bytes:
     codes, params = quantize(x, method, bits, granularity=granularity, group_size=group_size,
-                             dtype=dtype)
+                             dtype=dtype, **search)
     chunk = encode_chunk(codes, params)
     return rle_huffman_encode(chunk, min_saving) if entropy else chunk
 
 
-def _check(x, method, bits, granularity, group_size, entropy, min_saving, dtype=None
-           ) -> bytes | None:
+def _check(x, method, bits, granularity, group_size, entropy, min_saving, dtype=None,
+           **search) -> bytes | None:
+    """``search``: the adaptive method's num_bins and ratio."""
     got = encode_uniform_chunk(x, method, bits, granularity, group_size, entropy=entropy,
-                               min_saving=min_saving, dtype=dtype)
+                               min_saving=min_saving, dtype=dtype, **search)
     if got is None:  # only where quantize's special cases apply
         if x.size:
             _, p = quantize(x, method, bits, granularity=granularity, group_size=group_size,
-                            dtype=dtype)
+                            dtype=dtype, **search)
             with np.errstate(over="ignore", divide="ignore"):
                 subnormal = not np.isfinite(np.float32(1) / p.scale[p.scale > 0]).all()
             assert p.protected.size or subnormal  # non-finite values, or float64 steps
         return None
-    assert got == _steps(x, method, bits, granularity, group_size, entropy, min_saving, dtype)
+    assert got == _steps(x, method, bits, granularity, group_size, entropy, min_saving, dtype,
+                         **search)
     return got
 
 
@@ -93,6 +95,36 @@ def test_one_call_writes_what_the_steps_write(seed, rows, cols, kind, method, bi
     x, dtype = _as(_values(seed, (rows, cols), kind), width)
     _check(x, method, bits, granularity, group if granularity == "group" else None, entropy,
            min_saving, dtype)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), rows=st.integers(1, 30), cols=st.integers(1, 700),
+       kind=st.sampled_from(["normal", "runs", "constant", "huge", "tiny", "specials"]),
+       bits=st.integers(1, 8), num_bins=st.sampled_from([None, 2, 5, 25, 45, 60]),
+       ratio=st.sampled_from([1.0, 0.9, 0.5, 0.05]),
+       width=st.sampled_from(["float32", "float16", "bfloat16"]))
+def test_adaptive_one_call_with_its_search_parameters(seed, rows, cols, kind, bits, num_bins,
+                                                      ratio, width):
+    """The adaptive method's one call (its search run from C: the histogram search on long
+    rows, the exact one on short) with any number of bins and ratio: quantize's bytes."""
+    x, dtype = _as(_values(seed, (rows, cols), kind), width)
+    _check(x, "adaptive-asymmetric", bits, "row", None, True, 0.08, dtype, num_bins=num_bins,
+           ratio=ratio)
+
+
+def test_adaptive_one_call_refuses_what_the_search_refuses():
+    """A ratio past the range or NaN, bins past the histogram's limit: ValueError, as the
+    search's own wrappers raise."""
+    call = _backend.native().quant_encode_adaptive
+    x = _values(2, (16, 64), "normal").reshape(-1)
+    for bins, ratio, says in [(45, 1.5, "a ratio of 1.5"), (45, float("nan"), "NaN"),
+                              (1 << 30, 1.0, "1073741824 bins")]:
+        with pytest.raises(ValueError, match=says):
+            call(x, 64, 4, bins, ratio, True, 0.0, 0)
+    with pytest.raises(ValueError, match="min_saving 1.5 is not"):
+        call(x, 64, 4, 45, 1.0, True, 1.5, 0)
+    with pytest.raises(ValueError):
+        call(x, 64, 9, 45, 1.0, True, 0.0, 0)
 
 
 @pytest.mark.parametrize("kind", ["normal", "runs", "constant", "huge"])
@@ -155,7 +187,9 @@ def test_codecs_use_the_one_call_only_where_it_applies():
     assert not one_call_applies("uniform-asymmetric", prune=0.01)
     assert not one_call_applies("uniform-asymmetric", param_dtype="float16")
     assert not one_call_applies("uniform-asymmetric", protect_mode="sparse")
-    assert not one_call_applies("adaptive-asymmetric")
+    assert one_call_applies("adaptive-asymmetric")
+    assert not one_call_applies("adaptive-asymmetric", param_dtype="float16")
+    assert not one_call_applies("kmeans")
     x = _values(4, (300, 64), "normal")
     q = Quantize("uniform-symmetric", 6)
     codes, params = quantize(x, "uniform-symmetric", 6)
