@@ -20,7 +20,7 @@ import numpy as np
 from ._backend import CHOICE, native
 from ._floats import dtype_code
 from .adaptive import default_num_bins
-from .qparams import segment_length
+from .qparams import check_parameters, segment_length
 
 __all__ = ["encode_uniform_chunk", "one_call_applies"]
 
@@ -57,7 +57,10 @@ def encode_uniform_chunk(x: np.ndarray, method: str, bits: int, granularity: str
     them all first.
 
     ``entropy``: RLEHuffman coded as ``rle_huffman_encode(chunk, min_saving)`` codes it.
-    ``num_bins``, ``ratio``: the adaptive-asymmetric method's search, as quantize takes them."""
+    ``num_bins``, ``ratio``: the adaptive-asymmetric method's search, as quantize takes them
+    (CodecError where quantize raises it)."""
+    check_parameters(method, bits, granularity, group_size, 0.0, 0.0, None, num_bins, ratio,
+                     1.0, "level", "float32")
     arr = np.asarray(x)
     if dtype == "bfloat16":
         name = dtype if arr.dtype.itemsize == 2 and arr.dtype.kind in "uif" else None

@@ -303,7 +303,8 @@ static Py_ssize_t search_pair(ad_args *a, Py_ssize_t s, int64_t *cnt, double *C,
         count_cells(a, s + t, lo0[t], ok[t] ? rg[t] : 0.0, cnt);
         int exact = prefix_sums(cnt, H, C + t * W, S1 + t * W, Q + t * W);
         walk_start(&w[t], C + t * W, S1 + t * W, a->nq, H);
-        eps[t] = ok[t] ? ad_margin(exact, a->nq, H, C[t * W + H]) : -INFINITY;
+        eps[t] = ok[t] && C[t * W + H] != 0.0 ? ad_margin(exact, a->nq, H, C[t * W + H])
+                                               : -INFINITY;
     }
     const double inv = 1.0 / (double)(a->nq - 1);
     double r[2][5];
@@ -360,7 +361,7 @@ static Py_ssize_t search_lanes(ad_args *a, Py_ssize_t s, int64_t *cnt, double *C
         else
             memset(cnt, 0, (size_t)W * sizeof *cnt);
         int exact = prefix_sums(cnt, H, Cl, Sl, Q + l * W);
-        w.eps[l] = ok[l] ? ad_margin(exact, a->nq, H, Cl[H]) : -INFINITY;
+        w.eps[l] = ok[l] && Cl[H] != 0.0 ? ad_margin(exact, a->nq, H, Cl[H]) : -INFINITY;
         w.A[l] = 0.0, w.B[l] = (double)H;
         w.best[l] = full_error(a->nq, Cl, Sl, H);
         w.ba[l] = w.A[l], w.bb[l] = w.B[l];
@@ -443,10 +444,10 @@ Py_ssize_t ad_search_floats(const float *x, Py_ssize_t n, Py_ssize_t seg, double
     v[2].buf = lo, v[2].len = nseg * 8, v[2].itemsize = 8;
     v[3].buf = hi, v[3].len = nseg * 8, v[3].itemsize = 8;
     a.x = &v[0], a.mask = &v[1], a.lo = &v[2], a.hi = &v[3], a.counts = NULL;
-    a.n = n, a.seg = seg, a.nseg = nseg, a.nq = nq, a.cells = num_bins * AD_HPB;
-    a.n_iter = n_iter;
+    a.n = n, a.seg = seg, a.nseg = nseg, a.nq = nq, a.n_iter = n_iter;
     if (nq < 2 || n_iter < 1 || nseg < 1)
         return 0;
+    a.cells = num_bins * AD_HPB;  /* n_iter >= 1: num_bins was checked (ad_greedy_steps) */
     return ad_use_direct(seg, nq) ? ad_direct_run(&a) : histogram_run(&a);
 }
 

@@ -95,7 +95,8 @@ typedef struct {
     double A[AD_LANES], B[AD_LANES], best[AD_LANES], ba[AD_LANES], bb[AD_LANES];
     double CH[AD_LANES], SH[AD_LANES];
     /* the early end: lane l's prefix sums at C/S1/Q + l W (Q: at the edges), its margin eps
-       (-INFINITY: a lane nothing is read from, settled from the start) */
+       (-INFINITY: a lane nothing is read from, or of no counts -- every error of it is +0.0 --
+       settled from the start) */
     const double *C, *S1, *Q;
     double eps[AD_LANES];
 } ad_lanes;

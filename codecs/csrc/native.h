@@ -60,9 +60,10 @@ static inline int ck_done(Py_buffer *views, int n)
     return PyErr_Occurred() ? -1 : 0;
 }
 /* A ValueError of printf's format (PyErr_Format takes no %g: its floats), NULL. */
-static inline PyObject *ck_value_error(const char *fmt, ...)
+__attribute__((format(printf, 1, 2))) static inline PyObject *ck_value_error(const char *fmt,
+                                                                             ...)
 {
-    char text[512];
+    char text[512] = "";
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);

@@ -199,6 +199,32 @@ def test_the_walk_ends_early_with_the_same_ranges(bits, seg, kind):
         _backend.use_simd(before)
 
 
+def test_a_segment_without_counts_does_not_hold_its_group():
+    """A searched segment whose histogram is empty (all its values masked, or given zero
+    counts) has errors of +0.0 only: it is settled from the start, and its group of segments
+    ends when the others may (a review found it held the group to the end)."""
+    rng = np.random.default_rng(9)
+    nseg, num_bins, nq = 16, 45, 256
+    x = rng.standard_normal(nseg * 1000).astype(np.float32)
+    lo, hi = _ranges(x, 1000, NO_MASK, nseg, False)
+    counts = np.zeros(adaptive.cell_counts_shape(nseg, num_bins), np.int64)
+    H = counts.shape[1]
+    for s in range(nseg):
+        cell = ((x[s * 1000:(s + 1) * 1000].astype(np.float64) - lo[s]) * (H / (hi[s] - lo[s])))
+        np.add.at(counts[s], np.clip(cell.astype(np.int64), 0, H - 1), 1)
+    c, numba = _twins()
+    steps = {}
+    for zero in (False, True):
+        cnt = counts.copy()
+        if zero:
+            cnt[3] = 0
+        args = (adaptive._NO_VALUES, 1, NO_MASK, lo, hi, nq, num_bins, 1.0, cnt)
+        assert _run(c, "histogram_search", *args) == _run(numba, "histogram_search", *args)
+        steps[zero] = c.histogram_search(adaptive._NO_VALUES, 1, NO_MASK, cnt, lo.copy(),
+                                         hi.copy(), nq, num_bins, 1.0)
+    assert steps[True] == steps[False] < 2 * (num_bins - 1)
+
+
 def test_counts_past_the_exact_sums_walk_to_the_end():
     """Given counts whose prefix sums are not exact in float64 (past 2**40 a cell): no early
     end (its bound needs exact sums), the twin's ranges."""

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckptcodecs import (Quantize, _backend, encode_chunk, encode_uniform_chunk, quantize,
-                        rle_huffman_encode)
+from ckptcodecs import (CodecError, Quantize, _backend, encode_chunk, encode_uniform_chunk,
+                        quantize, rle_huffman_encode)
 from ckptcodecs import rle_huffman as RH
 from ckptcodecs.floats import to_bf16_bits
 from ckptcodecs.uniform_chunk import one_call_applies
@@ -123,6 +123,11 @@ def test_adaptive_one_call_refuses_what_the_search_refuses():
             call(x, 64, 4, bins, ratio, True, 0.0, 0)
     with pytest.raises(ValueError, match="min_saving 1.5 is not"):
         call(x, 64, 4, 45, 1.0, True, 1.5, 0)
+    for kw in [{"ratio": 0.0}, {"ratio": 1.01}, {"num_bins": 1}]:  # as quantize raises
+        with pytest.raises(CodecError):
+            encode_uniform_chunk(x, "adaptive-asymmetric", 4, **kw)
+        with pytest.raises(CodecError):
+            quantize(x, "adaptive-asymmetric", 4, **kw)
     with pytest.raises(ValueError):
         call(x, 64, 9, 45, 1.0, True, 0.0, 0)
 
