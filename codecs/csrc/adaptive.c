@@ -193,14 +193,10 @@ int ad_early_end = 1;
 
 double ad_margin(int exact, Py_ssize_t nq, int64_t H, double T)
 {
-    return exact && ad_early_end ? ldexp(((double)nq + 16.0) * ((double)H + 1.0) * ((double)H + 1.0) * (T + 1.0),
-                         -40)
-                 : INFINITY;
-}
-
-PyObject *ad_steps(ad_args *a, Py_ssize_t steps)
-{
-    return ck_done(a->v, a->held) < 0 ? NULL : PyLong_FromSsize_t(steps);
+    if (!exact || !ad_early_end)
+        return INFINITY;
+    const double cells = (double)H + 1.0;
+    return ldexp(((double)nq + 16.0) * cells * cells * (T + 1.0), -40);
 }
 
 /* The error of the full range [0, H] (adaptive._full_error with s2tot = 0). */
@@ -451,22 +447,28 @@ Py_ssize_t ad_search_floats(const float *x, Py_ssize_t n, Py_ssize_t seg, double
     return ad_use_direct(seg, nq) ? ad_direct_run(&a) : histogram_run(&a);
 }
 
+PyObject *ad_call(PyObject *args, int with_counts, const char *name,
+                  Py_ssize_t (*search)(ad_args *))
+{
+    ad_args a;
+    int run = ad_parse(args, with_counts, with_counts, &a, name);
+    if (run <= 0)
+        return run < 0 ? NULL : PyLong_FromLong(0);
+    Py_ssize_t steps;
+    Py_BEGIN_ALLOW_THREADS
+    steps = search(&a);
+    Py_END_ALLOW_THREADS
+    if (steps < 0)
+        PyErr_NoMemory();
+    return ck_done(a.v, a.held) < 0 ? NULL : PyLong_FromSsize_t(steps);
+}
+
 /* histogram_search(x, seg, mask, counts, lo, hi, nq, num_bins, ratio): each segment's range
    refined in place, its histogram counted from x or taken from counts (when it has rows); the
    steps walked. */
 static PyObject *ck_adaptive_histogram_search(PyObject *self, PyObject *args)
 {
-    ad_args a;
-    int run = ad_parse(args, 1, 1, &a, "histogram_search");
-    if (run <= 0)
-        return run < 0 ? NULL : PyLong_FromLong(0);
-    Py_ssize_t steps;
-    Py_BEGIN_ALLOW_THREADS
-    steps = histogram_run(&a);
-    Py_END_ALLOW_THREADS
-    if (steps < 0)
-        PyErr_NoMemory();
-    return ad_steps(&a, steps);
+    return ad_call(args, 1, "histogram_search", histogram_run);
 }
 
 /* adaptive_early_end(on): whether the searches end a walk early (adaptive.h), from now on in

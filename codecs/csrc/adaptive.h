@@ -28,10 +28,13 @@ typedef struct {
    ZeroDivisionError) is a ValueError: the candidates would leave the histogram. */
 int ad_parse(PyObject *args, int with_counts, int zero_width_ok, ad_args *a, const char *name);
 
-/* A search's return: its views released (ck_done), then NULL where an exception is set, else
-   the greedy steps walked (summed over the groups of segments walked together: the early end's
+/* A search's Python wrapper: its arguments parsed and checked (ad_parse, with a counts
+   argument and num_bins greedy steps allowed when with_counts), `search` run without the GIL
+   (-1: out of memory), the views released; NULL where an exception is set, else the greedy
+   steps walked (summed over the groups of segments walked together: the early end's
    measure). */
-PyObject *ad_steps(ad_args *a, Py_ssize_t steps);
+PyObject *ad_call(PyObject *args, int with_counts, const char *name,
+                  Py_ssize_t (*search)(ad_args *));
 
 /* The walk's early end. Every candidate a greedy walk reaches after a step lies inside the
    range [A, B] it stands on, so each of its values outside [A, B] costs at least its distance
@@ -109,7 +112,7 @@ void ad_records(const double *C, const double *S1, int64_t W, double *rec);
    histogram, as adaptive.c's pair loop, lane parity its pair position), until every lane is
    settled (ad_settled); the steps walked. */
 Py_ssize_t ad_walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, const double *rec,
-                   int64_t W);
+                         int64_t W);
 
 /* The short rows' exact search (adaptive_direct.c): its Python wrapper, and the search over
    a's segments (steps walked, -1 out of memory; no Python calls: runs without the GIL). */
@@ -117,7 +120,10 @@ PyObject *ck_adaptive_direct_ranges(PyObject *self, PyObject *args);
 Py_ssize_t ad_direct_run(ad_args *a);
 
 /* adaptive.use_direct: segments of at most 2 (nq - 1) + 16 values get the exact search. */
-static inline int ad_use_direct(Py_ssize_t seg, Py_ssize_t nq) { return seg <= 2 * (nq - 1) + 16; }
+static inline int ad_use_direct(Py_ssize_t seg, Py_ssize_t nq)
+{
+    return seg <= 2 * (nq - 1) + 16;
+}
 
 /* The greedy step count of num_bins and ratio, checked (0: no search; -1 with a ValueError:
    the Python wrappers' check; call it with the GIL). */

@@ -254,15 +254,5 @@ Py_ssize_t ad_direct_run(ad_args *a)
    place by the exact search; the steps walked. */
 PyObject *ck_adaptive_direct_ranges(PyObject *self, PyObject *args)
 {
-    ad_args a;
-    int run = ad_parse(args, 0, 0, &a, "direct_ranges");
-    if (run <= 0)
-        return run < 0 ? NULL : PyLong_FromLong(0);
-    Py_ssize_t steps;
-    Py_BEGIN_ALLOW_THREADS
-    steps = ad_direct_run(&a);
-    Py_END_ALLOW_THREADS
-    if (steps < 0)
-        PyErr_NoMemory();
-    return ad_steps(&a, steps);
+    return ad_call(args, 0, "direct_ranges", ad_direct_run);
 }

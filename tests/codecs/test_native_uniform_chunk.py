@@ -1,6 +1,7 @@
-"""A whole uniform or adaptive Quantize chunk in one call (``ckptcodecs.encode_uniform_chunk``, C) against
-the steps it stands for, ``encode_chunk(*quantize(...))`` and ``rle_huffman_encode(chunk,
-min_saving)``, a kernel call each: the same bytes on every kind of value, bit width, method,
+"""A whole uniform or adaptive Quantize chunk in one call
+(``ckptcodecs.encode_uniform_chunk``, C) against the steps it stands for,
+``encode_chunk(*quantize(...))`` and ``rle_huffman_encode(chunk, min_saving)``, a kernel call
+each: the same bytes on every kind of value, bit width, method,
 segment length, entropy gate and float width (float32, float16, bfloat16), on each CPU path;
 None exactly where quantize's special cases need its steps (values that are not finite,
 subnormal scales, no values); RLEHuffman's own one call against its steps; hostile arguments
