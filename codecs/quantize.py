@@ -23,7 +23,7 @@ from .qparams import (
     segment_length,
 )
 from .quantization import dequantize, quantize
-from .uniform_chunk import encode_uniform_chunk, one_call_applies
+from .uniform_chunk import encode_checked, one_call_applies
 
 # the codec; the names imported above stay importable from here for code written against the
 # single-module quantize of earlier releases
@@ -159,9 +159,9 @@ class Quantize(Codec):
                         ) -> bytes | None:
         if not self._one_call:
             return None
-        return encode_uniform_chunk(arr, self.method, self.bits, self.granularity,
-                                    self.group_size, entropy=entropy, min_saving=min_saving,
-                                    dtype=self.dtype, num_bins=self.num_bins, ratio=self.ratio)
+        return encode_checked(arr, self.method, self.bits, self.granularity, self.group_size,
+                              entropy=entropy, min_saving=min_saving, dtype=self.dtype,
+                              num_bins=self.num_bins, ratio=self.ratio)
 
     def _values(self, buf) -> np.ndarray:
         """The array to quantize: ``buf`` in memory order; raw bytes read as ``self.dtype``."""

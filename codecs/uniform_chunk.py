@@ -22,7 +22,7 @@ from ._floats import dtype_code
 from .adaptive import default_num_bins
 from .qparams import check_parameters, segment_length
 
-__all__ = ["encode_uniform_chunk", "one_call_applies"]
+__all__ = ["encode_checked", "encode_uniform_chunk", "one_call_applies"]
 
 _native = native() if CHOICE == "c" else None
 _UNIFORM = ("uniform-asymmetric", "uniform-symmetric")
@@ -61,6 +61,16 @@ def encode_uniform_chunk(x: np.ndarray, method: str, bits: int, granularity: str
     (CodecError where quantize raises it)."""
     check_parameters(method, bits, granularity, group_size, 0.0, 0.0, None, num_bins, ratio,
                      1.0, "level", "float32")
+    return encode_checked(x, method, bits, granularity, group_size, entropy=entropy,
+                          min_saving=min_saving, dtype=dtype, num_bins=num_bins, ratio=ratio)
+
+
+def encode_checked(x: np.ndarray, method: str, bits: int, granularity: str = "row",
+                   group_size: int | None = None, *, entropy: bool = False,
+                   min_saving: float = 0.0, dtype: str | None = None,
+                   num_bins: int | None = None, ratio: float = 1.0) -> bytes | None:
+    """:func:`encode_uniform_chunk` for parameters already checked (``Quantize`` checks them
+    once, when it is made: not again for every chunk)."""
     arr = np.asarray(x)
     if dtype == "bfloat16":
         name = dtype if arr.dtype.itemsize == 2 and arr.dtype.kind in "uif" else None
