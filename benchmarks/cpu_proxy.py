@@ -26,7 +26,10 @@ What is measured
   Check-N-Run's 4 bits (``QuantSpec(bits=4)``: ``"auto"`` searches adaptively there),
   and 8-bit encoded a kernel call a step, as before the one-call chunk encoder (issue 28);
   lossless and raw bits with chunk files written through the page cache, as before they went
-  past it (``O_DIRECT``); each at the
+  past it (``O_DIRECT``); lossless with BytePlanes' Huffman threshold at 0.985 of a byte, as
+  before planes that save under 2 % stayed raw (issue 28); lossless and 8-bit with every
+  compiled kernel call releasing the GIL, as before calls on less than 128 KiB kept it (issue
+  28); each at the
   ``background_priority`` values of ``--priority`` (default: the store's default, ``low``);
   ``idle-old`` is ``SCHED_IDLE`` without the priority inheritance of issue 26 (the default
   before it), ``low-19`` is ``low`` at nice +19 instead of +10.
@@ -79,7 +82,7 @@ from common import command_line, machine_description, markdown_table  # noqa: E4
 
 import ckptstore  # noqa: E402
 from ckptstore import EncodingOptions, Policy, QuantSpec  # noqa: E402
-from ckptcodecs import Quantize, _backend, rle_huffman  # noqa: E402
+from ckptcodecs import Quantize, _backend, planes, rle_huffman  # noqa: E402
 
 CONFIGS = {
     "no checkpoint": None,
@@ -114,6 +117,15 @@ CONFIGS = {
         EncodingOptions(), Policy(), "cached"),
     "commit_async, raw bits, through the page cache (before)": (
         EncodingOptions(compression="none"), Policy(), "cached"),
+    # before BytePlanes left planes that save under 2 % raw: the synthetic state's lowest plane
+    # (sampled entropy 0.9845 of a byte) Huffman coded
+    "commit_async, lossless, planes coded below 0.985 (before)": (
+        EncodingOptions(), Policy(), "huffman 0.985"),
+    # before kernels on less than 128 KiB kept the GIL: every call released it
+    "commit_async, lossless, every kernel call releases the GIL (before)": (
+        EncodingOptions(), Policy(), "every call"),
+    "commit_async, 8-bit, every kernel call releases the GIL (before)": (
+        EncodingOptions(), Policy(quantize=QuantSpec(bits=8)), "every call"),
 }
 
 
@@ -146,6 +158,34 @@ def whole_walks(on: bool) -> Iterator[None]:
         yield
     finally:
         native.adaptive_early_end(before)
+
+
+@contextmanager
+def every_call_releases(on: bool) -> Iterator[None]:
+    """Every compiled kernel call releases the GIL, as before short ones kept it (issue 28):
+    ``ckptcodecs._native.nogil_min(0)``."""
+    if not on:
+        yield
+        return
+    native = _backend.native()
+    before = native.nogil_min(0)
+    try:
+        yield
+    finally:
+        native.nogil_min(before)
+
+
+@contextmanager
+def huffman_below(share: float | None) -> Iterator[None]:
+    """BytePlanes' Huffman threshold at ``share`` (``planes.HUFFMAN_BELOW``), where not None."""
+    if share is None:
+        yield
+        return
+    before, planes.HUFFMAN_BELOW = planes.HUFFMAN_BELOW, share
+    try:
+        yield
+    finally:
+        planes.HUFFMAN_BELOW = before
 
 
 #: the issue's yardstick: each tensor copied into a preallocated buffer on the loop's thread
@@ -232,13 +272,22 @@ def _whole_walk(config: tuple | str | None) -> bool:
     return _marked(config, "whole walk")
 
 
+def _every_call(config: tuple | str | None) -> bool:
+    return _marked(config, "every call")
+
+
+def _huffman_below(config: tuple | str | None) -> float | None:
+    return 0.985 if _marked(config, "huffman 0.985") else None
+
+
 def run(config: tuple | None, state: dict, seconds: float, interval: float, root: str,
         io_workers: int | None = None, priority: str = "low", busy: Busy | None = None
         ) -> Run:
     """:func:`run_loop`, quantized chunks encoded in steps, chunk files written through the
-    page cache, or the adaptive search's walks taken to their end, for a configuration that
-    says so."""
-    with encoded_in_steps(_stepwise(config)), whole_walks(_whole_walk(config)):
+    page cache, the adaptive search's walks taken to their end, BytePlanes' Huffman threshold
+    as before, or every kernel call releasing the GIL, for a configuration that says so."""
+    with (encoded_in_steps(_stepwise(config)), whole_walks(_whole_walk(config)),
+          huffman_below(_huffman_below(config)), every_call_releases(_every_call(config))):
         return run_loop(config[:2] if isinstance(config, tuple) else config, state, seconds,
                         interval, root, io_workers, priority, busy, _cached(config))
 

@@ -52,6 +52,10 @@ CONFIGS = {
         "EncodingOptions(), policy=Policy(quantize=QuantSpec(bits=4))",
     "4-bit, a kernel call a step (before)":
         "EncodingOptions(), policy=Policy(quantize=QuantSpec(bits=4))",
+    "lossless, planes coded below 0.985 (before)": "EncodingOptions()",
+    "lossless, every kernel call releases the GIL (before)": "EncodingOptions()",
+    "8-bit, every kernel call releases the GIL (before)":
+        "EncodingOptions(), policy=Policy(quantize=QuantSpec(bits=8))",
 }
 #: what runs in the child before the store opens, for a configuration that needs it: before the
 #: one-call chunk encoder (issue 28), quantized chunks were encoded a kernel call a step
@@ -60,11 +64,19 @@ _STEPS = ("from ckptcodecs import Quantize, rle_huffman\n"
           "rle_huffman._ONE_CALL = None")
 #: before the adaptive search's early end (issue 28): every greedy walk to its end
 _WHOLE_WALK = "from ckptcodecs import _backend\n_backend.native().adaptive_early_end(False)"
+#: before kernels on less than 128 KiB kept the GIL (issue 28): every call released it
+_EVERY_CALL = "from ckptcodecs import _backend\n_backend.native().nogil_min(0)"
 PRELUDES = {
     "8-bit, a kernel call a step (before)": _STEPS,
     "8-bit adaptive search, a kernel call a step (before)": _STEPS,
     "8-bit adaptive search, steps and the whole walk (before)": _STEPS + "\n" + _WHOLE_WALK,
     "4-bit, a kernel call a step (before)": _STEPS,
+    # before planes that save under 2 % stayed raw (issue 28)
+    "lossless, planes coded below 0.985 (before)":
+        "from ckptcodecs import planes\nplanes.HUFFMAN_BELOW = 0.985",
+    # before short kernels kept the GIL (issue 28)
+    "lossless, every kernel call releases the GIL (before)": _EVERY_CALL,
+    "8-bit, every kernel call releases the GIL (before)": _EVERY_CALL,
 }
 EVENT = "probe_libpython3:PyEval_RestoreThread"
 

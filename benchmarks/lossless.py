@@ -35,6 +35,10 @@ What is measured
 * What dedup costs: ``--dedup-mb`` MB of async_writer.py's synthetic state committed to a local
   store with and without ``EncodingOptions(dedup=True)``, once after every float tensor changed
   and once unchanged; medians of ``--repeat`` interleaved rounds.
+* BytePlanes' Huffman threshold (``--tables threshold``, issue 28): the snapshots above, the
+  XOR of the first two versions, the Adam moments of dense_digits.py's MLP and cpu_proxy.py's
+  64 MB synthetic state, encoded with a plane coded below 0.985 of a byte (before) and below
+  0.98 (now), side by side as the snapshot table measures them.
 * ``--plot FILE``: bytes of every commit of a ``--commits``-commit run (the fine-tune, one step
   between commits; the sparse table, one interval between commits) under each policy, drawn
   on a log scale, with the ratio over all commits.
@@ -435,7 +439,49 @@ def plot_commits(path: str, commits: int, rows: int) -> list[list[str]]:
     return out
 
 
-TABLES = ("snapshot", "versions", "partial", "prompt", "dedupcost", "sparse")
+# -- BytePlanes' Huffman threshold -------------------------------------------------------------
+#: the threshold before issue 28's thirteenth slice, and now
+THRESHOLDS = (0.985, 0.98)
+
+
+def _digits_moments(epochs: int = 5) -> list[np.ndarray]:
+    """Adam moments of dense_digits.py's MLP after a few epochs: a tenth of them exactly zero
+    (inputs that are always 0), which puts their planes near 0.955 of a byte."""
+    import dense_digits
+
+    torch.manual_seed(0)
+    data, model = dense_digits.load_data(), dense_digits.build_model(0)
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    for epoch in range(epochs):
+        dense_digits.train_epoch(model, opt, data, 0, epoch, epochs, 1e-3)
+    return [s[k].numpy().copy() for s in opt.state.values() for k in ("exp_avg", "exp_avg_sq")]
+
+
+def threshold_rows(sets: dict[str, list[np.ndarray]]) -> list[list[str]]:
+    """Ratio and speeds of the lossless default at each of :data:`THRESHOLDS`, one set at a
+    time, the thresholds side by side."""
+    from ckptcodecs import planes
+
+    rows, before = [], planes.HUFFMAN_BELOW
+    try:
+        for name, arrays in sets.items():
+            chunks = _chunks(arrays)
+            raw = sum(c.nbytes for c in chunks)
+            for share in THRESHOLDS:
+                planes.HUFFMAN_BELOW = share
+                enc, dec, size, stored = _store_codec("entropy")
+                t_enc, encoded = _best(lambda: enc(chunks))
+                data = stored(encoded)
+                t_dec, decoded = _best(lambda: dec(data, chunks))
+                assert all(a.tobytes() == b.tobytes() for a, b in zip(decoded, chunks))
+                rows.append([name, f"{share}", f"{raw / size(encoded):.4f}×",
+                             fmt_rate(raw, t_enc), fmt_rate(raw, t_dec)])
+    finally:
+        planes.HUFFMAN_BELOW = before
+    return rows
+
+
+TABLES = ("snapshot", "versions", "partial", "prompt", "dedupcost", "sparse", "threshold")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -457,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--tables: unknown {', '.join(sorted(tables - set(TABLES)))}")
     torch.set_num_threads(1)
     print(f"# {command_line(__file__, argv)}\n# {machine_description()}\n")
-    if tables & {"snapshot", "versions"}:
+    if tables & {"snapshot", "versions", "threshold"}:
         versions, moments = finetune(6, args.steps)
     if "snapshot" in tables:
         w = list(versions[0].values())
@@ -472,6 +518,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n## {len(versions) - 1} consecutive fine-tune versions (per version)\n")
         print(markdown_table(["encoding", "ratio", "commit MB/s"], version_rows(versions),
                              "lrr"))
+    if "threshold" in tables:
+        from async_writer import build_state
+
+        w = list(versions[0].values())
+        sets = {"MiniLM fp32": w,
+                "MiniLM bf16": [torch.from_numpy(a).to(torch.bfloat16).view(torch.uint16).numpy()
+                                for a in w],
+                "MiniLM fp16": [a.astype(np.float16) for a in w],
+                "AdamW moments (fp32)": moments,
+                "XOR of two versions (uint32)": [
+                    versions[1][k].view(np.uint32) ^ versions[0][k].view(np.uint32)
+                    for k in versions[0]],
+                "digits MLP's Adam moments": _digits_moments(),
+                "synthetic state, 64 MB (cpu_proxy.py's)": [
+                    t.numpy() for t in build_state(64 << 20).values()
+                    if isinstance(t, torch.Tensor)]}
+        print("\n## BytePlanes' Huffman threshold: a plane is coded below this share of a byte\n")
+        print(markdown_table(["data", "threshold", "ratio", "encode MB/s", "decode MB/s"],
+                             threshold_rows(sets), "llrrr"))
     if "partial" in tables:
         partial, _ = finetune(10, 1, partial=True)
         print("\n## A parameter-efficient fine-tune: all commits / one full copy\n")

@@ -129,9 +129,9 @@ static PyObject *ck_pack(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "pack: %zd codes of %zd bits need %zd bytes, out holds "
                      "%zd", v[0].len, bits, need, v[1].len);
     else {
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v[0].len)
         ck_pack_bits(v[0].buf, v[0].len, (int)bits, v[1].buf);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
     }
     return ck_none(v, 2);
 }
@@ -154,9 +154,9 @@ static PyObject *ck_unpack(PyObject *self, PyObject *args)
                      "for %zd codes; got %zd bytes and room for %zd", count, bits,
                      packed_bytes(count, bits), count, v[0].len, v[1].len);
     else {
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v[1].len)
         unpack(v[0].buf, (int)bits, count, v[1].buf);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
     }
     return ck_none(v, 2);
 }

@@ -101,9 +101,9 @@ static PyObject *ck_split_rows(PyObject *self, PyObject *args)
                && ck_runs_fit(base, itemsize, stride, n, v[1].len, "split_rows out")) {
         const uint8_t *src = v[0].buf;
         uint8_t *out = (uint8_t *)v[1].buf + base;
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v[0].len)
         split_planes(src, n, (int)itemsize, rotate && itemsize > 1, out, stride);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
     }
     return ck_none(v, 2);
 }
@@ -226,9 +226,9 @@ static PyObject *merge(PyObject *args, int nplanes, const char *name)
         if (ck_overlap(&v[p], &v[nplanes], name))
             goto fail;
     job.dst = v[nplanes].buf;
-    Py_BEGIN_ALLOW_THREADS
+    CK_BEGIN_NOGIL(v[nplanes].len)
     merge_runs(&job);
-    Py_END_ALLOW_THREADS
+    CK_END_NOGIL
 fail:
     return ck_none(v, held);
 }
@@ -285,11 +285,11 @@ static PyObject *ck_sample_rows(PyObject *self, PyObject *args)
     } else if (ck_runs_fit(base, itemsize, stride, n, v[0].len, "sample_rows out")) {
         const uint8_t *out = (const uint8_t *)v[0].buf + base;
         int64_t *freq = v[1].buf, *near = v[2].buf, *rep = v[3].buf;
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(itemsize * (length + n / step))
         for (Py_ssize_t p = 0; p < itemsize; p++)
             sample_plane(out + p * stride, n, step, start, length, freq + 256 * p,
                          near + 256 * p, rep + p);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
     }
     if (ck_done(v, 4) < 0)
         return NULL;

@@ -84,9 +84,9 @@ static PyObject *run(PyObject *args, delta_kernel kernel, const char *name)
         ;  /* the buckets are read while out is written: out may share no byte with them */
     else {
         int ok;
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v[2].len)
         ok = kernel(v[0].buf, v[1].buf, n, (int)k, v[2].buf);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
         if (!ok)
             PyErr_Format(PyExc_ValueError, "%s: a base code is not below k=%zd", name, k);
     }

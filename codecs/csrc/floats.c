@@ -89,9 +89,9 @@ static PyObject *cast(PyObject *args, Py_ssize_t in_size, Py_ssize_t out_size,
         PyErr_Format(PyExc_ValueError, "%s: %zd values into room for %zd", name, n,
                      ck_items(&v[1]));
     else if (!ck_overlap(&v[0], &v[1], name)) {
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v[0].len)
         kernel(v[0].buf, n, v[1].buf);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
     }
     return ck_none(v, 2);
 }
@@ -134,9 +134,9 @@ static PyObject *ck_floats_add16(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "%s: %zd base values and %zd residuals into room for "
                      "%zd", name, n, ck_items(&v[1]), ck_items(&v[2]));
     else if (!shifted(&v[0], &v[2], name) && !shifted(&v[1], &v[2], name)) {
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v[2].len)
         (half ? add16_f16 : add16_bf16)(v[0].buf, v[1].buf, n, top, v[2].buf);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
     }
     return ck_none(v, 3);
 }

@@ -1,7 +1,8 @@
 /* ckptcodecs._native: the module table, buffer acquisition (ck_buffer; ck_buffers and the
    wrappers' tail ck_done are inline in native.h) and bounds checks. Every kernel checks its
    buffers against the sizes it is given (a ValueError, never a read or write out of bounds)
-   and releases the GIL around its loops. */
+   and releases the GIL around its loops where they are long enough to pay (CK_BEGIN_NOGIL,
+   native.h). */
 #include "native.h"
 
 /* 1 when a view's items are float32 or float64 by its format and item size. */
@@ -72,6 +73,22 @@ int ck_overlap(const Py_buffer *a, const Py_buffer *b, const char *what)
     return 1;
 }
 
+Py_ssize_t ck_nogil_min = CK_NOGIL_MIN;
+
+/* nogil_min(bytes): the work below which kernels keep the GIL (native.h), from now on in this
+   process; returns the previous one. */
+static PyObject *nogil_min(PyObject *self, PyObject *arg)
+{
+    Py_ssize_t bytes = PyLong_AsSsize_t(arg);
+    if (bytes == -1 && PyErr_Occurred())
+        return NULL;
+    if (bytes < 0)
+        return PyErr_Format(PyExc_ValueError, "nogil_min: %zd bytes (0 or more)", bytes);
+    Py_ssize_t before = ck_nogil_min;
+    ck_nogil_min = bytes;
+    return PyLong_FromSsize_t(before);
+}
+
 static PyObject *set_simd(PyObject *self, PyObject *arg)
 {
     const char *name = PyUnicode_AsUTF8(arg);
@@ -90,6 +107,9 @@ static PyMethodDef methods[] = {
      "'portable' (plain loops), 'sse2', 'avx2' or 'avx512'; ValueError where it cannot run."},
     {"simd", simd, METH_NOARGS, "simd() -> the name of the CPU path in use."},
     {"simd_paths", simd_paths, METH_NOARGS, "simd_paths() -> the paths this build and CPU run."},
+    {"nogil_min", nogil_min, METH_O,
+     "nogil_min(bytes) -> the previous setting: kernels release the GIL only around work of at "
+     "least this many bytes (0: always)."},
     {NULL, NULL, 0, NULL},
 };
 

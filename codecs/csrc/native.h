@@ -77,6 +77,24 @@ static inline PyObject *ck_none(Py_buffer *views, int n)
     return ck_done(views, n) < 0 ? NULL : Py_NewRef(Py_None);
 }
 
+/* A kernel releases the GIL around its work only where it is at least ck_nogil_min bytes (or
+   their equivalent): a thread that takes the GIL back beside one that keeps it busy waits up to
+   the switch interval (5 ms) for it, and a short kernel is over before another thread could
+   use what the release frees (numpy's NPY_BEGIN_THREADS_THRESHOLDED, for the same reason at a
+   smaller size). CK_NOGIL_MIN, 128 KiB, is some 30-60 us of a streaming kernel; the
+   histogram-sized calls of a persist (a sample's statistics, a code's lengths) stay under it.
+   _native.nogil_min(bytes) sets it for the process (0: every call releases, as before). */
+#define CK_NOGIL_MIN ((Py_ssize_t)1 << 17)
+extern Py_ssize_t ck_nogil_min;
+#define CK_BEGIN_NOGIL(bytes)                                                                  \
+    {                                                                                          \
+        PyThreadState *ck_save_ = (Py_ssize_t)(bytes) >= ck_nogil_min ? PyEval_SaveThread()   \
+                                                                       : NULL;
+#define CK_END_NOGIL                                                                           \
+    if (ck_save_ != NULL)                                                                      \
+        PyEval_RestoreThread(ck_save_);                                                        \
+    }
+
 /* 1 when the runs [start + r * pitch, ... + length) for r < count all lie in [0, size);
    0 (after setting a ValueError naming `what`) when a value is negative or a run is outside. */
 int ck_runs_fit(Py_ssize_t start, Py_ssize_t count, Py_ssize_t pitch, Py_ssize_t length,

@@ -6,6 +6,9 @@
 #include "native.h"
 
 #define PL_MAX_LEN 12
+/* the GIL's measure of one histogram's code lengths (CK_BEGIN_NOGIL): 10-20 us, as long as a
+   streaming kernel takes over this many bytes */
+#define PL_LENGTHS_BYTES ((Py_ssize_t)32 << 10)
 #define PL_PAIRS_MAX 64
 #define PL_ERR_TRUNCATED (-1) /* a table or bit stream runs past the end of the payload */
 #define PL_ERR_CODE (-2)      /* a code table that is no complete prefix code, or no code */

@@ -249,9 +249,9 @@ PyObject *ck_planes_huffman_decode(PyObject *self, PyObject *args)
     }
     if (!ck_overlap(&v[0], &v[1], "huffman_decode")) {
         int bmi2 = pl_bmi2();
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v[1].len)
         status = huffman_decode(v[0].buf, v[0].len, block, v[1].buf, v[1].len, bmi2);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
     }
     ck_release(v, 2);
     if (PyErr_Occurred())

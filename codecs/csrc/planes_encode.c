@@ -247,12 +247,12 @@ static PyObject *encode(PyObject *args, int from_freq, const char *name)
         PyErr_NoMemory();
     else {
         int bmi2 = pl_bmi2();
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(n)
         if (from_freq)
             pl_lengths(v[1].buf, rows, lens);
         status = pl_encode_lengths(v[0].buf, n, block, from_freq ? lens : v[1].buf, v[2].buf,
                                    v[2].len, bmi2);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
         if (status < 0)
             encode_error(status, name);
     }

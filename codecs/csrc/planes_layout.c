@@ -67,7 +67,7 @@ PyObject *ck_planes_encode_layout(PyObject *self, PyObject *args)
         uint8_t *out = v[1].buf;
         int64_t *freq = v[2].buf, *near = v[3].buf, *repeats = v[4].buf, *methods = v[5].buf;
         int bmi2 = pl_bmi2();
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v[0].len)
         ck_split_planes(src, n, (int)itemsize, rotate && itemsize > 1, out + base, stride);
         for (Py_ssize_t p = 0; p < itemsize; p++)
             methods[p] = PL_HUFFMAN;
@@ -84,7 +84,7 @@ PyObject *ck_planes_encode_layout(PyObject *self, PyObject *args)
             int64_t zoff[9] = {0};
             end = pl_pack(out, base, n, itemsize, block, methods, none, zoff, bmi2);
         }
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
         if (end == PL_ERR_MEMORY)
             PyErr_NoMemory();
         else if (end < -1)

@@ -61,10 +61,10 @@ PyObject *ck_planes_choose_methods(PyObject *self, PyObject *args)
     else if (!ck_overlap(&v[3], &v[0], "choose_methods")
              && !ck_overlap(&v[3], &v[1], "choose_methods")
              && !ck_overlap(&v[3], &v[2], "choose_methods")) {
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v[0].len)
         trials = choose(v[0].buf, v[1].buf, v[2].buf, planes, count, length, below, extra,
                         v[3].buf);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
     }
     return ck_done(v, 4) < 0 ? NULL : PyLong_FromLongLong(trials);
 }
@@ -177,9 +177,9 @@ PyObject *ck_planes_pack_planes(PyObject *self, PyObject *args)
         return NULL;
     pack_t k = {v[0].buf, base, n, itemsize, block, v[1].buf, v[2].buf, v[3].buf, pl_bmi2()};
     if (pack_fits(&k, v)) {
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(n * itemsize)
         pos = pack(&k);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
         if (pos == PL_ERR_MEMORY)
             PyErr_NoMemory();
         else if (pos < 0)

@@ -159,9 +159,9 @@ PyObject *ck_planes_plane_stats(PyObject *self, PyObject *args)
                      "%lld", ck_items(&v[1]), (long long)nblocks, (long long)(256 * nblocks));
     else {
         int bmi2 = pl_bmi2();
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v[0].len)
         pl_stats(v[0].buf, v[0].len, block, v[1].buf, bmi2);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
     }
     return ck_none(v, 2);
 }
@@ -181,9 +181,9 @@ static PyObject *lengths(PyObject *args, int rows, const char *name)
         PyErr_Format(PyExc_ValueError, "%s: freq of %zd items, lens of %zd (rows of 256)", name,
                      ck_items(&v[0]), ck_items(&v[1]));
     else if (!ck_overlap(&v[0], &v[1], name) && pl_freq_ok(v[0].buf, 256 * nblocks, name)) {
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(nblocks * PL_LENGTHS_BYTES)
         size = pl_lengths(v[0].buf, nblocks, v[1].buf);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
     }
     if (ck_done(v, 2) < 0)
         return NULL;
@@ -218,10 +218,10 @@ PyObject *ck_planes_huffman_size(PyObject *self, PyObject *args)
         PyErr_NoMemory();
     else {
         int bmi2 = pl_bmi2();
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v.len)
         pl_stats(v.buf, v.len, block, tables, bmi2);
         size = pl_lengths(tables, nblocks, tables + 256 * nblocks);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
     }
     free(tables);
     return ck_done(&v, 1) < 0 ? NULL : PyLong_FromLongLong(size);

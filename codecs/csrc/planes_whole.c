@@ -123,9 +123,9 @@ PyObject *ck_planes_decode_into(PyObject *self, PyObject *args)
     /* overlapping buffers: left to the steps (which refuse or decode them as before) */
     if (apart(&v[0], &v[1]) && apart(&v[2], &v[0]) && apart(&v[2], &v[1])) {
         int bmi2 = pl_bmi2();
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v[1].len)
         status = whole(v[0].buf, v[0].len, v[1].buf, v[1].len, v[2].buf, v[2].len, bmi2);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
     }
     if (ck_done(v, 3) < 0)
         return NULL;

@@ -154,9 +154,9 @@ static PyObject *ranges(PyObject *args, int absmax)
     else if (!qk_bad_mask(&v[1], n, name) && !ck_overlap(&v[0], &v[2], name)
              && !(lo && (ck_overlap(&v[0], lo, name) || ck_overlap(lo, &v[2], name)))) {
         const uint8_t *mask = v[1].len ? v[1].buf : NULL;
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v[0].len)
         seg_ranges(&v[0], seg, mask, lo, &v[2], nseg);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
     }
     return ck_none(v, nbuf);
 }
@@ -214,13 +214,13 @@ static PyObject *ck_quant_uniform_codes(PyObject *self, PyObject *args)
         ck_value_error("%s: codes from %g to %g (0 <= from <= to <= 255)", name, fzero, fq);
     else if (!ck_overlap(&v[0], &v[3], name) && !ck_overlap(&v[1], &v[3], name)
              && !ck_overlap(&v[2], &v[3], name)) {
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v[0].len)
         if (v[0].itemsize == 4)
             qk_codes_f32(v[0].buf, n, seg, v[1].buf, v[2].buf, nseg, (float)fq, (float)half,
                       (float)fzero, v[3].buf);
         else
             qk_codes_f64(v[0].buf, n, seg, v[1].buf, v[2].buf, nseg, fq, half, fzero, v[3].buf);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
     }
     return ck_none(v, 4);
 }
@@ -295,14 +295,14 @@ static PyObject *ck_quant_uniform_all(PyObject *self, PyObject *args)
             PyErr_NoMemory();
         else {
             const uint8_t *mask = v[1].len ? v[1].buf : NULL;
-            Py_BEGIN_ALLOW_THREADS
+            CK_BEGIN_NOGIL(v[0].len)
             if (v[0].itemsize == 4)
                 status = uniform_f32(v[0].buf, n, seg, mask, symmetric, nq, v[2].buf, v[3].buf,
                                      inv, nseg, v[4].buf);
             else
                 status = uniform_f64(v[0].buf, n, seg, mask, symmetric, nq, v[2].buf, v[3].buf,
                                      inv, nseg, v[4].buf);
-            Py_END_ALLOW_THREADS
+            CK_END_NOGIL
             free(inv);
         }
     }

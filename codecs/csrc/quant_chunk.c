@@ -210,7 +210,7 @@ static PyObject *encode_call(const char *name, PyObject *x_obj, Py_ssize_t seg, 
             const steps_t *k = CK_HAVE_BUILDS && ck_vector() >= CK_AVX2 ? &STEPS_AVX2
                                                                         : &STEPS_BASE;
             Py_ssize_t nwide = method == 2 ? n : (seg < n ? seg : n);
-            Py_BEGIN_ALLOW_THREADS
+            CK_BEGIN_NOGIL(x.len)
             if ((bits < 8 && (codes = malloc((size_t)n)) == NULL)
                 || (dtype != QC_F32 && (wide = malloc(sizeof *wide * (size_t)nwide)) == NULL)
                 || (method == 2 && ((lo = malloc(sizeof *lo * (size_t)nseg)) == NULL
@@ -235,7 +235,7 @@ static PyObject *encode_call(const char *name, PyObject *x_obj, Py_ssize_t seg, 
                     }
                 }
             }
-            Py_END_ALLOW_THREADS
+            CK_END_NOGIL
             free(codes);
             free(copy);
             free(wide);

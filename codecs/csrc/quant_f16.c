@@ -93,9 +93,9 @@ PyObject *ck_quant_f16_round(PyObject *self, PyObject *args)
     else if (ck_items(&v[1]) < n)
         PyErr_Format(PyExc_ValueError, "%s: %zd values into %zd", name, n, ck_items(&v[1]));
     else if (v[0].buf == v[1].buf || !ck_overlap(&v[0], &v[1], name)) {  /* in place, or apart */
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v[0].len)
         qk_f16_round(v[0].buf, n, direction, v[1].buf);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
     }
     return ck_none(v, 2);
 }
@@ -146,10 +146,10 @@ PyObject *ck_quant_uniform_params_f16(PyObject *self, PyObject *args)
     else if (!ck_overlap(&v[0], &v[2], name) && !ck_overlap(&v[0], &v[3], name)
              && !ck_overlap(&v[1], &v[2], name) && !ck_overlap(&v[1], &v[3], name)
              && !ck_overlap(&v[2], &v[3], name)) {
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v[0].len)
         finite = (qk_avx2() ? params_avx2 : params_plain)(v[0].buf, v[1].buf, n, nq, v[2].buf,
                                                           v[3].buf);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
     }
     return ck_done(v, 4) < 0 ? NULL : PyBool_FromLong(finite);
 }

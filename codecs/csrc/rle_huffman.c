@@ -408,9 +408,9 @@ static PyObject *encode_result(const plan_t *p, Py_ssize_t head, Py_ssize_t n)
     if (used != NULL && lens != NULL && out != NULL && !raw) {
         Py_buffer v;
         if (PyObject_GetBuffer(out, &v, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) == 0) {
-            Py_BEGIN_ALLOW_THREADS
+            CK_BEGIN_NOGIL(v.len)
             end = write_plan(p, (uint8_t *)v.buf + hlen);
-            Py_END_ALLOW_THREADS
+            CK_END_NOGIL
             PyBuffer_Release(&v);
             if (end < 0)
                 PyErr_NoMemory();
@@ -443,9 +443,9 @@ static PyObject *ck_rle_encode_stream(PyObject *self, PyObject *args)
     if (v.len == 0 || v.len > PY_SSIZE_T_MAX / 4)
         PyErr_Format(PyExc_ValueError, "encode_stream: %zd bytes (1 or more)", v.len);
     else {
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v.len)
         ok = plan(v.buf, v.len, &p);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
         if (!ok)
             PyErr_NoMemory();
         else
@@ -564,12 +564,12 @@ static PyObject *ck_rle_encode_all(PyObject *self, PyObject *args)
     else if ((res = PyBytes_FromStringAndSize(NULL, CK_RH_ROOM(v.len))) != NULL) {
         Py_ssize_t end;
         uint8_t *out = (uint8_t *)PyBytes_AS_STRING(res);
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v.len)
         if (min_saving > 0 && !ck_rh_pays(v.buf, v.len, min_saving))
             end = ck_rh_raw(v.buf, v.len, out);
         else
             end = ck_rh_encode(v.buf, v.len, out);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
         if (end < 0) {
             Py_CLEAR(res);
             PyErr_NoMemory();

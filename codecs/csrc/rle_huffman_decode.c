@@ -135,9 +135,9 @@ PyObject *ck_rle_decode_symbols(PyObject *self, PyObject *args)
     else if (ck_overlap(&v[0], &v[6], "decode_symbols"))
         ;
     else {
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v[6].len)
         status = decode(v[0].buf, v[0].len, nsym, n, &t, v[6].buf);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
     }
     return ck_done(v, 7) < 0 ? NULL : PyLong_FromLongLong(status);
 }

@@ -134,9 +134,9 @@ static PyObject *tables(PyObject *args, const char *name, int64_t lo, int64_t hi
     if (!ok) {
         PyErr_Format(PyExc_ValueError, "%s: %s", name, what);
     } else {
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v[0].len)
         ok = kernel(a, n, v[1].buf);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
         if (!ok)
             PyErr_NoMemory();
     }

@@ -152,12 +152,12 @@ static PyObject *ck_select_keys_hist(PyObject *self, PyObject *args)
                      top_key(v[0].itemsize, shift, inf_bits), ck_items(&v[2]));
     else if (!ck_overlap(&v[0], &v[2], name) && !ck_overlap(&v[1], &v[2], name)) {
         const uint8_t *excl = v[1].len ? v[1].buf : NULL;
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v[0].len)
         if (v[0].itemsize == 4)
             hist_u32(v[0].buf, n, excl, (int)shift, (uint32_t)inf_bits, v[2].buf);
         else
             hist_u64(v[0].buf, n, excl, (int)shift, inf_bits, v[2].buf);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
     }
     return ck_none(v, 3);
 }
@@ -183,14 +183,14 @@ static PyObject *ck_select_collect(PyObject *self, PyObject *args)
         && !ck_overlap(&v[1], &v[2], name) && !ck_overlap(&v[1], &v[3], name)
         && !ck_overlap(&v[2], &v[3], name)) {
         const uint8_t *excl = v[1].len ? v[1].buf : NULL;
-        Py_BEGIN_ALLOW_THREADS
+        CK_BEGIN_NOGIL(v[0].len)
         if (v[0].itemsize == 4)
             rc = collect_u32(v[0].buf, n, excl, (int)shift, (uint32_t)inf_bits, b, top,
                              v[2].buf, ck_items(&v[2]), v[3].buf, ck_items(&v[3]), &ns, &nc);
         else
             rc = collect_u64(v[0].buf, n, excl, (int)shift, inf_bits, b, top, v[2].buf,
                              ck_items(&v[2]), v[3].buf, ck_items(&v[3]), &ns, &nc);
-        Py_END_ALLOW_THREADS
+        CK_END_NOGIL
         if (rc < 0)
             PyErr_Format(PyExc_ValueError, "%s: more values beyond or inside bucket %lld than "
                          "the %zd + %zd places given", name, b, ck_items(&v[2]),
