@@ -154,7 +154,7 @@ static PyObject *ck_unpack(PyObject *self, PyObject *args)
                      "for %zd codes; got %zd bytes and room for %zd", count, bits,
                      packed_bytes(count, bits), count, v[0].len, v[1].len);
     else {
-        CK_BEGIN_NOGIL(v[1].len)
+        CK_BEGIN_NOGIL(count)
         unpack(v[0].buf, (int)bits, count, v[1].buf);
         CK_END_NOGIL
     }

@@ -226,7 +226,7 @@ static PyObject *merge(PyObject *args, int nplanes, const char *name)
         if (ck_overlap(&v[p], &v[nplanes], name))
             goto fail;
     job.dst = v[nplanes].buf;
-    CK_BEGIN_NOGIL(v[nplanes].len)
+    CK_BEGIN_NOGIL(ck_work(ck_work(job.rows, job.length), nplanes))
     merge_runs(&job);
     CK_END_NOGIL
 fail:

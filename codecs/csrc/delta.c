@@ -84,7 +84,7 @@ static PyObject *run(PyObject *args, delta_kernel kernel, const char *name)
         ;  /* the buckets are read while out is written: out may share no byte with them */
     else {
         int ok;
-        CK_BEGIN_NOGIL(v[2].len)
+        CK_BEGIN_NOGIL(n)
         ok = kernel(v[0].buf, v[1].buf, n, (int)k, v[2].buf);
         CK_END_NOGIL
         if (!ok)

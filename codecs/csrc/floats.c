@@ -134,7 +134,7 @@ static PyObject *ck_floats_add16(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "%s: %zd base values and %zd residuals into room for "
                      "%zd", name, n, ck_items(&v[1]), ck_items(&v[2]));
     else if (!shifted(&v[0], &v[2], name) && !shifted(&v[1], &v[2], name)) {
-        CK_BEGIN_NOGIL(v[2].len)
+        CK_BEGIN_NOGIL(v[0].len)
         (half ? add16_f16 : add16_bf16)(v[0].buf, v[1].buf, n, top, v[2].buf);
         CK_END_NOGIL
     }

@@ -27,7 +27,7 @@ void ck_release(Py_buffer *views, int count);
    not. A wrapper lists its buffers, parses their objects into an array, and then:
        if (ck_buffers(obj, want, n, v) < 0)   -- all n acquired in order, or none
            return NULL;
-       ... checks (a Python exception each), the kernel between Py_BEGIN/END_ALLOW_THREADS ...
+       ... checks (a Python exception each), the kernel between CK_BEGIN/END_NOGIL ...
        return ck_none(v, n);                  -- released; NULL where an exception is set */
 typedef struct {
     const char *name;
@@ -86,6 +86,13 @@ static inline PyObject *ck_none(Py_buffer *views, int n)
    _native.nogil_min(bytes) sets it for the process (0: every call releases, as before). */
 #define CK_NOGIL_MIN ((Py_ssize_t)1 << 17)
 extern Py_ssize_t ck_nogil_min;
+/* a * b for CK_BEGIN_NOGIL's measure, the largest Py_ssize_t where it would overflow (a, b >=
+   0; SIZE_MAX / 2, as PY_SSIZE_T_MAX needs POSIX's SSIZE_MAX, which -std=c11 hides here) */
+static inline Py_ssize_t ck_work(Py_ssize_t a, Py_ssize_t b)
+{
+    const Py_ssize_t most = (Py_ssize_t)(SIZE_MAX >> 1);
+    return b != 0 && a > most / b ? most : a * b;
+}
 #define CK_BEGIN_NOGIL(bytes)                                                                  \
     {                                                                                          \
         PyThreadState *ck_save_ = (Py_ssize_t)(bytes) >= ck_nogil_min ? PyEval_SaveThread()   \

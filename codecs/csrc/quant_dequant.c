@@ -133,7 +133,7 @@ PyObject *ck_quant_dequant_uniform(PyObject *self, PyObject *args)
     else if (!ck_overlap(&v[0], &v[4], name) && !ck_overlap(&v[1], &v[4], name)
              && !ck_overlap(&v[2], &v[4], name) && !ck_overlap(&v[3], &v[4], name)) {
         int pc = protect_match(nq, protect_code), rc;
-        CK_BEGIN_NOGIL(v[4].len)
+        CK_BEGIN_NOGIL(n * v[4].itemsize)
         if (v[4].itemsize == 4)
             rc = uniform_f32(v[0].buf, n, seg, &v[1], &v[2], nq, pc, &v[3], lim, v[4].buf);
         else
@@ -166,7 +166,7 @@ PyObject *ck_quant_dequant_codebook(PyObject *self, PyObject *args)
     else if (!ck_overlap(&v[0], &v[3], name) && !ck_overlap(&v[1], &v[3], name)
              && !ck_overlap(&v[2], &v[3], name)) {
         int pc = protect_match(nq, protect_code), rc;
-        CK_BEGIN_NOGIL(v[3].len)
+        CK_BEGIN_NOGIL(n * v[3].itemsize)
         if (v[3].itemsize == 4)
             rc = codebook_f32(v[0].buf, n, seg, &v[1], ncol, nq, pc, &v[2], v[3].buf);
         else

@@ -408,7 +408,7 @@ static PyObject *encode_result(const plan_t *p, Py_ssize_t head, Py_ssize_t n)
     if (used != NULL && lens != NULL && out != NULL && !raw) {
         Py_buffer v;
         if (PyObject_GetBuffer(out, &v, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) == 0) {
-            CK_BEGIN_NOGIL(v.len)
+            CK_BEGIN_NOGIL(p->n)
             end = write_plan(p, (uint8_t *)v.buf + hlen);
             CK_END_NOGIL
             PyBuffer_Release(&v);

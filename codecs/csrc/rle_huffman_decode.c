@@ -135,7 +135,7 @@ PyObject *ck_rle_decode_symbols(PyObject *self, PyObject *args)
     else if (ck_overlap(&v[0], &v[6], "decode_symbols"))
         ;
     else {
-        CK_BEGIN_NOGIL(v[6].len)
+        CK_BEGIN_NOGIL(n)
         status = decode(v[0].buf, v[0].len, nsym, n, &t, v[6].buf);
         CK_END_NOGIL
     }
