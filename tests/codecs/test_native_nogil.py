@@ -45,13 +45,15 @@ def test_the_default_and_the_setter(native) -> None:
 
 
 def test_short_calls_keep_the_gil(native) -> None:
-    small = np.random.default_rng(0).integers(0, 256, 16 << 10, dtype=np.uint8)
+    # the zstd trials' larger sample, 64 KiB (~20 us: long enough for a waiting thread to wake
+    # and take a released GIL now and then)
+    small = np.random.default_rng(0).integers(0, 256, 64 << 10, dtype=np.uint8)
     freq = np.empty((1, 256), np.int64)
     lens = np.empty(256, np.int64)
     _K.plane_stats(small, small.size, freq)
 
     def calls() -> None:
-        for _ in range(50):  # a persist's sample statistics and code lengths
+        for _ in range(100):  # a persist's sample statistics and code lengths
             _K.plane_stats(small, small.size, freq)
             _K.code_lengths(freq[0], lens)
 
