@@ -146,33 +146,20 @@ def encoded_in_steps(on: bool) -> Iterator[None]:
 
 
 @contextmanager
-def whole_walks(on: bool) -> Iterator[None]:
-    """The adaptive search's greedy walks taken to their end, as before their early end
-    (issue 28; the same ranges): ``ckptcodecs._native.adaptive_early_end(False)``."""
+def native_switch(setter: str, value: object, on: bool) -> Iterator[None]:
+    """``ckptcodecs._native.<setter>(value)`` while on (a setter that returns its previous
+    setting), as before a change of issue 28: ``adaptive_early_end(False)``, the adaptive
+    search's greedy walks taken to their end (the same ranges); ``nogil_min(0)``, every compiled
+    kernel call releasing the GIL."""
     if not on:
         yield
         return
-    native = _backend.native()
-    before = native.adaptive_early_end(False)
+    set_ = getattr(_backend.native(), setter)
+    before = set_(value)
     try:
         yield
     finally:
-        native.adaptive_early_end(before)
-
-
-@contextmanager
-def every_call_releases(on: bool) -> Iterator[None]:
-    """Every compiled kernel call releases the GIL, as before short ones kept it (issue 28):
-    ``ckptcodecs._native.nogil_min(0)``."""
-    if not on:
-        yield
-        return
-    native = _backend.native()
-    before = native.nogil_min(0)
-    try:
-        yield
-    finally:
-        native.nogil_min(before)
+        set_(before)
 
 
 @contextmanager
@@ -286,8 +273,10 @@ def run(config: tuple | None, state: dict, seconds: float, interval: float, root
     """:func:`run_loop`, quantized chunks encoded in steps, chunk files written through the
     page cache, the adaptive search's walks taken to their end, BytePlanes' Huffman threshold
     as before, or every kernel call releasing the GIL, for a configuration that says so."""
-    with (encoded_in_steps(_stepwise(config)), whole_walks(_whole_walk(config)),
-          huffman_below(_huffman_below(config)), every_call_releases(_every_call(config))):
+    with (encoded_in_steps(_stepwise(config)),
+          native_switch("adaptive_early_end", False, _whole_walk(config)),
+          native_switch("nogil_min", 0, _every_call(config)),
+          huffman_below(_huffman_below(config))):
         return run_loop(config[:2] if isinstance(config, tuple) else config, state, seconds,
                         interval, root, io_workers, priority, busy, _cached(config))
 
@@ -359,7 +348,8 @@ def gil_hold(config: tuple, state: dict, root: str, priority: str = "low"
     total seconds of this thread's pauses longer than 0.2 ms."""
     options, policy = config[:2]
     folder = tempfile.mkdtemp(dir=root)
-    with encoded_in_steps(_stepwise(config)), whole_walks(_whole_walk(config)):
+    with (encoded_in_steps(_stepwise(config)),
+          native_switch("adaptive_early_end", False, _whole_walk(config))):
         return _gil_hold(open_store(folder, options, policy, None, priority, _cached(config)),
                          state, folder)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -81,6 +82,34 @@ def assert_older_reader_refuses(manifest: Any, reader_version: int) -> None:
         mp.setattr(manifest_module, "FORMAT_VERSION", reader_version)
         with pytest.raises(FormatVersionError, match="upgrade"):
             manifest_module.decode_manifest(raw)
+
+
+def progress_during(call: Callable[[], object]) -> list[int]:
+    """How far a counting thread got during each of a few calls. The switch interval is made
+    so long that a thread holding the GIL is never made to drop it; the counter drops it at
+    every step (``sleep(0)``), so it counts during a call only if the call released it."""
+    stop, counts, seen = threading.Event(), [0], []
+
+    def count() -> None:
+        while not stop.is_set():
+            counts[0] += 1
+            time.sleep(0)
+
+    interval = sys.getswitchinterval()
+    counter = threading.Thread(target=count)
+    counter.start()
+    sys.setswitchinterval(1000.0)
+    try:
+        for _ in range(3):
+            time.sleep(0.01)  # a wait for the GIL begun under the old interval ends here
+            before = counts[0]
+            call()
+            seen.append(counts[0] - before)
+    finally:
+        sys.setswitchinterval(interval)
+        stop.set()
+        counter.join()
+    return seen
 
 
 def spins_during(call: Callable[[], object]) -> int:

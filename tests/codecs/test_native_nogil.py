@@ -11,8 +11,7 @@ import pytest
 
 from ckptcodecs import _backend, encode_uniform_chunk, planes_encode, rle_huffman_encode
 from ckptcodecs.planes import _K
-from helpers import spins_during
-from test_native_safety import _progress_during
+from helpers import progress_during, spins_during
 
 pytestmark = pytest.mark.skipif(_backend.native() is None,
                                 reason="ckptcodecs' compiled kernels are not built")
@@ -57,9 +56,9 @@ def test_short_calls_keep_the_gil(native) -> None:
             _K.plane_stats(small, small.size, freq)
             _K.code_lengths(freq[0], lens)
 
-    assert _progress_during(calls) == [0, 0, 0]
+    assert progress_during(calls) == [0, 0, 0]
     native.nogil_min(0)  # as before: every call releases, and the counter gets a turn
-    assert sum(_progress_during(calls)) > 0
+    assert sum(progress_during(calls)) > 0
 
 
 def test_long_calls_release_it_unless_the_size_says_otherwise(native) -> None:
@@ -67,7 +66,7 @@ def test_long_calls_release_it_unless_the_size_says_otherwise(native) -> None:
     freq = np.empty((256, 256), np.int64)
     assert spins_during(lambda: _K.plane_stats(big, 1 << 17, freq)) > 0
     native.nogil_min(1 << 40)
-    assert _progress_during(lambda: _K.plane_stats(big, 1 << 17, freq)) == [0, 0, 0]
+    assert progress_during(lambda: _K.plane_stats(big, 1 << 17, freq)) == [0, 0, 0]
 
 
 @pytest.mark.parametrize("n", [1000, 40_000, 400_000])

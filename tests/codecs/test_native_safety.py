@@ -7,14 +7,11 @@ without the GIL: another Python thread makes progress while one runs.
 
 from __future__ import annotations
 
-import sys
-import threading
-import time
-
 import numpy as np
 import pytest
 
 from ckptcodecs import _backend, rle_huffman
+from helpers import progress_during
 
 pytestmark = pytest.mark.skipif(_backend.native() is None,
                                 reason="ckptcodecs' compiled kernels are not built")
@@ -161,37 +158,9 @@ def _big_calls():
     }
 
 
-def _progress_during(call) -> list[int]:
-    """How far a counting thread got during each of a few calls. The switch interval is made
-    so long that a thread holding the GIL is never made to drop it; the counter drops it at
-    every step (``sleep(0)``), so it counts during a call only if the call released it."""
-    stop, counts, seen = threading.Event(), [0], []
-
-    def count() -> None:
-        while not stop.is_set():
-            counts[0] += 1
-            time.sleep(0)
-
-    interval = sys.getswitchinterval()
-    counter = threading.Thread(target=count)
-    counter.start()
-    sys.setswitchinterval(1000.0)
-    try:
-        for _ in range(3):
-            time.sleep(0.01)  # a wait for the GIL begun under the old interval ends here
-            before = counts[0]
-            call()
-            seen.append(counts[0] - before)
-    finally:
-        sys.setswitchinterval(interval)
-        stop.set()
-        counter.join()
-    return seen
-
-
 def test_the_probe_sees_a_call_that_holds_the_gil():
     src = _bytes(1 << 25)
-    assert _progress_during(lambda: bytes(src)) == [0, 0, 0]
+    assert progress_during(lambda: bytes(src)) == [0, 0, 0]
 
 
 @pytest.mark.parametrize("kernel", ["bytegroup", "split_rows", "bitpack", "delta",
@@ -199,4 +168,4 @@ def test_the_probe_sees_a_call_that_holds_the_gil():
                                     "select", "planes encode", "planes decode", "floats",
                                     "kmeans fit", "kmeans codes", "adaptive"])
 def test_kernels_release_the_gil(kernel):
-    assert any(_progress_during(_big_calls()[kernel]))
+    assert any(progress_during(_big_calls()[kernel]))
