@@ -29,7 +29,8 @@ What is measured
   past it (``O_DIRECT``); lossless with BytePlanes' Huffman threshold at 0.985 of a byte, as
   before planes that save under 2 % stayed raw (issue 28); lossless and 8-bit with every
   compiled kernel call releasing the GIL, as before calls on less than 128 KiB kept it (issue
-  28); each at the
+  28); lossless, raw bits, 8-bit and 4-bit persisted in a process of the store's own
+  (``open(..., background="process")``: no interpreter lock shared with the loop); each at the
   ``background_priority`` values of ``--priority`` (default: the store's default, ``low``);
   ``idle-old`` is ``SCHED_IDLE`` without the priority inheritance of issue 26 (the default
   before it), ``low-19`` is ``low`` at nice +19 instead of +10.
@@ -126,6 +127,14 @@ CONFIGS = {
         EncodingOptions(), Policy(), "every call"),
     "commit_async, 8-bit, every kernel call releases the GIL (before)": (
         EncodingOptions(), Policy(quantize=QuantSpec(bits=8)), "every call"),
+    # open(..., background="process"): the persist in a process of the store's own
+    "commit_async, lossless, in a persist process": (EncodingOptions(), Policy(), "process"),
+    "commit_async, raw bits, in a persist process": (
+        EncodingOptions(compression="none"), Policy(), "process"),
+    "commit_async, 8-bit, in a persist process": (
+        EncodingOptions(), Policy(quantize=QuantSpec(bits=8)), "process"),
+    "commit_async, 4-bit (auto), in a persist process": (
+        EncodingOptions(), Policy(quantize=QuantSpec(bits=4)), "process"),
 }
 
 
@@ -230,12 +239,14 @@ LOW_NICE = ckptstore.priority.LOW_NICE
 
 
 def open_store(folder: str, options: EncodingOptions, policy: Policy, io_workers: int | None,
-               priority: str, cached: bool = False) -> ckptstore.Store:
+               priority: str, cached: bool = False, background: str = "thread"
+               ) -> ckptstore.Store:
     """A store at ``priority`` (or one of :data:`VARIANTS`); ``cached``: chunk files written
-    through the page cache, as before O_DIRECT."""
+    through the page cache, as before O_DIRECT; ``background``: open's."""
     ckptstore.priority.LOW_NICE = 19 if priority == "low-19" else LOW_NICE
     store = ckptstore.open(folder, options=options, policy=policy, io_workers=io_workers,
-                           background_priority=VARIANTS.get(priority, priority))
+                           background_priority=VARIANTS.get(priority, priority),
+                           background=background)
     if priority == "idle-old":
         store._committer.background.boosted = nullcontext
     store.storage.direct_writes = not cached
@@ -259,6 +270,10 @@ def _whole_walk(config: tuple | str | None) -> bool:
     return _marked(config, "whole walk")
 
 
+def _background(config: tuple | str | None) -> str:
+    return "process" if _marked(config, "process") else "thread"
+
+
 def _every_call(config: tuple | str | None) -> bool:
     return _marked(config, "every call")
 
@@ -278,15 +293,16 @@ def run(config: tuple | None, state: dict, seconds: float, interval: float, root
           native_switch("nogil_min", 0, _every_call(config)),
           huffman_below(_huffman_below(config))):
         return run_loop(config[:2] if isinstance(config, tuple) else config, state, seconds,
-                        interval, root, io_workers, priority, busy, _cached(config))
+                        interval, root, io_workers, priority, busy, _cached(config),
+                        _background(config))
 
 
 def run_loop(config: tuple | None, state: dict, seconds: float, interval: float, root: str,
              io_workers: int | None = None, priority: str = "low", busy: Busy | None = None,
-             cached: bool = False) -> Run:
+             cached: bool = False, background: str = "thread") -> Run:
     """Steps per second of the loop, the commits it made, whether the watchdog stopped the busy
     processes (``busy`` runs only during the timed loop), how many persists ran at normal
-    priority because they were starved."""
+    priority because they were starved (a persist process's own are not counted)."""
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(32, 32, generator=g), torch.randn(32, 32, generator=g) * 0.1
@@ -296,7 +312,7 @@ def run_loop(config: tuple | None, state: dict, seconds: float, interval: float,
     buffers = [torch.empty_like(t) for t in tensors] if config == BARE else []
     if config is not None and config != BARE:
         options, policy = config
-        store = open_store(folder, options, policy, io_workers, priority, cached)
+        store = open_store(folder, options, policy, io_workers, priority, cached, background)
         store.commit_async(state).wait()  # warm: staging buffers, compiled kernels
     fired = threading.Event()
 

@@ -19,6 +19,7 @@ input)::
     │   ├── ManifestError                        truncated / invalid commit manifest or ref file
     │   └── CorruptedChunkError                  a chunk failed its checksum or is missing
     ├── PendingCommitError (RuntimeError)        a background persist failed
+    │   └── PersistProcessError                  a persist process failed or was refused
     ├── TierError (ValueError)                   a tier the store does not have (gc, uploads)
     ├── StagingBudgetError (MemoryError)         commit_async would need more staging than allowed
     ├── AllocationError (MemoryError)            an array a manifest declares cannot be allocated
@@ -48,6 +49,7 @@ __all__ = [
     "ManifestError",
     "NotAStoreError",
     "PendingCommitError",
+    "PersistProcessError",
     "ExportError",
     "ImportSourceError",
     "RefError",
@@ -139,6 +141,12 @@ class CorruptedChunkError(CorruptionError):
 
 class PendingCommitError(CkptStoreError, RuntimeError):
     """A background persist failed; the commit was not made."""
+
+
+class PersistProcessError(PendingCommitError):
+    """A store's persist process (``open(..., background="process")``) exited or could not be
+    given what a commit needs (a configuration object it cannot receive, a row tracker); the
+    commit was not made."""
 
 
 class TierError(CkptStoreError, ValueError):

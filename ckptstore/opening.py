@@ -15,6 +15,7 @@ from .policy import Policy
 from .policy.retention import Retention, check_retention
 from .priority import DEFAULT_PRIORITY, check_priority
 from .storage import LocalStorage, Retry, Storage, open_storage
+from .commit.process import WorkerSpec
 from .store import Store
 from .tiers import Tiers
 
@@ -27,7 +28,7 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
          staging_budget: int | None = None, background_priority: str = DEFAULT_PRIORITY,
          keep: Retention | None = None, local: str | os.PathLike | None = None,
          upload_budget: int | None = None, local_keep: Retention | None = None,
-         **storage_options: Any) -> Store:
+         background: str = "thread", **storage_options: Any) -> Store:
     """Open the store at ``url`` (a local path or any fsspec URL), creating it unless
     ``create=False``. ``durable=True`` (the default) makes a commit to a local store
     crash-consistent: its chunk files and folders, then its manifest, then its ref are fsynced
@@ -73,9 +74,15 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
     at ``url``, as without ``local=``) to the remote after each upload lands; neither deletes
     what a commit not uploaded yet needs.
 
+    ``background="process"`` persists in a process of the store's own (over shared memory), not
+    a thread: it shares no interpreter lock with training (docs/async.md says what it takes).
+
     Other keywords (``storage_options``) go to fsspec.
     """
     check_priority(background_priority)  # before anything is created
+    worker = _worker(url, background, local, {"durable": durable, "retry": retry,
+                                              "io_workers": io_workers, "keep": keep,
+                                              **storage_options})
     check_retention(keep)
     if local is None and (upload_budget is not None or local_keep is not None):
         raise TypeError("upload_budget= and local_keep= need local= (a tiered store)")
@@ -94,7 +101,23 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
         storage, keep = tiers.storage, None  # the remote's rule: applied after uploads
     return Store(storage, options, io_workers=io_workers, policy=policy, collective=collective,
                  staging_budget=staging_budget, background_priority=background_priority,
-                 keep=keep, tiers=tiers)
+                 keep=keep, tiers=tiers, worker=worker)
+
+
+def _worker(url: str | os.PathLike, background: str, local: object,
+            kwargs: dict[str, Any]) -> WorkerSpec | None:
+    """How a persist process opens the store (``background="process"``), or None (a thread)."""
+    if background not in ("thread", "process"):
+        raise ValueError(f"background must be 'thread' or 'process', not {background!r}")
+    if background == "thread":
+        return None
+    if str(url).startswith("memory://"):
+        raise ValueError("background='process' needs a store another process can open: "
+                         "memory:// is private to this one")
+    if local is not None:
+        raise TypeError("background='process' does not take local= (a tiered store) yet: use "
+                        "background='thread' there")
+    return WorkerSpec(str(url) if "://" in str(url) else os.path.abspath(url), kwargs)
 
 
 def _opened(storage: Storage, url: str | os.PathLike, create: bool) -> Storage:

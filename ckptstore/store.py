@@ -13,6 +13,7 @@ from typing import Any
 
 from .checkout.flow import checkout
 from .commit.committer import Committer
+from .commit.process import WorkerSpec, committer_for
 from .commit.pipeline import Metadata
 from .maintenance.diff import DiffResult, diff
 from .maintenance.gc import collect
@@ -45,7 +46,7 @@ class Store:
                  io_workers: int | None = None, policy: Policy | None = None,
                  collective: bool = True, staging_budget: int | None = None,
                  background_priority: str = DEFAULT_PRIORITY, keep: Retention | None = None,
-                 tiers: Tiers | None = None):
+                 tiers: Tiers | None = None, worker: WorkerSpec | None = None):
         check_priority(background_priority)
         check_retention(keep)
         self.tiers = tiers  # open(url, local=...): the local tier, the journal, the uploads
@@ -55,8 +56,8 @@ class Store:
         self.refs = self.repo.refs if tiers is None else MirroredRefs(storage, tiers)
         self.options = options or EncodingOptions()
         self.policy = policy or Policy()
-        self._committer = Committer(self.repo, self.options, staging_budget,
-                                    background_priority)
+        self._committer = committer_for(self.repo, self.options, self.policy, staging_budget,
+                                        background_priority, worker)
         self._committer.retention = keep  # applied after each commit lands
         self.collective = collective
 
@@ -83,19 +84,18 @@ class Store:
 
     @property
     def committer(self) -> Committer:
-        """The store's commit pipeline (:class:`~ckptstore.commit.committer.Committer`: chain memory,
-        staging buffers, the commit in flight), which the distributed paths drive."""
+        """The store's commit pipeline (:class:`~ckptstore.commit.committer.Committer`), which
+        the distributed paths drive."""
         return self._committer
 
     @property
     def staging_bytes(self) -> int:
         """Host bytes held by the reusable staging buffers of ``commit_async``."""
-        return self._committer.staging.nbytes
+        return self._committer.staging_nbytes
 
     @property
     def staging_device_bytes(self) -> int:
-        """Accelerator bytes held by ``commit_async``'s device staging buffers (tensors
-        quantized on their GPU, ``EncodingOptions(device_encode=...)``)."""
+        """Accelerator bytes of ``commit_async``'s device staging buffers (device_encode=)."""
         return self._committer.staging.device_nbytes
 
     @property
@@ -103,7 +103,7 @@ class Store:
         """``(host, device)`` bytes of the references chains are built on (the copies of
         incremental, XOR and residual tensors the next commit compares with; see
         docs/policies.md): on the host, and on the tensors' devices."""
-        return self._committer.chains.nbytes()
+        return self._committer.reference_bytes()
 
     @property
     def keep(self) -> Retention | None:
@@ -240,7 +240,7 @@ class Store:
         """Before a load in place: the commit in flight lands (its references must not outlive
         the load) and the chain memory is forgotten (live tensors change behind any tracker)."""
         self._committer.wait()
-        self._committer.chains.forget()
+        self._committer.forget_chains()
 
     def _load_shards(self, m: Manifest, shards: dict[str, Any]) -> None:
         """Load commit ``m`` into live DTensors by shard (:mod:`ckptstore.dcp.collective`)."""
@@ -309,7 +309,7 @@ class Store:
 
     def delete_branch(self, name: str) -> None:
         self.refs.delete_branch(name)
-        self._committer.chains.forget(name)
+        self._committer.forget_chains(name)
 
     def branches(self) -> dict[str, str]:
         return self.refs.branches()

@@ -79,6 +79,19 @@ class Committer(Pipeline):
             self.background.close()
             self.staging.clear()
 
+    @property
+    def staging_nbytes(self) -> int:
+        """Host bytes of the staging buffers ``commit_async`` copies into."""
+        return self.staging.nbytes
+
+    def reference_bytes(self) -> tuple[int, int]:
+        """``(host, device)`` bytes of the references chains are built on."""
+        return self.chains.nbytes()
+
+    def forget_chains(self, branch: str | None = None) -> None:
+        """Drop chain references (of ``branch``, or all): the next commits are baselines."""
+        self.chains.forget(branch)
+
     def _persist_executor(self) -> Executor:
         """The I/O pool of a background persist (the store's own at ``"normal"`` priority, or
         while a wait could not raise the background threads)."""

@@ -29,7 +29,7 @@ from ..errors import ManifestError, StateMismatchError, UnsupportedLeafError
 from .leaves import check_patterns, select_tree, tree_paths
 from .leaves import join_path as _join
 
-__all__ = ["Leaf", "Target", "Tree", "check_text", "flatten", "is_stateful", "live_targets",
+__all__ = ["Flattened", "Leaf", "Target", "Tree", "check_text", "flatten", "is_stateful", "live_targets",
            "load_into", "select", "tree_paths", "unflatten"]
 
 Tree = dict[str, object]  # a node of the flattened tree (a one-key map, see the module docstring)
@@ -47,6 +47,15 @@ class Leaf:
     value: torch.Tensor | np.ndarray | np.generic
 
 
+@dataclass(frozen=True)
+class Flattened:
+    """A state already flattened (:func:`flatten`'s tree and leaves), committed as it is: what a
+    persist process rebuilds from its store's snapshot."""
+
+    tree: Tree
+    leaves: list[Leaf]
+
+
 def is_stateful(obj: Any) -> bool:
     """True for objects that save and load through ``state_dict()`` / ``load_state_dict()``."""
     return (not isinstance(obj, (torch.Tensor, Mapping))
@@ -56,6 +65,8 @@ def is_stateful(obj: Any) -> bool:
 
 def flatten(state: Any) -> tuple[Tree, list[Leaf]]:
     """Return ``(tree, leaves)``; ``tree`` refers to ``leaves`` by index."""
+    if isinstance(state, Flattened):
+        return state.tree, list(state.leaves)
     leaves: list[Leaf] = []
     seen: set[str] = set()
 

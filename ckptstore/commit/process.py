@@ -1,0 +1,296 @@
+"""A committer whose persists run in a process of their own (``open(..., background="process")``).
+
+A background thread's persist shares the interpreter lock with training: each time one of its
+calls returns, it waits for the lock, and training waits for it in turn (issue 28 measured the
+cost beside busy cores). Here the store's side flattens the state, copies its tensors into a
+shared memory file (:mod:`ckptstore.commit.shared`: the stall, as the thread's snapshot) and
+sends the tree and the leaf table (:mod:`ckptstore.commit.wire`) to a persist process, which runs
+the store's one pipeline on them (``ckptstore.persist_worker``: ``commit_async(..., staged=True)``
+on a store of the same URL, options and policy) and answers with the commit. One persist is in
+flight at a time, as with the thread; chain memory (incremental, delta and shrink references)
+lives in the persist process.
+
+Not taken by a persist process (refused with :class:`PersistProcessError` or ``TypeError``): a
+row tracker, a policy or option object outside :data:`~ckptstore.commit.wire.CONFIG_TYPES` (a
+``sensitivity`` average, a custom rebase predictor), tiered stores, collective commits.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import PersistProcessError, StagingBudgetError
+from ..format.layout import check_ref_name
+from ..info import CommitInfo
+from ..policy import Policy
+from ..tracking.rows import RowTracker
+from .committer import Committer
+from .pending import PendingCommit
+from .pipeline import Metadata, plain_metadata
+from .plan import EncodingOptions
+from .publish import check_tags_free, tag_names
+from .shared import Layout, SharedFile, copy_in, layout
+from .wire import error_from_plain, read_frame, to_plain, write_frame
+from ..history.repository import Repository
+from ..state.tree import check_text, flatten
+
+__all__ = ["ProcessCommitter", "WorkerSpec", "committer_for"]
+
+#: the module the persist process runs
+WORKER_MODULE = "ckptstore.persist_worker"
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """How the persist process opens the store: ``ckptstore.open(url, create=False, **kwargs)``
+    with these keywords (plain values and configuration objects)."""
+
+    url: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+class _Worker:
+    """The persist process and its two pipes; every exchange runs on the caller's thread (the
+    committer's one exchange thread)."""
+
+    def __init__(self, spec: WorkerSpec, options: EncodingOptions, policy: Policy,
+                 priority: str):
+        opening = {"url": spec.url, "kwargs": to_plain_kwargs(
+            {**spec.kwargs, "options": options, "policy": policy,
+             "background_priority": priority})}
+        to_child, self._to_child = os.pipe()
+        self._from_child, from_child = os.pipe()
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        try:
+            # a session of its own: a terminal's Ctrl-C stops training, not the persist in
+            # flight (it ends once its store closes the pipe)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", WORKER_MODULE, str(to_child), str(from_child)],
+                pass_fds=(to_child, from_child), env=env, stdin=subprocess.DEVNULL,
+                start_new_session=True)
+        finally:
+            os.close(to_child)
+            os.close(from_child)
+        self.mapped: SharedFile | None = None
+        self.broken = False
+        try:
+            self.call({"op": "open", **opening})
+        except BaseException:
+            self.close()
+            raise
+
+    def call(self, message: dict[str, Any]) -> Any:
+        """Send ``message``, return the answer's ``"ok"``, raise what the process reported."""
+        try:
+            write_frame(self._to_child, message)
+            answer = read_frame(self._from_child)
+        except (EOFError, BrokenPipeError) as e:
+            self.broken = True  # replaced at the next commit, whatever poll() says yet
+            try:
+                code = self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                code = None
+            raise PersistProcessError(
+                f"the persist process ended (exit status {code}) during {message['op']!r}: "
+                "its own output above says why; the next commit starts a new one") from e
+        if not isinstance(answer, dict) or ("ok" not in answer and "error" not in answer):
+            raise PersistProcessError(f"the persist process answered {answer!r:.200}")
+        if "error" in answer:
+            raise error_from_plain(answer["error"])
+        return answer["ok"]
+
+    def alive(self) -> bool:
+        return not self.broken and self.proc.poll() is None
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Ask the process to end (its commit in flight ended first), then reap it."""
+        for fd in (self._to_child, self._from_child):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def to_plain_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: to_plain(v, f"{k}=") for k, v in kwargs.items()}
+
+
+class ProcessCommitter(Committer):
+    """:class:`Committer` whose ``commit`` and ``commit_async`` hand the snapshot to a persist
+    process (started at the first commit or :meth:`reserve`, restarted after it ended)."""
+
+    def __init__(self, repo: Repository, options: EncodingOptions, policy: Policy,
+                 spec: WorkerSpec, staging_budget: int | None = None,
+                 background_priority: str = "low"):
+        super().__init__(repo, options, staging_budget, background_priority)
+        to_plain(policy, "policy")  # refused now, not at the first commit
+        to_plain(options, "options")
+        to_plain_kwargs(spec.kwargs)
+        self.spec = spec
+        self.default_policy = policy
+        self._worker: _Worker | None = None
+        self._layout: Layout | None = None
+        self._exchange = ThreadPoolExecutor(1, "ckptstore-persist-process")
+
+    # -- the process -----------------------------------------------------------------------
+    def _started(self) -> _Worker:
+        """The persist process, started (again) where there is none (exchange thread only)."""
+        if self._worker is not None and not self._worker.alive():
+            self._worker.close()
+            self._worker = None
+        if self._worker is None:
+            self._worker = _Worker(self.spec, self.options, self.default_policy,
+                                   self.background_priority)
+            self._layout = None  # a new process maps the next snapshot's file
+        return self._worker
+
+    def _exchange_now(self, message: dict[str, Any]) -> Any:
+        return self._exchange.submit(lambda: self._started().call(message)).result()
+
+    def _memory(self, shape: Layout) -> SharedFile:
+        """The shared file ``shape`` fits in: the last one, or a new one the process maps."""
+        worker = self._started()
+        if worker.mapped is not None and self._layout is not None and self._layout.fits(shape):
+            return worker.mapped
+        if self.staging.budget is not None and shape.nbytes > self.staging.budget:
+            raise StagingBudgetError(
+                f"commit_async needs {shape.nbytes} bytes of shared staging memory, more than "
+                f"staging_budget={self.staging.budget}: raise the budget or commit the state in "
+                "parts; nothing was copied or written")
+        worker.mapped = None  # the process drops the old mapping when it maps the new one
+        mapped = SharedFile(shape.nbytes)
+        try:
+            worker.call({"op": "map", "path": mapped.path, "nbytes": mapped.nbytes})
+        finally:
+            mapped.unlink()  # both sides hold it mapped: nothing is left behind
+        worker.mapped, self._layout = mapped, shape
+        return mapped
+
+    @property
+    def staging_nbytes(self) -> int:
+        worker = self._worker
+        return worker.mapped.nbytes if worker is not None and worker.mapped is not None else 0
+
+    # -- the entry points --------------------------------------------------------------------
+    def reserve(self, state: object) -> Future[int]:
+        """Start the persist process and make the shared file ``commit_async(state)`` copies
+        into, in the background; resolves to its bytes."""
+        self.wait()
+        _, leaves = flatten(state)
+        shape, _ = layout(leaves)
+        self._reserving = self._exchange.submit(lambda: self._memory(shape).nbytes)
+        return self._reserving
+
+    def commit(self, state: object, message: str, branch: str, tags: Sequence[str],
+               metadata: Metadata | None, policy: Policy, tracker: RowTracker | None
+               ) -> CommitInfo:
+        """``commit_async`` and its wait: the persist process commits either way."""
+        pending = self.commit_async(state, message, branch, tags, metadata, policy, tracker,
+                                    False)
+        return pending.wait()
+
+    def commit_async(self, state: object, message: str, branch: str, tags: Sequence[str],
+                     metadata: Metadata | None, policy: Policy, tracker: RowTracker | None,
+                     staged: bool) -> PendingCommit:
+        """Check names, flatten, copy the tensors into the shared file (the stall), then send
+        the commit to the persist process; its answer finishes the returned handle."""
+        t0 = time.perf_counter()
+        self.wait()
+        if tracker is not None:
+            raise PersistProcessError(
+                "a row tracker cannot be given to a persist process (its rows live in this "
+                "one): open the store with background='thread' to commit with tracker=")
+        check_ref_name(branch, "branch")
+        tags = tag_names(tags)
+        check_tags_free(self.repo, tags)
+        metadata = plain_metadata(metadata, state)
+        check_text(message, "message")
+        plain_policy = to_plain(policy, "policy")
+        tree, leaves = flatten(state)
+        shape, tensors = layout(leaves)
+        mapped = self._exchange.submit(self._memory, shape).result()
+        copy_in(shape, tensors, mapped.memory)
+        del tensors
+        pending = PendingCommit(time.perf_counter() - t0, shape.nbytes)
+        request = {"op": "commit", "tree": tree, "slots": shape.slots, "groups": shape.groups,
+                   "message": message, "branch": branch, "tags": list(tags),
+                   "metadata": metadata, "policy": plain_policy}
+
+        def run() -> None:
+            try:
+                answer = self._started().call(request)
+                info, error = _info(answer), None
+                pending.progress.written = info.stored_bytes
+            except BaseException as e:  # noqa: BLE001 - handed to the caller through wait()
+                info, error = None, e
+            pending.finish(info, error)
+
+        self.inflight = pending
+        self._exchange.submit(run)
+        return pending
+
+    def fork(self, *args: object, **kwargs: object) -> Any:
+        """A rank's part of a sharded commit: not in a persist process (yet)."""
+        raise TypeError("a collective commit cannot run in a persist process yet: open the "
+                        "store with background='thread' (or collective=False)")
+
+    def forget_chains(self, branch: str | None = None) -> None:
+        """Drop the persist process's chain memory (of ``branch``, or all)."""
+        if self._worker is not None:
+            self._exchange_now({"op": "forget", "branch": branch})
+
+    def reference_bytes(self) -> tuple[int, int]:
+        """The persist process's chain references, ``(host, device)`` bytes."""
+        if self._worker is None:
+            return 0, 0
+        host, device = self._exchange_now({"op": "references"})
+        return int(host), int(device)
+
+    def close(self) -> None:
+        """Wait for the commit in flight, end the persist process, stop."""
+        try:
+            super().close()
+        finally:
+            def stop() -> None:
+                if self._worker is not None:
+                    self._worker.close()
+                    self._worker = None
+            self._exchange.submit(stop).result()
+            self._exchange.shutdown(wait=True)
+
+
+def _info(answer: object) -> CommitInfo:
+    """The persist process's commit as a :class:`CommitInfo`."""
+    if not isinstance(answer, dict):
+        raise PersistProcessError(f"the persist process answered {answer!r:.200}")
+    try:
+        fields = dict(answer)
+        fields["time"] = _dt.datetime.fromisoformat(fields["time"])
+        return CommitInfo(**fields)
+    except (KeyError, TypeError, ValueError) as e:
+        raise PersistProcessError(f"the persist process answered {answer!r:.200}") from e
+
+
+def committer_for(repo: Repository, options: EncodingOptions, policy: Policy,
+                  staging_budget: int | None, priority: str,
+                  worker: WorkerSpec | None) -> Committer:
+    """A store's committer: persists on a thread, or in a persist process where ``worker``
+    says how it opens the store (``open(..., background="process")``)."""
+    if worker is None:
+        return Committer(repo, options, staging_budget, priority)
+    return ProcessCommitter(repo, options, policy, worker, staging_budget, priority)

@@ -1,0 +1,124 @@
+"""What crosses between a store and its persist process (``open(..., background="process")``):
+length-prefixed msgpack frames over a pipe, the store's configuration objects as plain data, and
+errors by name. Nothing is pickled: the configuration classes are named in :data:`CONFIG_TYPES`,
+anything else is refused with :class:`~ckptstore.errors.PersistProcessError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+from typing import Any
+
+import msgpack
+
+from .. import errors
+from ..errors import PersistProcessError
+from ..policy import Policy, QuantSpec
+from ..policy.bitwidth import BitWidth
+from ..policy.rebase import Intermittent, MaxChain
+from ..policy.retention import AnyOf, BestN, EveryN, LatestN
+from ..policy.shrink import Shrink
+from ..storage.retry import Retry
+from .plan import EncodingOptions
+
+__all__ = ["CONFIG_TYPES", "error_from_plain", "error_to_plain", "from_plain", "read_frame",
+           "to_plain", "write_frame"]
+
+#: the classes a persist process can be given, by name (frozen dataclasses of plain fields)
+CONFIG_TYPES: dict[str, type] = {c.__name__: c for c in (
+    EncodingOptions, Policy, QuantSpec, BitWidth, Intermittent, MaxChain, Shrink, Retry, LatestN,
+    EveryN, BestN, AnyOf)}
+
+_HEADER = struct.Struct("<Q")
+#: the largest frame either side accepts (a state's tree and leaf table, not its bytes)
+MAX_FRAME = 1 << 30
+
+
+def write_frame(fd: int, message: object) -> None:
+    """Send ``message`` (msgpack-able) as one frame on file descriptor ``fd``."""
+    body = msgpack.packb(message, use_bin_type=True)
+    view = memoryview(_HEADER.pack(len(body)) + body)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def read_frame(fd: int) -> Any:
+    """The next frame's message on ``fd``; ``EOFError`` where the other side closed it."""
+    (size,) = _HEADER.unpack(_read_exactly(fd, _HEADER.size))
+    if size > MAX_FRAME:
+        raise PersistProcessError(f"a frame of {size} bytes from the persist pipe: the other "
+                                  "side is not a ckptstore of this version")
+    return msgpack.unpackb(_read_exactly(fd, size), raw=False, strict_map_key=False,
+                           use_list=True)
+
+
+def _read_exactly(fd: int, n: int) -> bytes:
+    parts, left = [], n
+    while left:
+        part = os.read(fd, min(left, 1 << 24))
+        if not part:
+            raise EOFError("the persist pipe was closed")
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
+def to_plain(obj: object, where: str = "configuration") -> object:
+    """``obj`` as plain data: scalars, tuples, dicts of str keys (storage options), and the
+    dataclasses of :data:`CONFIG_TYPES`."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, (tuple, list)):
+        return {"tuple": [to_plain(x, where) for x in obj]}
+    if isinstance(obj, dict) and all(isinstance(k, str) for k in obj):  # storage options
+        return {"dict": {k: to_plain(v, where) for k, v in obj.items()}}
+    name = type(obj).__name__
+    if dataclasses.is_dataclass(obj) and CONFIG_TYPES.get(name) is type(obj):
+        return {"type": name, "fields": {f.name: to_plain(getattr(obj, f.name), where)
+                                         for f in dataclasses.fields(obj) if f.init}}
+    raise PersistProcessError(
+        f"the {where} holds a {name}, which cannot be sent to a persist process (it takes "
+        f"{', '.join(sorted(CONFIG_TYPES))}, tuples, dicts and plain values): use "
+        "background='thread' for it")
+
+
+def from_plain(data: object) -> object:
+    """The inverse of :func:`to_plain`."""
+    if data is None or isinstance(data, (bool, int, float, str)):
+        return data
+    if isinstance(data, dict) and set(data) == {"tuple"} and isinstance(data["tuple"], list):
+        return tuple(from_plain(x) for x in data["tuple"])
+    if isinstance(data, dict) and set(data) == {"dict"} and isinstance(data["dict"], dict):
+        return {str(k): from_plain(v) for k, v in data["dict"].items()}
+    if isinstance(data, dict) and set(data) == {"type", "fields"}:
+        cls = CONFIG_TYPES.get(data["type"]) if isinstance(data["type"], str) else None
+        if cls is not None and isinstance(data["fields"], dict):
+            return cls(**{k: from_plain(v) for k, v in data["fields"].items()})
+    raise PersistProcessError(f"not a configuration a persist process takes: {data!r:.200}")
+
+
+def error_to_plain(error: BaseException) -> dict[str, str]:
+    """An exception as ``{"type", "message"}`` (its class name and its text)."""
+    return {"type": type(error).__name__, "message": str(error)}
+
+
+_BUILTIN_ERRORS: dict[str, type[BaseException]] = {c.__name__: c for c in (
+    ValueError, TypeError, KeyError, OSError, MemoryError, RuntimeError, FileNotFoundError)}
+
+
+def error_from_plain(data: object) -> BaseException:
+    """The exception a persist process reported: the ckptstore error (or common built-in) of
+    that name with its message, else :class:`PersistProcessError` naming it."""
+    if not isinstance(data, dict):
+        return PersistProcessError(f"the persist process failed: {data!r:.200}")
+    name, message = str(data.get("type")), str(data.get("message"))
+    cls = getattr(errors, name, None) or _BUILTIN_ERRORS.get(name)
+    if isinstance(cls, type) and issubclass(cls, BaseException) and name in (
+            errors.__all__ + list(_BUILTIN_ERRORS)):
+        try:
+            return cls(message)
+        except TypeError:  # pragma: no cover - every listed class takes a message
+            pass
+    return PersistProcessError(f"the persist process failed: {name}: {message}")

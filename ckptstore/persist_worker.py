@@ -1,0 +1,92 @@
+"""The persist process of a store opened with ``background="process"``
+(:mod:`ckptstore.commit.process`): ``python -m ckptstore.persist_worker <in fd> <out fd>``.
+
+It answers the frames its store sends on ``<in fd>`` (:mod:`ckptstore.commit.wire`), one at a
+time, on ``<out fd>``: ``open`` (``ckptstore.open(url, create=False, **kwargs)``), ``map`` (the
+shared file the next snapshots are in), ``commit`` (the leaves rebuilt over that file, committed
+with ``commit_async(..., staged=True)`` at the store's background priority; the answer is the
+commit's :class:`~ckptstore.info.CommitInfo`), ``forget`` and ``references`` (its chain memory).
+It ends when its store closes the pipe; a commit in flight is finished first. Nothing here is
+reached from the library's import graph: it is the one module that runs only in that process.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+from typing import Any
+
+from .commit.shared import Layout, leaves_in
+from .commit.wire import error_to_plain, from_plain, read_frame, write_frame
+from .errors import PersistProcessError
+from .opening import open as open_store
+from .state.tree import Flattened
+from .store import Store
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.store: Store | None = None
+        self.memory: mmap.mmap | None = None
+
+    def handle(self, message: Any) -> Any:
+        op = message.get("op") if isinstance(message, dict) else None
+        if op == "open":
+            kwargs = {k: from_plain(v) for k, v in message["kwargs"].items()}
+            self.store = open_store(message["url"], create=False, collective=False, **kwargs)
+            return os.getpid()
+        if self.store is None:
+            raise PersistProcessError(f"{op!r} before 'open'")
+        if op == "map":
+            fd = os.open(message["path"], os.O_RDWR)
+            try:
+                self.memory = mmap.mmap(fd, int(message["nbytes"]))
+            finally:
+                os.close(fd)
+            return True
+        if op == "commit":
+            return self.commit(message)
+        if op == "forget":
+            self.store.committer.forget_chains(message.get("branch"))
+            return True
+        if op == "references":
+            return list(self.store.reference_bytes)
+        raise PersistProcessError(f"an unknown request {op!r}")
+
+    def commit(self, message: dict[str, Any]) -> dict[str, Any]:
+        if self.memory is None:
+            raise PersistProcessError("a commit before its snapshot's file was mapped")
+        shape = Layout(message["slots"], message["groups"], len(self.memory))
+        state = Flattened(message["tree"], leaves_in(shape, self.memory))
+        pending = self.store.commit_async(
+            state, message["message"], message["branch"], tuple(message["tags"]),
+            message["metadata"], from_plain(message["policy"]), staged=True)
+        pending.join()  # at the background priority: wait() would raise it
+        return pending.wait().to_json()
+
+
+def main(argv: list[str]) -> int:
+    source, sink = int(argv[0]), int(argv[1])
+    worker = _Worker()
+    try:
+        while True:
+            try:
+                message = read_frame(source)
+            except EOFError:
+                return 0
+            try:
+                answer = {"ok": worker.handle(message)}
+            except Exception as e:  # noqa: BLE001 - reported to the store, which raises it
+                answer = {"error": error_to_plain(e)}
+            try:
+                write_frame(sink, answer)
+            except BrokenPipeError:  # the store's process ended meanwhile
+                return 0
+    finally:
+        if worker.store is not None:
+            worker.store.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
