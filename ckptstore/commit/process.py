@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,6 +188,27 @@ class ProcessCommitter(Committer):
         worker = self._worker
         return worker.mapped.nbytes if worker is not None and worker.mapped is not None else 0
 
+    @contextmanager
+    def _boosted(self) -> Iterator[None]:
+        """Priority inheritance across the process boundary: while a caller waits, the persist
+        process raises the commit in flight (or the next it starts) to normal priority
+        (SIGUSR1; it drops back once that commit ends)."""
+        worker = self._worker
+        if worker is not None and worker.alive() and self.background_priority != "normal":
+            try:
+                os.kill(worker.proc.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        yield
+
+    def wait(self) -> None:
+        """Wait for the commit in flight (its persist raised meanwhile), then as ``Committer``."""
+        pending = self.inflight
+        if pending is not None and not pending.done():
+            with self._boosted():
+                pending.join()
+        super().wait()
+
     # -- the entry points --------------------------------------------------------------------
     def reserve(self, state: object) -> Future[int]:
         """Start the persist process and make the shared file ``commit_async(state)`` copies
@@ -226,7 +249,7 @@ class ProcessCommitter(Committer):
         mapped = self._exchange.submit(self._memory, shape).result()
         copy_in(shape, tensors, mapped.memory)
         del tensors
-        pending = PendingCommit(time.perf_counter() - t0, shape.nbytes)
+        pending = PendingCommit(time.perf_counter() - t0, shape.nbytes, self._boosted)
         request = {"op": "commit", "tree": tree, "slots": shape.slots, "groups": shape.groups,
                    "message": message, "branch": branch, "tags": list(tags),
                    "metadata": metadata, "policy": plain_policy}
@@ -260,6 +283,10 @@ class ProcessCommitter(Committer):
             return 0, 0
         host, device = self._exchange_now({"op": "references"})
         return int(host), int(device)
+
+    def call_stats(self) -> dict[str, int]:
+        """The persist process's counters: ``boosted``, its commits raised by a wait."""
+        return dict(self._exchange_now({"op": "stats"})) if self._worker is not None else {}
 
     def close(self) -> None:
         """Wait for the commit in flight, end the persist process, stop."""

@@ -290,3 +290,23 @@ def test_a_sharded_commit_is_refused_in_a_persist_process(tmp_path):
         with pytest.raises(TypeError, match="collective commit"):
             store.committer.fork(0, [], Policy(), "main", None, None, "", "_packed",
                                  lambda path: (path, (), ()))
+
+
+def test_a_wait_raises_the_persist_in_the_other_process(tmp_path):
+    """Priority inheritance across the process boundary: wait() asks the persist process to
+    run the commit in flight at normal priority (it was asked before it read the commit)."""
+    import threading
+    with ckptstore.open(tmp_path / "s", background="process") as store:
+        state = {"w": torch.randn(1 << 20)}
+        store.commit(state)  # the shared file is made and mapped: the next commit reuses it
+        worker = store.committer._worker
+        before = store.committer.call_stats()["boosted"]  # a commit() waits: raised too
+        os.kill(worker.proc.pid, signal.SIGSTOP)
+        pending = store.commit_async(state)
+        waiter = threading.Thread(target=pending.wait)
+        waiter.start()
+        time.sleep(0.3)  # the wait has signalled the stopped process
+        os.kill(worker.proc.pid, signal.SIGCONT)
+        waiter.join(60)
+        os.kill(worker.proc.pid, signal.SIGCONT)  # never left stopped, whatever failed
+        assert pending.done() and store.committer.call_stats() == {"boosted": before + 1}
