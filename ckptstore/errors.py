@@ -145,7 +145,7 @@ class PendingCommitError(CkptStoreError, RuntimeError):
 
 class PersistProcessError(PendingCommitError):
     """A store's persist process (``open(..., background="process")``) exited or could not be
-    given what a commit needs (a configuration object it cannot receive, a row tracker); the
+    given what a commit needs (a configuration object it cannot receive); the
     commit was not made."""
 
 

@@ -19,7 +19,7 @@ import sys
 from contextlib import ExitStack
 from typing import Any
 
-from .commit.shared import Layout, leaves_in
+from .commit.shared import Layout, SentRows, leaves_in
 from .commit.wire import error_to_plain, from_plain, read_frame, write_frame
 from .errors import PersistProcessError
 from .opening import open as open_store
@@ -70,10 +70,12 @@ class _Worker:
         if self.memory is None:
             raise PersistProcessError("a commit before its snapshot's file was mapped")
         shape = Layout(message["slots"], message["groups"], len(self.memory))
-        state = Flattened(message["tree"], leaves_in(shape, self.memory))
+        leaves = leaves_in(shape, self.memory)
+        rows = SentRows(leaves, message["rows"]) if message["rows"] else None
         pending = self.store.commit_async(
-            state, message["message"], message["branch"], tuple(message["tags"]),
-            message["metadata"], from_plain(message["policy"]), staged=True)
+            Flattened(message["tree"], leaves), message["message"], message["branch"],
+            tuple(message["tags"]), message["metadata"], from_plain(message["policy"]),
+            tracker=rows, staged=True)
         with ExitStack() as raised:
             up = False
             while True:  # at the background priority until the store waits

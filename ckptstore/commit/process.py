@@ -10,8 +10,10 @@ on a store of the same URL, options and policy) and answers with the commit. One
 flight at a time, as with the thread; chain memory (incremental, delta and shrink references)
 lives in the persist process.
 
-Not taken by a persist process (refused with :class:`PersistProcessError` or ``TypeError``): a
-row tracker, a policy or option object outside :data:`~ckptstore.commit.wire.CONFIG_TYPES` (a
+A row tracker stays in the store's process: each commit sends the touched rows of the tables it
+tracks, and copies only those rows of a table whose region already holds the rest (a new file or
+a load in place copies it whole). Not taken by a persist process (refused with
+:class:`PersistProcessError` or ``TypeError``): a policy or option object outside :data:`~ckptstore.commit.wire.CONFIG_TYPES` (a
 ``sensitivity`` average, a custom rebase predictor), tiered stores, collective commits.
 """
 
@@ -29,6 +31,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from ..errors import PersistProcessError, StagingBudgetError
 from ..format.layout import check_ref_name
 from ..info import CommitInfo
@@ -39,10 +43,10 @@ from .pending import PendingCommit
 from .pipeline import Metadata, plain_metadata
 from .plan import EncodingOptions
 from .publish import check_tags_free, tag_names
-from .shared import Layout, SharedFile, copy_in, layout
+from .shared import Layout, SharedFile, copy_in, layout, partial_rows
 from .wire import error_from_plain, read_frame, to_plain, write_frame
 from ..history.repository import Repository
-from ..state.tree import check_text, flatten
+from ..state.tree import Leaf, check_text, flatten
 
 __all__ = ["ProcessCommitter", "WorkerSpec", "committer_for"]
 
@@ -148,6 +152,9 @@ class ProcessCommitter(Committer):
         self._worker: _Worker | None = None
         self._layout: Layout | None = None
         self._exchange = ThreadPoolExecutor(1, "ckptstore-persist-process")
+        # leaves whose region of the shared file holds their values as of the last copy: a
+        # tracked table's rows alone are copied then (cleared by a new file or a load in place)
+        self._valid: set[int] = set()
 
     # -- the process -----------------------------------------------------------------------
     def _started(self) -> _Worker:
@@ -175,6 +182,7 @@ class ProcessCommitter(Committer):
                 f"staging_budget={self.staging.budget}: raise the budget or commit the state in "
                 "parts; nothing was copied or written")
         worker.mapped = None  # the process drops the old mapping when it maps the new one
+        self._valid = set()
         mapped = SharedFile(shape.nbytes)
         try:
             worker.call({"op": "map", "path": mapped.path, "nbytes": mapped.nbytes})
@@ -234,10 +242,6 @@ class ProcessCommitter(Committer):
         the commit to the persist process; its answer finishes the returned handle."""
         t0 = time.perf_counter()
         self.wait()
-        if tracker is not None:
-            raise PersistProcessError(
-                "a row tracker cannot be given to a persist process (its rows live in this "
-                "one): open the store with background='thread' to commit with tracker=")
         check_ref_name(branch, "branch")
         tags = tag_names(tags)
         check_tags_free(self.repo, tags)
@@ -246,13 +250,18 @@ class ProcessCommitter(Committer):
         plain_policy = to_plain(policy, "policy")
         tree, leaves = flatten(state)
         shape, tensors = layout(leaves)
+        tracked = _tracked_rows(leaves, tracker)
         mapped = self._exchange.submit(self._memory, shape).result()
-        copy_in(shape, tensors, mapped.memory)
+        copy_in(shape, tensors, mapped.memory, partial_rows(shape, tracked, self._valid))
+        self._valid = set(range(len(leaves)))  # every region now holds its leaf's values
+        if tracker is not None:
+            tracker.clear()  # its rows are in this commit (unsaved until the ref moves)
         del tensors
         pending = PendingCommit(time.perf_counter() - t0, shape.nbytes, self._boosted)
         request = {"op": "commit", "tree": tree, "slots": shape.slots, "groups": shape.groups,
                    "message": message, "branch": branch, "tags": list(tags),
-                   "metadata": metadata, "policy": plain_policy}
+                   "metadata": metadata, "policy": plain_policy,
+                   "rows": [[i, r.numpy().astype("<i8").tobytes()] for i, r in tracked.items()]}
 
         def run() -> None:
             try:
@@ -273,7 +282,9 @@ class ProcessCommitter(Committer):
                         "store with background='thread' (or collective=False)")
 
     def forget_chains(self, branch: str | None = None) -> None:
-        """Drop the persist process's chain memory (of ``branch``, or all)."""
+        """Drop the persist process's chain memory (of ``branch``, or all); the next snapshot
+        copies every tensor whole (a load in place changed them behind any tracker)."""
+        self._valid = set()
         if self._worker is not None:
             self._exchange_now({"op": "forget", "branch": branch})
 
@@ -299,6 +310,18 @@ class ProcessCommitter(Committer):
                     self._worker = None
             self._exchange.submit(stop).result()
             self._exchange.shutdown(wait=True)
+
+
+def _tracked_rows(leaves: list[Leaf], tracker: RowTracker | None) -> dict[int, torch.Tensor]:
+    """Leaf index -> the touched rows (sorted int64, CPU) of the leaves ``tracker`` tracks."""
+    if tracker is None:
+        return {}
+    out = {}
+    for i, leaf in enumerate(leaves):
+        v = leaf.value
+        if isinstance(v, torch.Tensor) and v.dim() > 0 and tracker.lookup(v) is not None:
+            out[i] = tracker.touched_rows(v).to(torch.int64).cpu()
+    return out
 
 
 def _info(answer: object) -> CommitInfo:

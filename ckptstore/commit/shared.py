@@ -22,7 +22,7 @@ import torch
 from ..errors import PersistProcessError, UnsupportedLeafError
 from ..state.tree import Leaf
 
-__all__ = ["Layout", "SharedFile", "copy_in", "layout", "leaves_in"]
+__all__ = ["Layout", "SentRows", "SharedFile", "copy_in", "layout", "leaves_in", "partial_rows"]
 
 _ALIGN = 64
 
@@ -137,12 +137,61 @@ def _view(region: torch.Tensor, slot: list[object]) -> torch.Tensor:
     return typed.as_strided(shape, stride, typed.storage_offset() + off)
 
 
-def copy_in(shape: Layout, tensors: list[torch.Tensor], memory: torch.Tensor) -> None:
-    """Copy ``tensors`` into ``memory`` (the file's bytes as uint8) where ``shape`` puts them."""
-    for slot, t in zip(shape.slots, tensors):
-        if slot[6] >= 0:
-            start, nbytes = shape.groups[slot[6]]
-            _view(memory[start:start + nbytes], slot).copy_(t)
+def copy_in(shape: Layout, tensors: list[torch.Tensor], memory: torch.Tensor,
+            rows: dict[int, torch.Tensor] | None = None) -> None:
+    """Copy ``tensors`` into ``memory`` (the file's bytes as uint8) where ``shape`` puts them;
+    of a leaf ``i`` in ``rows``, only those rows (the rest of its region holds them already)."""
+    for i, (slot, t) in enumerate(zip(shape.slots, tensors)):
+        if slot[6] < 0:
+            continue
+        start, nbytes = shape.groups[slot[6]]
+        dst = _view(memory[start:start + nbytes], slot)
+        if rows is not None and i in rows:
+            index = rows[i]
+            dst.index_copy_(0, index, t.index_select(0, index.to(t.device)).cpu())
+        else:
+            dst.copy_(t)
+
+
+def partial_rows(shape: Layout, tracked: dict[int, torch.Tensor], valid: set[int]
+                 ) -> dict[int, torch.Tensor]:
+    """Of the ``tracked`` leaves (index -> touched rows), those whose rows alone need copying:
+    their region already holds the rest (``valid``: leaves copied into this file before, nothing
+    loaded into them since) and every leaf over the same region is tracked too."""
+    members: dict[int, list[int]] = {}
+    for i, slot in enumerate(shape.slots):
+        members.setdefault(int(slot[6]), []).append(i)
+    return {i: r for i, r in tracked.items() if shape.slots[i][6] >= 0
+            and all(m in tracked and m in valid for m in members[int(shape.slots[i][6])])}
+
+
+def _key(t: torch.Tensor) -> tuple[int, int, tuple[int, ...]]:
+    return t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)
+
+
+class SentRows:
+    """The persist process's stand-in for its store's row tracker: the touched rows of the
+    tracked leaves, sent with the commit (what the pipeline asks a tracker: ``lookup``,
+    ``touched_rows``, ``clear``)."""
+
+    def __init__(self, leaves: list[Leaf], rows: list[list[object]]):
+        self._rows: dict[tuple[int, int, tuple[int, ...]], torch.Tensor] = {}
+        for index, data in rows:
+            value = leaves[int(index)].value
+            if not isinstance(value, torch.Tensor) or not isinstance(data, bytes) \
+                    or len(data) % 8:
+                raise PersistProcessError(f"rows of leaf {index!r:.20} that are not int64")
+            self._rows[_key(value)] = torch.from_numpy(
+                np.frombuffer(data, dtype="<i8").astype(np.int64))
+
+    def lookup(self, tensor: torch.Tensor) -> SentRows | None:
+        return self if isinstance(tensor, torch.Tensor) and _key(tensor) in self._rows else None
+
+    def touched_rows(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self._rows[_key(tensor)]
+
+    def clear(self) -> None:
+        """Cleared in the store's process, once its snapshot was copied."""
 
 
 def leaves_in(shape: Layout, memory: mmap.mmap) -> list[Leaf]:

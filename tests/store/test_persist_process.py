@@ -197,9 +197,6 @@ def test_what_a_persist_process_cannot_take_is_refused(tmp_path):
     with pytest.raises(ValueError, match="background"):
         ckptstore.open(tmp_path / "c", background="fork")
     with ckptstore.open(tmp_path / "d", background="process") as store:
-        with ckptstore.track(model) as tracker:
-            with pytest.raises(PersistProcessError, match="tracker"):
-                store.commit(model, tracker=tracker)
         with pytest.raises(PersistProcessError, match="GradientEMA"):
             store.commit(model, policy=Policy(quantize=QuantSpec(bits=4, protect=0.01),
                                               sensitivity=GradientEMA(model)))
@@ -310,3 +307,81 @@ def test_a_wait_raises_the_persist_in_the_other_process(tmp_path):
         waiter.join(60)
         os.kill(worker.proc.pid, signal.SIGCONT)  # never left stopped, whatever failed
         assert pending.done() and store.committer.call_stats() == {"boosted": before + 1}
+
+
+
+def _recsys(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = torch.nn.ModuleDict({"emb": torch.nn.Embedding(5000, 16, sparse=True),
+                                 "head": torch.nn.Linear(16, 1)})
+    return model, torch.optim.Adagrad(model.parameters(), lr=0.1)
+
+
+def _train(model, opt, steps: int, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        idx = torch.randint(0, 5000, (64,), generator=g)
+        loss = model["head"](model["emb"](idx)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def test_a_row_tracker_sends_its_rows_and_only_they_are_copied(tmp_path):
+    """Check-N-Run's tracked increments through a persist process: the same chunk bytes as the
+    thread's, and each commit after the first copies only the touched rows of the tracked table
+    and its Adagrad state (the rest of their regions already hold them)."""
+    policy = Policy(incremental="intermittent")
+    files, outs = [], []
+    for background in ("thread", "process"):
+        model, opt = _recsys()
+        with ckptstore.open(tmp_path / background, policy=policy, background=background) as s, \
+                ckptstore.track(model, opt) as tracker:
+            for step in range(4):
+                _train(model, opt, 3, seed=step)
+                s.commit({"model": model, "opt": opt}, tracker=tracker)
+            if background == "process":
+                copied = s.committer._valid
+                assert copied  # the regions hold the values: the next copy is of rows alone
+            outs.append(s.checkout())
+            live = {"model": model.state_dict(), "opt": opt.state_dict()}
+            assert_bit_exact(outs[-1]["model"], live["model"])  # never a stale row
+        files.append(_chunk_files(tmp_path / background))
+    assert files[0] == files[1]
+    assert_bit_exact(outs[0], outs[1])
+
+
+def test_a_load_in_place_makes_the_next_copy_whole(tmp_path):
+    """Loaded values change the live tables behind the tracker: the next snapshot copies them
+    whole, so the persist process never commits a stale row."""
+    model, opt = _recsys()
+    with ckptstore.open(tmp_path / "s", policy=Policy(incremental="consecutive"),
+                        background="process") as store, ckptstore.track(model, opt) as tracker:
+        _train(model, opt, 2, seed=0)
+        first = store.commit({"model": model, "opt": opt}, tracker=tracker)
+        _train(model, opt, 2, seed=1)
+        store.commit({"model": model, "opt": opt}, tracker=tracker)
+        store.checkout(first.id, into={"model": model, "opt": opt})
+        assert store.committer._valid == set()
+        _train(model, opt, 1, seed=2)
+        third = store.commit({"model": model, "opt": opt}, tracker=tracker)
+        assert_bit_exact(store.checkout(third.id)["model"], model.state_dict())
+
+
+def test_only_the_touched_rows_of_a_tracked_region_are_copied():
+    from ckptstore.commit.shared import copy_in, layout, partial_rows
+    from ckptstore.state.tree import Leaf
+    table, tied = torch.arange(40.0).view(10, 4), torch.zeros(3)
+    leaves = [Leaf("table", table), Leaf("a", tied), Leaf("b", tied)]
+    shape, tensors = layout(leaves)
+    memory = torch.full((shape.nbytes,), 0xFF, dtype=torch.uint8)
+    rows = {0: torch.tensor([2, 7]), 1: torch.tensor([0])}
+    # only leaf 0: leaf 1 shares its region with untracked leaf 2; nothing before it was copied
+    assert partial_rows(shape, rows, valid=set()) == {}
+    picked = partial_rows(shape, rows, valid={0, 1, 2})
+    assert list(picked) == [0]
+    copy_in(shape, tensors, memory, picked)
+    start, nbytes = shape.groups[shape.slots[0][6]]
+    got = memory[start:start + nbytes].view(torch.float32).view(10, 4)
+    assert torch.equal(got[[2, 7]], table[[2, 7]])
+    assert torch.isnan(got[[0, 1, 3]]).all()  # 0xFF bytes: left as they were
