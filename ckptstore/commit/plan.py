@@ -248,6 +248,8 @@ def _container(value: object) -> str:
 
 def _as_tensor(value: object) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
+        if value.is_conj() or value.is_neg():  # a lazy view's values, not its storage's
+            return value.detach().resolve_conj().resolve_neg()
         return value.detach()
     a = np.asarray(value)  # np.ascontiguousarray would turn 0-d arrays into 1-d ones
     return torch.from_numpy(a if a.flags.c_contiguous else a.copy(order="C"))

@@ -43,7 +43,7 @@ from .pending import PendingCommit
 from .pipeline import Metadata, plain_metadata
 from .plan import EncodingOptions
 from .publish import check_tags_free, tag_names
-from .shared import Layout, SharedFile, copy_in, layout, partial_rows
+from .shared import Layout, SharedFile, copy_in, identity, layout, partial_rows
 from .wire import error_from_plain, read_frame, to_plain, write_frame
 from ..history.repository import Repository
 from ..state.tree import Leaf, check_text, flatten
@@ -52,6 +52,10 @@ __all__ = ["ProcessCommitter", "WorkerSpec", "committer_for"]
 
 #: the module the persist process runs
 WORKER_MODULE = "ckptstore.persist_worker"
+#: how it is started: ``python -c _BOOT <module> <in fd> <out fd>``, without the working folder
+_BOOT = ("import runpy, sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+         "sys.argv = sys.argv[1:]; runpy.run_module(sys.argv[0], run_name='__main__', "
+         "alter_sys=True)")
 
 
 @dataclass(frozen=True)
@@ -79,11 +83,16 @@ class _Worker:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         try:
             # a session of its own: a terminal's Ctrl-C stops training, not the persist in
-            # flight (it ends once its store closes the pipe)
+            # flight (it ends once its store closes the pipe); the training script's folder off
+            # sys.path (python -m would put the working folder first)
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", WORKER_MODULE, str(to_child), str(from_child)],
+                [sys.executable, "-c", _BOOT, WORKER_MODULE, str(to_child), str(from_child)],
                 pass_fds=(to_child, from_child), env=env, stdin=subprocess.DEVNULL,
                 start_new_session=True)
+        except BaseException:
+            os.close(self._to_child)
+            os.close(self._from_child)
+            raise
         finally:
             os.close(to_child)
             os.close(from_child)
@@ -152,9 +161,13 @@ class ProcessCommitter(Committer):
         self._worker: _Worker | None = None
         self._layout: Layout | None = None
         self._exchange = ThreadPoolExecutor(1, "ckptstore-persist-process")
-        # leaves whose region of the shared file holds their values as of the last copy: a
-        # tracked table's rows alone are copied then (cleared by a new file or a load in place)
-        self._valid: set[int] = set()
+        self._closed = False
+        # the tensor each leaf's region of the shared file holds a copy of (identity): a tracked
+        # table copied from the same tensor again copies its touched rows alone (cleared by a
+        # new file or a load in place)
+        self._copied: dict[int, tuple[object, ...]] = {}
+        # a failed commit's tracked rows, marked in the tracker again by the next commit
+        self._lost_rows: tuple[RowTracker, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     # -- the process -----------------------------------------------------------------------
     def _started(self) -> _Worker:
@@ -182,10 +195,15 @@ class ProcessCommitter(Committer):
                 f"staging_budget={self.staging.budget}: raise the budget or commit the state in "
                 "parts; nothing was copied or written")
         worker.mapped = None  # the process drops the old mapping when it maps the new one
-        self._valid = set()
+        self._copied = {}
         mapped = SharedFile(shape.nbytes)
         try:
-            worker.call({"op": "map", "path": mapped.path, "nbytes": mapped.nbytes})
+            try:
+                worker.call({"op": "map", "path": mapped.path, "nbytes": mapped.nbytes})
+            except OSError:  # /proc/<pid>/fd refused (a hardened /proc): a named file then
+                mapped.unlink()
+                mapped = SharedFile(shape.nbytes, named=True)
+                worker.call({"op": "map", "path": mapped.path, "nbytes": mapped.nbytes})
         finally:
             mapped.unlink()  # both sides hold it mapped: nothing is left behind
         worker.mapped, self._layout = mapped, shape
@@ -249,14 +267,23 @@ class ProcessCommitter(Committer):
         check_text(message, "message")
         plain_policy = to_plain(policy, "policy")
         tree, leaves = flatten(state)
-        shape, tensors = layout(leaves)
+        shape, copies = layout(leaves)
+        if self._lost_rows is not None:  # a failed commit's rows: the tracker names them again
+            lost, self._lost_rows = self._lost_rows, None
+            for value, rows in lost[1]:
+                lost[0].mark(value, rows)
         tracked = _tracked_rows(leaves, tracker)
         mapped = self._exchange.submit(self._memory, shape).result()
-        copy_in(shape, tensors, mapped.memory, partial_rows(shape, tracked, self._valid))
-        self._valid = set(range(len(leaves)))  # every region now holds its leaf's values
+        made = {i: identity(leaves[i], src) for i, _, src in copies if i is not None}
+        # rows alone where an increment may be stored and the region holds this tensor's copy
+        same = {i for i, key in made.items() if self._copied.get(i) == key} \
+            if policy.incremental != "off" else set()
+        copy_in(shape, copies, mapped.memory, partial_rows(copies, tracked, same))
+        self._copied = made
         if tracker is not None:
             tracker.clear()  # its rows are in this commit (unsaved until the ref moves)
-        del tensors
+        sent = (tracker, [(leaves[i].value, r) for i, r in tracked.items()])
+        del copies
         pending = PendingCommit(time.perf_counter() - t0, shape.nbytes, self._boosted)
         request = {"op": "commit", "tree": tree, "slots": shape.slots, "groups": shape.groups,
                    "message": message, "branch": branch, "tags": list(tags),
@@ -270,6 +297,8 @@ class ProcessCommitter(Committer):
                 pending.progress.written = info.stored_bytes
             except BaseException as e:  # noqa: BLE001 - handed to the caller through wait()
                 info, error = None, e
+                if sent[0] is not None and sent[1]:
+                    self._lost_rows = sent  # marked again on the caller's thread
             pending.finish(info, error)
 
         self.inflight = pending
@@ -284,26 +313,32 @@ class ProcessCommitter(Committer):
     def forget_chains(self, branch: str | None = None) -> None:
         """Drop the persist process's chain memory (of ``branch``, or all); the next snapshot
         copies every tensor whole (a load in place changed them behind any tracker)."""
-        self._valid = set()
-        if self._worker is not None:
+        self._copied = {}
+        if self._worker is not None and self._worker.alive():
             self._exchange_now({"op": "forget", "branch": branch})
 
     def reference_bytes(self) -> tuple[int, int]:
-        """The persist process's chain references, ``(host, device)`` bytes."""
-        if self._worker is None:
+        """The persist process's chain references, ``(host, device)`` bytes (after the commit
+        in flight; none where no persist process runs)."""
+        if self._worker is None or not self._worker.alive():
             return 0, 0
         host, device = self._exchange_now({"op": "references"})
         return int(host), int(device)
 
     def call_stats(self) -> dict[str, int]:
         """The persist process's counters: ``boosted``, its commits raised by a wait."""
-        return dict(self._exchange_now({"op": "stats"})) if self._worker is not None else {}
+        worker = self._worker
+        return dict(self._exchange_now({"op": "stats"})) if worker and worker.alive() else {}
 
     def close(self) -> None:
-        """Wait for the commit in flight, end the persist process, stop."""
+        """Wait for the commit in flight, end the persist process, stop (once)."""
+        if self._closed:
+            return
         try:
             super().close()
         finally:
+            self._closed = True
+
             def stop() -> None:
                 if self._worker is not None:
                     self._worker.close()

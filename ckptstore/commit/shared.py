@@ -4,8 +4,9 @@ memory file, and the table that rebuilds them there.
 The store's side lays the leaves out (:func:`layout`): leaves over one storage (tied weights,
 views) share one region at their relative offsets, so the persist process's plan finds the same
 aliases and views; a leaf whose elements overlap (an expanded tensor) or a numpy value gets a
-contiguous region of its own. :class:`SharedFile` is the memory (a file in ``/dev/shm``, its
-pages reserved at creation so a full tmpfs is an error, not a SIGBUS later); :func:`copy_in`
+contiguous region of its own. :class:`SharedFile` is the memory (an anonymous ``memfd`` on
+Linux, its pages reserved at creation so too little memory is an error, not a SIGBUS later);
+:func:`copy_in`
 fills it; the persist process maps the same file and rebuilds the leaves (:func:`leaves_in`).
 """
 
@@ -49,20 +50,25 @@ def _kind(value: object) -> str:
 
 
 def _tensor(value: object) -> torch.Tensor:
+    """A leaf as a tensor over its own memory: numpy arrays keep their strides where they are
+    positive and dense (a Fortran-ordered array stays one), else the plan's C-order copy."""
     if isinstance(value, torch.Tensor):
         return value.detach()
-    a = np.asarray(value)  # the plan's own conversion: C order
+    a = np.asarray(value)
+    if not a.flags.c_contiguous and a.ndim and all(st > 0 for st in a.strides):
+        t = torch.from_numpy(a)
+        if not _overlaps(t) and _span(t) == t.numel():
+            return t
     return torch.from_numpy(a if a.flags.c_contiguous else a.copy(order="C"))
 
 
 def _overlaps(t: torch.Tensor) -> bool:
     """Whether two elements of ``t`` may share memory (an expanded or crafted view)."""
-    dims = sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz > 1)
-    extent = 1
-    for st, sz in dims:
+    extent = 1  # elements the smaller dimensions reach
+    for st, sz in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz > 1):
         if st < extent:
             return True
-        extent = st * sz
+        extent += (sz - 1) * st
     return False
 
 
@@ -70,49 +76,74 @@ def _span(t: torch.Tensor) -> int:
     return 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
 
 
-def layout(leaves: list[Leaf]) -> tuple[Layout, list[torch.Tensor]]:
-    """The layout of ``leaves`` and the tensors :func:`copy_in` copies from (CPU or device)."""
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its span: it keeps its strides in a region of its own."""
+    return not _overlaps(t) and _span(t) == t.numel() and not (t.is_conj() or t.is_neg())
+
+
+def _shares(leaf: Leaf, t: torch.Tensor) -> bool:
+    """Whether ``t`` may share a region with other leaves over its storage (an expanded view
+    too: the span is copied once, the views laid over it)."""
+    return isinstance(leaf.value, torch.Tensor) and not (t.is_conj() or t.is_neg())
+
+
+#: what :func:`copy_in` copies: (the slot it fills, or None for a group's whole span; the view
+#: it fills, as a slot; the tensor copied from)
+Copy = tuple["int | None", list[object], torch.Tensor]
+
+
+def layout(leaves: list[Leaf]) -> tuple[Layout, list[Copy]]:
+    """The layout of ``leaves`` and what :func:`copy_in` copies into it (from the leaves,
+    wherever they live). Leaves over one storage share its span, copied once (gaps included, as
+    the plan stores it); a leaf alone keeps its strides where it fills its span; an expanded or
+    sparse view, a conjugate or negative view, and numpy values get a contiguous region."""
     tensors = [_tensor(leaf.value) for leaf in leaves]
-    slots: list[list[object]] = []
-    groups: list[list[int]] = []
     members: dict[tuple[object, ...], list[int]] = {}
-    own: list[int] = []
     for i, (leaf, t) in enumerate(zip(leaves, tensors)):
         if t.layout != torch.strided:
             raise UnsupportedLeafError(
                 f"tensor at {leaf.path!r} has layout {t.layout}: convert it with .to_dense()")
-        if t.numel() == 0:
-            continue
-        if isinstance(leaf.value, torch.Tensor) and not _overlaps(t):
-            key = (t.device.type, t.device.index, t.untyped_storage().data_ptr(), t.dtype)
+        if t.numel():
+            key = (t.device.type, t.device.index, t.untyped_storage().data_ptr(), t.dtype) \
+                if _shares(leaf, t) else ("own", i)
             members.setdefault(key, []).append(i)
-        else:
-            own.append(i)
-    offsets: dict[int, tuple[int, int]] = {}  # leaf -> (group, element offset)
+    groups: list[list[int]] = []
+    placed: dict[int, tuple[int, int, list[int]]] = {}  # leaf -> (group, offset, strides)
+    copies: list[Copy] = []
     end = 0
-
-    def add_group(nbytes: int) -> int:
-        nonlocal end
+    for idx in members.values():
+        t = tensors[idx[0]]
         start = -(-end // _ALIGN) * _ALIGN
+        if len(idx) > 1:  # the storage's span, once
+            lo = min(tensors[i].storage_offset() for i in idx)
+            hi = max(tensors[i].storage_offset() + _span(tensors[i]) for i in idx)
+            span = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+                t.untyped_storage(), lo, (hi - lo,), (1,))
+            copies.append((None, [None, None, _name(t.dtype), [hi - lo], [1], 0, len(groups)],
+                           span))
+            for i in idx:
+                placed[i] = (len(groups), tensors[i].storage_offset() - lo,
+                             list(tensors[i].stride()))
+            nbytes = (hi - lo) * t.element_size()
+        else:
+            strides = list(t.stride()) if _dense(t) else _contiguous_strides(t.shape)
+            placed[idx[0]] = (len(groups), 0, strides)
+            nbytes = t.numel() * t.element_size()
         groups.append([start, nbytes])
         end = start + nbytes
-        return len(groups) - 1
-
-    for idx in members.values():
-        lo = min(tensors[i].storage_offset() for i in idx)
-        hi = max(tensors[i].storage_offset() + _span(tensors[i]) for i in idx)
-        g = add_group((hi - lo) * tensors[idx[0]].element_size())
-        for i in idx:
-            offsets[i] = (g, tensors[i].storage_offset() - lo)
-    for i in own:
-        offsets[i] = (add_group(tensors[i].numel() * tensors[i].element_size()), 0)
+    spanned = {i for idx in members.values() if len(idx) > 1 for i in idx}
+    slots: list[list[object]] = []
     for i, (leaf, t) in enumerate(zip(leaves, tensors)):
-        g, off = offsets.get(i, (-1, 0))
-        stride = list(t.stride()) if isinstance(leaf.value, torch.Tensor) and i not in own \
-            else _contiguous_strides(t.shape)
-        slots.append([leaf.path, _kind(leaf.value), str(t.dtype).removeprefix("torch."),
-                      list(t.shape), stride, off, g])
-    return Layout(slots, groups, end), tensors
+        g, off, strides = placed.get(i, (-1, 0, _contiguous_strides(t.shape)))
+        slots.append([leaf.path, _kind(leaf.value), _name(t.dtype), list(t.shape), strides, off,
+                      g])
+        if g >= 0 and i not in spanned:
+            copies.append((i, slots[-1], t))
+    return Layout(slots, groups, end), copies
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _contiguous_strides(shape: torch.Size) -> list[int]:
@@ -137,32 +168,33 @@ def _view(region: torch.Tensor, slot: list[object]) -> torch.Tensor:
     return typed.as_strided(shape, stride, typed.storage_offset() + off)
 
 
-def copy_in(shape: Layout, tensors: list[torch.Tensor], memory: torch.Tensor,
+def copy_in(shape: Layout, copies: list[Copy], memory: torch.Tensor,
             rows: dict[int, torch.Tensor] | None = None) -> None:
-    """Copy ``tensors`` into ``memory`` (the file's bytes as uint8) where ``shape`` puts them;
-    of a leaf ``i`` in ``rows``, only those rows (the rest of its region holds them already)."""
-    for i, (slot, t) in enumerate(zip(shape.slots, tensors)):
-        if slot[6] < 0:
-            continue
-        start, nbytes = shape.groups[slot[6]]
-        dst = _view(memory[start:start + nbytes], slot)
+    """Make ``copies`` (:func:`layout`'s) into ``memory`` (the file's bytes as uint8); of a leaf
+    ``i`` in ``rows``, only those rows (the rest of its region holds them already)."""
+    for i, spec, source in copies:
+        start, nbytes = shape.groups[int(spec[6])]
+        dst = _view(memory[start:start + nbytes], spec)
         if rows is not None and i in rows:
             index = rows[i]
-            dst.index_copy_(0, index, t.index_select(0, index.to(t.device)).cpu())
+            dst.index_copy_(0, index, source.index_select(0, index.to(source.device)).cpu())
         else:
-            dst.copy_(t)
+            dst.copy_(source)
 
 
-def partial_rows(shape: Layout, tracked: dict[int, torch.Tensor], valid: set[int]
-                 ) -> dict[int, torch.Tensor]:
+def identity(leaf: Leaf, t: torch.Tensor) -> tuple[object, ...]:
+    """What a region's copy was made from: the same tensor again holds its values there."""
+    return (leaf.path, t.device.type, t.device.index, t.untyped_storage().data_ptr(),
+            t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+def partial_rows(copies: list[Copy], tracked: dict[int, torch.Tensor],
+                 same: set[int]) -> dict[int, torch.Tensor]:
     """Of the ``tracked`` leaves (index -> touched rows), those whose rows alone need copying:
-    their region already holds the rest (``valid``: leaves copied into this file before, nothing
-    loaded into them since) and every leaf over the same region is tracked too."""
-    members: dict[int, list[int]] = {}
-    for i, slot in enumerate(shape.slots):
-        members.setdefault(int(slot[6]), []).append(i)
-    return {i: r for i, r in tracked.items() if shape.slots[i][6] >= 0
-            and all(m in tracked and m in valid for m in members[int(shape.slots[i][6])])}
+    a region of their own (not a shared storage's span) that holds the same tensor's copy from
+    the last commit (``same``), so only what the tracker saw change is new."""
+    own = {i for i, _, _ in copies if i is not None}
+    return {i: r for i, r in tracked.items() if i in own and i in same}
 
 
 def _key(t: torch.Tensor) -> tuple[int, int, tuple[int, ...]]:
@@ -217,33 +249,41 @@ def leaves_in(shape: Layout, memory: mmap.mmap) -> list[Leaf]:
 
 
 class SharedFile:
-    """``nbytes`` of memory in a file another process can map (``/dev/shm`` where there is one):
-    every page reserved now, so a tmpfs too small for it fails here."""
+    """``nbytes`` of memory another process can map, every page reserved now (so too little
+    memory fails here, not with a SIGBUS later). On Linux an anonymous ``memfd``: no name is
+    ever left behind, whatever kills the process, and no tmpfs size applies; the persist process
+    opens it as ``/proc/<pid>/fd/<fd>`` while :meth:`unlink` has not closed it. Elsewhere a file
+    in the temporary folder, unlinked once both sides mapped it."""
 
-    def __init__(self, nbytes: int):
-        folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
-            else tempfile.gettempdir()
-        fd, self.path = tempfile.mkstemp(prefix="ckptstore-snapshot-", dir=folder)
+    def __init__(self, nbytes: int, named: bool = False):
         self.nbytes = max(nbytes, 1)
+        memfd = None if named else getattr(os, "memfd_create", None)
+        if memfd is not None:
+            self._fd = memfd("ckptstore-snapshot", os.MFD_CLOEXEC)
+            self.path, self._named = f"/proc/{os.getpid()}/fd/{self._fd}", False
+        else:  # not Linux, or a persist process that may not open another's descriptors
+            self._fd, self.path = tempfile.mkstemp(prefix="ckptstore-snapshot-")
+            self._named = True
         try:
             try:
-                os.posix_fallocate(fd, 0, self.nbytes)
+                os.posix_fallocate(self._fd, 0, self.nbytes)
             except OSError as e:
                 raise PersistProcessError(
-                    f"no room for a {self.nbytes}-byte snapshot in {folder} ({e.strerror}): "
-                    "make it larger (a container's --shm-size) or use background='thread'"
-                ) from None
-            self.map = mmap.mmap(fd, self.nbytes)
+                    f"no room for a {self.nbytes}-byte snapshot in shared memory "
+                    f"({e.strerror}): free memory, or use background='thread'") from None
+            self.map = mmap.mmap(self._fd, self.nbytes)
         except BaseException:
-            os.close(fd)
             self.unlink()
             raise
-        os.close(fd)
         self.memory = torch.frombuffer(self.map, dtype=torch.uint8)
 
     def unlink(self) -> None:
-        """Remove the file's name (the mappings stay until both sides drop them)."""
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        """Drop the way in (the name, the descriptor); both mappings stay."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._named:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass

@@ -39,6 +39,11 @@ MAX_FRAME = 1 << 30
 def write_frame(fd: int, message: object) -> None:
     """Send ``message`` (msgpack-able) as one frame on file descriptor ``fd``."""
     body = msgpack.packb(message, use_bin_type=True)
+    if len(body) > MAX_FRAME:
+        raise PersistProcessError(
+            f"a {len(body)}-byte message for the persist process (a state's tree and plain "
+            f"values take at most {MAX_FRAME}): keep large values in tensors, or use "
+            "background='thread'")
     view = memoryview(_HEADER.pack(len(body)) + body)
     while view:
         view = view[os.write(fd, view):]
@@ -99,13 +104,21 @@ def from_plain(data: object) -> object:
     raise PersistProcessError(f"not a configuration a persist process takes: {data!r:.200}")
 
 
-def error_to_plain(error: BaseException) -> dict[str, str]:
-    """An exception as ``{"type", "message"}`` (its class name and its text)."""
-    return {"type": type(error).__name__, "message": str(error)}
+#: the attributes of ckptstore's errors (and OSError's errno) that cross with them
+_ERROR_ATTRIBUTES = ("commit_id", "branch", "key", "errno", "path")
+
+
+def error_to_plain(error: BaseException) -> dict[str, object]:
+    """An exception as ``{"type", "message", "attrs"}``: its class name, its text and the plain
+    values of :data:`_ERROR_ATTRIBUTES` it has (``ConcurrentUpdateError.commit_id``, ...)."""
+    attrs = {k: getattr(error, k) for k in _ERROR_ATTRIBUTES
+             if isinstance(getattr(error, k, None), (str, int))}
+    return {"type": type(error).__name__, "message": str(error), "attrs": attrs}
 
 
 _BUILTIN_ERRORS: dict[str, type[BaseException]] = {c.__name__: c for c in (
-    ValueError, TypeError, KeyError, OSError, MemoryError, RuntimeError, FileNotFoundError)}
+    ValueError, TypeError, KeyError, OSError, MemoryError, RuntimeError, FileNotFoundError,
+    PermissionError)}
 
 
 def error_from_plain(data: object) -> BaseException:
@@ -118,7 +131,13 @@ def error_from_plain(data: object) -> BaseException:
     if isinstance(cls, type) and issubclass(cls, BaseException) and name in (
             errors.__all__ + list(_BUILTIN_ERRORS)):
         try:
-            return cls(message)
+            error = cls(message)
         except TypeError:  # pragma: no cover - every listed class takes a message
             pass
+        else:
+            attrs = data.get("attrs")
+            for k, v in (attrs.items() if isinstance(attrs, dict) else ()):
+                if k in _ERROR_ATTRIBUTES and isinstance(v, (str, int)):
+                    setattr(error, k, v)
+            return error
     return PersistProcessError(f"the persist process failed: {name}: {message}")

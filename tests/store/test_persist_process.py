@@ -258,8 +258,13 @@ def test_other_objects_and_forged_data_are_refused():
 
 
 def test_errors_cross_by_name():
-    back = wire.error_from_plain(wire.error_to_plain(ConcurrentUpdateError("moved")))
+    back = wire.error_from_plain(wire.error_to_plain(
+        ConcurrentUpdateError("moved", commit_id="abc", branch="main")))
     assert type(back) is ConcurrentUpdateError and str(back) == "moved"
+    assert (back.commit_id, back.branch) == ("abc", "main")  # what recovery needs
+    full = wire.error_from_plain(wire.error_to_plain(ckptstore.StorageFullError(
+        "full", key="data/x", errno=28)))
+    assert type(full) is ckptstore.StorageFullError and (full.key, full.errno) == ("data/x", 28)
     assert type(wire.error_from_plain(wire.error_to_plain(ValueError("v")))) is ValueError
     odd = wire.error_from_plain({"type": "ZeroDivisionError", "message": "x"})
     assert isinstance(odd, PersistProcessError) and "ZeroDivisionError: x" in str(odd)
@@ -341,8 +346,7 @@ def test_a_row_tracker_sends_its_rows_and_only_they_are_copied(tmp_path):
                 _train(model, opt, 3, seed=step)
                 s.commit({"model": model, "opt": opt}, tracker=tracker)
             if background == "process":
-                copied = s.committer._valid
-                assert copied  # the regions hold the values: the next copy is of rows alone
+                assert s.committer._copied  # the regions hold copies: next, rows alone
             outs.append(s.checkout())
             live = {"model": model.state_dict(), "opt": opt.state_dict()}
             assert_bit_exact(outs[-1]["model"], live["model"])  # never a stale row
@@ -362,7 +366,7 @@ def test_a_load_in_place_makes_the_next_copy_whole(tmp_path):
         _train(model, opt, 2, seed=1)
         store.commit({"model": model, "opt": opt}, tracker=tracker)
         store.checkout(first.id, into={"model": model, "opt": opt})
-        assert store.committer._valid == set()
+        assert store.committer._copied == {}
         _train(model, opt, 1, seed=2)
         third = store.commit({"model": model, "opt": opt}, tracker=tracker)
         assert_bit_exact(store.checkout(third.id)["model"], model.state_dict())
@@ -373,15 +377,57 @@ def test_only_the_touched_rows_of_a_tracked_region_are_copied():
     from ckptstore.state.tree import Leaf
     table, tied = torch.arange(40.0).view(10, 4), torch.zeros(3)
     leaves = [Leaf("table", table), Leaf("a", tied), Leaf("b", tied)]
-    shape, tensors = layout(leaves)
+    shape, copies = layout(leaves)
     memory = torch.full((shape.nbytes,), 0xFF, dtype=torch.uint8)
     rows = {0: torch.tensor([2, 7]), 1: torch.tensor([0])}
-    # only leaf 0: leaf 1 shares its region with untracked leaf 2; nothing before it was copied
-    assert partial_rows(shape, rows, valid=set()) == {}
-    picked = partial_rows(shape, rows, valid={0, 1, 2})
+    # only leaf 0: leaf 1 shares its storage's span with leaf 2; nothing copied before
+    assert partial_rows(copies, rows, same=set()) == {}
+    picked = partial_rows(copies, rows, same={0, 1, 2})
     assert list(picked) == [0]
-    copy_in(shape, tensors, memory, picked)
+    copy_in(shape, copies, memory, picked)
     start, nbytes = shape.groups[shape.slots[0][6]]
     got = memory[start:start + nbytes].view(torch.float32).view(10, 4)
     assert torch.equal(got[[2, 7]], table[[2, 7]])
     assert torch.isnan(got[[0, 1, 3]]).all()  # 0xFF bytes: left as they were
+
+
+def _strided_state() -> dict:
+    g = torch.Generator().manual_seed(3)
+    base, y = torch.randn(64, 64, generator=g), torch.randn(4, generator=g)
+    x = torch.randn(5, dtype=torch.complex64, generator=g)
+    return {"cols": base[:, ::3], "t": base.t(), "col": torch.randn(32, 32, generator=g)[:, 0],
+            "first": base[0], "last": base[-1], "y": y, "spread": y.expand(3, 4),
+            "f": np.asfortranarray(np.arange(12.0).reshape(3, 4)), "x": x, "xc": x.conj(),
+            "z": base[1], "zn": base[1]._neg_view()}
+
+
+def test_views_strides_and_lazy_views_are_stored_as_a_thread_stores_them(tmp_path):
+    """Views sharing a storage keep the span between them (copied once), a strided view alone
+    only its values, numpy keeps its order, conjugate and negative views their values."""
+    files, outs = [], []
+    for background in ("thread", "process"):
+        with ckptstore.open(tmp_path / background, background=background) as store:
+            store.commit(_strided_state())
+            outs.append(store.checkout())
+        files.append(_chunk_files(tmp_path / background))
+    assert files[0] == files[1]
+    for k, want in _strided_state().items():
+        a, b = outs[0][k], outs[1][k]
+        if isinstance(want, torch.Tensor):
+            want = want.resolve_conj().resolve_neg()
+            assert torch.equal(b, want) and a.stride() == b.stride(), k
+        else:
+            assert a.strides == b.strides == want.strides and np.array_equal(b, want), k
+
+
+def test_the_working_folder_is_not_the_persist_process_s_import_path(tmp_path, monkeypatch):
+    """A training script's folder may hold modules named like the library's (a `ckptstore`
+    checkout, a `numpy.py`): the persist process imports the store's own."""
+    fake = tmp_path / "cwd" / "ckptstore"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('the working folder was imported')\n")
+    monkeypatch.chdir(tmp_path / "cwd")
+    with ckptstore.open(tmp_path / "s", background="process") as store:
+        store.commit({"w": torch.randn(8)})
+        store.close()
+        store.close()  # twice: nothing more to do
