@@ -274,6 +274,7 @@ class ProcessCommitter(Committer):
                 lost[0].mark(value, rows)
         tracked = _tracked_rows(leaves, tracker)
         mapped = self._exchange.submit(self._memory, shape).result()
+        worker = self._worker  # the process that mapped it: the commit goes there, or fails
         made = {i: identity(leaves[i], src) for i, _, src in copies if i is not None}
         # rows alone where an increment may be stored and the region holds this tensor's copy
         same = {i for i, key in made.items() if self._copied.get(i) == key} \
@@ -292,7 +293,7 @@ class ProcessCommitter(Committer):
 
         def run() -> None:
             try:
-                answer = self._started().call(request)
+                answer = worker.call(request)
                 info, error = _info(answer), None
                 pending.progress.written = info.stored_bytes
             except BaseException as e:  # noqa: BLE001 - handed to the caller through wait()
