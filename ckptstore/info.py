@@ -51,6 +51,13 @@ class CommitInfo:
         d["time"] = self.time.isoformat()
         return d
 
+    @classmethod
+    def from_json(cls, d: object) -> CommitInfo:
+        """The inverse of :meth:`to_json`; ``TypeError``/``ValueError`` for anything else."""
+        if not isinstance(d, dict):
+            raise TypeError(f"a commit's info is a dict, not {type(d).__name__}")
+        return cls(**{**d, "time": _dt.datetime.fromisoformat(d["time"])})
+
 
 @dataclass
 class GCResult:

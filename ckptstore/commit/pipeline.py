@@ -123,17 +123,24 @@ class Pipeline:
         A policy with a restore-driven bit width is resolved here, after the wait for the
         previous commit (it lists the store's restore records: part of the stall)."""
         policy = self.resolve_bits(policy)
-        check_ref_name(branch, "branch")
-        tags = tag_names(tags)
-        check_tags_free(self.repo, tags)
-        metadata = plain_metadata(metadata, state)
-        check_text(message, "message")
+        tags, metadata = self.check_names(state, message, branch, tags, metadata)
         tree, leaves = flatten(state)
         tip = self.repo.refs.tip(branch)
         parent = self.repo.manifest(tip[1]) if tip else None
         plan, gradients = self._plan(leaves, policy, branch, parent, tracker)
         return CommitJob(branch, tags, message, metadata, tree, plan, tip, parent, tracker,
                          policy.shrink, gradients)
+
+    def check_names(self, state: object, message: str, branch: str,
+                    tags: str | Sequence[str], metadata: Metadata | None
+                    ) -> tuple[tuple[str, ...], Metadata]:
+        """A commit's names checked before anything is copied (the branch, tags free, the
+        message): its tags and its plain metadata (``step``/``epoch`` of a dict state added)."""
+        check_ref_name(branch, "branch")
+        tags = tag_names(tags)
+        check_tags_free(self.repo, tags)
+        check_text(message, "message")
+        return tags, plain_metadata(metadata, state)
 
     def fork(self, rank: int, leaves: list[Leaf], policy: Policy, branch: str,
              parent_id: str | None, tracker: RowTracker | None, array_prefix: str,

@@ -19,7 +19,6 @@ a load in place copies it whole). Not taken by a persist process (refused with
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import signal
 import subprocess
@@ -34,19 +33,17 @@ from typing import Any
 import torch
 
 from ..errors import PersistProcessError, StagingBudgetError
-from ..format.layout import check_ref_name
 from ..info import CommitInfo
 from ..policy import Policy
 from ..tracking.rows import RowTracker
 from .committer import Committer
 from .pending import PendingCommit
-from .pipeline import Metadata, plain_metadata
+from .pipeline import Metadata
 from .plan import EncodingOptions
-from .publish import check_tags_free, tag_names
 from .shared import Layout, SharedFile, copy_in, identity, layout, partial_rows
 from .wire import error_from_plain, read_frame, to_plain, write_frame
 from ..history.repository import Repository
-from ..state.tree import Leaf, check_text, flatten
+from ..state.tree import Leaf, flatten
 
 __all__ = ["ProcessCommitter", "WorkerSpec", "committer_for"]
 
@@ -260,11 +257,7 @@ class ProcessCommitter(Committer):
         the commit to the persist process; its answer finishes the returned handle."""
         t0 = time.perf_counter()
         self.wait()
-        check_ref_name(branch, "branch")
-        tags = tag_names(tags)
-        check_tags_free(self.repo, tags)
-        metadata = plain_metadata(metadata, state)
-        check_text(message, "message")
+        tags, metadata = self.check_names(state, message, branch, tags, metadata)
         plain_policy = to_plain(policy, "policy")
         tree, leaves = flatten(state)
         shape, copies = layout(leaves)
@@ -361,13 +354,9 @@ def _tracked_rows(leaves: list[Leaf], tracker: RowTracker | None) -> dict[int, t
 
 
 def _info(answer: object) -> CommitInfo:
-    """The persist process's commit as a :class:`CommitInfo`."""
-    if not isinstance(answer, dict):
-        raise PersistProcessError(f"the persist process answered {answer!r:.200}")
+    """The persist process's commit (its ``CommitInfo.to_json()``) as a :class:`CommitInfo`."""
     try:
-        fields = dict(answer)
-        fields["time"] = _dt.datetime.fromisoformat(fields["time"])
-        return CommitInfo(**fields)
+        return CommitInfo.from_json(answer)
     except (KeyError, TypeError, ValueError) as e:
         raise PersistProcessError(f"the persist process answered {answer!r:.200}") from e
 
