@@ -13,6 +13,7 @@ belong to the commit that took it (the staging pool reuses them only for the nex
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -156,20 +157,22 @@ def snapshot(plan: CommitPlan, placements: Mapping[int, Placement],
         packed = (np.zeros(plan.packed_nbytes, dtype=np.uint8) if pool is None
                   else pool.packed(plan.packed_nbytes))
     items: dict[int, Captured] = {}
-    events: list[Event] = []
+    events: dict[Event, None] = {}  # in order, once each (a batch's copies share one)
     gather = _DevicePacker(pool, plan.packed_nbytes)
-    for p in plan.stored():
-        where = placements[p.index]
-        if isinstance(p, PackedItem):
-            if p.nbytes and not (where.capture is Capture.STAGE and gather.add(p)):
-                host = tensor_to_host(p.source)
-                packed[p.offset: p.offset + p.nbytes] = host.reshape(-1).view(np.uint8)
-            continue
-        assert isinstance(p, ArrayItem)
-        items[p.index], event = _CAPTURE[where.capture](p, where, pool)
-        if event is not None:
-            events.append(event)
-    events += gather.done()
+    # a pool's CUDA copies go in one batch: one stream wait and one event a device
+    with pool.side.batch() if pool is not None else nullcontext():
+        for p in plan.stored():
+            where = placements[p.index]
+            if isinstance(p, PackedItem):
+                if p.nbytes and not (where.capture is Capture.STAGE and gather.add(p)):
+                    host = tensor_to_host(p.source)
+                    packed[p.offset: p.offset + p.nbytes] = host.reshape(-1).view(np.uint8)
+                continue
+            assert isinstance(p, ArrayItem)
+            items[p.index], event = _CAPTURE[where.capture](p, where, pool)
+            if event is not None:
+                events[event] = None
+        events.update(dict.fromkeys(gather.done()))
     if pool is not None:
         pool.release_unused()  # buffers of tensors that changed shape or left the state
     return Snapshot(items, packed, tuple(events), gather.buffer if gather.ranges else None,
@@ -228,6 +231,7 @@ class _DevicePacker:
         self.buffer: torch.Tensor | None = None
         self.no_room = False
         self.ranges: list[tuple[int, int]] = []
+        self.copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (byte range, tensor)
 
     def add(self, p: PackedItem) -> bool:
         """Copy ``p``'s bits into the device buffer; False when it must be packed on the host."""
@@ -239,12 +243,15 @@ class _DevicePacker:
             self.no_room = self.buffer is None
             if self.buffer is None:
                 return False
-        self.pool.stage_bytes(self.buffer[p.offset: p.offset + p.nbytes], p.source)
+        self.copies.append((self.buffer[p.offset: p.offset + p.nbytes], p.source))
         self.ranges.append((p.offset, p.nbytes))
         return True
 
     def done(self) -> list[Event]:
-        """The event after the gathering copies (none when nothing was gathered)."""
+        """Queue the gathering copies, all at once; the event after them (none when nothing
+        was gathered)."""
         if self.buffer is None or not self.ranges:
             return []
+        assert self.pool is not None
+        self.pool.stage_bytes(self.copies)
         return [self.pool.record_side_stream(self.buffer.device)]

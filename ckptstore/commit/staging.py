@@ -14,7 +14,7 @@ to the host.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,7 @@ import torch
 
 from ..device.memory import DEVICE_FREE_FLOOR, allocate_if_room
 from ..format.arrays import bit_view_dtype, is_bit_view, storage_dtype, tensor_to_host
+from .sidestream import SideStreams
 
 __all__ = ["DEVICE_FREE_FLOOR", "PACKED_KEY", "Buffer", "StagingPool"]
 
@@ -56,7 +57,7 @@ class StagingPool:
         self._buffers: dict[tuple[object, ...], Buffer] = {}
         self._used: set[tuple[object, ...]] = set()
         self._lock = threading.Lock()
-        self._streams: dict[int, Any] = {}  # the snapshot's side stream of each device
+        self.side = SideStreams()           # the snapshot's side stream of each device
         self._d2h: dict[int, Any] = {}      # the persist thread's device-to-host copy streams
 
     def begin(self) -> None:
@@ -155,7 +156,7 @@ class StagingPool:
         if t.device.type != "cuda":
             buf.copy_(t)
             return buf, None
-        return buf, self._copy_on_side_stream(buf, t)
+        return buf, self.side.enqueue(t, lambda: buf.copy_(t, non_blocking=True))
 
     def reserve_device(self, key: str, t: torch.Tensor) -> int:
         """Allocate ahead of the first commit the device buffer :meth:`stage_device` copies
@@ -212,16 +213,10 @@ class StagingPool:
         index = torch.from_numpy(rows.astype(np.int64, copy=False))
         event = None
         if cuda:
-            stream = self._side_stream(t.device)
-            current = torch.cuda.current_stream(t.device)
-            stream.wait_stream(current)
-            with torch.cuda.stream(stream):
-                gathered = t.index_select(0, index.to(t.device, non_blocking=True))
-                dst.copy_(gathered, non_blocking=True)
-                event = torch.cuda.Event(blocking=True)
-                event.record(stream)
-            t.record_stream(stream)
-            current.wait_stream(stream)
+            def gather() -> None:  # on the side stream, the index's upload too
+                dst.copy_(t.index_select(0, index.to(t.device)), non_blocking=True)
+
+            event = self.side.enqueue(t, gather)
         else:
             torch.index_select(t, 0, index, out=dst)
         host = dst.view(bit_view_dtype(t.dtype)) if is_bit_view(t.dtype) else dst
@@ -242,33 +237,36 @@ class StagingPool:
             buf = self._buffer(k, lambda: new)
         else:
             buf = self._buffer(k, lambda: torch.empty(nbytes, dtype=torch.uint8, device=device))
-        stream = self._side_stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            buf.zero_()
+        self.side.enqueue(buf, buf.zero_)
         return buf
 
-    def stage_bytes(self, dst: torch.Tensor, t: torch.Tensor) -> None:
-        """Copy the bits of CUDA tensor ``t`` (C order) into the byte range ``dst`` of a
-        :meth:`packed_device` buffer, on the side stream; training's stream waits for it on the
-        GPU. :meth:`record_side_stream` marks the end of such copies."""
-        t = t.detach()
-        if t.is_conj():
-            t = t.resolve_conj()
-        if t.is_neg():
-            t = t.resolve_neg()
-        stream = self._side_stream(t.device)
-        current = torch.cuda.current_stream(t.device)
-        stream.wait_stream(current)
-        with torch.cuda.stream(stream):
-            dst.copy_(t.contiguous().reshape(-1).view(torch.uint8))
-        t.record_stream(stream)
-        current.wait_stream(stream)
+    def stage_bytes(self, copies: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Copy the bits of CUDA tensors (C order) into byte ranges of a :meth:`packed_device`
+        buffer, ``(range, tensor)`` pairs of one device, in one multi-tensor copy on the side
+        stream (a launch for all: a transformer has hundreds of biases and norms); training's
+        stream waits for it on the GPU. :meth:`record_side_stream` marks the end of such
+        copies."""
+        if not copies:
+            return
+        sources = [t.detach() for _, t in copies]
+        dsts = [dst for dst, _ in copies]
+
+        def gather() -> None:  # on the side stream, the views' own copies (if any) too
+            flat = [t.resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
+                    for t in sources]
+            copy_all = getattr(torch, "_foreach_copy_", None)  # a private name: kept optional
+            if copy_all is not None:
+                copy_all(dsts, flat)
+            else:
+                for dst, src in zip(dsts, flat):
+                    dst.copy_(src)
+
+        self.side.enqueue(sources, gather)
 
     def record_side_stream(self, device: torch.device) -> torch.cuda.Event:
         """An event after every copy queued so far on the side stream of ``device``."""
         event = torch.cuda.Event(blocking=True)
-        event.record(self._side_stream(device))
+        event.record(self.side.stream(device))
         return event
 
     def to_host(self, key: str, t: torch.Tensor) -> np.ndarray:
@@ -329,28 +327,9 @@ class StagingPool:
         storage_dtype(t.dtype)
         pinned = self._buffer(("cuda", key, tuple(t.shape), t.dtype),
                               lambda: torch.empty(t.shape, dtype=t.dtype, pin_memory=True))
-        event = self._copy_on_side_stream(pinned, t)
+        event = self.side.enqueue(t, lambda: pinned.copy_(t, non_blocking=True))
         host = pinned.view(bit_view_dtype(t.dtype)) if is_bit_view(t.dtype) else pinned
         return host.numpy(), event
-
-    def _copy_on_side_stream(self, dst: torch.Tensor, t: torch.Tensor) -> torch.cuda.Event:
-        """``dst.copy_(t)`` on the side stream, after what training queued so far; training's
-        later kernels wait for it on the GPU (not on the CPU). Returns the copy's event."""
-        stream = self._side_stream(t.device)
-        current = torch.cuda.current_stream(t.device)
-        stream.wait_stream(current)                # copy what training computed so far
-        with torch.cuda.stream(stream):
-            dst.copy_(t, non_blocking=True)
-            event = torch.cuda.Event(blocking=True)
-            event.record(stream)
-        t.record_stream(stream)
-        current.wait_stream(stream)                # later kernels wait for the copy (on the GPU)
-        return event
-
-    def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
-        """The snapshot's side stream of ``device`` (``torch.cuda.stream(s)`` sets the current
-        stream of ``s``'s own device only: a tensor on another GPU needs a stream there)."""
-        return self._stream_of(self._streams, device)
 
     def _stream_of(self, streams: dict[int, Any], device: torch.device) -> torch.cuda.Stream:
         index = device.index if device.index is not None else torch.cuda.current_device()

@@ -51,10 +51,13 @@ def wants_device_decode(map_location: torch.device | str | None) -> bool:
 
 
 def dequantize_on_device(codes: np.ndarray | PackedCodes, p: QuantParams,
-                         device: torch.device | str) -> torch.Tensor:
+                         device: torch.device | str,
+                         checks: list[torch.Tensor] | None = None) -> torch.Tensor:
     """The values of a chunk's ``codes`` (flat uint8, or still packed: unpacked on the device)
     as a flat tensor of the chunk's dtype on ``device``, bit for bit those of
-    :func:`ckptcodecs.dequantize`; ValueError for codes the parameters do not allow."""
+    :func:`ckptcodecs.dequantize`; ValueError for codes the parameters do not allow. With
+    ``checks``, the level check is appended there as a device flag (true: a code is out of
+    range) for the caller to read once its stream is done, instead of a sync here."""
     from ckptcodecs.floats import from_bf16_bits, from_float
 
     work = _WORK.get(p.dtype, torch.float32)
@@ -62,26 +65,37 @@ def dequantize_on_device(codes: np.ndarray | PackedCodes, p: QuantParams,
         if (codes.bits, codes.count) != (p.bits, p.count):
             raise ValueError(f"{codes.count} codes of {codes.bits} bits for parameters of "
                              f"{p.count} of {p.bits}")
-        c = unpack_on_device(torch.from_numpy(np.ascontiguousarray(codes.data)).to(device),
-                             p.bits, p.count)
+        data = _upload(codes.data, device)
+        c = data[: p.count].long() if p.bits == 8 else unpack_on_device(data, p.bits, p.count)
     else:
-        c = torch.from_numpy(np.ascontiguousarray(codes, dtype=np.uint8)).to(device).long()
+        c = _upload(np.asarray(codes, dtype=np.uint8), device).long()
     if c.numel() != p.count:
         raise ValueError(f"got {c.numel()} codes for parameters of {p.count} values")
-    if p.count and int(c.max()) >= p.levels:
-        raise ValueError("a code is outside the level range")
-    seg = torch.arange(p.count, device=device) // max(p.seg_len, 1)
+    if p.count:
+        bad = c.max() >= p.levels  # on the device: no sync unless the caller has no list
+        if checks is not None:
+            checks.append(bad)
+        elif bool(bad):
+            raise ValueError(LEVEL_RANGE)
+    length = max(p.seg_len, 1)
+    nseg = -(-p.count // length)
     level = c < p.nq  # int64: nq may be 256
     ci = torch.where(level, c, 0)
     if p.method == "kmeans":
         book = torch.from_numpy(np.ascontiguousarray(p.codebook)).to(device)
+        seg = torch.arange(p.count, device=device) // length
         vals = book[seg, ci].to(work) if book.numel() else torch.zeros(p.count, dtype=work,
                                                                         device=device)
     else:
         lim = _FINITE_LIMIT.get(p.dtype, float(torch.finfo(work).max))
-        z = torch.from_numpy(np.asarray(p.zero, np.float64)).to(device)[seg]
-        s = torch.from_numpy(np.asarray(p.scale, np.float64)).to(device)[seg]
-        vals = (z + s * ci.double()).clamp_(-lim, lim).to(work)
+        z, s = (np.asarray(v, np.float64).reshape(-1) for v in (p.zero, p.scale))
+        if min(z.size, s.size) < nseg:
+            raise ValueError(f"{min(z.size, s.size)} segment parameters for {nseg} segments")
+        # each segment's values at once (zero + scale * code, the host's two float64 steps)
+        z = torch.from_numpy(z[:nseg]).to(device)[:, None]
+        s = torch.from_numpy(s[:nseg]).to(device)[:, None]
+        grid = torch.nn.functional.pad(ci, (0, nseg * length - p.count)).view(nseg, length)
+        vals = (z + s * grid.double()).clamp_(-lim, lim).reshape(-1)[: p.count].to(work)
     vals = torch.where(level, vals, torch.zeros((), dtype=work, device=device))
     out = _cast(vals, p.dtype)
     if p.protected.size:
@@ -95,6 +109,16 @@ def dequantize_on_device(codes: np.ndarray | PackedCodes, p: QuantParams,
         out[where] = torch.from_numpy(prot).view(dtype).to(device) if p.dtype == "bfloat16" \
             else torch.from_numpy(prot).to(device)
     return out
+
+
+#: the error of codes at or above the parameters' level count
+LEVEL_RANGE = "a code is outside the level range"
+
+
+def _upload(data: np.ndarray, device: torch.device | str) -> torch.Tensor:
+    """Host uint8 bytes as a tensor on ``device`` (asynchronous from pinned memory: the
+    caller's stream orders it; a CPU device shares the array)."""
+    return torch.from_numpy(np.ascontiguousarray(data, dtype=np.uint8)).to(device)
 
 
 def _cast(vals: torch.Tensor, name: str) -> torch.Tensor:
@@ -129,9 +153,10 @@ def start_read_to_device(grid: ChunkGrid, dtype: str, codes_of: ChunkCodesOf,
         stream = worker_stream(out.device)  # the worker's own: it waits for its chunks only
         if stream is not None:
             stream.wait_stream(caller)
+        checks: list[torch.Tensor] = []
         with _on(stream):
             try:
-                vals = dequantize_on_device(codes, params, device)
+                vals = dequantize_on_device(codes, params, device, checks)
             except ValueError as e:
                 raise CorruptedChunkError(f"chunk {where} does not decode: {e}", where) from e
             if grid.shape:
@@ -142,6 +167,8 @@ def start_read_to_device(grid: ChunkGrid, dtype: str, codes_of: ChunkCodesOf,
                 done = torch.cuda.Event(blocking=True)
                 done.record(stream)
                 done.synchronize()
+        if any(bool(bad) for bad in checks):  # read once the stream is done: no extra sync
+            raise CorruptedChunkError(f"chunk {where} does not decode: {LEVEL_RANGE}", where)
 
     futures = [executor.submit(get_chunk, key, lo, hi) for _, key, lo, hi in grid] \
         if out.numel() else []

@@ -220,8 +220,10 @@ def test_cuda_snapshot_is_captured(store):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_reserve_pins_the_buffers_ahead(store):
+    """The pinned host buffer and, the GPU having room, the device snapshot's buffer."""
     w = torch.randn(1_000_000, device="cuda")
-    assert store.reserve({"w": w}).result() == w.numel() * 4
+    assert store.reserve({"w": w}).result() == 2 * w.numel() * 4
+    assert (store.staging_bytes, store.staging_device_bytes) == (w.numel() * 4, w.numel() * 4)
     held = store.staging_bytes
     expected = w.cpu()
     info = store.commit_async({"w": w}).wait()

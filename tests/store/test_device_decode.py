@@ -73,6 +73,10 @@ def test_packed_codes_are_checked_on_the_device():
         dequantize_on_device(PackedCodes(pack_bits(bad, 3), 64, 3), params, "cpu")
     with pytest.raises(ValueError, match="codes of 3 bits"):
         dequantize_on_device(PackedCodes(pack_bits(codes, 3), 63, 3), params, "cpu")
+    checks: list[torch.Tensor] = []  # deferred: the flag is read once the chunk's stream is done
+    dequantize_on_device(PackedCodes(pack_bits(bad, 3), 64, 3), params, "cpu", checks)
+    dequantize_on_device(packed, params, "cpu", checks)
+    assert [bool(b) for b in checks] == [True, False]
 
 
 def test_only_accelerators_decode_on_the_device():
