@@ -63,18 +63,21 @@ def test_every_not_run_marker_stands_before_a_python_block() -> None:
         assert markers == sum(why is not None for _, why in _blocks(page)), page.name
 
 
-NOT_ON_GPU = "tested with CPU tensors; not yet measured on a GPU"
+ON_GPU = "measured on an H100"
 
 
 def test_gpu_claims_say_where_they_were_measured() -> None:
-    # issue 26 item 22: the GPU path has run only on CPU tensors; README's GPU bullet and the GPU
-    # part of docs/async.md say so until a GPU run is recorded in docs/lab/notebook.md
+    # issues 26 (item 22) and 30: README's GPU bullet and the GPU part of docs/async.md say
+    # where the GPU path was measured, and link the figures
     readme = (DOCS.parent / "README.md").read_text()
     bullet = readme[readme.index("- **GPU training**"):]
-    assert NOT_ON_GPU in " ".join(bullet[:bullet.index("\n- **")].split())
+    bullet = " ".join(bullet[:bullet.index("\n- **")].split())
+    assert ON_GPU in bullet and "benchmarks.md#the-gpu-writer-on-an-h100" in bullet
     async_page = (DOCS / "async.md").read_text()
     gpu_part = async_page.index("**Snapshot into spare GPU memory**")
-    assert NOT_ON_GPU in " ".join(async_page[gpu_part - 1000:gpu_part].split())
+    before = " ".join(async_page[gpu_part - 2500:gpu_part].split())
+    assert "The GPU path, measured on an H100" in before
+    assert "lab/notebook.md#the-gpu-writer-on-an-h100" in before
 
 
 NOTEBOOK = DOCS / "lab" / "notebook.md"
