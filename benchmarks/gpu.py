@@ -1,9 +1,9 @@
-"""The GPU writer side by side (issue 11): training slowdown, stall and host staging of
+"""The GPU writer side by side (issues 11 and 30): training slowdown, stall and host staging of
 asynchronous checkpoints of a transformer's training state, and restores straight to the GPU.
 
 Usage::
 
-    python benchmarks/gpu.py                        # on a CUDA machine (2.6 GB, ~4 minutes on an H100)
+    python benchmarks/gpu.py               # on a CUDA machine (2.6 GB, ~4 minutes on an H100)
     python benchmarks/gpu.py --layers 26 --width 1536 --first-commit   # the 8.8 GB state
     python benchmarks/gpu.py --device cpu --layers 2 --width 128 --every 4 --checkpoints 2  # smoke
 
@@ -12,15 +12,19 @@ What is measured
 * The state: a ``--layers`` x ``--width`` transformer encoder (fp32 weights, bf16 autocast on
   CUDA) and its AdamW moments -- 12 bytes a parameter (2.6 GB for 12 x 1216, 0.85 GB of weights;
   8.8 GB for 26 x 1536).
-* Training: random token batches; a checkpoint every ``--every`` steps (default: the steps of
-  ``--every-seconds``, measured after a warm-up), ``--checkpoints`` of them a run.
-  The slowdown of each configuration is its wall time over the time without checkpoints (the
-  last checkpoint's persist is waited for inside the timed run). Configurations, in one run,
-  interleaved round by round:
+* Training: random token batches; a checkpoint at the start of every ``--every`` steps
+  (default: the steps of ``--every-seconds``, measured after a warm-up), ``--checkpoints`` of
+  them a run, so every interval holds one checkpoint whose persist overlaps its steps, as in a
+  long run (a persist slower than the interval shows as the next checkpoint's stall). The
+  slowdown of each configuration is its time to the last step over the time without
+  checkpoints; the drain (waiting for the last persist after it) is printed apart. Also the
+  run's time over the bare copy's; the ratio of slowdowns only where the bare copy's is above 2 %
+  of the run (below, it is noise). Configurations, in one run, interleaved round by round:
 
   - ``bare copy``: every tensor copied into preallocated pinned buffers on a side stream (what
     any asynchronous checkpoint must at least do);
-  - ``commit_async`` lossless (the default byte planes);
+  - ``commit_async`` lossless (the default byte planes), and the same with the snapshot in
+    pinned host memory (``device_encode="off"``: a GPU without room for it);
   - ``commit_async`` 8-bit uniform and 4-bit adaptive, quantized on the GPU
     (``device_encode="auto"``, the default) and, for comparison, on the host
     (``device_encode="off"``: the whole state crosses PCIe at full precision first);
@@ -38,7 +42,9 @@ What is measured
   pinned host memory (``"off"``). Goal (issue 30): the first at most 2x the next.
 * Restore to the GPU of the model's weights: ``torch.load`` + ``.cuda()`` of a ``torch.save``
   file against ``store.checkout(ref, map_location=device)`` of a lossless, 8-bit and 4-bit
-  commit (quantized commits are dequantized on the GPU, :mod:`ckptstore.device.decode`), medians.
+  commit (quantized commits are dequantized on the GPU, :mod:`ckptstore.device.decode`),
+  medians; with ``--profile-restore``, the 8-bit checkout's time split between its host part
+  and its device part, summed over its threads.
 
 Goals (issues 11 and 30): every policy at most 1.1x the bare copy's slowdown; the stall at most
 5 ms with the snapshot in spare device memory, else at most 1.2x the bare copy's; restore to the
@@ -473,8 +479,8 @@ def slowdown_table(tr: Trainer, configs: dict[str, Factory], steps: int, every: 
                        else ["–", "–"]),
                      "–" if name == "none" else f"{statistics.median(r[3] for r in rs):.2f}"])
     return (["configuration", "seconds", "slowdown", "slowdown / bare copy's",
-             "time / bare copy's", "median stall ms", "stall / bare copy's", "host staging", "device staging",
-             "drain s"], rows, "lrrrrrrrrr")
+             "time / bare copy's", "median stall ms", "stall / bare copy's", "host staging",
+             "device staging", "drain s"], rows, "lrrrrrrrrr")
 
 
 if __name__ == "__main__":

@@ -52,12 +52,15 @@ _STORAGE: dict[torch.dtype, str] = {
     getattr(torch, name): np_name for name, np_name in STORAGE.items()
     if isinstance(getattr(torch, name, None), torch.dtype)}
 _BY_NAME = {str(d).removeprefix("torch."): d for d in _STORAGE}
+_NAMES = {d: name for name, d in _BY_NAME.items()}
+_NUMPY = {d: np.dtype(np_name) for d, np_name in _STORAGE.items()}  # made once: asked per tensor
 _VIEW = {"uint8": torch.uint8, "uint16": torch.uint16, "uint32": torch.uint32}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.float32`` -> ``"float32"``."""
-    return str(dtype).removeprefix("torch.")
+    name = _NAMES.get(dtype)
+    return name if name is not None else str(dtype).removeprefix("torch.")
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -71,7 +74,7 @@ def torch_dtype(name: str) -> torch.dtype:
 def storage_dtype(dtype: torch.dtype) -> np.dtype:
     """The numpy dtype whose bits hold a torch dtype."""
     try:
-        return np.dtype(_STORAGE[dtype])
+        return _NUMPY[dtype]
     except KeyError:
         raise UnsupportedLeafError(f"tensors of dtype {dtype} cannot be stored") from None
 

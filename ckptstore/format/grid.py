@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,22 @@ def allocatable(shape: Sequence[int], itemsize: int) -> bool:
     return itemsize * math.prod(d for d in shape if d) <= _MAX_BYTES
 
 
+@functools.lru_cache(maxsize=4096)  # a commit asks per tensor; states repeat their shapes
+def _grid_for(cls: type[ChunkGrid], shape: tuple[int, ...], itemsize: int,
+              target_bytes: int) -> ChunkGrid:
+    if len(shape) == 0:
+        return cls((), ())
+    rows = max(shape[0], 1)
+    row_bytes = max(itemsize * math.prod(shape[1:]), 1)
+    n = max(1, math.ceil(rows * row_bytes / target_bytes))
+    per = math.ceil(rows / n)
+    if rows % per:  # a few more chunks that split the rows evenly: no padded edge chunk
+        even = next((m for m in range(n + 1, min(2 * n, n + 64) + 1) if rows % m == 0), None)
+        if even is not None:
+            per = rows // even
+    return cls(shape, (per, *(max(s, 1) for s in shape[1:])))
+
+
 @dataclass(frozen=True)
 class ChunkGrid:
     """Regular chunking along the first dimension."""
@@ -37,17 +54,7 @@ class ChunkGrid:
     @classmethod
     def for_array(cls, shape: tuple[int, ...], itemsize: int,
                   target_bytes: int = CHUNK_BYTES) -> ChunkGrid:
-        if len(shape) == 0:
-            return cls((), ())
-        rows = max(shape[0], 1)
-        row_bytes = max(itemsize * math.prod(shape[1:]), 1)
-        n = max(1, math.ceil(rows * row_bytes / target_bytes))
-        per = math.ceil(rows / n)
-        if rows % per:  # a few more chunks that split the rows evenly: no padded edge chunk
-            even = next((m for m in range(n + 1, min(2 * n, n + 64) + 1) if rows % m == 0), None)
-            if even is not None:
-                per = rows // even
-        return cls(tuple(shape), (per, *(max(s, 1) for s in shape[1:])))
+        return _grid_for(cls, tuple(shape), itemsize, target_bytes)
 
     @classmethod
     def checked(cls, shape: list[int], chunks: list[int] | None) -> ChunkGrid:
