@@ -131,3 +131,15 @@ def spins_during(call: Callable[[], object]) -> int:
     finally:
         done.set()
         t.join()
+
+
+def chunk_files(store: Any, root: Any) -> dict[str, bytes]:
+    """Every chunk file of the local store at ``root`` by its path under ``data/``, the commit id
+    replaced by its position in the history (stores that made the same commits compare equal)."""
+    position = {info.id: n for n, info in enumerate(reversed(store.log()))}
+    out = {}
+    for f in sorted((root / "data").rglob("*")):
+        if f.is_file():
+            commit, *rest = f.relative_to(root / "data").parts
+            out["/".join([str(position[commit]), *rest])] = f.read_bytes()
+    return out

@@ -6,13 +6,13 @@ test_placement), and these tests are skipped."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import ckptstore
+from helpers import chunk_files
 from ckptstore import EncodingOptions, Policy, QuantSpec
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -40,17 +40,6 @@ def _state(step: int, dtype: torch.dtype = torch.float32) -> dict:
 
 def _cuda(state: dict) -> dict:
     return {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
-
-
-def _chunks(root: Path, store: ckptstore.Store) -> dict[str, bytes]:
-    """Every chunk file of the store by its path, the commit id replaced by its position."""
-    position = {info.id: n for n, info in enumerate(reversed(store.log()))}
-    out = {}
-    for f in sorted((root / "data").rglob("*")):
-        if f.is_file():
-            commit, *rest = f.relative_to(root / "data").parts
-            out["/".join([str(position[commit]), *rest])] = f.read_bytes()
-    return out
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -85,7 +74,8 @@ def test_cuda_commits_equal_the_host_commits(tmp_path, name, asynchronous):
         for mode, store in stores.items():
             s = _cuda(state) if mode == "auto" else state
             (store.commit_async(s).wait() if asynchronous else store.commit(s))
-    assert _chunks(tmp_path / "auto", stores["auto"]) == _chunks(tmp_path / "off", stores["off"])
+    assert chunk_files(stores["auto"], tmp_path / "auto") == chunk_files(stores["off"],
+                                                                         tmp_path / "off")
     got, want = (stores[m].checkout("main") for m in ("auto", "off"))
     for k, v in want.items():
         assert _same_bits(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v, k
@@ -243,8 +233,8 @@ def test_a_persist_process_stores_the_threads_bytes(tmp_path):
         state = _cuda(_state(step))
         for store in stores.values():
             store.commit_async(state).wait()
-    assert _chunks(tmp_path / "process", stores["process"]) == _chunks(tmp_path / "thread",
-                                                                       stores["thread"])
+    assert chunk_files(stores["process"], tmp_path / "process") == chunk_files(
+        stores["thread"], tmp_path / "thread")
     for store in stores.values():
         store.close()
 

@@ -6,13 +6,13 @@ runs the very same code on CPU tensors, and every test compares it with the host
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import ckptstore
+from helpers import chunk_files
 from ckptcodecs import quantize
 from ckptstore import EncodingOptions, Policy, QuantSpec
 from ckptstore.commit.placement import device_items
@@ -219,17 +219,6 @@ def _state(seed: int = 0) -> dict:
             "small": torch.randn(10, generator=g), "step": 3}
 
 
-def _chunks(store: ckptstore.Store, root: Path) -> dict[str, bytes]:
-    """Every chunk file of the store by its path, the commit id replaced by its position."""
-    position = {info.id: n for n, info in enumerate(reversed(store.log()))}
-    out = {}
-    for f in sorted((root / "data").rglob("*")):
-        if f.is_file():
-            commit, *rest = f.relative_to(root / "data").parts
-            out["/".join([str(position[commit]), *rest])] = f.read_bytes()
-    return out
-
-
 SPECS = [QuantSpec("uniform-asymmetric", 4), QuantSpec("uniform-symmetric", 8, "tensor"),
          QuantSpec("uniform-asymmetric", 3, "group", group_size=100, entropy=False),
          QuantSpec(bits=4),  # "auto" (adaptive): "small" (10 values a row) searched on the host
@@ -266,7 +255,7 @@ def test_device_encoded_commits_store_the_host_paths_chunks(tmp_path, monkeypatc
             else:
                 store.commit(state, policy=policy)
         assert store.verify().ok
-        stored[mode] = (_chunks(store, tmp_path / mode), store.checkout("main"))
+        stored[mode] = (chunk_files(store, tmp_path / mode), store.checkout("main"))
     # every quantized tensor of the three commits went through the device path
     dtypes = [torch.float32, torch.bfloat16, torch.float32, torch.float16]
     if spec.resolved_method not in ("adaptive-asymmetric", "kmeans"):
@@ -318,7 +307,7 @@ def test_cuda_commit_equals_the_cpu_commit(tmp_path):
     for name, mode, s in (("gpu", "auto", state), ("cpu", "off", cpu)):
         store = ckptstore.open(tmp_path / name, options=EncodingOptions(device_encode=mode))
         store.commit_async(s, policy=policy).wait()
-        chunks.append(_chunks(store, tmp_path / name))
+        chunks.append(chunk_files(store, tmp_path / name))
         store.close()
     assert chunks[0] == chunks[1]
 
@@ -351,14 +340,14 @@ def test_device_staging_buffers_are_reused_across_commits(tmp_path):
             kept.append({k: id(b) for k, b in store._committer.staging._buffers.items()})
         out = store.checkout("main")
         assert torch.equal(out["a"], state["a"]) and torch.equal(out["bias"], state["bias"])
-        assert _chunks(store, tmp_path / mode).keys()
+        assert chunk_files(store, tmp_path / mode).keys()
     assert kept[0] == kept[1] == kept[2]  # "always": no buffer made twice
     assert {k[0] for k in kept[0]} == {"cpu", "device", "packed"}
     # "q" is quantized where it was staged: it holds no host buffer
     assert {k[1] for k in kept[0] if k[0] == "cpu"} == {"a"}
     assert {k[0] for k in kept[3]} == {"cpu", "packed"}  # "off": host staging only
     stores = [ckptstore.open(tmp_path / m) for m in ("always", "off")]
-    chunks = [_chunks(s, tmp_path / m) for s, m in zip(stores, ("always", "off"))]
+    chunks = [chunk_files(s, tmp_path / m) for s, m in zip(stores, ("always", "off"))]
     assert chunks[0] == chunks[1]
 
 
