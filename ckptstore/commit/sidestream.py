@@ -23,12 +23,12 @@ __all__ = ["SideStreams"]
 
 
 class SideStreams:
-    """One side stream per CUDA device, and the batch of the snapshot being taken."""
+    """One side stream per CUDA device, and the batch of the snapshot a thread is taking."""
 
     def __init__(self) -> None:
         self._streams: dict[int, Any] = {}
         self._lock = threading.Lock()
-        self._batch: dict[int, torch.cuda.Event] | None = None
+        self._local = threading.local()  # .batch: {device index: event} inside batch()
 
     def stream(self, device: torch.device) -> torch.cuda.Stream:
         """The side stream of ``device`` (``torch.cuda.stream(s)`` sets the current stream of
@@ -42,16 +42,19 @@ class SideStreams:
 
     @contextmanager
     def batch(self) -> Iterator[None]:
-        """Queue every :meth:`enqueue` inside as one batch (on the training thread). The side
-        stream waits for the training stream once, at the batch's first copy: nothing queued
-        on the training stream after that may be read by a later copy of the batch (each
-        copy's own preparations run inside its ``work``, on the side stream). The events the
-        copies return are recorded on leaving: none may be waited for inside."""
-        self._batch = {}
+        """Queue every :meth:`enqueue` of this thread inside as one batch (on the training
+        thread; batches do not nest). The side stream waits for the training stream once, at
+        the batch's first copy: nothing queued on the training stream after that may be read by
+        a later copy of the batch (each copy's own preparations run inside its ``work``, on the
+        side stream). The events the copies return are recorded on leaving: none may be waited
+        for inside."""
+        if getattr(self._local, "batch", None) is not None:
+            raise RuntimeError("a batch of side-stream copies is already open on this thread")
+        self._local.batch = {}
         try:
             yield
         finally:
-            batch, self._batch = self._batch, None
+            batch, self._local.batch = self._local.batch, None
             for index, event in batch.items():
                 stream = self._streams[index]
                 event.record(stream)
@@ -61,24 +64,26 @@ class SideStreams:
                 ) -> torch.cuda.Event:
         """Run ``work()`` (copies that read ``t``, a tensor or tensors of one device) on the
         side stream of that device, after what training queued so far; training's later kernels
-        wait for it on the GPU. Returns the event that marks it done (the batch's, recorded when
-        the batch ends)."""
+        wait for it on the GPU. Returns the event that marks it done (in a batch, the batch's:
+        recorded when the batch ends)."""
         read = [t] if isinstance(t, torch.Tensor) else list(t)
         device = read[0].device
         stream = self.stream(device)
         current = torch.cuda.current_stream(device)
-        batch = self._batch
+        batch = getattr(self._local, "batch", None)
         event = batch.get(stream.device_index) if batch is not None else None
         if event is None:
             stream.wait_stream(current)  # copy what training computed so far
             event = torch.cuda.Event(blocking=True)  # waited for without spinning a core
             if batch is not None:
                 batch[stream.device_index] = event
-        with torch.cuda.stream(stream):
-            work()
-        for x in read:  # their memory is not reused before the copies ran
-            x.record_stream(stream)
-        if batch is None:
-            event.record(stream)
-            current.wait_stream(stream)  # later kernels wait for the copy (on the GPU)
+        try:
+            with torch.cuda.stream(stream):
+                work()
+        finally:
+            for x in read:  # their memory is not reused before the copies ran
+                x.record_stream(stream)
+            if batch is None:
+                event.record(stream)
+                current.wait_stream(stream)  # later kernels wait for the copy (on the GPU)
         return event

@@ -253,5 +253,4 @@ class _DevicePacker:
         if self.buffer is None or not self.ranges:
             return []
         assert self.pool is not None
-        self.pool.stage_bytes(self.copies)
-        return [self.pool.record_side_stream(self.buffer.device)]
+        return [self.pool.stage_bytes(self.copies)]

@@ -213,8 +213,12 @@ class StagingPool:
         index = torch.from_numpy(rows.astype(np.int64, copy=False))
         event = None
         if cuda:
+            # pinned: its upload does not wait on the CPU (torch keeps the block until it ran)
+            pinned = index.pin_memory()
+
             def gather() -> None:  # on the side stream, the index's upload too
-                dst.copy_(t.index_select(0, index.to(t.device)), non_blocking=True)
+                on_device = pinned.to(t.device, non_blocking=True)
+                dst.copy_(t.index_select(0, on_device), non_blocking=True)
 
             event = self.side.enqueue(t, gather)
         else:
@@ -240,14 +244,12 @@ class StagingPool:
         self.side.enqueue(buf, buf.zero_)
         return buf
 
-    def stage_bytes(self, copies: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def stage_bytes(self, copies: Sequence[tuple[torch.Tensor, torch.Tensor]]
+                    ) -> torch.cuda.Event:
         """Copy the bits of CUDA tensors (C order) into byte ranges of a :meth:`packed_device`
-        buffer, ``(range, tensor)`` pairs of one device, in one multi-tensor copy on the side
-        stream (a launch for all: a transformer has hundreds of biases and norms); training's
-        stream waits for it on the GPU. :meth:`record_side_stream` marks the end of such
-        copies."""
-        if not copies:
-            return
+        buffer, ``(range, tensor)`` pairs of one device (at least one), in one multi-tensor copy
+        on the side stream (a launch for all: a transformer has hundreds of biases and norms);
+        training's stream waits for it on the GPU. Returns the copies' event."""
         sources = [t.detach() for _, t in copies]
         dsts = [dst for dst, _ in copies]
 
@@ -261,13 +263,7 @@ class StagingPool:
                 for dst, src in zip(dsts, flat):
                     dst.copy_(src)
 
-        self.side.enqueue(sources, gather)
-
-    def record_side_stream(self, device: torch.device) -> torch.cuda.Event:
-        """An event after every copy queued so far on the side stream of ``device``."""
-        event = torch.cuda.Event(blocking=True)
-        event.record(self.side.stream(device))
-        return event
+        return self.side.enqueue(sources, gather)
 
     def to_host(self, key: str, t: torch.Tensor) -> np.ndarray:
         """On the persist thread: the bits of ``t`` (a device staging buffer) copied into a

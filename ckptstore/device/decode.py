@@ -77,12 +77,15 @@ def dequantize_on_device(codes: np.ndarray | PackedCodes, p: QuantParams,
             checks.append(bad)
         elif bool(bad):
             raise ValueError(LEVEL_RANGE)
-    length = max(p.seg_len, 1)
+    length = min(max(p.seg_len, 1), max(p.count, 1))  # one segment when it spans the chunk
     nseg = -(-p.count // length)
     level = c < p.nq  # int64: nq may be 256
     ci = torch.where(level, c, 0)
     if p.method == "kmeans":
         book = torch.from_numpy(np.ascontiguousarray(p.codebook)).to(device)
+        if book.numel() and (book.dim() != 2 or book.shape[0] < nseg or book.shape[1] < p.nq):
+            raise ValueError(f"a codebook of shape {list(book.shape)} for {nseg} segments of "
+                             f"{p.nq} levels")
         seg = torch.arange(p.count, device=device) // length
         vals = book[seg, ci].to(work) if book.numel() else torch.zeros(p.count, dtype=work,
                                                                         device=device)
@@ -116,8 +119,8 @@ LEVEL_RANGE = "a code is outside the level range"
 
 
 def _upload(data: np.ndarray, device: torch.device | str) -> torch.Tensor:
-    """Host uint8 bytes as a tensor on ``device`` (asynchronous from pinned memory: the
-    caller's stream orders it; a CPU device shares the array)."""
+    """Host uint8 bytes as a tensor on ``device`` (from pageable memory, so the copy waits for
+    the current stream on the CPU; a CPU device shares the array)."""
     return torch.from_numpy(np.ascontiguousarray(data, dtype=np.uint8)).to(device)
 
 
@@ -163,11 +166,12 @@ def start_read_to_device(grid: ChunkGrid, dtype: str, codes_of: ChunkCodesOf,
                 out[lo:hi] = vals.view(grid.chunks)[: hi - lo]
             else:
                 out.copy_(vals.reshape(()))
+            bad = _flag_to_host(checks, stream)
             if stream is not None:  # waited for without spinning a core
                 done = torch.cuda.Event(blocking=True)
                 done.record(stream)
                 done.synchronize()
-        if any(bool(bad) for bad in checks):  # read once the stream is done: no extra sync
+        if bad is not None and bool(bad):  # read once the stream is done: no extra sync
             raise CorruptedChunkError(f"chunk {where} does not decode: {LEVEL_RANGE}", where)
 
     futures = [executor.submit(get_chunk, key, lo, hi) for _, key, lo, hi in grid] \
@@ -185,6 +189,21 @@ def stored_codes(storage: Storage, prefix: str, codec: QuantizedLossy) -> ChunkC
         return PackedCodes(packed, params.count, params.bits), params, where
 
     return codes_of
+
+
+def _flag_to_host(flags: list[torch.Tensor], stream: torch.cuda.Stream | None
+                  ) -> torch.Tensor | None:
+    """Whether any of ``flags`` (device bools) is set, as a host tensor that holds the answer
+    once ``stream`` is done: copied on that stream into pinned memory, so reading it then takes
+    no sync of its own (on the CPU, the flag itself)."""
+    if not flags:
+        return None
+    any_set = torch.stack(flags).any() if len(flags) > 1 else flags[0]
+    if stream is None:
+        return any_set
+    host = torch.empty((), dtype=torch.bool, pin_memory=True)
+    host.copy_(any_set, non_blocking=True)
+    return host
 
 
 def _on(stream: torch.cuda.Stream | None) -> AbstractContextManager:

@@ -251,3 +251,56 @@ def test_the_room_rule_reads_the_gpus_memory():
     t = allocate_if_room(dev, 1 << 20, lambda: torch.empty(1 << 20, dtype=torch.uint8,
                                                             device=dev))
     assert t is not None and t.is_cuda
+
+
+def test_snapshot_copies_never_wait_for_training_on_the_cpu():
+    """Behind a long kernel on the training stream, a batch of copies (whole tensors and a
+    tracker's rows) returns while that kernel still runs, and the copies hold the values of
+    before the training step queued after them."""
+    import numpy as np
+
+    from ckptstore.commit.staging import StagingPool
+
+    t = torch.randn(100_000, 64, device="cuda")
+    rows = np.arange(0, 100_000, 20, dtype=np.int64)
+    pool = StagingPool()
+    with pool.side.batch():  # the buffers allocated
+        pool.stage("t", t)
+        pool.stage_rows("r", t, rows)
+    torch.cuda.synchronize()
+    want = t.cpu().numpy().copy()
+    torch.cuda._sleep(1 << 31)  # about a second of GPU time on the training stream
+    with pool.side.batch():
+        host, dense_done = pool.stage("t", t)
+        picked, rows_done = pool.stage_rows("r", t, rows)
+    still_running = not torch.cuda.current_stream().query()
+    t.add_(1.0)  # the next training step, in place
+    dense_done.synchronize()
+    rows_done.synchronize()
+    assert still_running
+    assert np.array_equal(host, want) and np.array_equal(picked, want[rows])
+
+
+def test_tracked_rows_of_a_cuda_table_equal_the_cpu_commits(tmp_path):
+    """A row tracker on a CUDA embedding table: commit_async stages only the touched rows (on
+    the side stream) and the increments restore what the same steps give on the CPU."""
+    got = {}
+    for device in ("cuda", "cpu"):
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(20_000, 32, sparse=True).to(device)
+        model = torch.nn.ModuleDict({"emb": emb})
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        tracker = ckptstore.track(model, opt)
+        with ckptstore.open(tmp_path / device, policy=Policy(incremental="one-shot")) as store:
+            store.commit({"model": model}, tracker=tracker)
+            g = torch.Generator().manual_seed(1)
+            for step in range(3):
+                emb(torch.randint(0, 20_000, (1000 * (step + 1),), generator=g).to(device)
+                    ).sum().backward()
+                opt.step()
+                opt.zero_grad()
+                info = store.commit_async({"model": model}, tracker=tracker).wait()
+            assert store.manifest(info.id).tensors[0].kind == "incremental"
+            got[device] = (store.checkout("main")["model"]["emb.weight"], emb.weight.detach())
+    assert _same_bits(got["cuda"][0], got["cuda"][1])
+    assert torch.equal(got["cuda"][0], got["cpu"][0])

@@ -79,6 +79,24 @@ def test_packed_codes_are_checked_on_the_device():
     assert [bool(b) for b in checks] == [True, False]
 
 
+def test_a_segment_longer_than_its_chunk_costs_the_chunk():
+    """A header may declare segments longer than the chunk (the codec accepts up to 2**48): one
+    segment either way, decoded in the chunk's memory, not the declared length's."""
+    from ckptcodecs import dequantize
+    from ckptcodecs._qformat import decode_chunk_packed, encode_chunk
+
+    from ckptstore.device.bits import PackedCodes
+
+    codes, params = quantize(np.linspace(-1, 1, 64, dtype=np.float32), "uniform-asymmetric", 4,
+                             granularity="tensor")
+    want = dequantize(codes, params)
+    for seg_len in (64, 1 << 20, 1 << 34):
+        params.seg_len = seg_len
+        packed, p = decode_chunk_packed(np.frombuffer(encode_chunk(codes, params), np.uint8))
+        got = dequantize_on_device(PackedCodes(packed, p.count, p.bits), p, "cpu")
+        assert np.array_equal(got.numpy(), want), seg_len
+
+
 def test_only_accelerators_decode_on_the_device():
     assert not wants_device_decode(None) and not wants_device_decode("cpu")
     assert wants_device_decode("cuda") and wants_device_decode(torch.device("cuda", 1))
