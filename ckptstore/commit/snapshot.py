@@ -108,9 +108,18 @@ class Snapshot:
         that the snapshot's device-to-device copies took off training's path (the packed bytes
         gathered on a device land in this commit's own packed buffer)."""
         self.ready()
-        items = {i: _settled(c, pool) for i, c in self.items.items()}
+        # what moves whole to the host moves in one batch of copies (the packed bytes too)
+        whole = [i for i, c in self.items.items() if c.placement.against is None
+                 and c.device is not None and c.placement.capture is not Capture.ENCODE]
+        moves = [(self.items[i].name, self.items[i].device) for i in whole]
         if self.device_packed is not None:
-            host = pool.to_host(PACKED_KEY, self.device_packed)
+            moves.append((PACKED_KEY, self.device_packed))
+        hosts = pool.to_host_many(moves)
+        moved = dict(zip(whole, hosts))
+        items = {i: (replace(c, host=moved[i], device=None) if i in moved else _settled(c, pool))
+                 for i, c in self.items.items()}
+        if self.device_packed is not None:
+            host = hosts[-1]
             for offset, n in self.device_ranges:
                 self.packed[offset: offset + n] = host[offset: offset + n]
         return Snapshot(items, self.packed)
@@ -119,10 +128,8 @@ class Snapshot:
 def _settled(c: Captured, pool: StagingPool) -> Captured:
     """One item settled: compared on its device (only the changed rows cross), or moved whole
     to the host with its reference (compared there), or left on the device to be quantized."""
-    if c.placement.against is None:
-        if c.device is None or c.placement.capture is Capture.ENCODE:
-            return c
-        return replace(c, host=pool.to_host(c.name, c.device), device=None)
+    if c.placement.against is None:  # moved whole by settle, or left on its device
+        return c
     reference, xor = c.placement.against
     current = c.device
     if current is not None and current.device == reference.device:

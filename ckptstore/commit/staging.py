@@ -269,22 +269,40 @@ class StagingPool:
         """On the persist thread: the bits of ``t`` (a device staging buffer) copied into a
         reused host buffer (pinned for CUDA) on a stream of its own that training's stream never
         waits for; returns once the copy has landed."""
-        dtype = storage_dtype(t.dtype)
-        if t.device.type != "cuda":
-            buf = self._buffer(self._host_key(key, t), lambda: np.empty(t.shape, dtype))
-            dst = torch.from_numpy(buf)
-            (dst.view(t.dtype) if is_bit_view(t.dtype) else dst).copy_(t)
-            return buf
-        pinned = self._buffer(self._host_key(key, t),
-                              lambda: torch.empty(t.shape, dtype=t.dtype, pin_memory=True))
-        stream = self._stream_of(self._d2h, t.device)
-        with torch.cuda.stream(stream):  # the current stream of t's device, not of device 0
-            pinned.copy_(t, non_blocking=True)
-            landed = torch.cuda.Event(blocking=True)  # waited for without spinning a core
-            landed.record(stream)
-        landed.synchronize()
-        host = pinned.view(bit_view_dtype(t.dtype)) if is_bit_view(t.dtype) else pinned
-        return host.numpy()
+        return self.to_host_many([(key, t)])[0]
+
+    def to_host_many(self, staged: Sequence[tuple[str, torch.Tensor]]) -> list[np.ndarray]:
+        """:meth:`to_host` of each ``(key, tensor)``, the copies of a device queued together
+        and waited for once (one event a device, not one a tensor: each wait hands the GIL
+        back and forth with training's thread)."""
+        out: list[np.ndarray | None] = [None] * len(staged)
+        by_stream: dict[Any, list[int]] = {}
+        for i, (key, t) in enumerate(staged):
+            if t.device.type != "cuda":
+                buf = self._buffer(self._host_key(key, t),
+                                   lambda t=t: np.empty(t.shape, storage_dtype(t.dtype)))
+                dst = torch.from_numpy(buf)
+                (dst.view(t.dtype) if is_bit_view(t.dtype) else dst).copy_(t)
+                out[i] = buf
+            else:
+                by_stream.setdefault(self._stream_of(self._d2h, t.device), []).append(i)
+        landed = []
+        for stream, members in by_stream.items():
+            with torch.cuda.stream(stream):  # the current stream of its device, not device 0's
+                for i in members:
+                    key, t = staged[i]
+                    pinned = self._buffer(self._host_key(key, t), lambda t=t: torch.empty(
+                        t.shape, dtype=t.dtype, pin_memory=True))
+                    pinned.copy_(t, non_blocking=True)
+                    host = pinned.view(bit_view_dtype(t.dtype)) if is_bit_view(t.dtype) \
+                        else pinned
+                    out[i] = host.numpy()
+                event = torch.cuda.Event(blocking=True)  # waited for without spinning a core
+                event.record(stream)
+            landed.append(event)
+        for event in landed:
+            event.synchronize()
+        return out  # type: ignore[return-value]
 
     @staticmethod
     def _host_key(key: str, t: torch.Tensor) -> tuple[object, ...]:
