@@ -30,6 +30,8 @@ What is measured
     (``device_encode="off"``: the whole state crosses PCIe at full precision first);
   - ``commit_async`` incremental (intermittent) + 4-bit adaptive: the changed rows found on the
     GPU against a reference kept there;
+  - ``commit_async`` lossless and 8-bit with the persist in a process of the store's own
+    (``background="process"``: no interpreter lock shared with the loop);
   - ``dcp.async_save`` (FileSystemWriter) and ``torch.save``.
 
   Also the median stall -- from the call until the training stream could run its next kernel
@@ -76,7 +78,8 @@ from ckptstore import EncodingOptions, LatestN, Policy, QuantSpec  # noqa: E402
 
 U8 = QuantSpec("uniform-asymmetric", 8)
 A4 = QuantSpec("adaptive-asymmetric", 4)
-STORES: dict[str, tuple[str, Policy]] = {
+# name -> (device_encode, policy[, background]): background "thread" (the default) or "process"
+STORES: dict[str, tuple[Any, ...]] = {
     "commit_async lossless": ("auto", Policy()),
     # the snapshot in pinned host memory (a GPU without room for it): a device-to-host copy
     "commit_async lossless, staged on the host": ("off", Policy()),
@@ -88,6 +91,10 @@ STORES: dict[str, tuple[str, Policy]] = {
     # (AdamW moves every row of a transformer's tables: the increments are whole tables)
     "commit_async incremental + 4-bit adaptive": (
         "auto", Policy(incremental="intermittent", quantize=A4)),
+    # the persist in a process of the store's own (no GIL shared with the training loop; the
+    # snapshot copied into shared memory, pageable: the host encodes, as device_encode="off")
+    "commit_async lossless, in a persist process": ("off", Policy(), "process"),
+    "commit_async 8-bit uniform, in a persist process": ("off", Policy(quantize=U8), "process"),
 }
 
 
@@ -170,9 +177,9 @@ def _checkpointers(tr: Trainer) -> dict[str, Factory]:
     """name -> factory of ``(checkpoint(), finish(), store or None)`` writing under a folder."""
     import torch.distributed.checkpoint as dcp
 
-    def store_run(mode: str, policy: Policy) -> Factory:
+    def store_run(mode: str, policy: Policy, background: str = "thread") -> Factory:
         def make(folder: str) -> tuple[Callable[[], Any], Callable[[], Any], Any]:
-            store = ckptstore.open(folder, keep=LatestN(2),
+            store = ckptstore.open(folder, keep=LatestN(2), background=background,
                                    options=EncodingOptions(device_encode=mode), policy=policy)
             store.commit_async(tr.state()).wait()  # warm: buffers, compiled kernels, streams
             return (lambda: store.commit_async(tr.state())), store.close, store
@@ -196,7 +203,7 @@ def _checkpointers(tr: Trainer) -> dict[str, Factory]:
         return (lambda: torch.save(tr.state(), path)), (lambda: None), None
 
     out: dict[str, Factory] = {"bare copy": bare}
-    out |= {name: store_run(mode, policy) for name, (mode, policy) in STORES.items()}
+    out |= {name: store_run(*how) for name, how in STORES.items()}
     out |= {"dcp.async_save": dcp_async, "torch.save": torch_save}
     return out
 

@@ -2,13 +2,15 @@
 # The checks of a lent CUDA machine (issue 30), in the order a short lease affords them.
 #
 #   bash benchmarks/gpu_session.sh OUT STEP...
-#   STEP: setup tests tests-cuda smoke bench-2.6 bench-8.8
+#   STEP: setup tests tests-cuda smoke bench-2.6 bench-8.8 bench-process bench-8.8-slowdown
 #
 # setup: the packages the machine's image lacks, from wheels carried in .whl/ (downloaded for
 # its Python 3.12 as docs/benchmarks.md says), then ckptstore itself, built there with its C
 # extensions (an editable install into the image's Python). tests: the CUDA tests and the
 # device paths' CPU tests; tests-cuda: the CUDA tests alone. smoke: benchmarks/gpu.py on a small model. bench-2.6 / bench-8.8:
-# the issue's measurements on the 2.6 GB and 8.8 GB states. Each step's output goes to
+# the issue's measurements on the 2.6 GB and 8.8 GB states (the 8.8 GB one: its first commit);
+# bench-process: the persist thread against a persist process (the GIL shared with the loop or
+# not); bench-8.8-slowdown: the 8.8 GB state's training slowdown. Each step's output goes to
 # OUT/STEP.log as well.
 set -u
 OUT=$1
@@ -50,6 +52,14 @@ print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" ;;
     bench-8.8)
         timeout 110 $PY benchmarks/gpu.py --layers 26 --width 1536 --first-commit \
             --no-restore --root /dev/shm --only ;;
+    bench-process)
+        timeout 200 $PY benchmarks/gpu.py --repeat 2 --checkpoints 3 --no-restore --only \
+            "bare copy" "commit_async lossless" "commit_async lossless, in a persist process" \
+            "commit_async 8-bit uniform, on the GPU" \
+            "commit_async 8-bit uniform, in a persist process" ;;
+    bench-8.8-slowdown)
+        timeout 240 $PY benchmarks/gpu.py --layers 26 --width 1536 --no-restore --repeat 1 \
+            --checkpoints 3 --root /dev/shm --only "${PER_RUN[@]}" ;;
     *) echo "unknown step $1"; return 2 ;;
     esac
 }
