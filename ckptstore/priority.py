@@ -49,6 +49,7 @@ they keep the process's (per-thread priorities are Linux's).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -187,6 +188,7 @@ class BackgroundThreads:
         return _Routed(self, low, normal)
 
     def _register(self) -> None:
+        block_interrupts()
         tid = threading.get_native_id()
         with self._lock:
             self._tids.add(tid)
@@ -310,13 +312,23 @@ class _Routed(Executor):
         return self._low.submit(run)
 
 
+def block_interrupts() -> None:
+    """In a thread of ckptstore's own: leave Ctrl-C (SIGINT) to the others. Python runs signal
+    handlers in the main thread only, but the kernel delivers a process's signal to any thread
+    that does not block it: a worker that takes it leaves the main thread asleep in its wait
+    until something else wakes it, and the KeyboardInterrupt then surfaces late, or where it is
+    ignored (a finalizer): Ctrl-C lost, the command run to its end."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
 def started_executor(workers: int, name: str) -> ThreadPoolExecutor:
     """A thread pool whose threads all start now, from the calling thread: on Linux a thread
     inherits the scheduling policy and nice value of the thread that creates it, and
     ``ThreadPoolExecutor`` creates its workers lazily, at a submit -- a worker started by a
     background thread (low priority) would run the store's synchronous work at low
     priority."""
-    executor = ThreadPoolExecutor(workers, thread_name_prefix=name)
+    executor = ThreadPoolExecutor(workers, thread_name_prefix=name, initializer=block_interrupts)
     barrier = threading.Barrier(workers + 1)
 
     def hold() -> None:  # each worker waits here, so that every submit starts a new one

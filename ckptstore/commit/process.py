@@ -35,6 +35,7 @@ import torch
 from ..errors import PersistProcessError, StagingBudgetError
 from ..info import CommitInfo
 from ..policy import Policy
+from ..priority import block_interrupts
 from ..tracking.rows import RowTracker
 from .committer import Committer
 from .pending import PendingCommit
@@ -157,7 +158,8 @@ class ProcessCommitter(Committer):
         self.default_policy = policy
         self._worker: _Worker | None = None
         self._layout: Layout | None = None
-        self._exchange = ThreadPoolExecutor(1, "ckptstore-persist-process")
+        self._exchange = ThreadPoolExecutor(1, "ckptstore-persist-process",
+                                            initializer=block_interrupts)
         self._closed = False
         # the tensor each leaf's region of the shared file holds a copy of (identity): a tracked
         # table copied from the same tensor again copies its touched rows alone (cleared by a

@@ -31,6 +31,7 @@ from ..history.repository import Repository
 from ..info import GCResult
 from ..maintenance.gc import collect
 from ..policy.retention import Retention, check_retention, retain_after_commit
+from ..priority import block_interrupts
 from ..storage import Storage
 from .copy import copy_tags
 from .journal import Journal, Record
@@ -82,7 +83,8 @@ class Tiers:
         self.view = Repository(self.storage, 2)  # both tiers: what a queued commit reads
         answers = self._reach(open_remote)
         self.uploader = Uploader(local, remote, self.journal, self._landed)
-        self._queuer = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-upload-queue")
+        self._queuer = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-upload-queue",
+                                          initializer=block_interrupts)
         self._resume(reconcile=answers)
 
     def _reach(self, open_remote: Callable[[], object] | None) -> bool:

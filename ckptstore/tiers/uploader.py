@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import UploadError
 from ..format.layout import data_dir
+from ..priority import block_interrupts
 from ..storage import Storage
 from .copy import copy_commit
 from .journal import Journal, Record
@@ -74,7 +75,8 @@ class Uploader:
         self._attempts = 0  # uploads begun so far
         self._failed_at = 0  # the number of the attempt that failed last
         self._landing: str | None = None  # uploaded, its rules (``landed``) still running
-        self._copies = ThreadPoolExecutor(_THREADS, thread_name_prefix="ckptstore-upload-io")
+        self._copies = ThreadPoolExecutor(_THREADS, thread_name_prefix="ckptstore-upload-io",
+                                          initializer=block_interrupts)
         # held by the thread from an upload's first key to the end of what follows it
         # (``landed``): remote gc takes it to run between two uploads
         self.busy = threading.Lock()
@@ -149,6 +151,7 @@ class Uploader:
 
     # -- the thread ------------------------------------------------------------------------
     def _run(self) -> None:
+        block_interrupts()
         while True:
             with self._cond:
                 while not self._stopping and (not self._queue or self._halted is not None):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import random
 import shutil
 import subprocess
@@ -522,3 +523,21 @@ def test_the_store_pool_keeps_normal_priority_when_background_threads_use_it_fir
         assert {os.sched_getscheduler(t.native_id) for t in mine} == {os.SCHED_OTHER}
         assert all(os.getpriority(os.PRIO_PROCESS, t.native_id) ==
                    os.getpriority(os.PRIO_PROCESS, 0) for t in mine)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/status"), reason="reads Linux /proc")
+def test_ckptstore_threads_leave_ctrl_c_to_the_main_thread(tmp_path):
+    """Every thread of the store's pools blocks SIGINT, so the kernel delivers Ctrl-C to a
+    thread that handles it (Python's main thread) and a wait there ends at once."""
+    store = ckptstore.open(tmp_path / "s")
+    store.commit_async({"w": torch.randn(300, 300)}).wait()
+    store.commit({"v": torch.randn(300, 300)})
+
+    def blocked() -> bool:
+        line = next(x for x in open("/proc/thread-self/status") if x.startswith("SigBlk:"))
+        return bool(int(line.split()[1], 16) >> (signal.SIGINT - 1) & 1)
+
+    pools = [store.committer._persister, store.repo.executor]
+    assert all(pool.submit(blocked).result() for pool in pools)
+    assert not blocked()  # the caller's thread is left alone
+    store.close()
