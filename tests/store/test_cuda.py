@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ckptstore
-from helpers import chunk_files
+from helpers import assert_bit_exact, chunk_files
 from ckptstore import EncodingOptions, Policy, QuantSpec
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -40,12 +40,6 @@ def _state(step: int, dtype: torch.dtype = torch.float32) -> dict:
 
 def _cuda(state: dict) -> dict:
     return {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a, b = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
-    return (a.dtype, a.shape) == (b.dtype, b.shape) and bytes(
-        a.view(torch.uint8).numpy()) == bytes(b.view(torch.uint8).numpy())
 
 
 POLICIES = {
@@ -76,9 +70,7 @@ def test_cuda_commits_equal_the_host_commits(tmp_path, name, asynchronous):
             (store.commit_async(s).wait() if asynchronous else store.commit(s))
     assert chunk_files(stores["auto"], tmp_path / "auto") == chunk_files(stores["off"],
                                                                          tmp_path / "off")
-    got, want = (stores[m].checkout("main") for m in ("auto", "off"))
-    for k, v in want.items():
-        assert _same_bits(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v, k
+    assert_bit_exact(*(stores[m].checkout("main") for m in ("auto", "off")))
     for store in stores.values():
         store.close()
 
@@ -113,9 +105,7 @@ def test_the_snapshot_is_the_values_at_the_call(tmp_path):
             ref = ckptstore.open(tmp_path / f"{mode}-ref",
                                  policy=Policy(quantize=QuantSpec(bits=8), min_quant_bytes=1))
             ref.commit({k: v.cpu() for k, v in want.items()})
-            got, expected = store.checkout(info.id), ref.checkout("main")
-            for k in want:
-                assert _same_bits(got[k], expected[k]), (mode, k)
+            assert_bit_exact(store.checkout(info.id), ref.checkout("main"), mode)
 
 
 @pytest.mark.parametrize("spec", [None, QuantSpec(bits=8), QuantSpec(bits=4),
@@ -134,9 +124,7 @@ def test_checkout_to_cuda_equals_the_host_checkout(tmp_path, spec):
             for k, v in host.items():
                 if isinstance(v, torch.Tensor):
                     assert got[k].is_cuda and v.stride() == got[k].stride(), k
-                    assert _same_bits(got[k], v), (ref, k)
-                else:
-                    assert got[k] == v
+            assert_bit_exact(got, host, ref)
 
 
 def test_checkout_into_cuda_tensors_fills_them_in_place(tmp_path):
@@ -148,8 +136,8 @@ def test_checkout_into_cuda_tensors_fills_them_in_place(tmp_path):
                 if isinstance(v, torch.Tensor)}
         ptrs = {k: v.data_ptr() for k, v in live.items()}
         store.checkout("main", into=live)
-        for k, v in live.items():
-            assert v.data_ptr() == ptrs[k] and _same_bits(v, want[k]), k
+        assert {k: v.data_ptr() for k, v in live.items()} == ptrs
+        assert_bit_exact(live, {k: want[k] for k in live})
 
 
 def test_quantized_codes_on_the_gpu_equal_the_host_kernels():
@@ -217,9 +205,7 @@ def test_reserve_pins_the_host_buffers_ahead(tmp_path):
         held = store.staging_bytes
         info = store.commit_async(state).wait()
         assert store.staging_bytes == held
-        for k, v in store.checkout(info.id).items():
-            if isinstance(v, torch.Tensor):
-                assert _same_bits(v, state[k]), k
+        assert_bit_exact(store.checkout(info.id), state)
 
 
 def test_a_persist_process_stores_the_threads_bytes(tmp_path):
@@ -302,5 +288,5 @@ def test_tracked_rows_of_a_cuda_table_equal_the_cpu_commits(tmp_path):
                 info = store.commit_async({"model": model}, tracker=tracker).wait()
             assert store.manifest(info.id).tensors[0].kind == "incremental"
             got[device] = (store.checkout("main")["model"]["emb.weight"], emb.weight.detach())
-    assert _same_bits(got["cuda"][0], got["cuda"][1])
+    assert_bit_exact(got["cuda"][0], got["cuda"][1])
     assert torch.equal(got["cuda"][0], got["cpu"][0])
