@@ -58,7 +58,7 @@ class StagingPool:
         self._used: set[tuple[object, ...]] = set()
         self._lock = threading.Lock()
         self.side = SideStreams()           # the snapshot's side stream of each device
-        self._d2h: dict[int, Any] = {}      # the persist thread's device-to-host copy streams
+        self._d2h = SideStreams()           # the persist thread's device-to-host copy streams
 
     def begin(self) -> None:
         """A snapshot starts: count the buffers it uses."""
@@ -223,8 +223,7 @@ class StagingPool:
             event = self.side.enqueue(t, gather)
         else:
             torch.index_select(t, 0, index, out=dst)
-        host = dst.view(bit_view_dtype(t.dtype)) if is_bit_view(t.dtype) else dst
-        return host.numpy(), event
+        return _host_bits(dst), event
 
     def packed_device(self, nbytes: int, device: torch.device) -> torch.Tensor | None:
         """A zeroed byte buffer on ``device`` for the packed small tensors that live there
@@ -285,7 +284,7 @@ class StagingPool:
                 (dst.view(t.dtype) if is_bit_view(t.dtype) else dst).copy_(t)
                 out[i] = buf
             else:
-                by_stream.setdefault(self._stream_of(self._d2h, t.device), []).append(i)
+                by_stream.setdefault(self._d2h.stream(t.device), []).append(i)
         landed = []
         for stream, members in by_stream.items():
             with torch.cuda.stream(stream):  # the current stream of its device, not device 0's
@@ -294,9 +293,7 @@ class StagingPool:
                     pinned = self._buffer(self._host_key(key, t), lambda t=t: torch.empty(
                         t.shape, dtype=t.dtype, pin_memory=True))
                     pinned.copy_(t, non_blocking=True)
-                    host = pinned.view(bit_view_dtype(t.dtype)) if is_bit_view(t.dtype) \
-                        else pinned
-                    out[i] = host.numpy()
+                    out[i] = _host_bits(pinned)
                 event = torch.cuda.Event(blocking=True)  # waited for without spinning a core
                 event.record(stream)
             landed.append(event)
@@ -342,13 +339,9 @@ class StagingPool:
         pinned = self._buffer(("cuda", key, tuple(t.shape), t.dtype),
                               lambda: torch.empty(t.shape, dtype=t.dtype, pin_memory=True))
         event = self.side.enqueue(t, lambda: pinned.copy_(t, non_blocking=True))
-        host = pinned.view(bit_view_dtype(t.dtype)) if is_bit_view(t.dtype) else pinned
-        return host.numpy(), event
+        return _host_bits(pinned), event
 
-    def _stream_of(self, streams: dict[int, Any], device: torch.device) -> torch.cuda.Stream:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        with self._lock:
-            stream = streams.get(index)
-            if stream is None:
-                stream = streams[index] = torch.cuda.Stream(device=index)
-            return stream
+
+def _host_bits(t: torch.Tensor) -> np.ndarray:
+    """A host tensor's bits as numpy (bfloat16 and the like as their unsigned integers)."""
+    return (t.view(bit_view_dtype(t.dtype)) if is_bit_view(t.dtype) else t).numpy()
