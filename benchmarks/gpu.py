@@ -170,7 +170,9 @@ class BareCopy:
         training.wait_stream(self.stream)  # the next step may not change what is being copied
 
 
-Factory = Callable[[str], tuple[Callable[[], Any], Callable[[], Any], Any]]
+#: a configuration's (checkpoint(), finish(), store or None), and what makes it under a folder
+Run = tuple[Callable[[], Any], Callable[[], Any], Any]
+Factory = Callable[[str], Run]
 
 
 def _checkpointers(tr: Trainer) -> dict[str, Factory]:
@@ -178,18 +180,18 @@ def _checkpointers(tr: Trainer) -> dict[str, Factory]:
     import torch.distributed.checkpoint as dcp
 
     def store_run(mode: str, policy: Policy, background: str = "thread") -> Factory:
-        def make(folder: str) -> tuple[Callable[[], Any], Callable[[], Any], Any]:
+        def make(folder: str) -> Run:
             store = ckptstore.open(folder, keep=LatestN(2), background=background,
                                    options=EncodingOptions(device_encode=mode), policy=policy)
             store.commit_async(tr.state()).wait()  # warm: buffers, compiled kernels, streams
             return (lambda: store.commit_async(tr.state())), store.close, store
         return make
 
-    def bare(folder: str) -> tuple[Callable[[], Any], Callable[[], Any], Any]:
+    def bare(folder: str) -> Run:
         copy = BareCopy(tr)
         return copy, (lambda: _sync(tr.device)), None
 
-    def dcp_async(folder: str) -> tuple[Callable[[], Any], Callable[[], Any], Any]:
+    def dcp_async(folder: str) -> Run:
         futures: list[Any] = []
 
         def save() -> None:
@@ -198,7 +200,7 @@ def _checkpointers(tr: Trainer) -> dict[str, Factory]:
             futures.append(dcp.async_save(tr.state(), checkpoint_id=folder))
         return save, (lambda: [f.result() for f in futures]), None
 
-    def torch_save(folder: str) -> tuple[Callable[[], Any], Callable[[], Any], Any]:
+    def torch_save(folder: str) -> Run:
         path = os.path.join(folder, "ckpt.pt")
         return (lambda: torch.save(tr.state(), path)), (lambda: None), None
 
