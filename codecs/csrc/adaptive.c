@@ -97,26 +97,31 @@ int ad_parse(PyObject *args, int with_counts, int zero_width_ok, ad_args *a, con
    int((x - lo0) * f), clipped to [0, H - 1], is j; masked values go to the spare cell H.
    numba's int() is x86-64's cvttsd2si, INT64_MIN (so cell 0) for NaN and values beyond the
    int64 range: the clip is done in doubles first, then the cell truncated, in blocks that
-   vectorise; the counts go to 4 histograms `stride` apart (neighbouring values often share a
-   cell; stride 0: one), summed into cnt after (integers: exact). */
+   vectorise; cell j's count is cnt4[j * step] (step 1, or AD_LANES in the lanes' tables), in
+   4 histograms `stride` apart (neighbouring values often share a cell; stride 0: one), summed
+   after (integers: exact). */
 #define BLOCK 1024
-#define COUNT_KERNEL(NAME, ATTR, T)                                                           \
+/* The cell of a value, as a double y = (x - lo0) f: y clipped to [0, top] where 0 <= y < 2**63,
+   else cell 0 (NaN too), truncated. */
+#define CELL_OF(y, top) ((y) >= 0.0 && (y) < 0x1p63 ? ((y) < (top) ? (y) : (top)) : 0.0)
+#define CELLS_PLAIN(T)                                                                        \
+    for (int i = 0; i < nb; i++) {                                                            \
+        double y = ((double)x[i0 + i] - lo0) * f;                                             \
+        idx[i] = (int32_t)CELL_OF(y, top) * step;                                             \
+    }
+#define COUNT_KERNEL(NAME, ATTR, T, CELLS)                                                    \
     ATTR static void NAME(const T *restrict x, Py_ssize_t m, const uint8_t *restrict mask,    \
                           double lo0, double f, int64_t H, int64_t *restrict cnt4,            \
-                          int64_t stride)                                                     \
+                          int64_t stride, int32_t step)                                       \
     {                                                                                         \
         int32_t idx[BLOCK];                                                                   \
         const double top = (double)(H - 1);                                                   \
         for (Py_ssize_t i0 = 0; i0 < m; i0 += BLOCK) {                                        \
             int nb = (int)(m - i0 < BLOCK ? m - i0 : BLOCK);                                  \
-            for (int i = 0; i < nb; i++) {                                                    \
-                double y = ((double)x[i0 + i] - lo0) * f;                                     \
-                y = y >= 0.0 && y < 0x1p63 ? (y < top ? y : top) : 0.0;                      \
-                idx[i] = (int32_t)y;                                                          \
-            }                                                                                 \
+            CELLS(T)                                                                          \
             if (mask)                                                                         \
                 for (int i = 0; i < nb; i++)                                                  \
-                    idx[i] = mask[i0 + i] ? (int32_t)H : idx[i];                              \
+                    idx[i] = mask[i0 + i] ? (int32_t)H * step : idx[i];                       \
             int i = 0;                                                                        \
             for (; i + 4 <= nb; i += 4) {                                                     \
                 cnt4[idx[i]]++;                                                               \
@@ -129,10 +134,74 @@ int ad_parse(PyObject *args, int with_counts, int zero_width_ok, ad_args *a, con
         }                                                                                     \
     }
 
-COUNT_KERNEL(count_f32, , float)
-COUNT_KERNEL(count_f64, , double)
-COUNT_KERNEL(count_f32_avx2, QK_AVX2, float)
-COUNT_KERNEL(count_f64_avx2, QK_AVX2, double)
+COUNT_KERNEL(count_f32, , float, CELLS_PLAIN)
+COUNT_KERNEL(count_f64, , double, CELLS_PLAIN)
+
+#if QK_HAVE_AVX2
+#include <immintrin.h>
+/* Four values' cells (CELL_OF) times step, with AVX2: the same comparisons (ordered: false for
+   NaN), min(y, top) where y < 2**63 is in range (its NaN case masked off), truncated. */
+QK_AVX2 static inline __attribute__((always_inline)) __m128i
+cells4(__m256d v, __m256d lo0, __m256d f, __m256d top, __m128i step)
+{
+    const __m256d big = _mm256_set1_pd(0x1p63);
+    __m256d y = _mm256_mul_pd(_mm256_sub_pd(v, lo0), f);
+    __m256d ok = _mm256_and_pd(_mm256_cmp_pd(y, _mm256_setzero_pd(), _CMP_GE_OQ),
+                               _mm256_cmp_pd(y, big, _CMP_LT_OQ));
+    __m256d c = _mm256_and_pd(ok, _mm256_min_pd(y, top));
+    return _mm_mullo_epi32(_mm256_cvttpd_epi32(c), step);
+}
+
+#define CELLS_AVX2(T)                                                                         \
+    {                                                                                         \
+        const __m256d lo0v = _mm256_set1_pd(lo0), fv = _mm256_set1_pd(f);                     \
+        const __m256d topv = _mm256_set1_pd(top);                                             \
+        const __m128i stepv = _mm_set1_epi32(step);                                           \
+        int i = 0;                                                                            \
+        for (; i + 4 <= nb; i += 4)                                                           \
+            _mm_storeu_si128((__m128i *)(idx + i),                                            \
+                             cells4(LOAD4_##T(x + i0 + i), lo0v, fv, topv, stepv));           \
+        for (; i < nb; i++) {                                                                 \
+            double y = ((double)x[i0 + i] - lo0) * f;                                         \
+            idx[i] = (int32_t)CELL_OF(y, top) * step;                                         \
+        }                                                                                     \
+    }
+#define LOAD4_float(p) _mm256_cvtps_pd(_mm_loadu_ps(p))
+#define LOAD4_double(p) _mm256_loadu_pd(p)
+COUNT_KERNEL(count_f32_avx2, QK_AVX2, float, CELLS_AVX2)
+COUNT_KERNEL(count_f64_avx2, QK_AVX2, double, CELLS_AVX2)
+#else
+COUNT_KERNEL(count_f32_avx2, , float, CELLS_PLAIN)
+COUNT_KERNEL(count_f64_avx2, , double, CELLS_PLAIN)
+#endif
+
+/* 1 when segment s is long enough to be counted into 4 histograms (4 W values or more). */
+static int long_row(const ad_args *a, Py_ssize_t s)
+{
+    Py_ssize_t a0, b0;
+    qk_segment(s, a->seg, a->n, &a0, &b0);
+    return b0 - a0 >= 4 * (a->cells + 1);
+}
+
+/* Segment s's values (range rg > 0 and finite) counted into cnt: cell j at cnt[j * step]
+   (cell H: the masked values), in 4 histograms `stride` items apart (0: one; the caller sums
+   them). */
+static void count_values(const ad_args *a, Py_ssize_t s, double lo0, double rg, int64_t *cnt,
+                         int32_t step, int64_t stride)
+{
+    const int64_t H = a->cells;
+    Py_ssize_t a0, b0;
+    qk_segment(s, a->seg, a->n, &a0, &b0);
+    const uint8_t *mask = a->mask->len ? (const uint8_t *)a->mask->buf + a0 : NULL;
+    double f = (double)H / rg;
+    int avx2 = qk_avx2();
+    if (a->x->itemsize == 4)
+        (avx2 ? count_f32_avx2 : count_f32)((const float *)a->x->buf + a0, b0 - a0, mask, lo0,
+                                            f, H, cnt, stride, step);
+    else
+        (avx2 ? count_f64_avx2 : count_f64)((const double *)a->x->buf + a0, b0 - a0, mask,
+                                            lo0, f, H, cnt, stride, step);
+}
 
 /* Segment s's cell counts into cnt[0..H] (zero when its range rg is not searched); cnt has
    4 * (H + 1) items. */
@@ -140,28 +209,36 @@ static void count_cells(const ad_args *a, Py_ssize_t s, double lo0, double rg, i
 {
     int64_t H = a->cells, W = H + 1;
     int given = a->counts && a->counts->len, ok = rg > 0.0 && rg != INFINITY;
-    Py_ssize_t a0, b0;
-    qk_segment(s, a->seg, a->n, &a0, &b0);
-    int64_t stride = ok && !given && b0 - a0 >= 4 * W ? W : 0;  /* 4 histograms: long rows */
-    memset(cnt, 0, (size_t)(stride ? 4 * W : W) * sizeof *cnt);
+    int four = ok && !given && long_row(a, s);
+    memset(cnt, 0, (size_t)(four ? 4 * W : W) * sizeof *cnt);
     if (!ok)
         return;
     if (given) {
         memcpy(cnt, (const int64_t *)a->counts->buf + s * H, (size_t)H * sizeof *cnt);
         return;
     }
-    const uint8_t *mask = a->mask->len ? (const uint8_t *)a->mask->buf + a0 : NULL;
-    double f = (double)H / rg;
-    int avx2 = qk_avx2();
-    if (a->x->itemsize == 4)
-        (avx2 ? count_f32_avx2 : count_f32)((const float *)a->x->buf + a0, b0 - a0, mask, lo0,
-                                            f, H, cnt, stride);
-    else
-        (avx2 ? count_f64_avx2 : count_f64)((const double *)a->x->buf + a0, b0 - a0, mask,
-                                            lo0, f, H, cnt, stride);
-    for (int64_t j = 0; stride && j < W; j++)
+    count_values(a, s, lo0, rg, cnt, 1, four ? W : 0);
+    for (int64_t j = 0; four && j < W; j++)
         cnt[j] += cnt[W + j] + cnt[2 * W + j] + cnt[3 * W + j];
 }
+
+#if AD_HAVE_LANES
+/* Lane l's counts of segment s (range rg > 0 and finite) added into the lanes' zeroed tables
+   t (ad_prefix_lanes' layout); 1 where they went to 4 tables (a long row). */
+static int count_lane(const ad_args *a, Py_ssize_t s, double lo0, double rg, int64_t *t, int l)
+{
+    const int64_t H = a->cells, W = H + 1;
+    if (a->counts && a->counts->len) {
+        const int64_t *given = (const int64_t *)a->counts->buf + s * H;
+        for (int64_t j = 0; j < H; j++)
+            t[j * AD_LANES + l] = given[j];
+        return 0;
+    }
+    int four = long_row(a, s);
+    count_values(a, s, lo0, rg, t + l, AD_LANES, four ? AD_LANES * W : 0);
+    return four;
+}
+#endif
 
 /* Prefix sums of count and value (at cell centres) at C/S1[0..H]: integer sums (wrapping as
    numba's int64 do), then converted; Q4[0..H / hpb] those of cnt[j] (2j + 1)^2 at the edges
@@ -199,18 +276,21 @@ double ad_margin(int exact, Py_ssize_t nq, int64_t H, double T)
     return ldexp(((double)nq + 16.0) * cells * cells * (T + 1.0), -40);
 }
 
-/* The error of the full range [0, H] (adaptive._full_error with s2tot = 0). */
-static double full_error(Py_ssize_t nq, const double *C, const double *S1, int64_t H)
+/* The error of the full range [0, H] (adaptive._full_error with s2tot = 0); the sums of index
+   i at C/S1[i * step]. */
+static double full_error(Py_ssize_t nq, const double *C, const double *S1, int64_t step,
+                         int64_t H)
 {
     double d = (double)H / (double)(nq - 1), t = 0.0, u = 0.0;
     for (Py_ssize_t k = 0; k < nq - 1; k++) {
         double v = (double)k * d;
         int64_t j = ad_trunc(v + 0.5 * d + 0.5);
         j = H < j ? H : j;
-        t += S1[j];
-        u += C[j] * (2.0 * v + d);
+        t += S1[j * step];
+        u += C[j * step] * (2.0 * v + d);
     }
-    return 0.0 - 2.0 * ((double)H * S1[H] - d * t) + ((double)(H * H) * C[H] - d * u);
+    return 0.0 - 2.0 * ((double)H * S1[H * step] - d * t)
+           + ((double)(H * H) * C[H * step] - d * u);
 }
 
 /* One segment's greedy walk over its prefix sums: its best [ba, bb] in cells. */
@@ -223,7 +303,7 @@ static void walk_start(walk *w, const double *C, const double *S1, Py_ssize_t nq
 {
     w->C = C, w->S1 = S1;
     w->A = 0.0, w->B = (double)H;
-    w->best = full_error(nq, C, S1, H);
+    w->best = full_error(nq, C, S1, 1, H);
     w->ba = w->A, w->bb = w->B;
     w->CH = C[H], w->SH = S1[H];
 }
@@ -312,8 +392,8 @@ static Py_ssize_t search_pair(ad_args *a, Py_ssize_t s, int64_t *cnt, double *C,
         i++;
         int done = 1;
         for (int t = 0; t < 2; t++)
-            done &= ad_settled(C + t * W, S1 + t * W, Q + t * W, H, eps[t], w[t].A, w[t].B,
-                               w[t].best);
+            done &= ad_settled(C + t * W, S1 + t * W, Q + t * W, 1, 1, H, eps[t], w[t].A,
+                               w[t].B, w[t].best);
         if (done)
             break;
     }
@@ -326,16 +406,21 @@ static Py_ssize_t search_pair(ad_args *a, Py_ssize_t s, int64_t *cnt, double *C,
 }
 
 #if AD_HAVE_LANES
+/* The lanes' tables (ad_prefix_lanes' layout): counts (4 tables), prefix sums and records. */
+typedef struct {
+    int64_t *cnt;
+    double *CS, *Q;
+} lane_tables;
+
 /* Segments s .. s + AD_LANES - 1 (those < nseg) searched at once by ad_walk_lanes, each lane
    as search_pair searches it in its pair (the same counts, prefix sums, first error and walk);
    lo/hi of a searched range set. A pair neither of whose segments is searched is skipped, as
    search_pair skips it: its lanes walk over empty histograms and nothing is written. */
-static Py_ssize_t search_lanes(ad_args *a, Py_ssize_t s, int64_t *cnt, double *C, double *S1,
-                               double *Q, double *rec)
+static Py_ssize_t search_lanes(ad_args *a, Py_ssize_t s, lane_tables *t)
 {
-    const int64_t H = a->cells, W = H + 1;
+    const int64_t H = a->cells, W = H + 1, L = AD_LANES;
     double lo0[AD_LANES], rg[AD_LANES];
-    int ok[AD_LANES], any = 0;
+    int ok[AD_LANES], exact[AD_LANES], any = 0, four = 0;
     for (int l = 0; l < AD_LANES; l++) {
         lo0[l] = rg[l] = 0.0;
         ok[l] = 0;
@@ -348,23 +433,23 @@ static Py_ssize_t search_lanes(ad_args *a, Py_ssize_t s, int64_t *cnt, double *C
     }
     if (!any)
         return 0;
+    for (int l = 0; l < AD_LANES; l++)
+        if (ok[l])
+            four |= count_lane(a, s + l, lo0[l], rg[l], t->cnt, l);
+    int counted = !(a->counts && a->counts->len) && a->seg < AD_COUNTED_MAX;
+    ad_prefix_lanes(t->cnt, four ? 4 : 1, counted, W, t->CS, t->Q, exact);
     ad_lanes w;
-    w.C = C, w.S1 = S1, w.Q = Q;
+    w.CS = t->CS, w.Q = t->Q;
     for (int l = 0; l < AD_LANES; l++) {
-        double *Cl = C + l * W, *Sl = S1 + l * W;
-        if (s + l < a->nseg && (ok[l] || ok[l ^ 1]))
-            count_cells(a, s + l, lo0[l], ok[l] ? rg[l] : 0.0, cnt);
-        else
-            memset(cnt, 0, (size_t)W * sizeof *cnt);
-        int exact = prefix_sums(cnt, H, Cl, Sl, Q + l * W);
-        w.eps[l] = ok[l] && Cl[H] != 0.0 ? ad_margin(exact, a->nq, H, Cl[H]) : -INFINITY;
+        const double *Sl = t->CS + 2 * l, *Cl = Sl + 1;  /* index i at [2 L i] */
+        w.eps[l] = ok[l] && Cl[2 * L * H] != 0.0 ? ad_margin(exact[l], a->nq, H, Cl[2 * L * H])
+                                                 : -INFINITY;
         w.A[l] = 0.0, w.B[l] = (double)H;
-        w.best[l] = full_error(a->nq, Cl, Sl, H);
+        w.best[l] = full_error(a->nq, Cl, Sl, 2 * L, H);
         w.ba[l] = w.A[l], w.bb[l] = w.B[l];
-        w.CH[l] = Cl[H], w.SH[l] = Sl[H];
+        w.CH[l] = Cl[2 * L * H], w.SH[l] = Sl[2 * L * H];
     }
-    ad_records(C, S1, W, rec);
-    Py_ssize_t steps = ad_walk_lanes(&w, a->nq, a->n_iter, rec, W);
+    Py_ssize_t steps = ad_walk_lanes(&w, a->nq, a->n_iter, W);
     for (int l = 0; l < AD_LANES; l++)
         if (ok[l]) {
             qk_set(a->lo, s + l, lo0[l] + w.ba[l] * (rg[l] / (double)H));
@@ -375,22 +460,21 @@ static Py_ssize_t search_lanes(ad_args *a, Py_ssize_t s, int64_t *cnt, double *C
 
 /* All segments by search_lanes; the steps walked, or -1 where its tables cannot be had
    (nothing done). */
-static Py_ssize_t search_all_lanes(ad_args *a, int64_t *cnt)
+static Py_ssize_t search_all_lanes(ad_args *a)
 {
-    const int64_t W = a->cells + 1;
-    double *C = malloc((size_t)(AD_LANES * W) * sizeof *C);
-    double *S1 = malloc((size_t)(AD_LANES * W) * sizeof *S1);
-    double *Q = malloc((size_t)(AD_LANES * W) * sizeof *Q);
-    double *rec = malloc((size_t)(4 * AD_LANES * W) * sizeof *rec);
-    int ok = C && S1 && Q && rec;
+    const size_t W = (size_t)a->cells + 1, L = AD_LANES;
+    lane_tables t;
+    t.cnt = calloc(4 * L * W, sizeof *t.cnt);  /* zeroed: ad_prefix_lanes leaves it so */
+    t.CS = malloc(2 * L * W * sizeof *t.CS);
+    t.Q = malloc(L * W * sizeof *t.Q);
+    int ok = t.cnt && t.CS && t.Q;
     Py_ssize_t steps = 0;
     if (ok)
         for (Py_ssize_t s = 0; s < a->nseg; s += AD_LANES)
-            steps += search_lanes(a, s, cnt, C, S1, Q, rec);
-    free(C);
-    free(S1);
-    free(Q);
-    free(rec);
+            steps += search_lanes(a, s, &t);
+    free(t.cnt);
+    free(t.CS);
+    free(t.Q);
     return ok ? steps : -1;
 }
 #endif
@@ -407,7 +491,7 @@ static Py_ssize_t histogram_run(ad_args *a)
     if (cnt && C && S1 && Q) {
 #if AD_HAVE_LANES
         if (qk_avx2() && H <= AD_LANES_CELLS)
-            steps = search_all_lanes(a, cnt);
+            steps = search_all_lanes(a);
 #endif
         if (steps < 0) {
             steps = 0;

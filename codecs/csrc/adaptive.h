@@ -52,13 +52,16 @@ PyObject *ad_call(PyObject *args, int with_counts, const char *name,
    ((2j + 1 - 2A)^2 summed over the cells below A, (2j + 1 - 2B)^2 over those from B; Q[H] / 4
    is the constant the computed errors leave out), exact too. 1 when a walk standing on [A, B]
    (edges, in cells) with its best computed error `best` may end: that / 4 - eps >= best (eps
-   a margin far above the computed errors' rounding; false for a NaN best). */
-static inline int ad_settled(const double *C, const double *S1, const double *Q, int64_t H,
-                             double eps, double A, double B, double best)
+   a margin far above the computed errors' rounding; false for a NaN best). The sums of index
+   i at C/S1[i * step] and Q[i * qstep] (1: tables of their own; ad_prefix_lanes': a lane's). */
+static inline int ad_settled(const double *C, const double *S1, const double *Q, int64_t step,
+                             int64_t qstep, int64_t H, double eps, double A, double B,
+                             double best)
 {
-    int64_t a = (int64_t)A, b = (int64_t)B;
-    double lb4 = (Q[a / AD_HPB] - 8.0 * A * S1[a] + 4.0 * A * A * C[a])
-                 + ((4.0 * B * B * (C[H] - C[b]) - 8.0 * B * (S1[H] - S1[b])) - Q[b / AD_HPB]);
+    int64_t a = (int64_t)A * step, b = (int64_t)B * step, h = H * step;
+    int64_t qa = (int64_t)A / AD_HPB * qstep, qb = (int64_t)B / AD_HPB * qstep;
+    double lb4 = (Q[qa] - 8.0 * A * S1[a] + 4.0 * A * A * C[a])
+                 + ((4.0 * B * B * (C[h] - C[b]) - 8.0 * B * (S1[h] - S1[b])) - Q[qb]);
     return lb4 * 0.25 - eps >= best;
 }
 
@@ -97,22 +100,29 @@ static inline double ad_min(double a, double b) { return b < a ? b : a; }
 typedef struct {
     double A[AD_LANES], B[AD_LANES], best[AD_LANES], ba[AD_LANES], bb[AD_LANES];
     double CH[AD_LANES], SH[AD_LANES];
-    /* the early end: lane l's prefix sums at C/S1/Q + l W (Q: at the edges), its margin eps
-       (-INFINITY: a lane nothing is read from, or of no counts -- every error of it is +0.0 --
-       settled from the start) */
-    const double *C, *S1, *Q;
+    /* the lanes' prefix sums (ad_prefix_lanes' CS and Q), lane l's margin eps (-INFINITY: a
+       lane nothing is read from, or of no counts -- every error of it is +0.0 -- settled from
+       the start) */
+    const double *CS, *Q;
     double eps[AD_LANES];
 } ad_lanes;
 
-/* rec[4 j .. 4 j + 4) = S1[j], C[j], S1[j + hpb], C[j + hpb] for each lane's cells j in
-   [l W, l W + W - hpb) (lane l's prefix sums at C/S1[l W ..]): the operands of a threshold. */
-void ad_records(const double *C, const double *S1, int64_t W, double *rec);
+/* The lanes' histograms into their prefix sums, a vector for 4 lanes. cnt holds `tables` (1,
+   or 4 where a row was counted into 4 histograms) tables of W rows of AD_LANES counts (cell j
+   of lane l at j * AD_LANES + l, W = H + 1: cell H the masked values'), summed; left zeroed.
+   Out, the sums of adaptive.c's prefix_sums, the same bits: lane l's S1[i] and C[i] (i in
+   [0, W)) side by side at CS[2 (i AD_LANES + l)] (a threshold's operands S1[j], C[j], S1[j +
+   hpb], C[j + hpb]: two 16-byte loads), Q[i] (i in [0, H / hpb]) at Q[i AD_LANES + l];
+   exact[l]: prefix_sums' return value. `counted`: the counts are rows' counted by the search,
+   each of fewer than AD_COUNTED_MAX values (the sums then run in doubles, exactly). */
+#define AD_COUNTED_MAX ((Py_ssize_t)1 << 37)
+void ad_prefix_lanes(int64_t *cnt, int tables, int counted, int64_t W, double *CS, double *Q,
+                     int *exact);
 
 /* Up to n_iter greedy steps of every lane over its records (nq levels; cells W - 1 a
    histogram, as adaptive.c's pair loop, lane parity its pair position), until every lane is
    settled (ad_settled); the steps walked. */
-Py_ssize_t ad_walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, const double *rec,
-                         int64_t W);
+Py_ssize_t ad_walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, int64_t W);
 
 /* The short rows' exact search (adaptive_direct.c): its Python wrapper, and the search over
    a's segments (steps walked, -1 out of memory; no Python calls: runs without the GIL). */

@@ -19,25 +19,144 @@
 #if AD_HAVE_LANES
 #include <immintrin.h>
 
-void ad_records(const double *C, const double *S1, int64_t W, double *rec)
+/* x (int64 lanes) as doubles, rounded to nearest as cvtsi2sd rounds: the high 16 bits and
+   the low 48 as the mantissas of two doubles, exact, whose sum is rounded once (AVX2 has no
+   int64 conversion; the split is Mysticial's, Stack Overflow 41144668). */
+CK_TARGET_AVX2 static inline __attribute__((always_inline)) __m256d i64_to_f64(__m256i x)
 {
-    for (int64_t l = 0; l < AD_LANES; l++) {
-        int64_t j = l * W, end = l * W + W - AD_HPB;
-        for (; j + 2 <= end; j += 2) {  /* two records from four pairs (SSE2: x86-64) */
-            __m128d s = _mm_loadu_pd(S1 + j), c = _mm_loadu_pd(C + j);
-            __m128d sx = _mm_loadu_pd(S1 + j + AD_HPB), cx = _mm_loadu_pd(C + j + AD_HPB);
-            _mm_storeu_pd(rec + 4 * j, _mm_unpacklo_pd(s, c));
-            _mm_storeu_pd(rec + 4 * j + 2, _mm_unpacklo_pd(sx, cx));
-            _mm_storeu_pd(rec + 4 * j + 4, _mm_unpackhi_pd(s, c));
-            _mm_storeu_pd(rec + 4 * j + 6, _mm_unpackhi_pd(sx, cx));
+    const __m256d k3_2p67 = _mm256_set1_pd(442721857769029238784.0);  /* 3 * 2**67 */
+    const __m256d k3_2p67_2p52 = _mm256_set1_pd(442726361368656609280.0);  /* + 2**52 */
+    __m256i hi = _mm256_blend_epi16(_mm256_srai_epi32(x, 16), _mm256_setzero_si256(), 0x33);
+    hi = _mm256_add_epi64(hi, _mm256_castpd_si256(k3_2p67));
+    __m256i lo = _mm256_blend_epi16(x, _mm256_castpd_si256(_mm256_set1_pd(0x1p52)), 0x88);
+    __m256d f = _mm256_sub_pd(_mm256_castsi256_pd(hi), k3_2p67_2p52);
+    return _mm256_add_pd(f, _mm256_castsi256_pd(lo));
+}
+
+/* n * m modulo 2**64 in every int64 lane, for m < 2**32. */
+CK_TARGET_AVX2 static inline __attribute__((always_inline)) __m256i mul64(__m256i n, __m256i m)
+{
+    __m256i hi = _mm256_mul_epu32(_mm256_srli_epi64(n, 32), m);
+    return _mm256_add_epi64(_mm256_mul_epu32(n, m), _mm256_slli_epi64(hi, 32));
+}
+
+/* Lanes off .. off + 3 of ad_prefix_lanes: prefix_sums' integer sums (wrapping), their
+   conversions and its exactness test, the four lanes in one vector; the counts zeroed. */
+CK_TARGET_AVX2 static inline __attribute__((always_inline)) void
+prefix4(int64_t *cnt, int tables, int64_t W, double *CS, double *Q, int off, int *exact)
+{
+    const int64_t H = W - 1, L = AD_LANES, T = L * W;
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256d half = _mm256_set1_pd(0.5);
+    __m256i c = zero, s1 = zero, q = zero, big = zero;
+    _mm256_storeu_pd(CS + 2 * off, _mm256_setzero_pd());
+    _mm256_storeu_pd(CS + 2 * off + 4, _mm256_setzero_pd());
+    _mm256_storeu_pd(Q + off, _mm256_setzero_pd());
+    for (int64_t e = 0; e < H; e += AD_HPB) {  /* H is a multiple of hpb */
+        for (int64_t j = e; j < e + AD_HPB; j++) {
+            int64_t *at = cnt + j * L + off;
+            __m256i n = _mm256_loadu_si256((const __m256i *)at);
+            _mm256_storeu_si256((__m256i *)at, zero);
+            for (int u = 1; u < tables; u++) {
+                n = _mm256_add_epi64(n, _mm256_loadu_si256((const __m256i *)(at + u * T)));
+                _mm256_storeu_si256((__m256i *)(at + u * T), zero);
+            }
+            const int64_t o = 2 * j + 1;
+            big = _mm256_or_si256(big, _mm256_srli_epi64(n, 40));  /* a negative count too */
+            c = _mm256_add_epi64(c, n);
+            s1 = _mm256_add_epi64(s1, mul64(n, _mm256_set1_epi64x(o)));
+            q = _mm256_add_epi64(q, mul64(n, _mm256_set1_epi64x(o * o)));
+            __m256d cd = i64_to_f64(c), sd = _mm256_mul_pd(half, i64_to_f64(s1));
+            __m256d lo = _mm256_unpacklo_pd(sd, cd), hi = _mm256_unpackhi_pd(sd, cd);
+            double *r = CS + 2 * ((j + 1) * L + off);  /* (S1, C) of each lane */
+            _mm256_storeu_pd(r, _mm256_permute2f128_pd(lo, hi, 0x20));
+            _mm256_storeu_pd(r + 4, _mm256_permute2f128_pd(lo, hi, 0x31));
         }
-        for (; j < end; j++) {
-            rec[4 * j] = S1[j];
-            rec[4 * j + 1] = C[j];
-            rec[4 * j + 2] = S1[j + AD_HPB];
-            rec[4 * j + 3] = C[j + AD_HPB];
-        }
+        _mm256_storeu_pd(Q + (e / AD_HPB + 1) * L + off, i64_to_f64(q));
     }
+    for (int u = 0; u < tables; u++)  /* the masked values' cell */
+        _mm256_storeu_si256((__m256i *)(cnt + u * T + H * L + off), zero);
+    int64_t b[4];
+    _mm256_storeu_si256((__m256i *)b, big);
+    const double o = 2.0 * (double)H + 1.0;
+    for (int l = 0; l < 4; l++)  /* C[H] is the count, exactly, where no count is big */
+        exact[off + l] = !b[l] && 16.0 * CS[2 * (H * L + off + l) + 1] * o * o < 0x1p53;
+}
+
+/* prefix4 where the counts are a row's, counted here, of fewer than 2**37 values: every sum is
+   then an integer below 2**53 (2**37 (2H + 1), H <= AD_LANES_CELLS), so the sums run in
+   doubles, exactly, and equal prefix4's conversions of its integer sums; Q too, where it is
+   read (its exactness test: C[H] (2H + 1)^2 below 2**49). No count is big. */
+CK_TARGET_AVX2 static inline __attribute__((always_inline)) void
+prefix4_counted(int64_t *cnt, int tables, int64_t W, double *CS, double *Q, int off,
+                int *exact)
+{
+    const int64_t H = W - 1, L = AD_LANES, T = L * W;
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256d half = _mm256_set1_pd(0.5), two52 = _mm256_set1_pd(0x1p52);
+    __m256d c = _mm256_setzero_pd(), s1 = c, q = c;
+    _mm256_storeu_pd(CS + 2 * off, c);
+    _mm256_storeu_pd(CS + 2 * off + 4, c);
+    _mm256_storeu_pd(Q + off, c);
+    for (int64_t e = 0; e < H; e += AD_HPB) {
+        for (int64_t j = e; j < e + AD_HPB; j++) {
+            int64_t *at = cnt + j * L + off;
+            __m256i n = _mm256_loadu_si256((const __m256i *)at);
+            _mm256_storeu_si256((__m256i *)at, zero);
+            for (int u = 1; u < tables; u++) {
+                n = _mm256_add_epi64(n, _mm256_loadu_si256((const __m256i *)(at + u * T)));
+                _mm256_storeu_si256((__m256i *)(at + u * T), zero);
+            }
+            /* n as a double: 0 <= n < 2**52 in the mantissa of 2**52 */
+            __m256d nd = _mm256_sub_pd(
+                _mm256_castsi256_pd(_mm256_or_si256(n, _mm256_castpd_si256(two52))), two52);
+            const double o = (double)(2 * j + 1);
+            c = _mm256_add_pd(c, nd);
+            s1 = _mm256_add_pd(s1, _mm256_mul_pd(nd, _mm256_set1_pd(o)));
+            q = _mm256_add_pd(q, _mm256_mul_pd(nd, _mm256_set1_pd(o * o)));
+            __m256d sd = _mm256_mul_pd(half, s1);
+            __m256d lo = _mm256_unpacklo_pd(sd, c), hi = _mm256_unpackhi_pd(sd, c);
+            double *r = CS + 2 * ((j + 1) * L + off);
+            _mm256_storeu_pd(r, _mm256_permute2f128_pd(lo, hi, 0x20));
+            _mm256_storeu_pd(r + 4, _mm256_permute2f128_pd(lo, hi, 0x31));
+        }
+        _mm256_storeu_pd(Q + (e / AD_HPB + 1) * L + off, q);
+    }
+    for (int u = 0; u < tables; u++)
+        _mm256_storeu_si256((__m256i *)(cnt + u * T + H * L + off), zero);
+    const double o = 2.0 * (double)H + 1.0;
+    for (int l = 0; l < 4; l++)
+        exact[off + l] = 16.0 * CS[2 * (H * L + off + l) + 1] * o * o < 0x1p53;
+}
+
+CK_TARGET_AVX2 static inline __attribute__((always_inline)) void
+prefix_lanes(int64_t *cnt, int tables, int counted, int64_t W, double *CS, double *Q,
+             int *exact)
+{
+    for (int off = 0; off < AD_LANES; off += 4)
+        if (counted)
+            prefix4_counted(cnt, tables, W, CS, Q, off, exact);
+        else
+            prefix4(cnt, tables, W, CS, Q, off, exact);
+}
+
+CK_TARGET_AVX2 static void prefix_avx2(int64_t *cnt, int tables, int counted, int64_t W,
+                                       double *CS, double *Q, int *exact)
+{
+    prefix_lanes(cnt, tables, counted, W, CS, Q, exact);
+}
+
+CK_TARGET_AVX512 static void prefix_avx512(int64_t *cnt, int tables, int counted, int64_t W,
+                                           double *CS, double *Q, int *exact)
+{
+    prefix_lanes(cnt, tables, counted, W, CS, Q, exact);
+}
+
+void ad_prefix_lanes(int64_t *cnt, int tables, int counted, int64_t W, double *CS, double *Q,
+                     int *exact)
+{
+    (ck_vector() >= CK_AVX512 ? prefix_avx512 : prefix_avx2)(cnt, tables, counted, W, CS, Q,
+                                                              exact);
 }
 
 /* One vector of 4 lanes: its walks' state and its constants. */
@@ -61,10 +180,10 @@ CK_TARGET_AVX2 static lanes4 load4(const ad_lanes *w, int h, int64_t W)
     v.SH = _mm256_loadu_pd(w->SH + h0);
     v.off = _mm256_setr_pd(0.0, odd, 0.0, odd);
     v.jmax = _mm256_add_pd(_mm256_set1_pd(jm), v.off);  /* jm + 0.0 is jm */
-    /* lanes h0, h0 + 1 form a pair whose tables start at h0 * W, h0 + 2 and h0 + 3 at
-       (h0 + 2) * W: an odd lane's thresholds already count its W */
-    v.base = _mm_setr_epi32((int)(4 * h0 * W), (int)(4 * h0 * W), (int)(4 * (h0 + 2) * W),
-                            (int)(4 * (h0 + 2) * W));
+    /* lane l's (S1, C) of threshold j at 2 (j L + l) (ad_prefix_lanes); an odd lane's
+       thresholds count its pair's W (v.off) */
+    const int w2 = (int)(2 * AD_LANES * W);
+    v.base = _mm_setr_epi32(2 * h0, 2 * (h0 + 1) - w2, 2 * (h0 + 2), 2 * (h0 + 3) - w2);
     return v;
 }
 
@@ -81,13 +200,16 @@ CK_TARGET_AVX2 static void store4(ad_lanes *w, int h, const lanes4 *v)
 /* The records of the four lanes' thresholds j (record indices), transposed: S1[j], C[j],
    S1[j + hpb], C[j + hpb] of each lane. */
 CK_TARGET_AVX2 static inline __attribute__((always_inline)) void
-records4(const double *rec, __m128i j, __m256d *s1y, __m256d *cy, __m256d *s1x, __m256d *cx)
+records4(const double *CS, __m128i j, __m256d *s1y, __m256d *cy, __m256d *s1x, __m256d *cx)
 {
     volatile int32_t at_[4];  /* through memory: 4 loads where extracts took 7 operations */
     _mm_storeu_si128((__m128i *)at_, j);
     const int32_t at[4] = {at_[0], at_[1], at_[2], at_[3]};
-    __m256d r0 = _mm256_loadu_pd(rec + at[0]), r1 = _mm256_loadu_pd(rec + at[1]);
-    __m256d r2 = _mm256_loadu_pd(rec + at[2]), r3 = _mm256_loadu_pd(rec + at[3]);
+    const int x = 2 * AD_LANES * AD_HPB;  /* from threshold j to j + hpb */
+    __m256d r0 = _mm256_loadu2_m128d(CS + at[0] + x, CS + at[0]);
+    __m256d r1 = _mm256_loadu2_m128d(CS + at[1] + x, CS + at[1]);
+    __m256d r2 = _mm256_loadu2_m128d(CS + at[2] + x, CS + at[2]);
+    __m256d r3 = _mm256_loadu2_m128d(CS + at[3] + x, CS + at[3]);
     __m256d t0 = _mm256_unpacklo_pd(r0, r1), t1 = _mm256_unpackhi_pd(r0, r1);
     __m256d t2 = _mm256_unpacklo_pd(r2, r3), t3 = _mm256_unpackhi_pd(r2, r3);
     *s1y = _mm256_permute2f128_pd(t0, t2, 0x20);
@@ -104,13 +226,13 @@ typedef struct {
 /* Threshold k (kv: k in every lane) of 4 lanes' two candidates of spacing d, the first at p,
    added into s: v = A + k d, t = p + k d, j = trunc(min(t, jmax)), then the pair loop's sums. */
 CK_TARGET_AVX2 static inline __attribute__((always_inline)) void
-threshold4(const lanes4 *v, __m256d kv, __m256d d, __m256d p, const double *rec, sums4 *s)
+threshold4(const lanes4 *v, __m256d kv, __m256d d, __m256d p, const double *CS, sums4 *s)
 {
     const __m256d hpb = _mm256_set1_pd(AD_HPB), two = _mm256_set1_pd(2.0);
     __m256d kd = _mm256_mul_pd(kv, d), x = _mm256_add_pd(v->A, kd);
     __m128i j = _mm256_cvttpd_epi32(_mm256_min_pd(_mm256_add_pd(p, kd), v->jmax));
     __m256d s1y, cy, s1x, cx;
-    records4(rec, _mm_add_epi32(_mm_slli_epi32(j, 2), v->base), &s1y, &cy, &s1x, &cx);
+    records4(CS, _mm_add_epi32(_mm_slli_epi32(j, 4), v->base), &s1y, &cy, &s1x, &cx);
     s->ty = _mm256_add_pd(s->ty, s1y);
     s->uy = _mm256_add_pd(s->uy, _mm256_mul_pd(cy, _mm256_add_pd(_mm256_mul_pd(two, x), d)));
     s->tx = _mm256_add_pd(s->tx, s1x);
@@ -161,15 +283,16 @@ settled4(const ad_lanes *w, int h, const lanes4 *v, int64_t W)
     int all = 1;
     for (int q = 0; q < 4; q++) {
         const int l = 4 * h + q;
-        all &= ad_settled(w->C + l * W, w->S1 + l * W, w->Q + l * W, W - 1, w->eps[l], A[q],
-                          B[q], best[q]);
+        all &= ad_settled(w->CS + 2 * l + 1, w->CS + 2 * l, w->Q + l, 2 * AD_LANES, AD_LANES,
+                          W - 1, w->eps[l], A[q], B[q], best[q]);
     }
     return all;
 }
 
 CK_TARGET_AVX2 static inline __attribute__((always_inline)) Py_ssize_t
-walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, const double *rec, int64_t W)
+walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, int64_t W)
 {
+    const double *CS = w->CS;
     const __m256d inv = _mm256_set1_pd(1.0 / (double)(nq - 1)), one = _mm256_set1_pd(1.0);
     lanes4 v0 = load4(w, 0, W), v1 = load4(w, 1, W);
     Py_ssize_t i = 0;
@@ -181,8 +304,8 @@ walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, const double *rec, int
         sums4 s0 = {zero, zero, zero, zero}, s1 = s0;
         __m256d kv = zero;  /* (double)k, exactly */
         for (Py_ssize_t k = 0; k < nq - 1; k++, kv = _mm256_add_pd(kv, one)) {
-            threshold4(&v0, kv, d0, p0, rec, &s0);  /* lanes 0-3 */
-            threshold4(&v1, kv, d1, p1, rec, &s1);  /* lanes 4-7 */
+            threshold4(&v0, kv, d0, p0, CS, &s0);  /* lanes 0-3 */
+            threshold4(&v1, kv, d1, p1, CS, &s1);  /* lanes 4-7 */
         }
         step4(&v0, d0, s0.tx, s0.ux, s0.ty, s0.uy);
         step4(&v1, d1, s1.tx, s1.ux, s1.ty, s1.uy);
@@ -198,20 +321,19 @@ walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, const double *rec, int
    vector registers instead of 16 (the loop holds about 20 vectors: with 16 some live on the
    stack). */
 CK_TARGET_AVX2 static Py_ssize_t walk_avx2(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter,
-                                           const double *rec, int64_t W)
+                                           int64_t W)
 {
-    return walk_lanes(w, nq, n_iter, rec, W);
+    return walk_lanes(w, nq, n_iter, W);
 }
 
 CK_TARGET_AVX512 static Py_ssize_t walk_avx512(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter,
-                                               const double *rec, int64_t W)
+                                               int64_t W)
 {
-    return walk_lanes(w, nq, n_iter, rec, W);
+    return walk_lanes(w, nq, n_iter, W);
 }
 
-Py_ssize_t ad_walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, const double *rec,
-                         int64_t W)
+Py_ssize_t ad_walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, int64_t W)
 {
-    return (ck_vector() >= CK_AVX512 ? walk_avx512 : walk_avx2)(w, nq, n_iter, rec, W);
+    return (ck_vector() >= CK_AVX512 ? walk_avx512 : walk_avx2)(w, nq, n_iter, W);
 }
 #endif
