@@ -276,21 +276,18 @@ double ad_margin(int exact, Py_ssize_t nq, int64_t H, double T)
     return ldexp(((double)nq + 16.0) * cells * cells * (T + 1.0), -40);
 }
 
-/* The error of the full range [0, H] (adaptive._full_error with s2tot = 0); the sums of index
-   i at C/S1[i * step]. */
-static double full_error(Py_ssize_t nq, const double *C, const double *S1, int64_t step,
-                         int64_t H)
+/* The error of the full range [0, H] (adaptive._full_error with s2tot = 0). */
+static double full_error(Py_ssize_t nq, const double *C, const double *S1, int64_t H)
 {
     double d = (double)H / (double)(nq - 1), t = 0.0, u = 0.0;
     for (Py_ssize_t k = 0; k < nq - 1; k++) {
         double v = (double)k * d;
         int64_t j = ad_trunc(v + 0.5 * d + 0.5);
         j = H < j ? H : j;
-        t += S1[j * step];
-        u += C[j * step] * (2.0 * v + d);
+        t += S1[j];
+        u += C[j] * (2.0 * v + d);
     }
-    return 0.0 - 2.0 * ((double)H * S1[H * step] - d * t)
-           + ((double)(H * H) * C[H * step] - d * u);
+    return 0.0 - 2.0 * ((double)H * S1[H] - d * t) + ((double)(H * H) * C[H] - d * u);
 }
 
 /* One segment's greedy walk over its prefix sums: its best [ba, bb] in cells. */
@@ -303,7 +300,7 @@ static void walk_start(walk *w, const double *C, const double *S1, Py_ssize_t nq
 {
     w->C = C, w->S1 = S1;
     w->A = 0.0, w->B = (double)H;
-    w->best = full_error(nq, C, S1, 1, H);
+    w->best = full_error(nq, C, S1, H);
     w->ba = w->A, w->bb = w->B;
     w->CH = C[H], w->SH = S1[H];
 }
@@ -440,12 +437,12 @@ static Py_ssize_t search_lanes(ad_args *a, Py_ssize_t s, lane_tables *t)
     ad_prefix_lanes(t->cnt, four ? 4 : 1, counted, W, t->CS, t->Q, exact);
     ad_lanes w;
     w.CS = t->CS, w.Q = t->Q;
+    ad_full_errors(a->nq, t->CS, H, w.best);  /* full_error of each lane */
     for (int l = 0; l < AD_LANES; l++) {
         const double *Sl = t->CS + 2 * l, *Cl = Sl + 1;  /* index i at [2 L i] */
         w.eps[l] = ok[l] && Cl[2 * L * H] != 0.0 ? ad_margin(exact[l], a->nq, H, Cl[2 * L * H])
                                                  : -INFINITY;
         w.A[l] = 0.0, w.B[l] = (double)H;
-        w.best[l] = full_error(a->nq, Cl, Sl, 2 * L, H);
         w.ba[l] = w.A[l], w.bb[l] = w.B[l];
         w.CH[l] = Cl[2 * L * H], w.SH[l] = Sl[2 * L * H];
     }

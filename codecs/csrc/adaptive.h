@@ -119,6 +119,10 @@ typedef struct {
 void ad_prefix_lanes(int64_t *cnt, int tables, int counted, int64_t W, double *CS, double *Q,
                      int *exact);
 
+/* best[l]: adaptive.c's full_error (the first range's error) of each lane over its prefix
+   sums CS (ad_prefix_lanes'), 4 lanes a vector: the same operations, so the same bits. */
+void ad_full_errors(Py_ssize_t nq, const double *CS, int64_t H, double *best);
+
 /* Up to n_iter greedy steps of every lane over its records (nq levels; cells W - 1 a
    histogram, as adaptive.c's pair loop, lane parity its pair position), until every lane is
    settled (ad_settled); the steps walked. */

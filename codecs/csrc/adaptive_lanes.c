@@ -159,6 +159,48 @@ void ad_prefix_lanes(int64_t *cnt, int tables, int counted, int64_t W, double *C
                                                               exact);
 }
 
+/* Lanes off .. off + 3's first errors: full_error's sums, the thresholds (the same in every
+   lane: the full range) read as (S1, C) pairs and split. */
+CK_TARGET_AVX2 static inline __attribute__((always_inline)) void
+full4(Py_ssize_t nq, const double *CS, int64_t H, int off, double *best)
+{
+    const int64_t L = AD_LANES;
+    const double d = (double)H / (double)(nq - 1);
+    __m256d t = _mm256_setzero_pd(), u = t, s1, c;
+#define PAIRS4(j)                                                                             \
+    {                                                                                         \
+        const double *r_ = CS + 2 * ((j) * L + off);                                          \
+        __m256d a_ = _mm256_loadu_pd(r_), b_ = _mm256_loadu_pd(r_ + 4);                       \
+        __m256d p_ = _mm256_permute2f128_pd(a_, b_, 0x20);                                    \
+        __m256d q_ = _mm256_permute2f128_pd(a_, b_, 0x31);                                    \
+        s1 = _mm256_unpacklo_pd(p_, q_), c = _mm256_unpackhi_pd(p_, q_);                     \
+    }
+    for (Py_ssize_t k = 0; k < nq - 1; k++) {
+        double v = (double)k * d;
+        int64_t j = ad_trunc(v + 0.5 * d + 0.5);
+        j = H < j ? H : j;
+        PAIRS4(j)
+        t = _mm256_add_pd(t, s1);
+        u = _mm256_add_pd(u, _mm256_mul_pd(c, _mm256_set1_pd(2.0 * v + d)));
+    }
+    PAIRS4(H)
+#undef PAIRS4
+    const __m256d dv = _mm256_set1_pd(d), Hv = _mm256_set1_pd((double)H);
+    __m256d e = _mm256_sub_pd(
+        _mm256_setzero_pd(),
+        _mm256_mul_pd(_mm256_set1_pd(2.0), _mm256_sub_pd(_mm256_mul_pd(Hv, s1),
+                                                         _mm256_mul_pd(dv, t))));
+    e = _mm256_add_pd(e, _mm256_sub_pd(_mm256_mul_pd(_mm256_set1_pd((double)(H * H)), c),
+                                       _mm256_mul_pd(dv, u)));
+    _mm256_storeu_pd(best + off, e);
+}
+
+CK_TARGET_AVX2 void ad_full_errors(Py_ssize_t nq, const double *CS, int64_t H, double *best)
+{
+    full4(nq, CS, H, 0, best);
+    full4(nq, CS, H, 4, best);
+}
+
 /* One vector of 4 lanes: its walks' state and its constants. */
 typedef struct {
     __m256d A, B, best, ba, bb, CH, SH;

@@ -7,7 +7,8 @@
        rle_huffman_encode(encode_chunk(*quantize(x, method, bits, ...)), min_saving)
    for float32, float16 or bfloat16 values without protected or pruned ones and float32
    parameters; a segment at a time (16-bit values widened into a scratch first): its values
-   checked finite, its range, zero point and scale, its codes, while it is in cache. Where a
+   checked finite (float32 ones all at once first: a call a short row cost more than its
+   check), its range, zero point and scale, its codes, while it is in cache. Where a
    value is not finite (quantize protects it) or an inverse scale is not (a subnormal scale:
    quantize's float64 steps), nothing is returned: the caller's steps run. */
 #include "quant.h"
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 
 #define QC_HEAD 31  /* _qformat's version-1 header: <BBBBBHQQQ */
+#define GROUP 8192  /* values: 32 KiB of float32 */
 enum { QC_F32 = 0, QC_F16 = 2, QC_BF16 = 3 };  /* _floats.DTYPE_CODES */
 
 /* float32 values of m 16-bit floats (bfloat16 or float16 bits), exact, into out: what
@@ -85,6 +87,21 @@ static int segment_codes(const steps_t *k, const float *xs, Py_ssize_t m, double
     return 0;
 }
 
+/* Segments a chunk's steps take at a time while their values are in cache (a finiteness check
+   a group: a call a short segment cost more than its check): an even number (the adaptive
+   search pairs segments by their parity) of about GROUP values. */
+static Py_ssize_t group_of(Py_ssize_t seg)
+{
+    return seg >= GROUP ? 2 : 2 * ((GROUP / seg + 1) / 2);
+}
+
+/* The end (a value index) of the group of segments from segment s (s seg < n). */
+static Py_ssize_t group_end(Py_ssize_t s, Py_ssize_t group, Py_ssize_t seg, Py_ssize_t n)
+{
+    Py_ssize_t at = s * seg;
+    return (n - at) / seg < group ? n : at + group * seg;
+}
+
 /* The packed codes and _qformat's version-1 header of a chunk of n values. */
 static void finish_chunk(uint8_t *body, const uint8_t *codes, Py_ssize_t n, Py_ssize_t seg,
                          int bits, int method, int dtype)
@@ -114,6 +131,7 @@ static int uniform_chunk(const steps_t *k, const void *x, int dtype, Py_ssize_t 
     Py_ssize_t nseg = (n + seg - 1) / seg, nq = (Py_ssize_t)1 << bits, a0, b0;
     uint8_t *zeros = body + QC_HEAD, *scales = zeros + 4 * nseg;
     uint8_t *out = bits == 8 ? scales + 4 * nseg : codes;
+    Py_ssize_t group = group_of(seg);
     for (Py_ssize_t s = 0; s < nseg; s++) {
         qk_segment(s, seg, n, &a0, &b0);
         Py_ssize_t m = b0 - a0;
@@ -121,8 +139,9 @@ static int uniform_chunk(const steps_t *k, const void *x, int dtype, Py_ssize_t 
         if (dtype != QC_F32) {
             widen((const uint16_t *)x + a0, m, dtype, wide);
             xs = wide;
-        }
-        if (!k->finite(xs, m))
+            if (!k->finite(xs, m))
+                return 1;
+        } else if (s % group == 0 && !k->finite(xs, group_end(s, group, seg, n) - a0))
             return 1;
         double lo, hi;  /* as quant.c's uniform_f32, mask-free, nq >= 2 */
         if (symmetric) {
@@ -154,18 +173,26 @@ static int adaptive_chunk(const steps_t *k, const void *x, int dtype, Py_ssize_t
         widen((const uint16_t *)x, n, dtype, wide);
         xf = wide;
     }
-    for (Py_ssize_t s = 0; s < nseg; s++) {
-        qk_segment(s, seg, n, &a0, &b0);
-        if (!k->finite(xf + a0, b0 - a0))
+    /* the steps a group of segments at a time (group_of), while its values are in cache */
+    Py_ssize_t group = group_of(seg);
+    for (Py_ssize_t g0 = 0; g0 < nseg; g0 += group) {
+        Py_ssize_t g1 = g0 + group < nseg ? g0 + group : nseg, c0 = g0 * seg;
+        Py_ssize_t c1 = group_end(g0, group, seg, n);
+        if (!k->finite(xf + c0, c1 - c0))
             return 1;
-        k->range(xf + a0, b0 - a0, NULL, &lo[s], &hi[s]);
-    }
-    if (ad_search_floats(xf, n, seg, lo, hi, nseg, nq, num_bins, n_iter) < 0)
-        return -1;
-    for (Py_ssize_t s = 0; s < nseg; s++) {
-        qk_segment(s, seg, n, &a0, &b0);
-        if (segment_codes(k, xf + a0, b0 - a0, lo[s], hi[s], nq, zeros, scales, s, out + a0))
-            return 1;
+        for (Py_ssize_t s = g0; s < g1; s++) {
+            qk_segment(s, seg, n, &a0, &b0);
+            k->range(xf + a0, b0 - a0, NULL, &lo[s], &hi[s]);
+        }
+        if (ad_search_floats(xf + c0, c1 - c0, seg, lo + g0, hi + g0, g1 - g0, nq, num_bins,
+                             n_iter) < 0)
+            return -1;
+        for (Py_ssize_t s = g0; s < g1; s++) {
+            qk_segment(s, seg, n, &a0, &b0);
+            if (segment_codes(k, xf + a0, b0 - a0, lo[s], hi[s], nq, zeros, scales, s,
+                              out + a0))
+                return 1;
+        }
     }
     finish_chunk(body, codes, n, seg, bits, 2, dtype);
     return 0;

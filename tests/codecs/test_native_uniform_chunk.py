@@ -113,6 +113,21 @@ def test_adaptive_one_call_with_its_search_parameters(seed, rows, cols, kind, bi
            ratio=ratio)
 
 
+@pytest.mark.parametrize("shape", [(3000, 64), (301, 128), (5, 9000), (7, 3001), (129, 65)])
+@pytest.mark.parametrize("kind", ["normal", "specials"])
+def test_adaptive_one_call_a_group_of_rows_at_a_time(shape, kind):
+    """The one call runs its steps on groups of rows of about 32 KiB (an even number: the
+    search pairs rows by parity), the last group shorter, a non-finite value in any group:
+    quantize's bytes, which search all rows in one call."""
+    x = _values(sum(shape), shape, "normal")
+    if kind == "specials":  # one non-finite value, in the last group only
+        x[-1, -1] = np.inf
+    for bits in (2, 4, 8):
+        _check(x, "adaptive-asymmetric", bits, "row", None, True, 0.08)
+    _check(*_as(x, "bfloat16")[:1], "adaptive-asymmetric", 4, "row", None, True, 0.08,
+           "bfloat16")
+
+
 def test_adaptive_one_call_refuses_what_the_search_refuses():
     """A ratio past the range or NaN, bins past the histogram's limit: ValueError, as the
     search's own wrappers raise."""
