@@ -35,7 +35,10 @@ How it works
   4 x 200 000 x 64 float32 tables (``Shard(0)``) + a replicated MLP (209 MB) through
   ``ckptstore.dcp.StorageWriter`` (sharded commit) and ``dcp.load`` into ``Shard(1)`` tables
   through ``StorageReader`` (resharded load), after one untimed round; ``--scale`` scales the
-  rows, ``--quick`` divides them by 10 more.
+  rows, ``--quick`` divides them by 10 more; ``persist`` -- the CPU seconds (all threads) a
+  ``commit`` of a 256 MB synthetic state takes under lossless, 8-bit and 4-bit.
+* A revision with compiled kernels (a ``setup.py``) is built in its archive first
+  (``build_ext --inplace``, its own sources and flags): about a minute.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,7 +62,7 @@ sys.path.insert(0, HERE)
 from common import command_line, load_average, machine_description, markdown_table  # noqa: E402
 from common import write_text  # noqa: E402
 
-CASES = ("store_io", "stall", "train", "sharded")
+CASES = ("store_io", "stall", "train", "sharded", "persist")
 
 
 # -- inside a subprocess: one case against whatever ckptstore is importable ---------------------
@@ -105,6 +109,8 @@ def _worker(case: str, args: argparse.Namespace) -> dict[str, Any]:
             none.append(A.train_run(trainer, "none", None, steps, root).rate)
             out["train slowdown, commit_async every 100 steps (%)"] = (
                 100 * (statistics.mean(none) / run - 1))
+        elif case == "persist":
+            out.update(_persist_cpu(root, args))
         elif case == "sharded":
             import sharded as D
 
@@ -118,6 +124,33 @@ def _worker(case: str, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return {"results": out, "imported": [library_files(), *ranks]}
+
+
+def _persist_cpu(root: str, args: argparse.Namespace) -> dict[str, float]:
+    """CPU seconds of this process (every thread) a ``commit`` of async_writer.py's synthetic
+    state, 256 MB x ``--scale``, under lossless, 8-bit and 4-bit: a persist's cost, which a
+    training loop beside busy cores pays a share of (cpu_proxy.py)."""
+    import async_writer as A
+    import torch
+
+    import ckptstore
+    from ckptstore import Policy, QuantSpec
+
+    torch.set_num_threads(1)
+    state = A.build_state(max(1, int(256 * args.scale)) << 20)
+    out = {}
+    for label, policy in (("lossless", Policy()), ("8-bit", Policy(quantize=QuantSpec(bits=8))),
+                          ("4-bit", Policy(quantize=QuantSpec(bits=4)))):
+        store = ckptstore.open(os.path.join(root, label), policy=policy)
+        store.commit(state)  # warm: buffers, first-use imports
+        cpu = []
+        for _ in range(args.repeat):
+            t0 = time.process_time()
+            store.commit(state)
+            cpu.append(time.process_time() - t0)
+        store.close()
+        out[f"persist CPU {label} (s)"] = statistics.median(cpu)
+    return out
 
 
 # -- the driver ----------------------------------------------------------------------------------
@@ -144,13 +177,33 @@ def materialise(rev: str | None, tmp: str) -> Revision:
         sha = _git("rev-parse", "--short", f"{rev}^{{commit}}")
         name = f"{rev} ({sha})" if rev != sha else sha
         source = tempfile.mkdtemp(prefix=f"src-{sha}-", dir=tmp)  # base and head may be equal
-        archive = subprocess.run(["git", "-C", ROOT, "archive", sha, "ckptstore", "codecs"],
+        built = _has(sha, "setup.py")  # a revision with compiled kernels: built in place
+        files = ["ckptstore", "codecs"] + (["setup.py", "pyproject.toml"] if built else [])
+        archive = subprocess.run(["git", "-C", ROOT, "archive", sha, *files],
                                  check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", source], input=archive, check=True)
+        if built:
+            _build(source, name)
     path = tempfile.mkdtemp(prefix="imp-", dir=tmp)
     os.symlink(os.path.join(source, "ckptstore"), os.path.join(path, "ckptstore"))
     os.symlink(os.path.join(source, "codecs"), os.path.join(path, "ckptcodecs"))
     return Revision(name, source, path)
+
+
+def _has(sha: str, path: str) -> bool:
+    return subprocess.run(["git", "-C", ROOT, "cat-file", "-e", f"{sha}:{path}"],
+                          capture_output=True).returncode == 0
+
+
+def _build(source: str, name: str) -> None:
+    """A revision's C extensions compiled into its archive (``build_ext --inplace``: its
+    setup.py, its compiler flags): without them its ckptcodecs would run the numba kernels, or
+    none."""
+    proc = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+                          cwd=source, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{name}: its extensions did not build:\n{proc.stderr[-3000:]}")
+    print(f"built   {name}", file=sys.stderr, flush=True)
 
 
 def check_imported(rev: Revision, imported: list[list[str]]) -> None:
