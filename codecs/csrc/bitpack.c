@@ -55,8 +55,40 @@ static inline __attribute__((always_inline)) void pack_n(const uint8_t *codes, P
     pack_tail(codes, count - 8 * groups, bits, carry, out);
 }
 
+/* pack_n for a width that divides 8 (2 or 4): where every code is below 2**bits (no carry),
+   byte i holds codes i per .. i per + per - 1, the first lowest: the same bytes, in a loop
+   that vectorises. 0 where a code is not below 2**bits (out then holds nothing usable). */
+static inline __attribute__((always_inline)) int pack_whole(const uint8_t *restrict codes,
+                                                            Py_ssize_t count, const int bits,
+                                                            uint8_t *restrict out)
+{
+    const int per = 8 / bits;
+    Py_ssize_t whole = count / per;
+    uint8_t seen = 0;
+    for (Py_ssize_t i = 0; i < whole; i++) {
+        uint8_t b = 0;
+        for (int j = 0; j < per; j++) {
+            b |= (uint8_t)(codes[i * per + j] << (j * bits));
+            seen |= codes[i * per + j];
+        }
+        out[i] = b;
+    }
+    if (count > whole * per) {  /* the last byte, part filled */
+        uint8_t b = 0;
+        for (Py_ssize_t j = 0; j < count - whole * per; j++) {
+            b |= (uint8_t)(codes[whole * per + j] << (j * bits));
+            seen |= codes[whole * per + j];
+        }
+        out[whole] = b;
+    }
+    return seen < (1 << bits);
+}
+
 void ck_pack_bits(const uint8_t *codes, Py_ssize_t count, int bits, uint8_t *out)
 {
+    if ((bits == 4 && pack_whole(codes, count, 4, out))
+        || (bits == 2 && pack_whole(codes, count, 2, out)))
+        return;
     switch (bits) {
     case 1: pack_n(codes, count, 1, out); break;
     case 2: pack_n(codes, count, 2, out); break;
