@@ -1,19 +1,26 @@
-/* The histogram search's greedy walks with AVX2, AD_LANES segments at once (adaptive.c runs
-   them where the CPU path is "avx2" or above): each segment in a lane of a vector, two vectors
-   of 4 side by side, so a step of the walk costs a vector operation for 4 segments where the
-   pair loop of adaptive.c costs one for each. Every lane keeps that loop's operations, in its
-   order, for its segment (plain IEEE float64, no FMA: the same bits; the tests compare both
-   with the numba twin on every CPU path).
+/* The histogram search with AVX2, AD_LANES segments at once (adaptive.c runs it where the CPU
+   path is "avx2" or above): each segment in a lane of a vector, two vectors of 4 side by side,
+   so a step costs a vector operation for 4 segments where the pair loop of adaptive.c costs
+   one for each. Every lane keeps that loop's operations, in its order, for its segment (plain
+   IEEE float64, no FMA: the same bits; the tests compare both with the numba twin on every CPU
+   path).
 
-   The loads: a threshold j of a candidate reads S1[j], C[j], S1[j + hpb] and C[j + hpb]. Here
-   those four are one record, rec[j] (ad_records), so a lane's threshold costs one 32-byte load,
-   and the four lanes' records are transposed into the four sums' operands: 4 loads and 8
-   shuffles a step for 4 segments. Tried on this VM's CPU (AMD EPYC, AVX-512), 8-bit rows of
-   64: GCC's vectorisation of a plain lane loop (16 loads and 16 inserts a step) ran at 1.4x
-   the pair loop, hardware gathers at 1.1x, these records at 1.8x, with the thresholds' indices
-   through memory instead of extracted (vpextrd) and k kept as a vector 2.1x. The walk is
-   built for AVX2 and for x86-64-v4, where the same instructions have 32 registers instead of
-   16 (the loop holds about 20 vectors). */
+   The tables: the lanes' counts, prefix sums and first errors are laid out lane by lane in each
+   row (cell j of lane l at j * AD_LANES + l), so that the prefix sums of 4 lanes run in one
+   vector (ad_prefix_lanes; in doubles, exactly, where the counts are a row's counted here), as
+   do their first errors (ad_full_errors). Per row of 64 values this took the search from 606 to
+   343 ns (tenth slice's records pass and scalar sums before; issue 28's sixteenth slice).
+
+   The walk's loads: a threshold j of a candidate reads S1[j], C[j], S1[j + hpb] and C[j +
+   hpb]: two 16-byte loads of (S1, C) pairs (a lane's are side by side), and the four lanes'
+   operands are transposed into the four sums': 8 loads and 8 shuffles a step for 4 segments.
+   (A records pass that laid the four side by side, one 32-byte load, wrote 32 bytes a cell and
+   lane: on rows of 64 values it cost more than the walk saved.) Tried on this VM's CPU (AMD
+   EPYC, AVX-512), 8-bit rows of 64: GCC's vectorisation of a plain lane loop (16 loads and 16
+   inserts a step) ran at 1.4x the pair loop, hardware gathers at 1.1x, records at 1.8x, with
+   the thresholds' indices through memory instead of extracted (vpextrd) and k kept as a vector
+   2.1x. The walk is built for AVX2 and for x86-64-v4, where the same instructions have 32
+   registers instead of 16 (the loop holds about 20 vectors). */
 #include "adaptive.h"
 
 #if AD_HAVE_LANES
