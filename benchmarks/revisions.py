@@ -169,21 +169,22 @@ def _git(*argv: str) -> str:
                           text=True).stdout.strip()
 
 
-def materialise(rev: str | None, tmp: str) -> Revision:
-    """The library of git revision ``rev`` (None: the working tree) as an import folder."""
+def materialise(rev: str | None, tmp: str, build: bool = True) -> Revision:
+    """The library of git revision ``rev`` (None: the working tree) as an import folder, its C
+    extensions built in place where it has them (``build``)."""
     if rev is None:
         name, source = "working tree", ROOT
     else:
         sha = _git("rev-parse", "--short", f"{rev}^{{commit}}")
         name = f"{rev} ({sha})" if rev != sha else sha
         source = tempfile.mkdtemp(prefix=f"src-{sha}-", dir=tmp)  # base and head may be equal
-        built = _has(sha, "setup.py")  # a revision with compiled kernels: built in place
-        files = ["ckptstore", "codecs"] + (["setup.py", "pyproject.toml"] if built else [])
+        compiled = _has(sha, "setup.py")  # a revision with compiled kernels: built in place
+        files = ["ckptstore", "codecs"] + (["setup.py", "pyproject.toml"] if compiled else [])
         archive = subprocess.run(["git", "-C", ROOT, "archive", sha, *files],
                                  check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", source], input=archive, check=True)
-        if built:
-            _build(source, name)
+        if compiled and build:
+            _build(source, tempfile.mkdtemp(prefix="build-", dir=tmp), name)
     path = tempfile.mkdtemp(prefix="imp-", dir=tmp)
     os.symlink(os.path.join(source, "ckptstore"), os.path.join(path, "ckptstore"))
     os.symlink(os.path.join(source, "codecs"), os.path.join(path, "ckptcodecs"))
@@ -195,12 +196,12 @@ def _has(sha: str, path: str) -> bool:
                           capture_output=True).returncode == 0
 
 
-def _build(source: str, name: str) -> None:
+def _build(source: str, temp: str, name: str) -> None:
     """A revision's C extensions compiled into its archive (``build_ext --inplace``: its
-    setup.py, its compiler flags): without them its ckptcodecs would run the numba kernels, or
-    none."""
-    proc = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
-                          cwd=source, capture_output=True, text=True)
+    setup.py, its compiler flags; objects in ``temp``): without them its ckptcodecs would run
+    the numba kernels, or none."""
+    proc = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace",
+                           "--build-temp", temp], cwd=source, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{name}: its extensions did not build:\n{proc.stderr[-3000:]}")
     print(f"built   {name}", file=sys.stderr, flush=True)

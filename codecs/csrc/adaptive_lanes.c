@@ -47,18 +47,24 @@ CK_TARGET_AVX2 static inline __attribute__((always_inline)) __m256i mul64(__m256
     return _mm256_add_epi64(_mm256_mul_epu32(n, m), _mm256_slli_epi64(hi, 32));
 }
 
-/* Lanes off .. off + 3 of ad_prefix_lanes: prefix_sums' integer sums (wrapping), their
-   conversions and its exactness test, the four lanes in one vector; the counts zeroed. */
+/* Lanes off .. off + 3 of ad_prefix_lanes, the four in one vector; the counts zeroed. The
+   integer sums of prefix_sums (wrapping), their conversions and its exactness test; or, where
+   `counted` (a constant in each instance: the counts are a row's, counted here, of fewer than
+   2**37 values), the sums in doubles: every sum is then an integer below 2**53 (2**37 (2H + 1),
+   H <= AD_LANES_CELLS), so they are exact and equal the conversions of the integer sums; Q too,
+   where it is read (its exactness test: C[H] (2H + 1)^2 below 2**49), and no count is big. */
 CK_TARGET_AVX2 static inline __attribute__((always_inline)) void
-prefix4(int64_t *cnt, int tables, int64_t W, double *CS, double *Q, int off, int *exact)
+prefix4(int64_t *cnt, int tables, const int counted, int64_t W, double *CS, double *Q, int off,
+        int *exact)
 {
     const int64_t H = W - 1, L = AD_LANES, T = L * W;
     const __m256i zero = _mm256_setzero_si256();
-    const __m256d half = _mm256_set1_pd(0.5);
-    __m256i c = zero, s1 = zero, q = zero, big = zero;
-    _mm256_storeu_pd(CS + 2 * off, _mm256_setzero_pd());
-    _mm256_storeu_pd(CS + 2 * off + 4, _mm256_setzero_pd());
-    _mm256_storeu_pd(Q + off, _mm256_setzero_pd());
+    const __m256d half = _mm256_set1_pd(0.5), two52 = _mm256_set1_pd(0x1p52);
+    __m256i c = zero, s1 = zero, q = zero, big = zero;            /* integer sums */
+    __m256d cd = _mm256_setzero_pd(), sd = cd, qd = cd;           /* their doubles */
+    _mm256_storeu_pd(CS + 2 * off, cd);
+    _mm256_storeu_pd(CS + 2 * off + 4, cd);
+    _mm256_storeu_pd(Q + off, cd);
     for (int64_t e = 0; e < H; e += AD_HPB) {  /* H is a multiple of hpb */
         for (int64_t j = e; j < e + AD_HPB; j++) {
             int64_t *at = cnt + j * L + off;
@@ -69,17 +75,26 @@ prefix4(int64_t *cnt, int tables, int64_t W, double *CS, double *Q, int off, int
                 _mm256_storeu_si256((__m256i *)(at + u * T), zero);
             }
             const int64_t o = 2 * j + 1;
-            big = _mm256_or_si256(big, _mm256_srli_epi64(n, 40));  /* a negative count too */
-            c = _mm256_add_epi64(c, n);
-            s1 = _mm256_add_epi64(s1, mul64(n, _mm256_set1_epi64x(o)));
-            q = _mm256_add_epi64(q, mul64(n, _mm256_set1_epi64x(o * o)));
-            __m256d cd = i64_to_f64(c), sd = _mm256_mul_pd(half, i64_to_f64(s1));
-            __m256d lo = _mm256_unpacklo_pd(sd, cd), hi = _mm256_unpackhi_pd(sd, cd);
+            if (counted) {  /* n as a double: 0 <= n < 2**52 in the mantissa of 2**52 */
+                __m256d nd = _mm256_sub_pd(
+                    _mm256_castsi256_pd(_mm256_or_si256(n, _mm256_castpd_si256(two52))), two52);
+                cd = _mm256_add_pd(cd, nd);
+                sd = _mm256_add_pd(sd, _mm256_mul_pd(nd, _mm256_set1_pd((double)o)));
+                qd = _mm256_add_pd(qd, _mm256_mul_pd(nd, _mm256_set1_pd((double)(o * o))));
+            } else {
+                big = _mm256_or_si256(big, _mm256_srli_epi64(n, 40));  /* a negative count too */
+                c = _mm256_add_epi64(c, n);
+                s1 = _mm256_add_epi64(s1, mul64(n, _mm256_set1_epi64x(o)));
+                q = _mm256_add_epi64(q, mul64(n, _mm256_set1_epi64x(o * o)));
+                cd = i64_to_f64(c), sd = i64_to_f64(s1);
+            }
+            __m256d hs = _mm256_mul_pd(half, sd);
+            __m256d lo = _mm256_unpacklo_pd(hs, cd), hi = _mm256_unpackhi_pd(hs, cd);
             double *r = CS + 2 * ((j + 1) * L + off);  /* (S1, C) of each lane */
             _mm256_storeu_pd(r, _mm256_permute2f128_pd(lo, hi, 0x20));
             _mm256_storeu_pd(r + 4, _mm256_permute2f128_pd(lo, hi, 0x31));
         }
-        _mm256_storeu_pd(Q + (e / AD_HPB + 1) * L + off, i64_to_f64(q));
+        _mm256_storeu_pd(Q + (e / AD_HPB + 1) * L + off, counted ? qd : i64_to_f64(q));
     }
     for (int u = 0; u < tables; u++)  /* the masked values' cell */
         _mm256_storeu_si256((__m256i *)(cnt + u * T + H * L + off), zero);
@@ -90,61 +105,15 @@ prefix4(int64_t *cnt, int tables, int64_t W, double *CS, double *Q, int off, int
         exact[off + l] = !b[l] && 16.0 * CS[2 * (H * L + off + l) + 1] * o * o < 0x1p53;
 }
 
-/* prefix4 where the counts are a row's, counted here, of fewer than 2**37 values: every sum is
-   then an integer below 2**53 (2**37 (2H + 1), H <= AD_LANES_CELLS), so the sums run in
-   doubles, exactly, and equal prefix4's conversions of its integer sums; Q too, where it is
-   read (its exactness test: C[H] (2H + 1)^2 below 2**49). No count is big. */
-CK_TARGET_AVX2 static inline __attribute__((always_inline)) void
-prefix4_counted(int64_t *cnt, int tables, int64_t W, double *CS, double *Q, int off,
-                int *exact)
-{
-    const int64_t H = W - 1, L = AD_LANES, T = L * W;
-    const __m256i zero = _mm256_setzero_si256();
-    const __m256d half = _mm256_set1_pd(0.5), two52 = _mm256_set1_pd(0x1p52);
-    __m256d c = _mm256_setzero_pd(), s1 = c, q = c;
-    _mm256_storeu_pd(CS + 2 * off, c);
-    _mm256_storeu_pd(CS + 2 * off + 4, c);
-    _mm256_storeu_pd(Q + off, c);
-    for (int64_t e = 0; e < H; e += AD_HPB) {
-        for (int64_t j = e; j < e + AD_HPB; j++) {
-            int64_t *at = cnt + j * L + off;
-            __m256i n = _mm256_loadu_si256((const __m256i *)at);
-            _mm256_storeu_si256((__m256i *)at, zero);
-            for (int u = 1; u < tables; u++) {
-                n = _mm256_add_epi64(n, _mm256_loadu_si256((const __m256i *)(at + u * T)));
-                _mm256_storeu_si256((__m256i *)(at + u * T), zero);
-            }
-            /* n as a double: 0 <= n < 2**52 in the mantissa of 2**52 */
-            __m256d nd = _mm256_sub_pd(
-                _mm256_castsi256_pd(_mm256_or_si256(n, _mm256_castpd_si256(two52))), two52);
-            const double o = (double)(2 * j + 1);
-            c = _mm256_add_pd(c, nd);
-            s1 = _mm256_add_pd(s1, _mm256_mul_pd(nd, _mm256_set1_pd(o)));
-            q = _mm256_add_pd(q, _mm256_mul_pd(nd, _mm256_set1_pd(o * o)));
-            __m256d sd = _mm256_mul_pd(half, s1);
-            __m256d lo = _mm256_unpacklo_pd(sd, c), hi = _mm256_unpackhi_pd(sd, c);
-            double *r = CS + 2 * ((j + 1) * L + off);
-            _mm256_storeu_pd(r, _mm256_permute2f128_pd(lo, hi, 0x20));
-            _mm256_storeu_pd(r + 4, _mm256_permute2f128_pd(lo, hi, 0x31));
-        }
-        _mm256_storeu_pd(Q + (e / AD_HPB + 1) * L + off, q);
-    }
-    for (int u = 0; u < tables; u++)
-        _mm256_storeu_si256((__m256i *)(cnt + u * T + H * L + off), zero);
-    const double o = 2.0 * (double)H + 1.0;
-    for (int l = 0; l < 4; l++)
-        exact[off + l] = 16.0 * CS[2 * (H * L + off + l) + 1] * o * o < 0x1p53;
-}
-
 CK_TARGET_AVX2 static inline __attribute__((always_inline)) void
 prefix_lanes(int64_t *cnt, int tables, int counted, int64_t W, double *CS, double *Q,
              int *exact)
 {
     for (int off = 0; off < AD_LANES; off += 4)
         if (counted)
-            prefix4_counted(cnt, tables, W, CS, Q, off, exact);
+            prefix4(cnt, tables, 1, W, CS, Q, off, exact);
         else
-            prefix4(cnt, tables, W, CS, Q, off, exact);
+            prefix4(cnt, tables, 0, W, CS, Q, off, exact);
 }
 
 CK_TARGET_AVX2 static void prefix_avx2(int64_t *cnt, int tables, int counted, int64_t W,

@@ -24,25 +24,42 @@ if _theirs is not None:
 
 def _tracked(rev: str) -> set[str]:
     out = subprocess.run(["git", "-C", str(BENCH.parent), "ls-tree", "-r", "--name-only", rev,
-                          "ckptstore", "codecs"], check=True, capture_output=True, text=True)
+                          "ckptstore", "codecs", "setup.py", "pyproject.toml"], check=True,
+                         capture_output=True, text=True)
     return set(out.stdout.split())
+
+
+def _files(folder: str) -> set[str]:
+    return {str(p.relative_to(folder)) for p in pathlib.Path(folder).rglob("*") if p.is_file()}
 
 
 def test_one_revision_materialises_twice_with_every_package(tmp_path: pathlib.Path) -> None:
     """Base and head may name the same commit (a smoke run); each gets its own copy, nested
-    packages included."""
-    a, b = (revisions.materialise("HEAD", str(tmp_path)) for _ in range(2))
+    packages included, and the build files of its C extensions (not built here: see below)."""
+    a, b = (revisions.materialise("HEAD", str(tmp_path), build=False) for _ in range(2))
     assert a.source != b.source
     for rev in (a, b):
-        got = {str(p.relative_to(rev.source)) for p in pathlib.Path(rev.source).rglob("*")
-               if p.is_file()}
-        assert got == _tracked("HEAD")
+        assert _files(rev.source) == _tracked("HEAD")
         assert os.path.isfile(os.path.join(rev.path, "ckptstore", "dcp", "__init__.py"))
         assert os.path.isfile(os.path.join(rev.path, "ckptcodecs", "__init__.py"))
 
 
-def test_the_import_check_covers_every_process(tmp_path: pathlib.Path) -> None:
+@pytest.mark.slow
+def test_a_revision_with_compiled_kernels_runs_them(tmp_path: pathlib.Path) -> None:
+    """A revision's extensions are built in its archive (about a minute), objects outside it,
+    and a process importing the revision runs its C kernels, not numba's."""
     rev = revisions.materialise("HEAD", str(tmp_path))
+    built = _files(rev.source) - _tracked("HEAD")
+    assert built and all(f.endswith(".so") for f in built)
+    env = dict(os.environ, PYTHONPATH=rev.path)
+    out = subprocess.run([sys.executable, "-c", "from ckptcodecs import _backend as b; "
+                          "print(b.CHOICE, b.native().__file__)"], env=env, cwd=str(tmp_path),
+                         check=True, capture_output=True, text=True).stdout.split()
+    assert out[0] == "c" and os.path.realpath(out[1]).startswith(os.path.realpath(rev.source))
+
+
+def test_the_import_check_covers_every_process(tmp_path: pathlib.Path) -> None:
+    rev = revisions.materialise("HEAD", str(tmp_path), build=False)
     mine = [os.path.join(rev.source, "ckptstore", "dcp", "writer.py"),
             os.path.join(rev.source, "codecs", "_floats.py")]
     revisions.check_imported(rev, [mine, mine, mine])
