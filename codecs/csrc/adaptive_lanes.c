@@ -393,19 +393,110 @@ walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, int64_t W)
     store4(w, 1, &v1);
     return i;
 }
-/* The walk built twice: for AVX2, and for x86-64-v4, where the same instructions may use 32
-   vector registers instead of 16 (the loop holds about 20 vectors: with 16 some live on the
-   stack). */
 CK_TARGET_AVX2 static Py_ssize_t walk_avx2(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter,
                                            int64_t W)
 {
     return walk_lanes(w, nq, n_iter, W);
 }
 
+/* The walk on x86-64-v4: all 8 lanes in one 512-bit vector, each lane's operations those of
+   walk_lanes, in its order (the same bits). A threshold's operands: each lane's (S1, C) pair
+   at j and at j + hpb inserted 128 bits at a time into four vectors of 4 lanes' pairs, split
+   into S1 and C of the 8 lanes by two permutes each: 16 loads and inserts and 4 permutes
+   where walk_lanes takes 16 loads and 20 shuffles, and half its arithmetic. */
+typedef struct {
+    __m512d A, B, best, ba, bb, CH, SH, off, jmax;
+    __m256i base;  /* lane l's (S1, C) of threshold j at 2 (j L + l), odd lanes' j counting W */
+} lanes8;
+
+/* Four lanes' 128-bit pairs (S1, C) at CS + at[0..3] + x, as one vector. */
+CK_TARGET_AVX512 static inline __attribute__((always_inline)) __m512d
+pairs4(const double *CS, const int32_t *at, int x)
+{
+    __m256d a = _mm256_loadu2_m128d(CS + at[1] + x, CS + at[0] + x);  /* two short chains */
+    __m256d b = _mm256_loadu2_m128d(CS + at[3] + x, CS + at[2] + x);
+    return _mm512_insertf64x4(_mm512_castpd256_pd512(a), b, 1);
+}
+
 CK_TARGET_AVX512 static Py_ssize_t walk_avx512(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter,
                                                int64_t W)
 {
-    return walk_lanes(w, nq, n_iter, W);
+    const double *CS = w->CS;
+    const double odd = (double)W, jm = (double)(W - 1 - AD_HPB);
+    const int w2 = (int)(2 * AD_LANES * W), x = 2 * AD_LANES * AD_HPB;
+    const __m512d inv = _mm512_set1_pd(1.0 / (double)(nq - 1)), one = _mm512_set1_pd(1.0);
+    const __m512d hpb = _mm512_set1_pd(AD_HPB), two = _mm512_set1_pd(2.0);
+    const __m512d half = _mm512_set1_pd(0.5), m2 = _mm512_set1_pd(-2.0);
+    const __m512i even = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
+    const __m512i oddi = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
+    lanes8 v;
+    v.A = _mm512_loadu_pd(w->A), v.B = _mm512_loadu_pd(w->B);
+    v.best = _mm512_loadu_pd(w->best), v.ba = _mm512_loadu_pd(w->ba);
+    v.bb = _mm512_loadu_pd(w->bb), v.CH = _mm512_loadu_pd(w->CH), v.SH = _mm512_loadu_pd(w->SH);
+    v.off = _mm512_setr_pd(0.0, odd, 0.0, odd, 0.0, odd, 0.0, odd);
+    v.jmax = _mm512_add_pd(_mm512_set1_pd(jm), v.off);
+    v.base = _mm256_setr_epi32(0, 2 - w2, 4, 6 - w2, 8, 10 - w2, 12, 14 - w2);
+    Py_ssize_t i = 0;
+    while (i < n_iter) {
+        /* spacing4 */
+        __m512d d = _mm512_mul_pd(_mm512_sub_pd(_mm512_sub_pd(v.B, v.A), hpb), inv);
+        __m512d p = _mm512_add_pd(_mm512_add_pd(_mm512_add_pd(v.off, v.A),
+                                                _mm512_mul_pd(half, d)), half);
+        __m512d tx = _mm512_setzero_pd(), ux = tx, ty = tx, uy = tx, kv = tx;
+        for (Py_ssize_t k = 0; k < nq - 1; k++, kv = _mm512_add_pd(kv, one)) {  /* threshold4 */
+            __m512d kd = _mm512_mul_pd(kv, d), xv = _mm512_add_pd(v.A, kd);
+            __m256i j = _mm512_cvttpd_epi32(_mm512_min_pd(_mm512_add_pd(p, kd), v.jmax));
+            volatile int32_t at_[8];  /* through memory, as records4 */
+            _mm256_storeu_si256((__m256i *)at_,
+                                _mm256_add_epi32(_mm256_slli_epi32(j, 4), v.base));
+            const int32_t at[8] = {at_[0], at_[1], at_[2], at_[3],
+                                   at_[4], at_[5], at_[6], at_[7]};
+            __m512d lo = pairs4(CS, at, 0), hi = pairs4(CS, at + 4, 0);
+            __m512d lox = pairs4(CS, at, x), hix = pairs4(CS, at + 4, x);
+            __m512d s1y = _mm512_permutex2var_pd(lo, even, hi);
+            __m512d cy = _mm512_permutex2var_pd(lo, oddi, hi);
+            __m512d s1x = _mm512_permutex2var_pd(lox, even, hix);
+            __m512d cx = _mm512_permutex2var_pd(lox, oddi, hix);
+            ty = _mm512_add_pd(ty, s1y);
+            uy = _mm512_add_pd(uy, _mm512_mul_pd(cy, _mm512_add_pd(_mm512_mul_pd(two, xv), d)));
+            tx = _mm512_add_pd(tx, s1x);
+            ux = _mm512_add_pd(ux, _mm512_mul_pd(cx, _mm512_add_pd(
+                                       _mm512_mul_pd(two, _mm512_add_pd(xv, hpb)), d)));
+        }
+        /* step4 */
+        const __m512d B = v.B, by = _mm512_sub_pd(B, hpb);
+        __m512d ex = _mm512_add_pd(
+            _mm512_mul_pd(m2, _mm512_sub_pd(_mm512_mul_pd(B, v.SH), _mm512_mul_pd(d, tx))),
+            _mm512_sub_pd(_mm512_mul_pd(_mm512_mul_pd(B, B), v.CH), _mm512_mul_pd(d, ux)));
+        __m512d ey = _mm512_add_pd(
+            _mm512_mul_pd(m2, _mm512_sub_pd(_mm512_mul_pd(by, v.SH), _mm512_mul_pd(d, ty))),
+            _mm512_sub_pd(_mm512_mul_pd(_mm512_mul_pd(by, by), v.CH), _mm512_mul_pd(d, uy)));
+        __mmask8 tk = _mm512_cmp_pd_mask(ex, ey, _CMP_LT_OQ);
+        __m512d e = _mm512_mask_blend_pd(tk, ey, ex);
+        v.A = _mm512_mask_blend_pd(tk, v.A, _mm512_add_pd(v.A, hpb));
+        v.B = _mm512_mask_blend_pd(tk, by, B);
+        __mmask8 bt = _mm512_cmp_pd_mask(e, v.best, _CMP_LT_OQ);
+        v.best = _mm512_mask_blend_pd(bt, v.best, e);
+        v.ba = _mm512_mask_blend_pd(bt, v.ba, v.A);
+        v.bb = _mm512_mask_blend_pd(bt, v.bb, v.B);
+        i++;
+        double A[AD_LANES], Bs[AD_LANES], best[AD_LANES];  /* settled4, 8 lanes */
+        _mm512_storeu_pd(A, v.A);
+        _mm512_storeu_pd(Bs, v.B);
+        _mm512_storeu_pd(best, v.best);
+        int all = 1;
+        for (int l = 0; l < AD_LANES; l++)
+            all &= ad_settled(CS + 2 * l + 1, CS + 2 * l, w->Q + l, 2 * AD_LANES, AD_LANES,
+                              W - 1, w->eps[l], A[l], Bs[l], best[l]);
+        if (all)
+            break;
+    }
+    _mm512_storeu_pd(w->A, v.A);
+    _mm512_storeu_pd(w->B, v.B);
+    _mm512_storeu_pd(w->best, v.best);
+    _mm512_storeu_pd(w->ba, v.ba);
+    _mm512_storeu_pd(w->bb, v.bb);
+    return i;
 }
 
 Py_ssize_t ad_walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, int64_t W)
