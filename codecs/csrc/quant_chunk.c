@@ -19,7 +19,10 @@
 #include <stdlib.h>
 
 #define QC_HEAD 31  /* _qformat's version-1 header: <BBBBBHQQQ */
-#define GROUP 8192  /* values: 32 KiB of float32 */
+/* values a group of segments holds (group_of): 32 KiB of float32 for the adaptive steps, 8 KiB
+   for the uniform ones' finiteness check (its range and codes passes then find a row in L1) */
+#define GROUP 8192
+#define UNIFORM_GROUP 2048
 enum { QC_F32 = 0, QC_F16 = 2, QC_BF16 = 3 };  /* _floats.DTYPE_CODES */
 
 /* float32 values of m 16-bit floats (bfloat16 or float16 bits), exact, into out: what
@@ -89,10 +92,10 @@ static int segment_codes(const steps_t *k, const float *xs, Py_ssize_t m, double
 
 /* Segments a chunk's steps take at a time while their values are in cache (a finiteness check
    a group: a call a short segment cost more than its check): an even number (the adaptive
-   search pairs segments by their parity) of about GROUP values. */
-static Py_ssize_t group_of(Py_ssize_t seg)
+   search pairs segments by their parity) of about `values` values. */
+static Py_ssize_t group_of(Py_ssize_t seg, Py_ssize_t values)
 {
-    return seg >= GROUP ? 2 : 2 * ((GROUP / seg + 1) / 2);
+    return seg >= values ? 2 : 2 * ((values / seg + 1) / 2);
 }
 
 /* The end (a value index) of the group of segments from segment s (s seg < n). */
@@ -131,7 +134,7 @@ static int uniform_chunk(const steps_t *k, const void *x, int dtype, Py_ssize_t 
     Py_ssize_t nseg = (n + seg - 1) / seg, nq = (Py_ssize_t)1 << bits, a0, b0;
     uint8_t *zeros = body + QC_HEAD, *scales = zeros + 4 * nseg;
     uint8_t *out = bits == 8 ? scales + 4 * nseg : codes;
-    Py_ssize_t group = group_of(seg);
+    Py_ssize_t group = group_of(seg, UNIFORM_GROUP);
     for (Py_ssize_t s = 0; s < nseg; s++) {
         qk_segment(s, seg, n, &a0, &b0);
         Py_ssize_t m = b0 - a0;
@@ -174,7 +177,7 @@ static int adaptive_chunk(const steps_t *k, const void *x, int dtype, Py_ssize_t
         xf = wide;
     }
     /* the steps a group of segments at a time (group_of), while its values are in cache */
-    Py_ssize_t group = group_of(seg);
+    Py_ssize_t group = group_of(seg, GROUP);
     for (Py_ssize_t g0 = 0; g0 < nseg; g0 += group) {
         Py_ssize_t g1 = g0 + group < nseg ? g0 + group : nseg, c0 = g0 * seg;
         Py_ssize_t c1 = group_end(g0, group, seg, n);
