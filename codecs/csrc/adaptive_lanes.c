@@ -8,8 +8,9 @@
    The tables: the lanes' counts, prefix sums and first errors are laid out lane by lane in each
    row (cell j of lane l at j * AD_LANES + l), so that the prefix sums of 4 lanes run in one
    vector (ad_prefix_lanes; in doubles, exactly, where the counts are a row's counted here), as
-   do their first errors (ad_full_errors). Per row of 64 values this took the search from 606 to
-   343 ns (tenth slice's records pass and scalar sums before; issue 28's sixteenth slice).
+   do their first errors (ad_full_errors); on x86-64-v4 the prefix sums and the walk take all 8
+   lanes in one 512-bit vector. Per row of 64 values at 4 bits this took the search from 606 to
+   306 ns (the tenth slice's records pass and scalar sums before; issue 28's sixteenth slice).
 
    The walk's loads: a threshold j of a candidate reads S1[j], C[j], S1[j + hpb] and C[j +
    hpb]: two 16-byte loads of (S1, C) pairs (a lane's are side by side), and the four lanes'
@@ -19,8 +20,7 @@
    EPYC, AVX-512), 8-bit rows of 64: GCC's vectorisation of a plain lane loop (16 loads and 16
    inserts a step) ran at 1.4x the pair loop, hardware gathers at 1.1x, records at 1.8x, with
    the thresholds' indices through memory instead of extracted (vpextrd) and k kept as a vector
-   2.1x. The walk is built for AVX2 and for x86-64-v4, where the same instructions have 32
-   registers instead of 16 (the loop holds about 20 vectors). */
+   2.1x. */
 #include "adaptive.h"
 
 #if AD_HAVE_LANES
@@ -365,8 +365,9 @@ settled4(const ad_lanes *w, int h, const lanes4 *v, int64_t W)
     return all;
 }
 
-CK_TARGET_AVX2 static inline __attribute__((always_inline)) Py_ssize_t
-walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, int64_t W)
+/* The walk with AVX2: lanes 0-3 and 4-7 in two vectors. */
+CK_TARGET_AVX2 static Py_ssize_t walk_avx2(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter,
+                                           int64_t W)
 {
     const double *CS = w->CS;
     const __m256d inv = _mm256_set1_pd(1.0 / (double)(nq - 1)), one = _mm256_set1_pd(1.0);
@@ -393,17 +394,12 @@ walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, int64_t W)
     store4(w, 1, &v1);
     return i;
 }
-CK_TARGET_AVX2 static Py_ssize_t walk_avx2(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter,
-                                           int64_t W)
-{
-    return walk_lanes(w, nq, n_iter, W);
-}
 
 /* The walk on x86-64-v4: all 8 lanes in one 512-bit vector, each lane's operations those of
-   walk_lanes, in its order (the same bits). A threshold's operands: each lane's (S1, C) pair
+   walk_avx2, in its order (the same bits). A threshold's operands: each lane's (S1, C) pair
    at j and at j + hpb inserted 128 bits at a time into four vectors of 4 lanes' pairs, split
    into S1 and C of the 8 lanes by two permutes each: 16 loads and inserts and 4 permutes
-   where walk_lanes takes 16 loads and 20 shuffles, and half its arithmetic. */
+   where walk_avx2 takes 16 loads and 20 shuffles, and half its arithmetic. */
 typedef struct {
     __m512d A, B, best, ba, bb, CH, SH, off, jmax;
     __m256i base;  /* lane l's (S1, C) of threshold j at 2 (j L + l), odd lanes' j counting W */
