@@ -243,10 +243,12 @@ static int count_lane(const ad_args *a, Py_ssize_t s, double lo0, double rg, int
 /* Prefix sums of count and value (at cell centres) at C/S1[0..H]: integer sums (wrapping as
    numba's int64 do), then converted; Q4[0..H / hpb] those of cnt[j] (2j + 1)^2 at the edges
    (the early end's: a walk stands on edges). 1 when all three are exact (counts from 0 to
-   2**40, 16 T (2H + 1)^2 below 2**53); cnt is left alone. */
-static int prefix_sums(const int64_t *cnt, int64_t H, double *C, double *S1, double *Q4)
+   2**40, 16 T (2H + 1)^2 below 2**53); cnt is left alone. *any: whether a count is not zero
+   (C[H] may be 0 where one is: negative counts, or a sum that wraps). */
+static int prefix_sums(const int64_t *cnt, int64_t H, double *C, double *S1, double *Q4,
+                       int *any)
 {
-    uint64_t c = 0, s1 = 0, q = 0, big = 0;
+    uint64_t c = 0, s1 = 0, q = 0, big = 0, nz = 0;
     C[0] = 0.0;
     S1[0] = 0.0;
     Q4[0] = 0.0;
@@ -254,6 +256,7 @@ static int prefix_sums(const int64_t *cnt, int64_t H, double *C, double *S1, dou
         for (int64_t j = e; j < e + AD_HPB; j++) {
             uint64_t n = (uint64_t)cnt[j], o = (uint64_t)(2 * j + 1);
             big |= n >> 40;  /* a negative count too */
+            nz |= n;
             c += n;
             s1 += n * o;
             q += n * o * o;
@@ -263,6 +266,7 @@ static int prefix_sums(const int64_t *cnt, int64_t H, double *C, double *S1, dou
         Q4[e / AD_HPB + 1] = (double)(int64_t)q;
     }
     const double o = 2.0 * (double)H + 1.0;
+    *any = nz != 0;
     return !big && 16.0 * (double)c * o * o < 0x1p53;
 }
 
@@ -374,10 +378,9 @@ static Py_ssize_t search_pair(ad_args *a, Py_ssize_t s, int64_t *cnt, double *C,
     double eps[2];
     for (int t = 0; t < 2; t++) {
         count_cells(a, s + t, lo0[t], ok[t] ? rg[t] : 0.0, cnt);
-        int exact = prefix_sums(cnt, H, C + t * W, S1 + t * W, Q + t * W);
+        int any, exact = prefix_sums(cnt, H, C + t * W, S1 + t * W, Q + t * W, &any);
         walk_start(&w[t], C + t * W, S1 + t * W, a->nq, H);
-        eps[t] = ok[t] && C[t * W + H] != 0.0 ? ad_margin(exact, a->nq, H, C[t * W + H])
-                                               : -INFINITY;
+        eps[t] = ok[t] && any ? ad_margin(exact, a->nq, H, C[t * W + H]) : -INFINITY;
     }
     const double inv = 1.0 / (double)(a->nq - 1);
     double r[2][5];
@@ -403,21 +406,23 @@ static Py_ssize_t search_pair(ad_args *a, Py_ssize_t s, int64_t *cnt, double *C,
 }
 
 #if AD_HAVE_LANES
-/* The lanes' tables (ad_prefix_lanes' layout): counts (4 tables), prefix sums and records. */
-typedef struct {
+/* The lanes' tables (ad_prefix_lanes' layout): counts (4 tables, zero between searches),
+   prefix sums. */
+struct ad_tables {
+    Py_ssize_t cells;
     int64_t *cnt;
     double *CS, *Q;
-} lane_tables;
+};
 
 /* Segments s .. s + AD_LANES - 1 (those < nseg) searched at once by ad_walk_lanes, each lane
    as search_pair searches it in its pair (the same counts, prefix sums, first error and walk);
    lo/hi of a searched range set. A pair neither of whose segments is searched is skipped, as
    search_pair skips it: its lanes walk over empty histograms and nothing is written. */
-static Py_ssize_t search_lanes(ad_args *a, Py_ssize_t s, lane_tables *t)
+static Py_ssize_t search_lanes(ad_args *a, Py_ssize_t s, ad_tables *t)
 {
     const int64_t H = a->cells, W = H + 1, L = AD_LANES;
     double lo0[AD_LANES], rg[AD_LANES];
-    int ok[AD_LANES], exact[AD_LANES], any = 0, four = 0;
+    int ok[AD_LANES], exact[AD_LANES], counts[AD_LANES], any = 0, four = 0;
     for (int l = 0; l < AD_LANES; l++) {
         lo0[l] = rg[l] = 0.0;
         ok[l] = 0;
@@ -434,14 +439,14 @@ static Py_ssize_t search_lanes(ad_args *a, Py_ssize_t s, lane_tables *t)
         if (ok[l])
             four |= count_lane(a, s + l, lo0[l], rg[l], t->cnt, l);
     int counted = !(a->counts && a->counts->len) && a->seg < AD_COUNTED_MAX;
-    ad_prefix_lanes(t->cnt, four ? 4 : 1, counted, W, t->CS, t->Q, exact);
+    ad_prefix_lanes(t->cnt, four ? 4 : 1, counted, W, t->CS, t->Q, exact, counts);
     ad_lanes w;
     w.CS = t->CS, w.Q = t->Q;
     ad_full_errors(a->nq, t->CS, H, w.best);  /* full_error of each lane */
     for (int l = 0; l < AD_LANES; l++) {
         const double *Sl = t->CS + 2 * l, *Cl = Sl + 1;  /* index i at [2 L i] */
-        w.eps[l] = ok[l] && Cl[2 * L * H] != 0.0 ? ad_margin(exact[l], a->nq, H, Cl[2 * L * H])
-                                                 : -INFINITY;
+        w.eps[l] = ok[l] && counts[l] ? ad_margin(exact[l], a->nq, H, Cl[2 * L * H])
+                                      : -INFINITY;
         w.A[l] = 0.0, w.B[l] = (double)H;
         w.ba[l] = w.A[l], w.bb[l] = w.B[l];
         w.CH[l] = Cl[2 * L * H], w.SH[l] = Sl[2 * L * H];
@@ -455,52 +460,82 @@ static Py_ssize_t search_lanes(ad_args *a, Py_ssize_t s, lane_tables *t)
     return steps;
 }
 
-/* All segments by search_lanes; the steps walked, or -1 where its tables cannot be had
-   (nothing done). */
-static Py_ssize_t search_all_lanes(ad_args *a)
+void ad_tables_free(ad_tables *t)
 {
-    const size_t W = (size_t)a->cells + 1, L = AD_LANES;
-    lane_tables t;
-    t.cnt = calloc(4 * L * W, sizeof *t.cnt);  /* zeroed: ad_prefix_lanes leaves it so */
-    t.CS = malloc(2 * L * W * sizeof *t.CS);
-    t.Q = malloc(L * W * sizeof *t.Q);
-    int ok = t.cnt && t.CS && t.Q;
+    if (t) {
+        free(t->cnt);
+        free(t->CS);
+        free(t->Q);
+        free(t);
+    }
+}
+
+ad_tables *ad_tables_new(Py_ssize_t cells)
+{
+    if (!qk_avx2() || cells < 1 || cells > AD_LANES_CELLS)
+        return NULL;
+    const size_t W = (size_t)cells + 1, L = AD_LANES;
+    ad_tables *t = calloc(1, sizeof *t);
+    if (!t)
+        return NULL;
+    t->cells = cells;
+    t->cnt = calloc(4 * L * W, sizeof *t->cnt);  /* zeroed: ad_prefix_lanes leaves it so */
+    t->CS = malloc(2 * L * W * sizeof *t->CS);
+    t->Q = malloc(L * W * sizeof *t->Q);
+    if (!(t->cnt && t->CS && t->Q)) {
+        ad_tables_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+/* All segments by search_lanes, in t (NULL: tables of its own); the steps walked, or -1 where
+   its tables cannot be had (nothing done). */
+static Py_ssize_t search_all_lanes(ad_args *a, ad_tables *t)
+{
+    ad_tables *own = t && t->cells == a->cells ? NULL : ad_tables_new(a->cells);
+    ad_tables *use = own ? own : t && t->cells == a->cells ? t : NULL;
+    if (!use)
+        return -1;
     Py_ssize_t steps = 0;
-    if (ok)
-        for (Py_ssize_t s = 0; s < a->nseg; s += AD_LANES)
-            steps += search_lanes(a, s, &t);
-    free(t.cnt);
-    free(t.CS);
-    free(t.Q);
-    return ok ? steps : -1;
+    for (Py_ssize_t s = 0; s < a->nseg; s += AD_LANES)
+        steps += search_lanes(a, s, use);
+    ad_tables_free(own);
+    return steps;
 }
 #endif
 
-/* The histogram search over a's segments: the steps walked, or -1 out of memory (nothing
-   done). No Python calls: runs without the GIL. */
-static Py_ssize_t histogram_run(ad_args *a)
+/* The histogram search over a's segments (the lanes' tables in t where not NULL): the steps
+   walked, or -1 out of memory (nothing done). No Python calls: runs without the GIL. */
+static Py_ssize_t histogram_in(ad_args *a, ad_tables *t)
 {
     const int64_t H = a->cells, W = H + 1;
+#if AD_HAVE_LANES
+    if (qk_avx2() && H <= AD_LANES_CELLS) {
+        Py_ssize_t steps = search_all_lanes(a, t);
+        if (steps >= 0)
+            return steps;
+    }
+#endif
     int64_t *cnt = malloc((size_t)(4 * W) * sizeof *cnt);
     double *C = malloc((size_t)(2 * W) * sizeof *C), *S1 = malloc((size_t)(2 * W) * sizeof *S1);
     double *Q = malloc((size_t)(2 * W) * sizeof *Q);
     Py_ssize_t steps = -1;
     if (cnt && C && S1 && Q) {
-#if AD_HAVE_LANES
-        if (qk_avx2() && H <= AD_LANES_CELLS)
-            steps = search_all_lanes(a);
-#endif
-        if (steps < 0) {
-            steps = 0;
-            for (Py_ssize_t s = 0; s < a->nseg; s += 2)
-                steps += search_pair(a, s, cnt, C, S1, Q);
-        }
+        steps = 0;
+        for (Py_ssize_t s = 0; s < a->nseg; s += 2)
+            steps += search_pair(a, s, cnt, C, S1, Q);
     }
     free(cnt);
     free(C);
     free(S1);
     free(Q);
     return steps;
+}
+
+static Py_ssize_t histogram_run(ad_args *a)
+{
+    return histogram_in(a, NULL);
 }
 
 Py_ssize_t ad_greedy_steps(double ratio, Py_ssize_t num_bins, int zero_width_ok,
@@ -511,7 +546,7 @@ Py_ssize_t ad_greedy_steps(double ratio, Py_ssize_t num_bins, int zero_width_ok,
 
 Py_ssize_t ad_search_floats(const float *x, Py_ssize_t n, Py_ssize_t seg, double *lo, double *hi,
                             Py_ssize_t nseg, Py_ssize_t nq, Py_ssize_t num_bins,
-                            Py_ssize_t n_iter)
+                            Py_ssize_t n_iter, ad_tables *tables)
 {
     ad_args a;
     memset(&a, 0, sizeof a);
@@ -525,7 +560,7 @@ Py_ssize_t ad_search_floats(const float *x, Py_ssize_t n, Py_ssize_t seg, double
     if (nq < 2 || n_iter < 1 || nseg < 1)
         return 0;
     a.cells = num_bins * AD_HPB;  /* n_iter >= 1: num_bins was checked (ad_greedy_steps) */
-    return ad_use_direct(seg, nq) ? ad_direct_run(&a) : histogram_run(&a);
+    return ad_use_direct(seg, nq) ? ad_direct_run(&a) : histogram_in(&a, tables);
 }
 
 PyObject *ad_call(PyObject *args, int with_counts, const char *name,

@@ -113,11 +113,12 @@ typedef struct {
    Out, the sums of adaptive.c's prefix_sums, the same bits: lane l's S1[i] and C[i] (i in
    [0, W)) side by side at CS[2 (i AD_LANES + l)] (a threshold's operands S1[j], C[j], S1[j +
    hpb], C[j + hpb]: two 16-byte loads), Q[i] (i in [0, H / hpb]) at Q[i AD_LANES + l];
-   exact[l]: prefix_sums' return value. `counted`: the counts are rows' counted by the search,
-   each of fewer than AD_COUNTED_MAX values (the sums then run in doubles, exactly). */
+   exact[l]: prefix_sums' return value; any[l]: whether a count of lane l is not zero.
+   `counted`: the counts are rows' counted by the search, each of fewer than AD_COUNTED_MAX
+   values (the sums then run in doubles, exactly). */
 #define AD_COUNTED_MAX ((Py_ssize_t)1 << 37)
 void ad_prefix_lanes(int64_t *cnt, int tables, int counted, int64_t W, double *CS, double *Q,
-                     int *exact);
+                     int *exact, int *any);
 
 /* best[l]: adaptive.c's full_error (the first range's error) of each lane over its prefix
    sums CS (ad_prefix_lanes'), 4 lanes a vector: the same operations, so the same bits. */
@@ -144,12 +145,19 @@ static inline int ad_use_direct(Py_ssize_t seg, Py_ssize_t nq)
 Py_ssize_t ad_greedy_steps(double ratio, Py_ssize_t num_bins, int zero_width_ok,
                            const char *name);
 
+/* The histogram search's tables for histograms of `cells` cells, for ad_search_floats to reuse
+   across calls (a chunk's groups of rows: no allocation and zeroing a call); NULL where the
+   8-lane search does not run (no AVX2, more than AD_LANES_CELLS cells) or out of memory. */
+typedef struct ad_tables ad_tables;
+ad_tables *ad_tables_new(Py_ssize_t cells);
+void ad_tables_free(ad_tables *t);
+
 /* adaptive.adaptive_ranges on raw arrays (quant_chunk.c's one call): x the n float32 values,
    no mask, lo/hi the nseg segments' float64 min/max refined in place, by the search
-   ad_use_direct picks, n_iter greedy steps (ad_greedy_steps). The steps walked, or -1 out of
-   memory; no Python calls. */
+   ad_use_direct picks, n_iter greedy steps (ad_greedy_steps); `tables` NULL or from
+   ad_tables_new(num_bins * AD_HPB). The steps walked, or -1 out of memory; no Python calls. */
 Py_ssize_t ad_search_floats(const float *x, Py_ssize_t n, Py_ssize_t seg, double *lo, double *hi,
                             Py_ssize_t nseg, Py_ssize_t nq, Py_ssize_t num_bins,
-                            Py_ssize_t n_iter);
+                            Py_ssize_t n_iter, ad_tables *tables);
 
 #endif

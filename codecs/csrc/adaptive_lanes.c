@@ -55,12 +55,12 @@ CK_TARGET_AVX2 static inline __attribute__((always_inline)) __m256i mul64(__m256
    where it is read (its exactness test: C[H] (2H + 1)^2 below 2**49), and no count is big. */
 CK_TARGET_AVX2 static inline __attribute__((always_inline)) void
 prefix4(int64_t *cnt, int tables, const int counted, int64_t W, double *CS, double *Q, int off,
-        int *exact)
+        int *exact, int *any)
 {
     const int64_t H = W - 1, L = AD_LANES, T = L * W;
     const __m256i zero = _mm256_setzero_si256();
     const __m256d half = _mm256_set1_pd(0.5), two52 = _mm256_set1_pd(0x1p52);
-    __m256i c = zero, s1 = zero, q = zero, big = zero;            /* integer sums */
+    __m256i c = zero, s1 = zero, q = zero, big = zero, nz = zero;  /* integer sums */
     __m256d cd = _mm256_setzero_pd(), sd = cd, qd = cd;           /* their doubles */
     _mm256_storeu_pd(CS + 2 * off, cd);
     _mm256_storeu_pd(CS + 2 * off + 4, cd);
@@ -75,6 +75,7 @@ prefix4(int64_t *cnt, int tables, const int counted, int64_t W, double *CS, doub
                 _mm256_storeu_si256((__m256i *)(at + u * T), zero);
             }
             const int64_t o = 2 * j + 1;
+            nz = _mm256_or_si256(nz, n);
             if (counted) {  /* n as a double: 0 <= n < 2**52 in the mantissa of 2**52 */
                 __m256d nd = _mm256_sub_pd(
                     _mm256_castsi256_pd(_mm256_or_si256(n, _mm256_castpd_si256(two52))), two52);
@@ -98,28 +99,31 @@ prefix4(int64_t *cnt, int tables, const int counted, int64_t W, double *CS, doub
     }
     for (int u = 0; u < tables; u++)  /* the masked values' cell */
         _mm256_storeu_si256((__m256i *)(cnt + u * T + H * L + off), zero);
-    int64_t b[4];
+    int64_t b[4], z[4];
     _mm256_storeu_si256((__m256i *)b, big);
+    _mm256_storeu_si256((__m256i *)z, nz);
     const double o = 2.0 * (double)H + 1.0;
-    for (int l = 0; l < 4; l++)  /* C[H] is the count, exactly, where no count is big */
+    for (int l = 0; l < 4; l++) {  /* C[H] is the count, exactly, where no count is big */
         exact[off + l] = !b[l] && 16.0 * CS[2 * (H * L + off + l) + 1] * o * o < 0x1p53;
+        any[off + l] = z[l] != 0;
+    }
 }
 
 CK_TARGET_AVX2 static inline __attribute__((always_inline)) void
 prefix_lanes(int64_t *cnt, int tables, int counted, int64_t W, double *CS, double *Q,
-             int *exact)
+             int *exact, int *any)
 {
     for (int off = 0; off < AD_LANES; off += 4)
         if (counted)
-            prefix4(cnt, tables, 1, W, CS, Q, off, exact);
+            prefix4(cnt, tables, 1, W, CS, Q, off, exact, any);
         else
-            prefix4(cnt, tables, 0, W, CS, Q, off, exact);
+            prefix4(cnt, tables, 0, W, CS, Q, off, exact, any);
 }
 
 CK_TARGET_AVX2 static void prefix_avx2(int64_t *cnt, int tables, int counted, int64_t W,
-                                       double *CS, double *Q, int *exact)
+                                       double *CS, double *Q, int *exact, int *any)
 {
-    prefix_lanes(cnt, tables, counted, W, CS, Q, exact);
+    prefix_lanes(cnt, tables, counted, W, CS, Q, exact, any);
 }
 
 /* prefix4 for all 8 lanes in one 512-bit vector (x86-64-v4: AVX-512 F and DQ): the same sums
@@ -127,14 +131,14 @@ CK_TARGET_AVX2 static void prefix_avx2(int64_t *cnt, int tables, int counted, in
    (S1, C) pairs interleaved by two permutes. */
 CK_TARGET_AVX512 static inline __attribute__((always_inline)) void
 prefix8(int64_t *cnt, int tables, const int counted, int64_t W, double *CS, double *Q,
-        int *exact)
+        int *exact, int *any)
 {
     const int64_t H = W - 1, L = AD_LANES, T = L * W;
     const __m512i zero = _mm512_setzero_si512();
     const __m512i front = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11);
     const __m512i back = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
     const __m512d half = _mm512_set1_pd(0.5);
-    __m512i c = zero, s1 = zero, q = zero, big = zero;
+    __m512i c = zero, s1 = zero, q = zero, big = zero, nz = zero;
     __m512d cd = _mm512_setzero_pd(), sd = cd, qd = cd;
     _mm512_storeu_pd(CS, cd);
     _mm512_storeu_pd(CS + 8, cd);
@@ -149,6 +153,7 @@ prefix8(int64_t *cnt, int tables, const int counted, int64_t W, double *CS, doub
                 _mm512_storeu_si512(at + u * T, zero);
             }
             const int64_t o = 2 * j + 1;
+            nz = _mm512_or_si512(nz, n);
             if (counted) {
                 __m512d nd = _mm512_cvtepi64_pd(n);  /* exact: n < 2**37 */
                 cd = _mm512_add_pd(cd, nd);
@@ -170,27 +175,30 @@ prefix8(int64_t *cnt, int tables, const int counted, int64_t W, double *CS, doub
     }
     for (int u = 0; u < tables; u++)
         _mm512_storeu_si512(cnt + u * T + H * L, zero);
-    int64_t b[AD_LANES];
+    int64_t b[AD_LANES], z[AD_LANES];
     _mm512_storeu_si512(b, big);
+    _mm512_storeu_si512(z, nz);
     const double o = 2.0 * (double)H + 1.0;
-    for (int l = 0; l < AD_LANES; l++)
+    for (int l = 0; l < AD_LANES; l++) {
         exact[l] = !b[l] && 16.0 * CS[2 * (H * L + l) + 1] * o * o < 0x1p53;
+        any[l] = z[l] != 0;
+    }
 }
 
 CK_TARGET_AVX512 static void prefix_avx512(int64_t *cnt, int tables, int counted, int64_t W,
-                                           double *CS, double *Q, int *exact)
+                                           double *CS, double *Q, int *exact, int *any)
 {
     if (counted)
-        prefix8(cnt, tables, 1, W, CS, Q, exact);
+        prefix8(cnt, tables, 1, W, CS, Q, exact, any);
     else
-        prefix8(cnt, tables, 0, W, CS, Q, exact);
+        prefix8(cnt, tables, 0, W, CS, Q, exact, any);
 }
 
 void ad_prefix_lanes(int64_t *cnt, int tables, int counted, int64_t W, double *CS, double *Q,
-                     int *exact)
+                     int *exact, int *any)
 {
     (ck_vector() >= CK_AVX512 ? prefix_avx512 : prefix_avx2)(cnt, tables, counted, W, CS, Q,
-                                                              exact);
+                                                              exact, any);
 }
 
 /* Lanes off .. off + 3's first errors: full_error's sums, the thresholds (the same in every

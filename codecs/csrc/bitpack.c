@@ -86,8 +86,12 @@ static inline __attribute__((always_inline)) int pack_whole(const uint8_t *restr
 
 void ck_pack_bits(const uint8_t *codes, Py_ssize_t count, int bits, uint8_t *out)
 {
-    if ((bits == 4 && pack_whole(codes, count, 4, out))
-        || (bits == 2 && pack_whole(codes, count, 2, out)))
+    /* pack_whole writes before it knows every code fits: only where out is not codes (pack_n
+       packs in place, reading ahead of what it writes) */
+    const uint8_t *end = out + (count * bits + 7) / 8;
+    int apart = end <= codes || codes + count <= out;
+    if (apart && ((bits == 4 && pack_whole(codes, count, 4, out))
+                  || (bits == 2 && pack_whole(codes, count, 2, out))))
         return;
     switch (bits) {
     case 1: pack_n(codes, count, 1, out); break;

@@ -109,7 +109,7 @@ static Py_ssize_t group_end(Py_ssize_t s, Py_ssize_t group, Py_ssize_t seg, Py_s
 static void finish_chunk(uint8_t *body, const uint8_t *codes, Py_ssize_t n, Py_ssize_t seg,
                          int bits, int method, int dtype)
 {
-    Py_ssize_t nseg = (n + seg - 1) / seg;
+    Py_ssize_t nseg = n / seg + (n % seg != 0);
     if (bits < 8)
         ck_pack_bits(codes, n, bits, body + QC_HEAD + 8 * nseg);
     body[0] = 1;                           /* version */
@@ -131,7 +131,7 @@ static int uniform_chunk(const steps_t *k, const void *x, int dtype, Py_ssize_t 
                          Py_ssize_t seg, int bits, int symmetric, uint8_t *body, uint8_t *codes,
                          float *wide)
 {
-    Py_ssize_t nseg = (n + seg - 1) / seg, nq = (Py_ssize_t)1 << bits, a0, b0;
+    Py_ssize_t nseg = n / seg + (n % seg != 0), nq = (Py_ssize_t)1 << bits, a0, b0;
     uint8_t *zeros = body + QC_HEAD, *scales = zeros + 4 * nseg;
     uint8_t *out = bits == 8 ? scales + 4 * nseg : codes;
     Py_ssize_t group = group_of(seg, UNIFORM_GROUP);
@@ -168,7 +168,7 @@ static int adaptive_chunk(const steps_t *k, const void *x, int dtype, Py_ssize_t
                           Py_ssize_t seg, int bits, Py_ssize_t num_bins, Py_ssize_t n_iter,
                           uint8_t *body, uint8_t *codes, float *wide, double *lo, double *hi)
 {
-    Py_ssize_t nseg = (n + seg - 1) / seg, nq = (Py_ssize_t)1 << bits, a0, b0;
+    Py_ssize_t nseg = n / seg + (n % seg != 0), nq = (Py_ssize_t)1 << bits, a0, b0;
     uint8_t *zeros = body + QC_HEAD, *scales = zeros + 4 * nseg;
     uint8_t *out = bits == 8 ? scales + 4 * nseg : codes;
     const float *xf = (const float *)x;
@@ -176,27 +176,36 @@ static int adaptive_chunk(const steps_t *k, const void *x, int dtype, Py_ssize_t
         widen((const uint16_t *)x, n, dtype, wide);
         xf = wide;
     }
-    /* the steps a group of segments at a time (group_of), while its values are in cache */
+    /* the steps a group of segments at a time (group_of), while its values are in cache; the
+       search's tables made once */
     Py_ssize_t group = group_of(seg, GROUP);
-    for (Py_ssize_t g0 = 0; g0 < nseg; g0 += group) {
+    ad_tables *tables = ad_tables_new(num_bins * AD_HPB);
+    int status = 0;
+    for (Py_ssize_t g0 = 0; g0 < nseg && !status; g0 += group) {
         Py_ssize_t g1 = g0 + group < nseg ? g0 + group : nseg, c0 = g0 * seg;
         Py_ssize_t c1 = group_end(g0, group, seg, n);
-        if (!k->finite(xf + c0, c1 - c0))
-            return 1;
+        if (!k->finite(xf + c0, c1 - c0)) {
+            status = 1;
+            break;
+        }
         for (Py_ssize_t s = g0; s < g1; s++) {
             qk_segment(s, seg, n, &a0, &b0);
             k->range(xf + a0, b0 - a0, NULL, &lo[s], &hi[s]);
         }
         if (ad_search_floats(xf + c0, c1 - c0, seg, lo + g0, hi + g0, g1 - g0, nq, num_bins,
-                             n_iter) < 0)
-            return -1;
-        for (Py_ssize_t s = g0; s < g1; s++) {
+                             n_iter, tables) < 0) {
+            status = -1;
+            break;
+        }
+        for (Py_ssize_t s = g0; s < g1 && !status; s++) {
             qk_segment(s, seg, n, &a0, &b0);
-            if (segment_codes(k, xf + a0, b0 - a0, lo[s], hi[s], nq, zeros, scales, s,
-                              out + a0))
-                return 1;
+            status = segment_codes(k, xf + a0, b0 - a0, lo[s], hi[s], nq, zeros, scales, s,
+                                   out + a0);
         }
     }
+    ad_tables_free(tables);
+    if (status)
+        return status;
     finish_chunk(body, codes, n, seg, bits, 2, dtype);
     return 0;
 }
@@ -216,7 +225,7 @@ static PyObject *encode_call(const char *name, PyObject *x_obj, Py_ssize_t seg, 
                             "bfloat16)", name, dtype);
     if (ck_buffer(x_obj, &x, 0, dtype == QC_F32 ? CK_FLOAT : 2, name) < 0)
         return NULL;
-    Py_ssize_t n = ck_items(&x), nseg = seg > 0 ? (n + seg - 1) / seg : 0;
+    Py_ssize_t n = ck_items(&x), nseg = seg > 0 ? n / seg + (n % seg != 0) : 0;
     if (dtype == QC_F32 && x.itemsize != 4)
         PyErr_Format(PyExc_ValueError, "%s: float32 values, not %zd-byte ones", name,
                      x.itemsize);

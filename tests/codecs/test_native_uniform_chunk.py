@@ -128,6 +128,14 @@ def test_adaptive_one_call_a_group_of_rows_at_a_time(shape, kind):
            "bfloat16")
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_a_group_larger_than_any_chunk(method):
+    """A group size near the largest integer (one segment): quantize's bytes, where the
+    segment count once overflowed."""
+    x = _values(3, (40, 30), "normal")
+    _check(x, method, 4, "group", (1 << 63) - 1, True, 0.08)
+
+
 def test_adaptive_one_call_refuses_what_the_search_refuses():
     """A ratio past the range or NaN, bins past the histogram's limit: ValueError, as the
     search's own wrappers raise."""
