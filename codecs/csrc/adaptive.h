@@ -88,8 +88,8 @@ static inline double ad_min(double a, double b) { return b < a ? b : a; }
 
 /* The histogram search's walks with AVX2, AD_LANES segments at once (adaptive_lanes.c; x86-64
    with GCC or clang): their state, lane l for segment s + l. Run where the CPU path is "avx2"
-   or above and a histogram has at most AD_LANES_CELLS cells (the records of 8 lanes then take
-   at most 4 MiB); elsewhere adaptive.c's pair loop. */
+   or above and a histogram has at most AD_LANES_CELLS cells (the tables of 8 lanes then take
+   about 7 MiB at most); elsewhere adaptive.c's pair loop. */
 #define AD_LANES 8
 #define AD_LANES_CELLS (1 << 14)
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -124,7 +124,7 @@ void ad_prefix_lanes(int64_t *cnt, int tables, int counted, int64_t W, double *C
    sums CS (ad_prefix_lanes'), 4 lanes a vector: the same operations, so the same bits. */
 void ad_full_errors(Py_ssize_t nq, const double *CS, int64_t H, double *best);
 
-/* Up to n_iter greedy steps of every lane over its records (nq levels; cells W - 1 a
+/* Up to n_iter greedy steps of every lane over its prefix sums w->CS (nq levels; cells W - 1 a
    histogram, as adaptive.c's pair loop, lane parity its pair position), until every lane is
    settled (ad_settled); the steps walked. */
 Py_ssize_t ad_walk_lanes(ad_lanes *w, Py_ssize_t nq, Py_ssize_t n_iter, int64_t W);

@@ -281,8 +281,8 @@ CK_TARGET_AVX2 static void store4(ad_lanes *w, int h, const lanes4 *v)
     _mm256_storeu_pd(w->bb + h0, v->bb);
 }
 
-/* The records of the four lanes' thresholds j (record indices), transposed: S1[j], C[j],
-   S1[j + hpb], C[j + hpb] of each lane. */
+/* The operands of the four lanes' thresholds (j: the index of each one's (S1, C) pair in CS),
+   transposed: S1[j], C[j], S1[j + hpb], C[j + hpb] of each lane. */
 CK_TARGET_AVX2 static inline __attribute__((always_inline)) void
 records4(const double *CS, __m128i j, __m256d *s1y, __m256d *cy, __m256d *s1x, __m256d *cx)
 {

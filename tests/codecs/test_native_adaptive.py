@@ -20,7 +20,7 @@ from ckptcodecs import _backend, adaptive, quantize
 
 pytestmark = [pytest.mark.skipif(_backend.native() is None,
                                  reason="ckptcodecs' compiled kernels are not built"),
-              pytest.mark.usefixtures("each_simd_path")]  # the pair loop, AVX2's and AVX-512's lanes
+              pytest.mark.usefixtures("each_simd_path")]  # pairs, AVX2 and AVX-512 lanes
 
 SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, 5e-324, 1e-310, 3.4e38, 1e300, -1.0]
 KERNELS = ("histogram_search", "direct_ranges")
