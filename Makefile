@@ -54,7 +54,7 @@ bench-revisions: $(STAMP)
 	$(PY) benchmarks/revisions.py --base $(BASE)
 
 # the refactoring guard: every policy's 7-commit sequence writes the same bytes as $(BASE)
-# (about 2 minutes: each revision compiles its numba kernels once)
+# (about 2 minutes: each revision's C extensions are built in its archive first)
 same-bytes: $(STAMP)
 	$(PY) benchmarks/same_bytes_revisions.py --base $(BASE)
 

@@ -8,8 +8,9 @@ Usage::
     make same-bytes BASE=9f87563
 
 Each revision's library is materialised as benchmarks/revisions.py does (``git archive`` of
-``ckptstore/`` and ``codecs/`` into a temporary folder put first on ``PYTHONPATH``; the working
-tree is used in place), and a fresh subprocess runs every scenario of
+``ckptstore/`` and ``codecs/`` into a temporary folder put first on ``PYTHONPATH``, its C
+extensions built there; the working tree is used in place), and a fresh subprocess runs every
+scenario of
 ``tests/compat/same_bytes.py`` (the working tree's: public API only) against it, printing which
 files it imported -- one that imported another revision's code stops the run. The full
 fingerprints (the sha256 of every chunk, the normalised manifests) are compared, so a difference
