@@ -493,8 +493,8 @@ ad_tables *ad_tables_new(Py_ssize_t cells)
    its tables cannot be had (nothing done). */
 static Py_ssize_t search_all_lanes(ad_args *a, ad_tables *t)
 {
-    ad_tables *own = t && t->cells == a->cells ? NULL : ad_tables_new(a->cells);
-    ad_tables *use = own ? own : t && t->cells == a->cells ? t : NULL;
+    int reuse = t && t->cells == a->cells;
+    ad_tables *own = reuse ? NULL : ad_tables_new(a->cells), *use = reuse ? t : own;
     if (!use)
         return -1;
     Py_ssize_t steps = 0;
