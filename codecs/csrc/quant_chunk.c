@@ -7,8 +7,8 @@
        rle_huffman_encode(encode_chunk(*quantize(x, method, bits, ...)), min_saving)
    for float32, float16 or bfloat16 values without protected or pruned ones and float32
    parameters; a segment at a time (16-bit values widened into a scratch first): its values
-   checked finite (float32 ones all at once first: a call a short row cost more than its
-   check), its range, zero point and scale, its codes, while it is in cache. Where a
+   checked finite (float32 ones a group of rows at a time, group_of: a call a short row cost
+   more than its check), its range, zero point and scale, its codes, while it is in cache. Where a
    value is not finite (quantize protects it) or an inverse scale is not (a subnormal scale:
    quantize's float64 steps), nothing is returned: the caller's steps run. */
 #include "quant.h"
@@ -179,7 +179,7 @@ static int adaptive_chunk(const steps_t *k, const void *x, int dtype, Py_ssize_t
     /* the steps a group of segments at a time (group_of), while its values are in cache; the
        search's tables made once */
     Py_ssize_t group = group_of(seg, GROUP);
-    ad_tables *tables = ad_tables_new(num_bins * AD_HPB);
+    ad_tables *tables = ad_use_direct(seg, nq) ? NULL : ad_tables_new(num_bins * AD_HPB);
     int status = 0;
     for (Py_ssize_t g0 = 0; g0 < nseg && !status; g0 += group) {
         Py_ssize_t g1 = g0 + group < nseg ? g0 + group : nseg, c0 = g0 * seg;
