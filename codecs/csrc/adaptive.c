@@ -422,7 +422,7 @@ static Py_ssize_t search_lanes(ad_args *a, Py_ssize_t s, ad_tables *t)
 {
     const int64_t H = a->cells, W = H + 1, L = AD_LANES;
     double lo0[AD_LANES], rg[AD_LANES];
-    int ok[AD_LANES], exact[AD_LANES], counts[AD_LANES], any = 0, four = 0;
+    int ok[AD_LANES], exact[AD_LANES], nonzero[AD_LANES], any = 0, four = 0;
     for (int l = 0; l < AD_LANES; l++) {
         lo0[l] = rg[l] = 0.0;
         ok[l] = 0;
@@ -439,14 +439,14 @@ static Py_ssize_t search_lanes(ad_args *a, Py_ssize_t s, ad_tables *t)
         if (ok[l])
             four |= count_lane(a, s + l, lo0[l], rg[l], t->cnt, l);
     int counted = !(a->counts && a->counts->len) && a->seg < AD_COUNTED_MAX;
-    ad_prefix_lanes(t->cnt, four ? 4 : 1, counted, W, t->CS, t->Q, exact, counts);
+    ad_prefix_lanes(t->cnt, four ? 4 : 1, counted, W, t->CS, t->Q, exact, nonzero);
     ad_lanes w;
     w.CS = t->CS, w.Q = t->Q;
     ad_full_errors(a->nq, t->CS, H, w.best);  /* full_error of each lane */
     for (int l = 0; l < AD_LANES; l++) {
         const double *Sl = t->CS + 2 * l, *Cl = Sl + 1;  /* index i at [2 L i] */
-        w.eps[l] = ok[l] && counts[l] ? ad_margin(exact[l], a->nq, H, Cl[2 * L * H])
-                                      : -INFINITY;
+        w.eps[l] = ok[l] && nonzero[l] ? ad_margin(exact[l], a->nq, H, Cl[2 * L * H])
+                                       : -INFINITY;
         w.A[l] = 0.0, w.B[l] = (double)H;
         w.ba[l] = w.A[l], w.bb[l] = w.B[l];
         w.CH[l] = Cl[2 * L * H], w.SH[l] = Sl[2 * L * H];
