@@ -193,7 +193,9 @@ def stall_case(size_mb: int, policy: str, repeat: int, warmup: int, root: str,
     bare_copy()  # warm: buffers allocated and touched
     res = StallResult(state_bytes(state), policy, len(tensors))
     folder = tempfile.mkdtemp(prefix=f"stall-{size_mb}-", dir=root)
-    store = ckptstore.open(folder, policy=POLICIES[policy](), options=OPTIONS[0])
+    # the persist thread, open's default before issue 28's seventeenth slice
+    store = ckptstore.open(folder, policy=POLICIES[policy](), options=OPTIONS[0],
+                           background="thread")
     try:
         for r in range(warmup + repeat):
             train_a_bit(state, r + 1)
@@ -316,8 +318,8 @@ class TrainRun:
 def train_run(trainer: Trainer, mode: str, k: int | None, steps: int, root: str) -> TrainRun:
     """One timed run of ``steps`` steps; ``mode`` in none|async|sync|torch.save|frequency."""
     folder = tempfile.mkdtemp(prefix=f"train-{mode}-", dir=root)
-    store = ckptstore.open(os.path.join(folder, "store"), options=OPTIONS[0]) if mode in (
-        "async", "sync", "frequency") else None
+    store = ckptstore.open(os.path.join(folder, "store"), options=OPTIONS[0],
+                           background="thread") if mode in ("async", "sync", "frequency") else None
     saves = 0
 
     blocked = [0.0, 0.0]
@@ -465,7 +467,8 @@ def rss_child(variant: str, size_mb: int, seed: int, root: str) -> dict[str, Any
         torch.save(tiny, os.path.join(folder, "tiny.pt"))
     else:
         policy = POLICIES["intermittent+q4" if variant == "async-q4" else "lossless"]()
-        with ckptstore.open(os.path.join(folder, "tiny"), policy=policy) as warm:
+        with ckptstore.open(os.path.join(folder, "tiny"), policy=policy,
+                            background="thread") as warm:
             if variant == "sync":
                 warm.commit(tiny)
             else:
@@ -490,7 +493,8 @@ def rss_child(variant: str, size_mb: int, seed: int, root: str) -> dict[str, Any
             store.close()
         else:
             policy = POLICIES["intermittent+q4" if variant == "async-q4" else "lossless"]()
-            store = ckptstore.open(os.path.join(folder, "store"), policy=policy)
+            store = ckptstore.open(os.path.join(folder, "store"), policy=policy,
+                                   background="thread")  # this process's peak memory
             store.commit_async(state).wait()
             out["peak"] = _proc_status()["VmHWM"]
             out["after_first"] = _proc_status()["VmRSS"]

@@ -135,6 +135,11 @@ CONFIGS = {
         EncodingOptions(), Policy(quantize=QuantSpec(bits=8)), "process"),
     "commit_async, 4-bit (auto), in a persist process": (
         EncodingOptions(), Policy(quantize=QuantSpec(bits=4)), "process"),
+    # open()'s default since issue 28's seventeenth slice, background="auto": a persist process
+    # from the first commit_async (the rows above without it, "(default)" among them, run on
+    # the persist thread, the default before)
+    "commit_async, lossless, background='auto' (the default)": (
+        EncodingOptions(), Policy(), "auto"),
 }
 
 
@@ -271,7 +276,7 @@ def _whole_walk(config: tuple | str | None) -> bool:
 
 
 def _background(config: tuple | str | None) -> str:
-    return "process" if _marked(config, "process") else "thread"
+    return next((way for way in ("process", "auto") if _marked(config, way)), "thread")
 
 
 def _every_call(config: tuple | str | None) -> bool:

@@ -44,7 +44,7 @@ import ckptstore
 from ckptstore import EncodingOptions, Policy, QuantSpec
 state = build_state({size} << 20)
 folder = tempfile.mkdtemp(dir={root!r})
-store = ckptstore.open(folder, {config})
+store = ckptstore.open(folder, {config}, background='thread')  # this process's CPU
 store.storage.direct_writes = {direct}
 store.commit_async(state).wait()
 rows = []

@@ -63,7 +63,7 @@ from ckptstore import EncodingOptions, Policy, QuantSpec
 _backend.native().adaptive_early_end({early})
 state = build_state({size} << 20)
 folder = tempfile.mkdtemp(dir={root!r})
-store = ckptstore.open(folder, {config})
+store = ckptstore.open(folder, {config}, background='thread')  # this process's CPU
 store.commit_async(state).wait()
 cpu = []
 for _ in range({commits}):

@@ -93,7 +93,7 @@ else:
     state = build_state({size} << 20)
 {prelude}
 folder = tempfile.mkdtemp()
-store = ckptstore.open(folder, options={config})
+store = ckptstore.open(folder, options={config}, background='thread')  # the persist thread
 store.commit_async(state).wait()
 walls, cpus = [], []
 for _ in range({commits}):  # before perf arms the probe: its traps cost CPU too

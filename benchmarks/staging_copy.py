@@ -55,7 +55,8 @@ def measure(size_mb: int, rounds: int, strided: bool) -> dict[str, float]:
             np.copyto(host[k], v.numpy())
 
     folder = tempfile.mkdtemp(prefix="staging-")
-    store = ckptstore.open(folder, options=ckptstore.EncodingOptions(compression="none"))
+    store = ckptstore.open(folder, options=ckptstore.EncodingOptions(compression="none"),
+                           background="thread")  # the persist thread's staging buffers
     store.commit_async(state).wait()
     torch_copy()
     numpy_copy()

@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     policy = Policy(incremental="consecutive", max_chain=10_000)
     on_device = EncodingOptions(device_encode="auto" if args.device.startswith("cuda")
                                 else "always")
-    stores = {name: ckptstore.open(os.path.join(root, name), policy=policy, options=options)
+    stores = {name: ckptstore.open(os.path.join(root, name), policy=policy, options=options,
+                                   background="thread")  # the persist thread's snapshot
               for name, options in (("tracked", None), ("compared", None),
                                     ("on device", on_device))}
     labels = {"tracked": "commit_async, tracker (rows gathered)",

@@ -28,7 +28,7 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
          staging_budget: int | None = None, background_priority: str = DEFAULT_PRIORITY,
          keep: Retention | None = None, local: str | os.PathLike | None = None,
          upload_budget: int | None = None, local_keep: Retention | None = None,
-         background: str = "thread", **storage_options: Any) -> Store:
+         background: str = "auto", **storage_options: Any) -> Store:
     """Open the store at ``url`` (a local path or any fsspec URL), creating it unless
     ``create=False``. ``durable=True`` (the default) makes a commit to a local store
     crash-consistent: its chunk files and folders, then its manifest, then its ref are fsynced
@@ -74,8 +74,11 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
     at ``url``, as without ``local=``) to the remote after each upload lands; neither deletes
     what a commit not uploaded yet needs.
 
-    ``background="process"`` persists in a process of the store's own (over shared memory), not
-    a thread: it shares no interpreter lock with training (docs/async.md says what it takes).
+    ``background`` says where ``commit_async`` persists: ``"process"``, in a process of the
+    store's own (over shared memory), which shares no interpreter lock with training;
+    ``"thread"``, on a thread of this process; ``"auto"`` (the default), in a persist process
+    where one can take the commits (a local store, a configuration it can receive), else on a
+    thread (docs/async.md says what each takes; :mod:`ckptstore.commit.auto`).
 
     Other keywords (``storage_options``) go to fsspec.
     """
@@ -101,15 +104,17 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
         storage, keep = tiers.storage, None  # the remote's rule: applied after uploads
     return Store(storage, options, io_workers=io_workers, policy=policy, collective=collective,
                  staging_budget=staging_budget, background_priority=background_priority,
-                 keep=keep, tiers=tiers, worker=worker)
+                 keep=keep, tiers=tiers, worker=worker, auto=background == "auto")
 
 
 def _worker(url: str | os.PathLike, background: str, local: object,
             kwargs: dict[str, Any]) -> WorkerSpec | None:
-    """How a persist process opens the store (``background="process"``), or None (a thread)."""
-    if background not in ("thread", "process"):
-        raise ValueError(f"background must be 'thread' or 'process', not {background!r}")
-    if background == "thread":
+    """How a persist process opens the store (``background="process"``, or ``"auto"`` for a
+    local store that is not tiered), or None (a thread)."""
+    if background not in ("auto", "thread", "process"):
+        raise ValueError(f"background must be 'auto', 'thread' or 'process', not {background!r}")
+    if background == "thread" or (background == "auto" and (local is not None
+                                                            or "://" in str(url))):
         return None
     if str(url).startswith("memory://"):
         raise ValueError("background='process' needs a store another process can open: "

@@ -44,7 +44,8 @@ class _Worker:
         op = message.get("op") if isinstance(message, dict) else None
         if op == "open":
             kwargs = {k: from_plain(v) for k, v in message["kwargs"].items()}
-            self.store = open_store(message["url"], create=False, collective=False, **kwargs)
+            self.store = open_store(message["url"], create=False, collective=False,
+                                    **kwargs, background="thread")
             return os.getpid()
         if self.store is None:
             raise PersistProcessError(f"{op!r} before 'open'")

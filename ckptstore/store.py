@@ -13,7 +13,8 @@ from typing import Any
 
 from .checkout.flow import checkout
 from .commit.committer import Committer
-from .commit.process import WorkerSpec, committer_for
+from .commit.auto import committer_for
+from .commit.process import WorkerSpec
 from .commit.pipeline import Metadata
 from .maintenance.diff import DiffResult, diff
 from .maintenance.gc import collect
@@ -46,7 +47,8 @@ class Store:
                  io_workers: int | None = None, policy: Policy | None = None,
                  collective: bool = True, staging_budget: int | None = None,
                  background_priority: str = DEFAULT_PRIORITY, keep: Retention | None = None,
-                 tiers: Tiers | None = None, worker: WorkerSpec | None = None):
+                 tiers: Tiers | None = None, worker: WorkerSpec | None = None,
+                 auto: bool = False):
         check_priority(background_priority)
         check_retention(keep)
         self.tiers = tiers  # open(url, local=...): the local tier, the journal, the uploads
@@ -57,7 +59,7 @@ class Store:
         self.options = options or EncodingOptions()
         self.policy = policy or Policy()
         self._committer = committer_for(self.repo, self.options, self.policy, staging_budget,
-                                        background_priority, worker)
+                                        background_priority, worker, auto)
         self._committer.retention = keep  # applied after each commit lands
         self.collective = collective
 

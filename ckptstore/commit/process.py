@@ -46,7 +46,7 @@ from .wire import error_from_plain, read_frame, to_plain, write_frame
 from ..history.repository import Repository
 from ..state.tree import Leaf, flatten
 
-__all__ = ["ProcessCommitter", "WorkerSpec", "committer_for"]
+__all__ = ["ProcessCommitter", "WorkerSpec"]
 
 #: the module the persist process runs
 WORKER_MODULE = "ckptstore.persist_worker"
@@ -361,13 +361,3 @@ def _info(answer: object) -> CommitInfo:
         return CommitInfo.from_json(answer)
     except (KeyError, TypeError, ValueError) as e:
         raise PersistProcessError(f"the persist process answered {answer!r:.200}") from e
-
-
-def committer_for(repo: Repository, options: EncodingOptions, policy: Policy,
-                  staging_budget: int | None, priority: str,
-                  worker: WorkerSpec | None) -> Committer:
-    """A store's committer: persists on a thread, or in a persist process where ``worker``
-    says how it opens the store (``open(..., background="process")``)."""
-    if worker is None:
-        return Committer(repo, options, staging_budget, priority)
-    return ProcessCommitter(repo, options, policy, worker, staging_budget, priority)

@@ -93,7 +93,8 @@ def test_staging_holds_only_the_latest_state(store):
 
 def test_staging_budget_refuses_a_commit_before_copying(tmp_path):
     from ckptstore.errors import StagingBudgetError
-    store = ckptstore.open(tmp_path / "s", staging_budget=100_000)
+    # the persist thread's staging buffers (a persist process maps one shared file instead)
+    store = ckptstore.open(tmp_path / "s", staging_budget=100_000, background="thread")
     small = {"w": torch.randn(20_000)}  # 80 KB
     store.commit_async(small).wait()
     with pytest.raises(StagingBudgetError, match="staging_budget=100000"):
@@ -127,7 +128,8 @@ def test_staging_copies_every_dtype_and_layout_bit_exactly(store):
     assert_bit_exact(store.checkout(pending.wait().id), expected)
 
 
-def test_reserve_allocates_the_buffers_the_first_commit_uses(store):
+def test_reserve_allocates_the_buffers_the_first_commit_uses(tmp_path):
+    store = ckptstore.open(tmp_path / "s", background="thread")  # the thread's buffers
     state = {"w": torch.randn(200_000, 4), "b": torch.randn(3, 5, dtype=torch.bfloat16).t(),
              "small": [torch.randn(7) for _ in range(20)], "step": 3}
     reserved = store.reserve(state)
@@ -140,15 +142,19 @@ def test_reserve_allocates_the_buffers_the_first_commit_uses(store):
     grown = {**state, "w": torch.randn(300_000, 4)}  # a new shape: a buffer of its own later
     assert store.reserve(grown).result() == 300_000 * 4 * 4  # float32
     assert_bit_exact(store.checkout(store.commit_async(grown).wait().id), grown)
+    store.close()
 
 
 @pytest.mark.every_backend
-def test_staged_snapshot_is_taken_as_is(store):
+def test_staged_snapshot_is_taken_as_is(store_url):
+    url, opts = store_url
+    store = ckptstore.open(url, background="thread", **opts)  # a persist process copies it
     snap = {"w": torch.randn(100_000)}
     pending = store.commit_async(snap, staged=True)
     info = pending.wait()
     assert_bit_exact(store.checkout(info.id), snap)
     assert store.staging_bytes == 0
+    store.close()
 
 
 def test_at_most_one_commit_in_flight(flaky):
@@ -337,7 +343,8 @@ def test_tracked_increments_stage_only_their_rows(tmp_path):
         model = torch.nn.ModuleDict({"emb": emb})
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         tracker = ckptstore.track(model, opt)
-        store = ckptstore.open(tmp_path / mode, policy=Policy(incremental="one-shot"))
+        store = ckptstore.open(tmp_path / mode, policy=Policy(incremental="one-shot"),
+                               background="thread")  # the thread's staging buffers
         store.commit({"model": model}, tracker=tracker)  # the baseline
         staged = []
         for step in range(3):
@@ -386,18 +393,20 @@ def test_background_persist_runs_at_low_priority(tmp_path, neighbours):
     state = {"w": torch.randn(300, 300)}
     normal = os.getpriority(os.PRIO_PROCESS, 0)
     low = {(os.SCHED_OTHER, min(19, normal + ckptstore.priority.LOW_NICE))}
-    with ckptstore.open(tmp_path / "low") as store:
+    with ckptstore.open(tmp_path / "low", background="thread") as store:
         store.commit(state)
         store.commit_async(state).wait()
         assert thread_priorities(store, "ckptstore-persist") == low
         assert thread_priorities(store, "ckptstore-bg-io") == low
         assert {(os.sched_getscheduler(t.native_id), os.getpriority(os.PRIO_PROCESS, t.native_id))
                 for t in store.repo.executor._threads} == {(os.SCHED_OTHER, normal)}
-    with ckptstore.open(tmp_path / "normal", background_priority="normal") as store:
+    with ckptstore.open(tmp_path / "normal", background_priority="normal",
+                        background="thread") as store:
         store.commit_async(state).wait()
         assert thread_priorities(store, "ckptstore-persist") == {(os.SCHED_OTHER, normal)}
         assert store._committer._background_io is None
-    with ckptstore.open(tmp_path / "idle", background_priority="idle") as store:
+    with ckptstore.open(tmp_path / "idle", background_priority="idle",
+                        background="thread") as store:
         store.commit_async(state).wait()
         assert {p for p, _ in thread_priorities(store, "ckptstore-persist")} == {os.SCHED_IDLE}
     with pytest.raises(ValueError, match="background_priority"):

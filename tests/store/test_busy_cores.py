@@ -92,7 +92,8 @@ def test_a_starved_persist_runs_at_normal_priority_until_it_ends(tmp_path, neigh
     --, the next persist starts so, and they go back to their low priority once it has
     landed."""
     state = {"w": torch.randn(2048, 4096)}  # 32 MB in 32 chunks of 1 MiB
-    store = ckptstore.open(tmp_path / "s", options=EncodingOptions(chunk_bytes=1 << 20))
+    store = ckptstore.open(tmp_path / "s", options=EncodingOptions(chunk_bytes=1 << 20),
+                           background="thread")  # the persist thread's priority
     with store:
         store.commit_async(state).wait()  # the background threads exist
         background = store._committer.background

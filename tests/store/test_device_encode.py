@@ -334,7 +334,8 @@ def test_device_staging_buffers_are_reused_across_commits(tmp_path):
     policy = Policy(overrides=(("q", QuantSpec("uniform-asymmetric", 4)),), min_quant_bytes=1)
     kept = []
     for mode in ("always", "off"):
-        store = ckptstore.open(tmp_path / mode, options=EncodingOptions(device_encode=mode))
+        store = ckptstore.open(tmp_path / mode, options=EncodingOptions(device_encode=mode),
+                               background="thread")  # the persist thread's buffers
         for _ in range(3):
             store.commit_async(state, policy=policy).wait()
             kept.append({k: id(b) for k, b in store._committer.staging._buffers.items()})

@@ -78,7 +78,9 @@ def _tree(path: str) -> tuple[list[str], list[str]]:
 def test_default_commit_makes_data_manifest_and_ref_durable_in_order(tmp_path, monkeypatch,
                                                                        how):
     root = os.path.realpath(tmp_path / "s")
-    store = ckptstore.open(root, options=EncodingOptions(chunk_bytes=1 << 16))
+    # the calls of this process (a persist process's are its own: test_persist_process.py)
+    store = ckptstore.open(root, options=EncodingOptions(chunk_bytes=1 << 16),
+                           background="thread")
     calls = Calls(monkeypatch)
     if how == "commit":
         commit_id = store.commit(_state()).id

@@ -211,20 +211,20 @@ def test_resume_continues_the_chain_and_gc_keeps_it(tmp_path):
     assert _kinds(again, info)["model.0.weight"] == ("full", 0)
 
 
-def test_async_commits_equal_sync_ones(tmp_path):
+@pytest.mark.parametrize("background", ["thread", "process"])
+def test_async_commits_equal_sync_ones(tmp_path, background):
     results = []
     for mode in ("sync", "async"):
         model = _model(4)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        store = ckptstore.open(tmp_path / mode)
-        store.commit({"model": model}, policy=_policy(model, opt))
+        store = ckptstore.open(tmp_path / mode, background="thread" if mode == "sync" else
+                               background)
+        commit = store.commit if mode == "sync" else \
+            (lambda s, **kw: store.commit_async(s, **kw).wait())
+        commit({"model": model}, policy=_policy(model, opt))
         for i in range(3):
             _train(model, opt, 5, i)
-            state = {"model": model, "optim": opt}
-            if mode == "sync":
-                store.commit(state, policy=_policy(model, opt))
-            else:
-                store.commit_async(state, policy=_policy(model, opt)).wait()
+            commit({"model": model, "optim": opt}, policy=_policy(model, opt))
         results.append(store.checkout("main"))
         store.close()
     for name, t in results[0]["model"].items():

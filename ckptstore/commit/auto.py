@@ -1,0 +1,195 @@
+"""The committer a store opened with ``background="auto"`` (the default) uses, and the choice of
+a store's committer.
+
+A persist thread shares the interpreter lock with training: beside busy cores each time it takes
+the lock back training waits (issue 28 measured 1.37x the bare copy's step time on a real
+training state beside two busy processes, 1.16x with a persist process). ``"auto"`` runs
+``commit_async`` in a persist process (:mod:`ckptstore.commit.process`) where one can take the
+commit, and on a thread where it cannot:
+
+- ``commit`` runs on the caller's thread until the first ``commit_async`` (or
+  :meth:`~AutoCommitter.reserve`) starts the persist process (a fresh interpreter: about a second
+  once, which ``store.reserve(state)`` at the start of training moves off the first commit);
+  from then on every commit goes there, so that one chain memory serves them all;
+- a commit the process cannot take -- a policy object it cannot receive (a ``sensitivity``
+  average, a custom rebase predictor), a tensor off the CPU (its device snapshot, pinned
+  staging and device encoding stay on a thread), a collective commit -- and every commit after
+  it run on a thread, as with ``background="thread"``; so do all commits where no persist
+  process could start (a warning says why).
+
+Each change of way starts the chains anew (the next commit stores each tensor whole: the other
+way's chain memory is dropped). Stores the process cannot open are not given one: tiered stores,
+object stores (for now), ``memory://``, ``device_encode="always"``, configurations it cannot
+receive, and other platforms than POSIX ones.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from ..errors import PersistProcessError
+from ..info import CommitInfo
+from ..policy import Policy
+from ..tracking.rows import RowTracker
+from .committer import Committer
+from .pending import PendingCommit
+from .pipeline import Metadata
+from .plan import EncodingOptions
+from .process import ProcessCommitter, WorkerSpec, to_plain_kwargs
+from .wire import to_plain
+from ..history.repository import Repository
+from ..state.tree import flatten
+
+__all__ = ["AutoCommitter", "PersistProcessWarning", "committer_for", "sendable"]
+
+
+class PersistProcessWarning(UserWarning):
+    """``background="auto"`` persists on a thread: no persist process could start."""
+
+
+def sendable(*configuration: object) -> bool:
+    """Whether a persist process can receive every policy, option and keyword given."""
+    try:
+        for c in configuration:
+            to_plain(c)
+    except PersistProcessError:
+        return False
+    return True
+
+
+class AutoCommitter(ProcessCommitter):
+    """A :class:`ProcessCommitter` that commits on a thread (as :class:`Committer`) until the
+    first ``commit_async`` and after a commit the persist process cannot take (the module's
+    docstring). :attr:`way` says which: ``"thread"`` or ``"process"``."""
+
+    def __init__(self, repo: Repository, options: EncodingOptions, policy: Policy,
+                 spec: WorkerSpec, staging_budget: int | None = None,
+                 background_priority: str = "low"):
+        super().__init__(repo, options, policy, spec, staging_budget, background_priority)
+        self.way = "thread"
+        self.thread_for_good = False  # a commit the process could not take came
+
+    # -- the changes of way ------------------------------------------------------------------
+    def _to_process(self) -> bool:
+        """Start the persist process (once); False, with a warning, where it cannot start."""
+        if self.way == "process":
+            return True
+        if self.thread_for_good:
+            return False
+        Committer.wait(self)
+        try:
+            self._exchange.submit(self._started).result()
+        except (OSError, PersistProcessError) as e:
+            warnings.warn(f"background='auto': no persist process could start ({e}); commits "
+                          "persist on a thread", PersistProcessWarning, stacklevel=4)
+            self.thread_for_good = True
+            return False
+        Committer.forget_chains(self)  # the process's chain memory serves from now on
+        self.way = "process"
+        return True
+
+    def _to_thread(self) -> None:
+        """Commit on a thread from now on; the persist process ends (its chains with it)."""
+        self.thread_for_good = True
+        if self.way == "thread":
+            return
+        self.wait()
+        self.way = "thread"
+        self._copied = {}
+
+        def stop() -> None:
+            if self._worker is not None:
+                self._worker.close()
+                self._worker = None
+        self._exchange.submit(stop).result()
+
+    def _way_for(self, state: object, policy: Policy) -> str:
+        """The way a commit of ``state`` and ``policy`` runs: a thread for good from the first
+        that the process cannot take (a policy it cannot receive, a tensor off the CPU)."""
+        if not (sendable(policy) and _on_cpu(state)):
+            self._to_thread()
+        return self.way
+
+    # -- the entry points --------------------------------------------------------------------
+    def commit(self, state: object, message: str, branch: str, tags: Sequence[str],
+               metadata: Metadata | None, policy: Policy, tracker: RowTracker | None
+               ) -> CommitInfo:
+        if self._way_for(state, policy) == "process":
+            return super().commit(state, message, branch, tags, metadata, policy, tracker)
+        return Committer.commit(self, state, message, branch, tags, metadata, policy, tracker)
+
+    def commit_async(self, state: object, message: str, branch: str, tags: Sequence[str],
+                     metadata: Metadata | None, policy: Policy, tracker: RowTracker | None,
+                     staged: bool) -> PendingCommit:
+        if self._way_for(state, policy) == "process" or self._to_process():
+            return super().commit_async(state, message, branch, tags, metadata, policy,
+                                        tracker, staged)
+        return Committer.commit_async(self, state, message, branch, tags, metadata, policy,
+                                      tracker, staged)
+
+    def reserve(self, state: object) -> Future[int]:
+        """Start the persist process and map the shared file ``commit_async(state)`` copies
+        into, in the background; on a thread, :meth:`Committer.reserve`."""
+        if self._way_for(state, self.default_policy) == "process" or self._to_process():
+            return super().reserve(state)
+        return Committer.reserve(self, state)
+
+    def fork(self, *args: object, **kwargs: object) -> Any:
+        """A rank's part of a sharded commit: on a thread, for good."""
+        self._to_thread()
+        return Committer.fork(self, *args, **kwargs)
+
+    def forget_chains(self, branch: str | None = None) -> None:
+        if self.way == "process":
+            super().forget_chains(branch)
+        else:
+            Committer.forget_chains(self, branch)
+
+    def reference_bytes(self) -> tuple[int, int]:
+        if self.way == "process":
+            return super().reference_bytes()
+        return Committer.reference_bytes(self)
+
+    @property
+    def staging_nbytes(self) -> int:
+        if self.way == "process":
+            return super().staging_nbytes
+        return self.staging.nbytes
+
+
+def _on_cpu(state: object) -> bool:
+    """Whether every tensor of ``state`` is on the CPU (a device's tensors keep their device
+    snapshot, pinned staging and device encoding on a thread)."""
+    _, leaves = flatten(state)
+    return all(not isinstance(leaf.value, torch.Tensor) or leaf.value.device.type == "cpu"
+               for leaf in leaves)
+
+
+def committer_for(repo: Repository, options: EncodingOptions, policy: Policy,
+                  staging_budget: int | None, priority: str, worker: WorkerSpec | None,
+                  auto: bool = False) -> Committer:
+    """A store's committer: persists on a thread, in a persist process where ``worker`` says
+    how it opens the store (``open(..., background="process")``), or either way
+    (``background="auto"``, where a persist process can receive the store's configuration)."""
+    if worker is None:
+        return Committer(repo, options, staging_budget, priority)
+    if not auto:
+        return ProcessCommitter(repo, options, policy, worker, staging_budget, priority)
+    if (os.name == "posix" and options.device_encode != "always"
+            and sendable(policy, options) and _sendable_kwargs(worker.kwargs)):
+        return AutoCommitter(repo, options, policy, worker, staging_budget, priority)
+    return Committer(repo, options, staging_budget, priority)
+
+
+def _sendable_kwargs(kwargs: dict[str, Any]) -> bool:
+    try:
+        to_plain_kwargs(kwargs)
+    except PersistProcessError:
+        return False
+    return True

@@ -1,0 +1,133 @@
+"""open(..., background="auto"), the default: commit_async persists in a persist process where one
+can take the commits, on a thread where it cannot (ckptstore.commit.auto)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_bit_exact
+
+import ckptstore
+from ckptstore import EncodingOptions, GradientEMA, Policy, QuantSpec
+from ckptstore.commit import auto, process
+from ckptstore.commit.auto import AutoCommitter, PersistProcessWarning
+from ckptstore.commit.committer import Committer
+
+
+def _state(seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"emb": torch.randn(2000, 32, generator=g), "w": torch.randn(64, 64, generator=g),
+            "step": seed}
+
+
+def _entry_kinds(store: ckptstore.Store, commit_id: str) -> dict[str, str]:
+    return {e.path: str(e.kind.value) for e in store.manifest(commit_id).tensors}
+
+
+def test_the_default_commits_on_a_thread_until_the_first_commit_async(tmp_path):
+    with ckptstore.open(tmp_path / "s") as store:
+        committer = store.committer
+        assert isinstance(committer, AutoCommitter) and committer.way == "thread"
+        first = store.commit(_state(0))
+        assert committer.way == "thread" and committer._worker is None  # no process started
+        pending = store.commit_async(_state(1))
+        assert committer.way == "process" and committer._worker.alive()
+        second = pending.wait()
+        third = store.commit(_state(2))  # once a process runs, every commit goes there
+        assert committer.way == "process"
+        assert [c.id for c in store.log()] == [third.id, second.id, first.id]
+        for info, seed in ((first, 0), (second, 1), (third, 2)):
+            assert_bit_exact(store.checkout(info.id), _state(seed))
+
+
+def test_auto_writes_the_bytes_a_thread_writes(tmp_path):
+    """All commits asynchronous from the first: one chain, the thread's bytes, increments
+    included (their memory in the persist process)."""
+    policy = Policy(incremental="consecutive", delta=True)
+    kinds = []
+    for background in ("thread", "auto"):
+        state = _state()
+        with ckptstore.open(tmp_path / background, policy=policy, background=background) as s:
+            ids = []
+            for i in range(3):
+                state["emb"][i * 7:i * 7 + 5] += 1.0
+                ids.append(s.commit_async(state).wait().id)
+            assert_bit_exact(s.checkout(), state)
+            kinds.append([_entry_kinds(s, i) for i in ids])
+    assert kinds[0] == kinds[1]
+    assert any(k != "full" for k in kinds[0][-1].values())  # a chain, not only baselines
+
+
+def test_a_change_of_way_starts_the_chains_anew(tmp_path):
+    policy = Policy(delta=True)
+    with ckptstore.open(tmp_path / "s", policy=policy) as store:
+        state = _state()
+        store.commit(state)  # a thread's commit: a baseline
+        state["w"] += 1.0
+        assert any(k != "full" for k in _entry_kinds(store, store.commit(state).id).values())
+        state["w"] += 1.0
+        switched = store.commit_async(state).wait()  # the process: its chains start here
+        assert set(_entry_kinds(store, switched.id).values()) == {"full"}
+        assert store.committer.reference_bytes()[0] > 0  # its references, over there
+        state["w"] += 1.0
+        assert any(k != "full" for k in _entry_kinds(store, store.commit(state).id).values())
+        assert_bit_exact(store.checkout(), state)
+
+
+def test_a_policy_the_process_cannot_take_moves_the_store_to_a_thread(tmp_path):
+    model = torch.nn.Linear(4, 4)
+    odd = Policy(quantize=QuantSpec(bits=4, protect=0.01), sensitivity=GradientEMA(model))
+    with ckptstore.open(tmp_path / "s") as store:
+        store.commit_async(_state(0)).wait()
+        worker = store.committer._worker
+        assert store.committer.way == "process"
+        store.commit_async(model, policy=odd).wait()
+        assert store.committer.way == "thread" and store.committer.thread_for_good
+        assert store.committer._worker is None and worker.proc.poll() is not None
+        info = store.commit_async(_state(1)).wait()  # a thread for good
+        assert store.committer.way == "thread"
+        assert_bit_exact(store.checkout(info.id), _state(1))
+        assert len(store.log()) == 3
+
+
+@pytest.mark.parametrize("how", ["memory", "tiered", "device_encode", "policy", "s3"])
+def test_stores_a_process_cannot_take_get_a_thread(tmp_path, how, request):
+    model = torch.nn.Linear(4, 4)
+    opening = {
+        "memory": lambda: ckptstore.open("memory://ckpt-auto-thread"),
+        "tiered": lambda: ckptstore.open(tmp_path / "remote", local=tmp_path / "local"),
+        "device_encode": lambda: ckptstore.open(
+            tmp_path / "d", options=EncodingOptions(device_encode="always")),
+        "policy": lambda: ckptstore.open(tmp_path / "p", policy=Policy(
+            quantize=QuantSpec(bits=4, protect=0.01), sensitivity=GradientEMA(model))),
+        "s3": lambda: ckptstore.open(f"s3://ckpt-tests/auto-{tmp_path.name}",
+                                     **request.getfixturevalue("s3_server")),
+    }
+    with opening[how]() as store:
+        assert type(store.committer) is Committer
+
+
+def test_a_process_that_cannot_start_leaves_a_thread(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(process._Worker, "__init__", refuse)
+    with ckptstore.open(tmp_path / "s") as store:
+        with pytest.warns(PersistProcessWarning, match="Too many open files"):
+            info = store.commit_async(_state()).wait()
+        assert store.committer.way == "thread" and store.committer.thread_for_good
+        assert_bit_exact(store.checkout(info.id), _state())
+        store.commit_async(_state(1)).wait()  # no second try, no second warning
+
+
+def test_tensors_off_the_cpu_stay_on_a_thread():
+    assert auto._on_cpu({"a": torch.zeros(3), "b": [1, "x"]})
+    assert not auto._on_cpu({"a": torch.zeros(3), "b": torch.empty(2, device="meta")})
+
+
+def test_a_collective_commit_moves_the_store_to_a_thread(tmp_path):
+    with ckptstore.open(tmp_path / "s") as store:
+        store.commit_async(_state()).wait()
+        store.committer.fork(0, [], Policy(), "main", None, None, "", "_packed",
+                             lambda path: (path, (), ()))  # a rank's part: an empty one
+        assert store.committer.way == "thread" and store.committer._worker is None
