@@ -6,8 +6,9 @@ time, on ``<out fd>``: ``open`` (``ckptstore.open(url, create=False, **kwargs)``
 shared file the next snapshots are in), ``commit`` (the leaves rebuilt over that file, committed
 with ``commit_async(..., staged=True)`` at the store's background priority; the answer is the
 commit's :class:`~ckptstore.info.CommitInfo`), ``forget`` and ``references`` (its chain memory).
-It ends when its store closes the pipe; a commit in flight is finished first. Nothing here is
-reached from the library's import graph: it is the one module that runs only in that process.
+It ends at an ``end`` frame or when its store closes the pipe; a commit in flight is finished
+first. Nothing here is reached from the library's import graph: it is the one module that runs
+only in that process.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ class _Worker:
         if op == "references":
             return list(self.store.reference_bytes)
         if op == "stats":
-            return {"boosted": self.boosted}
+            return {"boosted": self.boosted,  # raised by a wait, and because starved
+                    "starved": self.store.committer.background.starved_persists}
         raise PersistProcessError(f"an unknown request {op!r}")
 
     def commit(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -98,6 +100,8 @@ def main(argv: list[str]) -> int:
                 message = read_frame(source)
             except EOFError:
                 return 0
+            if isinstance(message, dict) and message.get("op") == "end":
+                return 0  # its store closed (a forked process may still hold the pipe)
             try:
                 answer = {"ok": worker.handle(message)}
             except Exception as e:  # noqa: BLE001 - reported to the store, which raises it

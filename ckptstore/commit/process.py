@@ -56,6 +56,16 @@ _BOOT = ("import runpy, sys; sys.path[:] = [p for p in sys.path if p not in ('',
          "alter_sys=True)")
 
 
+#: how the persist process leaves the terminal's process group: a group of its own in training's
+#: session (Python 3.11+). Not a session of its own: Linux shares the CPU fairly between
+#: sessions first ("autogroups"), so a persist process in a session of its own was not
+#: scheduled as a background thread of training is: beside two busy processes MiniLM's persist
+#: took longer than the 1.3 s between commits and each commit_async waited 0.2-0.6 s for it;
+#: in training's session each took 0.5-0.7 s (docs/benchmarks.md, issue 28's seventeenth slice)
+_OWN_GROUP: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11)
+                              else {"start_new_session": True})
+
+
 @dataclass(frozen=True)
 class WorkerSpec:
     """How the persist process opens the store: ``ckptstore.open(url, create=False, **kwargs)``
@@ -80,13 +90,13 @@ class _Worker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         try:
-            # a session of its own: a terminal's Ctrl-C stops training, not the persist in
-            # flight (it ends once its store closes the pipe); the training script's folder off
-            # sys.path (python -m would put the working folder first)
+            # the training script's folder off sys.path (python -m would put the working folder
+            # first); a process group of its own, so that a terminal's Ctrl-C stops training,
+            # not the persist in flight (it ends once its store closes the pipe)
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", _BOOT, WORKER_MODULE, str(to_child), str(from_child)],
                 pass_fds=(to_child, from_child), env=env, stdin=subprocess.DEVNULL,
-                start_new_session=True)
+                **_OWN_GROUP)
         except BaseException:
             os.close(self._to_child)
             os.close(self._from_child)
@@ -126,7 +136,14 @@ class _Worker:
         return not self.broken and self.proc.poll() is None
 
     def close(self, timeout: float = 60.0) -> None:
-        """Ask the process to end (its commit in flight ended first), then reap it."""
+        """Ask the process to end (its commit in flight ended first), then reap it. It is told
+        so in a frame, not only by the end of its pipe: a process forked from training since
+        (a DataLoader worker) holds a copy of the pipe, which would keep it open."""
+        if not self.broken:
+            try:
+                write_frame(self._to_child, {"op": "end"})
+            except OSError:  # it ended meanwhile
+                pass
         for fd in (self._to_child, self._from_child):
             try:
                 os.close(fd)
@@ -322,7 +339,8 @@ class ProcessCommitter(Committer):
         return int(host), int(device)
 
     def call_stats(self) -> dict[str, int]:
-        """The persist process's counters: ``boosted``, its commits raised by a wait."""
+        """The persist process's counters: ``boosted``, its commits raised by a wait, and
+        ``starved``, its persists raised because their threads were starved."""
         worker = self._worker
         return dict(self._exchange_now({"op": "stats"})) if worker and worker.alive() else {}
 
