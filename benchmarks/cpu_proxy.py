@@ -83,6 +83,7 @@ from common import command_line, machine_description, markdown_table  # noqa: E4
 
 import ckptstore  # noqa: E402
 from ckptstore import EncodingOptions, Policy, QuantSpec  # noqa: E402
+from ckptstore.commit import process  # noqa: E402
 from ckptcodecs import Quantize, _backend, planes, rle_huffman  # noqa: E402
 
 CONFIGS = {
@@ -140,6 +141,10 @@ CONFIGS = {
     # the persist thread, the default before)
     "commit_async, lossless, background='auto' (the default)": (
         EncodingOptions(), Policy(), "auto"),
+    # before the persist process joined training's session (a session of its own: Linux
+    # shares the CPU between sessions first)
+    "commit_async, lossless, background='auto', a session of its own (before)": (
+        EncodingOptions(), Policy(), "auto", "own session"),
 }
 
 
@@ -279,6 +284,20 @@ def _background(config: tuple | str | None) -> str:
     return next((way for way in ("process", "auto") if _marked(config, way)), "thread")
 
 
+@contextmanager
+def own_session(on: bool) -> Iterator[None]:
+    """Persist processes started in a session of their own, as before issue 28's seventeenth
+    slice (``process._OWN_GROUP``)."""
+    if not on:
+        yield
+        return
+    before, process._OWN_GROUP = process._OWN_GROUP, {"start_new_session": True}
+    try:
+        yield
+    finally:
+        process._OWN_GROUP = before
+
+
 def _every_call(config: tuple | str | None) -> bool:
     return _marked(config, "every call")
 
@@ -296,7 +315,8 @@ def run(config: tuple | None, state: dict, seconds: float, interval: float, root
     with (encoded_in_steps(_stepwise(config)),
           native_switch("adaptive_early_end", False, _whole_walk(config)),
           native_switch("nogil_min", 0, _every_call(config)),
-          huffman_below(_huffman_below(config))):
+          huffman_below(_huffman_below(config)),
+          own_session(_marked(config, "own session"))):
         return run_loop(config[:2] if isinstance(config, tuple) else config, state, seconds,
                         interval, root, io_workers, priority, busy, _cached(config),
                         _background(config))

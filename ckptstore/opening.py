@@ -74,11 +74,8 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
     at ``url``, as without ``local=``) to the remote after each upload lands; neither deletes
     what a commit not uploaded yet needs.
 
-    ``background`` says where ``commit_async`` persists: ``"process"``, in a process of the
-    store's own (over shared memory), which shares no interpreter lock with training;
-    ``"thread"``, on a thread of this process; ``"auto"`` (the default), in a persist process
-    where one can take the commits (a local store, a configuration it can receive), else on a
-    thread (docs/async.md says what each takes; :mod:`ckptstore.commit.auto`).
+    ``background``: ``commit_async`` persists in a process of the store's own (``"process"``: no
+    GIL shared with training), on a thread, or (``"auto"``) the first where it can: docs/async.md.
 
     Other keywords (``storage_options``) go to fsspec.
     """
@@ -104,7 +101,7 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
         storage, keep = tiers.storage, None  # the remote's rule: applied after uploads
     return Store(storage, options, io_workers=io_workers, policy=policy, collective=collective,
                  staging_budget=staging_budget, background_priority=background_priority,
-                 keep=keep, tiers=tiers, worker=worker, auto=background == "auto")
+                 keep=keep, tiers=tiers, worker=worker)
 
 
 def _worker(url: str | os.PathLike, background: str, local: object,
@@ -122,7 +119,8 @@ def _worker(url: str | os.PathLike, background: str, local: object,
     if local is not None:
         raise TypeError("background='process' does not take local= (a tiered store) yet: use "
                         "background='thread' there")
-    return WorkerSpec(str(url) if "://" in str(url) else os.path.abspath(url), kwargs)
+    return WorkerSpec(str(url) if "://" in str(url) else os.path.abspath(url), kwargs,
+                      background == "auto")
 
 
 def _opened(storage: Storage, url: str | os.PathLike, create: bool) -> Storage:

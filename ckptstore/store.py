@@ -47,8 +47,7 @@ class Store:
                  io_workers: int | None = None, policy: Policy | None = None,
                  collective: bool = True, staging_budget: int | None = None,
                  background_priority: str = DEFAULT_PRIORITY, keep: Retention | None = None,
-                 tiers: Tiers | None = None, worker: WorkerSpec | None = None,
-                 auto: bool = False):
+                 tiers: Tiers | None = None, worker: WorkerSpec | None = None):
         check_priority(background_priority)
         check_retention(keep)
         self.tiers = tiers  # open(url, local=...): the local tier, the journal, the uploads
@@ -59,7 +58,7 @@ class Store:
         self.options = options or EncodingOptions()
         self.policy = policy or Policy()
         self._committer = committer_for(self.repo, self.options, self.policy, staging_budget,
-                                        background_priority, worker, auto)
+                                        background_priority, worker)
         self._committer.retention = keep  # applied after each commit lands
         self.collective = collective
 
@@ -73,10 +72,8 @@ class Store:
         self.close()
 
     def close(self) -> None:
-        """Wait for a commit in flight, then release the store's worker threads.
-
-        Raises :class:`PendingCommitError` if the last asynchronous commit failed unobserved.
-        """
+        """Wait for a commit in flight, then release the store's worker threads and persist
+        process; :class:`PendingCommitError` if the last asynchronous commit failed unobserved."""
         try:
             self._committer.close()
         finally:

@@ -172,14 +172,14 @@ def _on_cpu(state: object) -> bool:
 
 
 def committer_for(repo: Repository, options: EncodingOptions, policy: Policy,
-                  staging_budget: int | None, priority: str, worker: WorkerSpec | None,
-                  auto: bool = False) -> Committer:
+                  staging_budget: int | None, priority: str, worker: WorkerSpec | None
+                  ) -> Committer:
     """A store's committer: persists on a thread, in a persist process where ``worker`` says
     how it opens the store (``open(..., background="process")``), or either way
-    (``background="auto"``, where a persist process can receive the store's configuration)."""
+    (``worker.auto``: where a persist process can receive the store's configuration)."""
     if worker is None:
         return Committer(repo, options, staging_budget, priority)
-    if not auto:
+    if not worker.auto:
         return ProcessCommitter(repo, options, policy, worker, staging_budget, priority)
     if (os.name == "posix" and options.device_encode != "always"
             and sendable(policy, options) and _sendable_kwargs(worker.kwargs)):

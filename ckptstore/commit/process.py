@@ -69,10 +69,12 @@ _OWN_GROUP: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11
 @dataclass(frozen=True)
 class WorkerSpec:
     """How the persist process opens the store: ``ckptstore.open(url, create=False, **kwargs)``
-    with these keywords (plain values and configuration objects)."""
+    with these keywords (plain values and configuration objects); ``auto``: the store's
+    ``background="auto"`` (:mod:`ckptstore.commit.auto`), not ``"process"``."""
 
     url: str
     kwargs: dict[str, Any] = field(default_factory=dict)
+    auto: bool = False
 
 
 class _Worker:
