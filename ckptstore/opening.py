@@ -82,7 +82,7 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
     check_priority(background_priority)  # before anything is created
     worker = _worker(url, background, local, {"durable": durable, "retry": retry,
                                               "io_workers": io_workers, "keep": keep,
-                                              **storage_options})
+                                              **storage_options}, collective)
     check_retention(keep)
     if local is None and (upload_budget is not None or local_keep is not None):
         raise TypeError("upload_budget= and local_keep= need local= (a tiered store)")
@@ -105,7 +105,7 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
 
 
 def _worker(url: str | os.PathLike, background: str, local: object,
-            kwargs: dict[str, Any]) -> WorkerSpec | None:
+            kwargs: dict[str, Any], collective: bool = False) -> WorkerSpec | None:
     """How a persist process opens the store (``background="process"``, or ``"auto"`` for a
     local store that is not tiered), or None (a thread)."""
     if background not in ("auto", "thread", "process"):
@@ -120,7 +120,7 @@ def _worker(url: str | os.PathLike, background: str, local: object,
         raise TypeError("background='process' does not take local= (a tiered store) yet: use "
                         "background='thread' there")
     return WorkerSpec(str(url) if "://" in str(url) else os.path.abspath(url), kwargs,
-                      background == "auto")
+                      background == "auto", collective)
 
 
 def _opened(storage: Storage, url: str | os.PathLike, create: bool) -> Storage:

@@ -19,13 +19,16 @@ commit, and on a thread where it cannot:
 
 Each change of way starts the chains anew (the next commit stores each tensor whole: the other
 way's chain memory is dropped). Stores the process cannot open are not given one: tiered stores,
-object stores (for now), ``memory://``, ``device_encode="always"``, configurations it cannot
-receive, and other platforms than POSIX ones.
+object stores (for now), ``memory://``, ``device_encode="always"``, a ``staging_budget`` (a
+process needs a shared copy of every commit, ``commit`` and ``staged=True`` ones too),
+configurations it cannot receive, frozen applications and platforms other than POSIX ones;
+nor are collective stores under a process group of several ranks.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -82,11 +85,14 @@ class AutoCommitter(ProcessCommitter):
             return True
         if self.thread_for_good:
             return False
+        if self.spec.collective and _process_group():  # its ranks commit together: a thread
+            self.thread_for_good = True
+            return False
         Committer.wait(self)
         try:
             self._exchange.submit(self._started).result()
-        except (OSError, PersistProcessError) as e:
-            warnings.warn(f"background='auto': no persist process could start ({e}); commits "
+        except Exception as e:  # noqa: BLE001 - whatever kept it from starting or opening
+            warnings.warn(f"background='auto': no persist process could start ({e!r}); commits "
                           "persist on a thread", PersistProcessWarning, stacklevel=4)
             self.thread_for_good = True
             return False
@@ -94,14 +100,17 @@ class AutoCommitter(ProcessCommitter):
         self.way = "process"
         return True
 
-    def _to_thread(self) -> None:
-        """Commit on a thread from now on; the persist process ends (its chains with it)."""
+    def _to_thread(self, wait: bool = True) -> None:
+        """Commit on a thread from now on; the persist process ends (its chains with it) once
+        the commit in flight did (``wait``; a rank's fork: the collective path waited, and the
+        commit in flight is the one it forks for)."""
         self.thread_for_good = True
         if self.way == "thread":
             return
-        self.wait()
+        if wait:
+            self.wait()
         self.way = "thread"
-        self._copied = {}
+        self._copied, self._lost_rows = {}, None
 
         def stop() -> None:
             if self._worker is not None:
@@ -142,7 +151,7 @@ class AutoCommitter(ProcessCommitter):
 
     def fork(self, *args: object, **kwargs: object) -> Any:
         """A rank's part of a sharded commit: on a thread, for good."""
-        self._to_thread()
+        self._to_thread(wait=False)
         return Committer.fork(self, *args, **kwargs)
 
     def forget_chains(self, branch: str | None = None) -> None:
@@ -163,6 +172,12 @@ class AutoCommitter(ProcessCommitter):
         return self.staging.nbytes
 
 
+def _process_group() -> bool:
+    """Whether a torch.distributed process group of more than one rank is initialised."""
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def _on_cpu(state: object) -> bool:
     """Whether every tensor of ``state`` is on the CPU (a device's tensors keep their device
     snapshot, pinned staging and device encoding on a thread)."""
@@ -181,7 +196,9 @@ def committer_for(repo: Repository, options: EncodingOptions, policy: Policy,
         return Committer(repo, options, staging_budget, priority)
     if not worker.auto:
         return ProcessCommitter(repo, options, policy, worker, staging_budget, priority)
-    if (os.name == "posix" and options.device_encode != "always"
+    if (os.name == "posix" and not getattr(sys, "frozen", False)  # sys.executable: the app
+            and staging_budget is None  # a shared copy of every commit, commit() too
+            and options.device_encode != "always"
             and sendable(policy, options) and _sendable_kwargs(worker.kwargs)):
         return AutoCommitter(repo, options, policy, worker, staging_budget, priority)
     return Committer(repo, options, staging_budget, priority)

@@ -51,7 +51,10 @@ __all__ = ["ProcessCommitter", "WorkerSpec"]
 #: the module the persist process runs
 WORKER_MODULE = "ckptstore.persist_worker"
 #: how it is started: ``python -c _BOOT <module> <in fd> <out fd>``, without the working folder
-_BOOT = ("import runpy, sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+#: (SIGTTOU ignored first: in a background process group of the terminal's session, a write to a
+#: terminal set to ``tostop`` -- a warning, a traceback -- would otherwise stop the process)
+_BOOT = ("import signal; signal.signal(signal.SIGTTOU, signal.SIG_IGN); "
+         "import runpy, sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
          "sys.argv = sys.argv[1:]; runpy.run_module(sys.argv[0], run_name='__main__', "
          "alter_sys=True)")
 
@@ -75,6 +78,7 @@ class WorkerSpec:
     url: str
     kwargs: dict[str, Any] = field(default_factory=dict)
     auto: bool = False
+    collective: bool = False  # open's collective=: under a process group, auto keeps a thread
 
 
 class _Worker:
@@ -94,7 +98,7 @@ class _Worker:
         try:
             # the training script's folder off sys.path (python -m would put the working folder
             # first); a process group of its own, so that a terminal's Ctrl-C stops training,
-            # not the persist in flight (it ends once its store closes the pipe)
+            # not the persist in flight (it ends when its store closes it)
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", _BOOT, WORKER_MODULE, str(to_child), str(from_child)],
                 pass_fds=(to_child, from_child), env=env, stdin=subprocess.DEVNULL,
@@ -141,8 +145,8 @@ class _Worker:
         """Ask the process to end (its commit in flight ended first), then reap it. It is told
         so in a frame, not only by the end of its pipe: a process forked from training since
         (a DataLoader worker) holds a copy of the pipe, which would keep it open."""
-        if not self.broken:
-            try:
+        if not self.broken and self.proc.poll() is None:
+            try:  # (SIGPIPE is blocked on the exchange thread: a broken pipe raises)
                 write_frame(self._to_child, {"op": "end"})
             except OSError:  # it ended meanwhile
                 pass
@@ -156,6 +160,14 @@ class _Worker:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def _exchange_thread() -> None:
+    """The exchange thread: no Ctrl-C, and no SIGPIPE (a write to a persist process that died
+    raises ``BrokenPipeError`` there, whatever the training script set SIGPIPE to)."""
+    block_interrupts()
+    if hasattr(signal, "pthread_sigmask") and hasattr(signal, "SIGPIPE"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
 
 
 def to_plain_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -178,7 +190,7 @@ class ProcessCommitter(Committer):
         self._worker: _Worker | None = None
         self._layout: Layout | None = None
         self._exchange = ThreadPoolExecutor(1, "ckptstore-persist-process",
-                                            initializer=block_interrupts)
+                                            initializer=_exchange_thread)
         self._closed = False
         # the tensor each leaf's region of the shared file holds a copy of (identity): a tracked
         # table copied from the same tensor again copies its touched rows alone (cleared by a

@@ -3,6 +3,11 @@ can take the commits, on a thread where it cannot (ckptstore.commit.auto)."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 from helpers import assert_bit_exact
@@ -90,7 +95,8 @@ def test_a_policy_the_process_cannot_take_moves_the_store_to_a_thread(tmp_path):
         assert len(store.log()) == 3
 
 
-@pytest.mark.parametrize("how", ["memory", "tiered", "device_encode", "policy", "s3"])
+@pytest.mark.parametrize("how", ["memory", "tiered", "device_encode", "policy", "s3",
+                                 "budget"])
 def test_stores_a_process_cannot_take_get_a_thread(tmp_path, how, request):
     model = torch.nn.Linear(4, 4)
     opening = {
@@ -102,18 +108,22 @@ def test_stores_a_process_cannot_take_get_a_thread(tmp_path, how, request):
             quantize=QuantSpec(bits=4, protect=0.01), sensitivity=GradientEMA(model))),
         "s3": lambda: ckptstore.open(f"s3://ckpt-tests/auto-{tmp_path.name}",
                                      **request.getfixturevalue("s3_server")),
+        # a process needs a shared copy of every commit: commit() and staged=True ones too
+        "budget": lambda: ckptstore.open(tmp_path / "b", staging_budget=1 << 20),
     }
     with opening[how]() as store:
         assert type(store.committer) is Committer
 
 
-def test_a_process_that_cannot_start_leaves_a_thread(tmp_path, monkeypatch):
+@pytest.mark.parametrize("error", [OSError(24, "Too many open files"),
+                                   ValueError("an open that failed over there")])
+def test_a_process_that_cannot_start_leaves_a_thread(tmp_path, monkeypatch, error):
     def refuse(*args, **kwargs):
-        raise OSError(24, "Too many open files")
+        raise error
 
     monkeypatch.setattr(process._Worker, "__init__", refuse)
     with ckptstore.open(tmp_path / "s") as store:
-        with pytest.warns(PersistProcessWarning, match="Too many open files"):
+        with pytest.warns(PersistProcessWarning, match=str(error.args[-1])):
             info = store.commit_async(_state()).wait()
         assert store.committer.way == "thread" and store.committer.thread_for_good
         assert_bit_exact(store.checkout(info.id), _state())
@@ -131,3 +141,46 @@ def test_a_collective_commit_moves_the_store_to_a_thread(tmp_path):
         store.committer.fork(0, [], Policy(), "main", None, None, "", "_packed",
                              lambda path: (path, (), ()))  # a rank's part: an empty one
         assert store.committer.way == "thread" and store.committer._worker is None
+
+
+@pytest.mark.parametrize("collective", [True, False])
+def test_a_collective_store_under_a_process_group_keeps_a_thread(tmp_path, monkeypatch,
+                                                                  collective):
+    """Its ranks commit together (forks of the thread's pipeline): no persist process, not even
+    after reserve(); a store opened with collective=False (one rank commits) takes one."""
+    monkeypatch.setattr(auto, "_process_group", lambda: True)
+    with ckptstore.open(tmp_path / "s", collective=collective) as store:
+        store.reserve(_state()).result()
+        assert store.committer.way == ("thread" if collective else "process")
+        assert (store.committer._worker is None) == collective
+
+
+def test_a_persist_process_that_died_is_replaced_whatever_sigpipe_does(tmp_path):
+    """A training script that sets SIGPIPE to its default (as many CLIs do): the end frame to a
+    dead persist process must not kill training; the next commit starts another."""
+    script = textwrap.dedent(f"""
+        import os, signal, time, torch, ckptstore
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        store = ckptstore.open({str(tmp_path / "s")!r})
+        store.commit_async({{"w": torch.randn(64)}}).wait()
+        proc = store.committer._worker.proc
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        info = store.commit_async({{"w": torch.ones(64)}}).wait()
+        assert torch.equal(store.checkout(info.id)["w"], torch.ones(64))
+        store.close()
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_the_persist_process_ignores_sigttou(tmp_path):
+    """In a background process group of the terminal's session, a write to a terminal set to
+    tostop would stop it: SIGTTOU is ignored before anything runs there."""
+    with ckptstore.open(tmp_path / "s") as store:
+        store.commit_async(_state()).wait()
+        with open(f"/proc/{store.committer._worker.proc.pid}/status") as f:
+            ignored = int(next(line.split()[1] for line in f if line.startswith("SigIgn")), 16)
+        assert ignored >> (signal.SIGTTOU - 1) & 1
