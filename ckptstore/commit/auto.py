@@ -111,12 +111,7 @@ class AutoCommitter(ProcessCommitter):
             self.wait()
         self.way = "thread"
         self._copied, self._lost_rows = {}, None
-
-        def stop() -> None:
-            if self._worker is not None:
-                self._worker.close()
-                self._worker = None
-        self._exchange.submit(stop).result()
+        self._stop_worker()
 
     def _way_for(self, state: object, policy: Policy) -> str:
         """The way a commit of ``state`` and ``policy`` runs: a thread for good from the first

@@ -366,13 +366,16 @@ class ProcessCommitter(Committer):
             super().close()
         finally:
             self._closed = True
-
-            def stop() -> None:
-                if self._worker is not None:
-                    self._worker.close()
-                    self._worker = None
-            self._exchange.submit(stop).result()
+            self._stop_worker()
             self._exchange.shutdown(wait=True)
+
+    def _stop_worker(self) -> None:
+        """End the persist process (after the commit in flight: the caller waited for it)."""
+        def stop() -> None:
+            if self._worker is not None:
+                self._worker.close()
+                self._worker = None
+        self._exchange.submit(stop).result()
 
 
 def _tracked_rows(leaves: list[Leaf], tracker: RowTracker | None) -> dict[int, torch.Tensor]:
