@@ -336,12 +336,15 @@ static int supported(int p)
 {
 #if defined(HAVE_SSE2)
     __builtin_cpu_init();
+    /* what CK_TARGET_AVX2 compiles for (native.h): AVX2 with BMI1 and BMI2 */
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi")
+               && __builtin_cpu_supports("bmi2");
     if (p == AVX2)
-        return __builtin_cpu_supports("avx2");
+        return avx2;
     if (p == AVX512)  /* x86-64-v4: what CK_BUILDS' AVX-512 copies are compiled for */
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
                && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")
-               && __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx2");
+               && __builtin_cpu_supports("avx512cd") && avx2;
     return 1;
 #else
     return p == PORTABLE;

@@ -119,6 +119,20 @@ def test_each_simd_path_this_cpu_runs_can_be_chosen():
         _backend.use_simd(before)
 
 
+@pytest.mark.skipif(_backend.native() is None, reason="ckptcodecs' compiled kernels are not built")
+@pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="no /proc/cpuinfo to compare with")
+def test_the_avx2_path_needs_the_features_its_code_is_compiled_for():
+    """CK_TARGET_AVX2 compiles for AVX2 with BMI1 and BMI2: a CPU (or a VM's CPU model) with
+    AVX2 but without them must not be offered the path."""
+    with open("/proc/cpuinfo") as f:
+        flags = set(next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), []))
+    if not flags or "sse2" not in flags:
+        pytest.skip("not an x86-64 CPU")
+    paths = _backend.native().simd_paths()
+    assert ("avx2" in paths) == ({"avx2", "bmi1", "bmi2"} <= flags)
+
+
 def test_this_process_runs_the_simd_path_asked_for():
     if _backend.CHOICE != "c":
         pytest.skip("the numba kernels have no CPU paths")
