@@ -51,8 +51,7 @@ __all__ = ["ProcessCommitter", "WorkerSpec"]
 #: the module the persist process runs
 WORKER_MODULE = "ckptstore.persist_worker"
 #: how it is started: ``python -c _BOOT <module> <in fd> <out fd>``, without the working folder
-#: (SIGTTOU ignored first: in a background process group of the terminal's session, a write to a
-#: terminal set to ``tostop`` -- a warning, a traceback -- would otherwise stop the process)
+#: (SIGTTOU ignored: in a background group, a write to a ``tostop`` terminal would stop it)
 _BOOT = ("import signal; signal.signal(signal.SIGTTOU, signal.SIG_IGN); "
          "import runpy, sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
          "sys.argv = sys.argv[1:]; runpy.run_module(sys.argv[0], run_name='__main__', "
@@ -60,11 +59,8 @@ _BOOT = ("import signal; signal.signal(signal.SIGTTOU, signal.SIG_IGN); "
 
 
 #: how the persist process leaves the terminal's process group: a group of its own in training's
-#: session (Python 3.11+). Not a session of its own: Linux shares the CPU fairly between
-#: sessions first ("autogroups"), so a persist process in a session of its own was not
-#: scheduled as a background thread of training is: beside two busy processes MiniLM's persist
-#: took longer than the 1.3 s between commits and each commit_async waited 0.2-0.6 s for it;
-#: in training's session each took 0.5-0.7 s (docs/benchmarks.md, issue 28's seventeenth slice)
+#: session (3.11+), not a session: Linux shares the CPU between sessions first, and beside busy
+#: cores a persist in its own outlasted the interval (docs/benchmarks.md, seventeenth slice)
 _OWN_GROUP: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11)
                               else {"start_new_session": True})
 
@@ -268,11 +264,17 @@ class ProcessCommitter(Committer):
     # -- the entry points --------------------------------------------------------------------
     def reserve(self, state: object) -> Future[int]:
         """Start the persist process and make the shared file ``commit_async(state)`` copies
-        into, in the background; resolves to its bytes."""
+        into, in the background; resolves to its bytes (0 where the last one fits)."""
         self.wait()
         _, leaves = flatten(state)
         shape, _ = layout(leaves)
-        self._reserving = self._exchange.submit(lambda: self._memory(shape).nbytes)
+        def run() -> int:  # the bytes of a new file; 0 where the last one fits
+            worker = self._worker
+            last = worker.mapped if worker is not None and worker.alive() else None
+            mapped = self._memory(shape)
+            return 0 if mapped is last else mapped.nbytes
+
+        self._reserving = self._exchange.submit(run)
         return self._reserving
 
     def commit(self, state: object, message: str, branch: str, tags: Sequence[str],

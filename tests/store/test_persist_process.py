@@ -235,6 +235,14 @@ def test_what_a_persist_process_cannot_take_is_refused(tmp_path):
     assert issubclass(PersistProcessError, PendingCommitError)
 
 
+def test_reserve_resolves_to_the_bytes_it_mapped(tmp_path):
+    state = {"w": torch.randn(256, 256)}
+    with ckptstore.open(tmp_path / "s", background="process") as store:
+        assert store.reserve(state).result() >= 256 * 256 * 4  # a new shared file
+        assert store.reserve(state).result() == 0  # it fits: nothing new
+        assert torch.equal(store.checkout(store.commit_async(state).wait().id)["w"], state["w"])
+
+
 def test_a_staging_budget_bounds_the_shared_snapshot(tmp_path):
     with ckptstore.open(tmp_path / "s", background="process", staging_budget=1000) as store:
         with pytest.raises(ckptstore.StagingBudgetError):
