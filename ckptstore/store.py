@@ -13,7 +13,7 @@ from typing import Any
 
 from .checkout.flow import checkout
 from .commit.committer import Committer
-from .commit.auto import committer_for
+from .commit.auto import committer_for, process_group
 from .commit.process import WorkerSpec
 from .commit.pipeline import Metadata
 from .maintenance.diff import DiffResult, diff
@@ -247,10 +247,7 @@ class Store:
         load_shards(self, m, shards)
 
     def _distributed(self) -> bool:
-        if not self.collective:
-            return False
-        import torch.distributed as dist
-        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        return self.collective and process_group()
 
     # -- history and refs ------------------------------------------------------------------
     def manifest(self, commit_id: str) -> Manifest:

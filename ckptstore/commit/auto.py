@@ -44,12 +44,13 @@ from .committer import Committer
 from .pending import PendingCommit
 from .pipeline import Metadata
 from .plan import EncodingOptions
-from .process import ProcessCommitter, WorkerSpec, to_plain_kwargs
+from .process import ProcessCommitter, WorkerSpec
 from .wire import to_plain
 from ..history.repository import Repository
 from ..state.tree import flatten
 
-__all__ = ["AutoCommitter", "PersistProcessWarning", "committer_for", "sendable"]
+__all__ = ["AutoCommitter", "PersistProcessWarning", "committer_for", "process_group",
+           "sendable"]
 
 
 class PersistProcessWarning(UserWarning):
@@ -85,7 +86,7 @@ class AutoCommitter(ProcessCommitter):
             return True
         if self.thread_for_good:
             return False
-        if self.spec.collective and _process_group():  # its ranks commit together: a thread
+        if self.spec.collective and process_group():  # its ranks commit together: a thread
             self.thread_for_good = True
             return False
         Committer.wait(self)
@@ -167,8 +168,9 @@ class AutoCommitter(ProcessCommitter):
         return self.staging.nbytes
 
 
-def _process_group() -> bool:
-    """Whether a torch.distributed process group of more than one rank is initialised."""
+def process_group() -> bool:
+    """Whether a torch.distributed process group of more than one rank is initialised (a
+    collective store's commits are then collectives: ``Store.commit``)."""
     import torch.distributed as dist
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
@@ -194,14 +196,6 @@ def committer_for(repo: Repository, options: EncodingOptions, policy: Policy,
     if (os.name == "posix" and not getattr(sys, "frozen", False)  # sys.executable: the app
             and staging_budget is None  # a shared copy of every commit, commit() too
             and options.device_encode != "always"
-            and sendable(policy, options) and _sendable_kwargs(worker.kwargs)):
+            and sendable(policy, options, *worker.kwargs.values())):
         return AutoCommitter(repo, options, policy, worker, staging_budget, priority)
     return Committer(repo, options, staging_budget, priority)
-
-
-def _sendable_kwargs(kwargs: dict[str, Any]) -> bool:
-    try:
-        to_plain_kwargs(kwargs)
-    except PersistProcessError:
-        return False
-    return True

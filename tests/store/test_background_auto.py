@@ -148,7 +148,7 @@ def test_a_collective_store_under_a_process_group_keeps_a_thread(tmp_path, monke
                                                                   collective):
     """Its ranks commit together (forks of the thread's pipeline): no persist process, not even
     after reserve(); a store opened with collective=False (one rank commits) takes one."""
-    monkeypatch.setattr(auto, "_process_group", lambda: True)
+    monkeypatch.setattr(auto, "process_group", lambda: True)
     with ckptstore.open(tmp_path / "s", collective=collective) as store:
         store.reserve(_state()).result()
         assert store.committer.way == ("thread" if collective else "process")
