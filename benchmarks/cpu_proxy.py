@@ -40,7 +40,8 @@ What is measured
   watchdog once a run has taken 3x ``--seconds`` (a frozen loop: the "froze" column counts
   those runs; their rate is what the loop made until the busy processes stopped). "starved
   persists" counts, over the runs, the persists whose threads found themselves starved and ran
-  at normal priority until they ended (issue 28).
+  at normal priority until they ended (issue 28; a persist process's own counted since its
+  eighteenth slice).
 * Steps per second over ``--seconds`` of loop time (after one untimed warm-up commit), each
   configuration ``--repeat`` times, interleaved; the slowdown is relative to the median rate
   without checkpoints; "paired" is the median over the rounds of the time a step takes against
@@ -53,6 +54,11 @@ What is measured
   against the wall clock: asleep, waiting for the GIL or for a persist to end), and how many
   times it went to sleep (voluntary context switches), medians over the runs. Without a
   background persist the loop never sleeps.
+* ``--remote s3``: every store on a moto S3 server started in a process of its own (at nice
+  ``--server-nice``), each run's store a prefix of one bucket, removed after the run; the
+  column "S3 server CPU-s a commit" is that process's CPU over the loop by commit. The server
+  shares the machine's cores with the loop, which a remote S3 does not: its share of the
+  slowdown is the rig's, the HTTP client's (in the persist's process) is the store's.
 * ``--gil``: instead, what one persist takes from a thread that only wants the GIL: the main
   thread spins on ``time.perf_counter()`` while one ``commit_async`` persists, and every pause
   of more than 0.2 ms between two of its reads counts as time the persist's threads held the
@@ -62,6 +68,7 @@ What is measured
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -227,6 +234,7 @@ class Run(NamedTuple):
     starved: int
     slept: float
     sleeps: int
+    server: float = 0.0  # --remote s3: the S3 server's CPU seconds over the loop
 
 
 def thread_clock() -> tuple[float, float, int]:
@@ -243,6 +251,49 @@ def thread_clock() -> tuple[float, float, int]:
     return run_ns / 1e9, wait_ns / 1e9, switches
 
 
+class Remote:
+    """A moto S3 server in a process of its own, at normal priority (a stand-in for a remote
+    store: the HTTP client's work stays in the store's processes, the server's is not theirs),
+    and the s3fs options that reach it. Each run's store is a prefix of one bucket, removed
+    after the run (moto holds objects in memory)."""
+
+    BUCKET = "cpu-proxy"
+
+    def __init__(self, nice: int = 0) -> None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        code = ("import json, logging, sys; sys.path.insert(0, %r); "
+                "logging.getLogger('werkzeug').setLevel(logging.ERROR); "
+                "from reliability import start_moto; server, options = start_moto(%r); "
+                "print(json.dumps(options), flush=True); sys.stdin.read(); server.stop()"
+                % (here, self.BUCKET))
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True,
+                                     preexec_fn=(lambda: os.nice(nice)) if nice else None)
+        self.options = json.loads(self.proc.stdout.readline())
+
+    def url(self, folder: str) -> str:
+        return f"s3://{self.BUCKET}/{os.path.basename(folder)}"
+
+    def remove(self, folder: str) -> None:
+        import s3fs
+
+        s3fs.S3FileSystem(**self.options, skip_instance_cache=True).rm(
+            f"{self.BUCKET}/{os.path.basename(folder)}", recursive=True)
+
+    def cpu(self) -> float:
+        """The server's CPU seconds so far."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(30)
+
+
+#: ``--remote s3``: the stores of a run are on this server, not in a local folder
+REMOTE: Remote | None = None
+
 #: benchmark-only priorities: SCHED_IDLE never raised (before issue 26); nice +19 for "low"
 VARIANTS = {"idle-old": "idle", "low-19": "low"}
 LOW_NICE = ckptstore.priority.LOW_NICE
@@ -254,12 +305,14 @@ def open_store(folder: str, options: EncodingOptions, policy: Policy, io_workers
     """A store at ``priority`` (or one of :data:`VARIANTS`); ``cached``: chunk files written
     through the page cache, as before O_DIRECT; ``background``: open's."""
     ckptstore.priority.LOW_NICE = 19 if priority == "low-19" else LOW_NICE
-    store = ckptstore.open(folder, options=options, policy=policy, io_workers=io_workers,
+    where = (folder, {}) if REMOTE is None else (REMOTE.url(folder), REMOTE.options)
+    store = ckptstore.open(where[0], options=options, policy=policy, io_workers=io_workers,
                            background_priority=VARIANTS.get(priority, priority),
-                           background=background)
+                           background=background, **where[1])
     if priority == "idle-old":
         store._committer.background.boosted = nullcontext
-    store.storage.direct_writes = not cached
+    if REMOTE is None:
+        store.storage.direct_writes = not cached
     return store
 
 
@@ -327,7 +380,7 @@ def run_loop(config: tuple | None, state: dict, seconds: float, interval: float,
              cached: bool = False, background: str = "thread") -> Run:
     """Steps per second of the loop, the commits it made, whether the watchdog stopped the busy
     processes (``busy`` runs only during the timed loop), how many persists ran at normal
-    priority because they were starved (a persist process's own are not counted)."""
+    priority because they were starved (a persist process's own included)."""
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(32, 32, generator=g), torch.randn(32, 32, generator=g) * 0.1
@@ -350,6 +403,7 @@ def run_loop(config: tuple | None, state: dict, seconds: float, interval: float,
         busy.signal(signal.SIGCONT)
         guard.start()
     steps, commits = 0, 0
+    server = REMOTE.cpu() if REMOTE is not None else 0.0
     before = thread_clock()
     t0 = last = time.perf_counter()
     while True:
@@ -370,6 +424,7 @@ def run_loop(config: tuple | None, state: dict, seconds: float, interval: float,
             break
     wall = time.perf_counter() - t0
     after = thread_clock()
+    server = REMOTE.cpu() - server if REMOTE is not None else 0.0
     rate = steps / wall
     slept = wall - (after[0] - before[0]) - (after[1] - before[1])
     if busy:
@@ -377,10 +432,16 @@ def run_loop(config: tuple | None, state: dict, seconds: float, interval: float,
         busy.signal(signal.SIGSTOP)
     starved = 0
     if store is not None:
+        committer = store._committer
+        # a persist process's own count (it answers once the persist in flight ended)
+        own = (committer.call_stats().get("starved", 0)
+               if isinstance(committer, process.ProcessCommitter) else 0)
         store.close()  # waits for the last persist (not timed)
-        starved = store._committer.background.starved_persists
+        starved = committer.background.starved_persists + own
     shutil.rmtree(folder, ignore_errors=True)  # ~1 GB a run: the disk would fill
-    return Run(rate, commits, fired.is_set(), starved, slept, after[2] - before[2])
+    if REMOTE is not None and store is not None:
+        REMOTE.remove(folder)
+    return Run(rate, commits, fired.is_set(), starved, slept, after[2] - before[2], server)
 
 
 def gil_hold(config: tuple, state: dict, root: str, priority: str = "low"
@@ -461,9 +522,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="synthetic: --size MB of async_writer.py's normal_ floats; minilm: "
                          "MiniLM's weights and AdamW moments after a short fine-tune (271 MB, "
                          "a real training state; --size ignored)")
+    ap.add_argument("--remote", choices=["local", "s3"], default="local",
+                    help="s3: every store on a moto S3 server in a process of its own")
+    ap.add_argument("--server-nice", type=int, default=0,
+                    help="--remote s3: the server's nice value (19: it runs mostly on what the "
+                         "loop and the persist leave, closer to a server on another machine)")
     args = ap.parse_args(argv)
     print(f"# {command_line(__file__, argv)}\n# {machine_description()}\n"
           f"# load average before: {_load()}\n")
+    global REMOTE
+    REMOTE = Remote(args.server_nice) if args.remote == "s3" else None
+    try:
+        return _main(args)
+    finally:
+        if REMOTE is not None:
+            REMOTE.close()
+
+
+def _main(args: argparse.Namespace) -> int:
     state = build_state(args.size << 20) if args.state == "synthetic" else minilm_state()
     if args.gil:
         print(markdown_table(["configuration", "persist ms", "pauses > 0.2 ms", "paused ms"],
@@ -481,10 +557,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for n in args.busy:
         rows += busy_rows(n, configs, state, args)
+    server = ["S3 server CPU-s a commit"] if REMOTE is not None else []
     print(markdown_table(["busy processes", "configuration", "steps/s", "slowdown",
                           "step time / bare copy's (paired)", "loop slept ms a commit",
-                          "loop sleeps a commit", "commits", "starved persists", "froze"],
-                         rows, "rlrrrrrrrr"))
+                          "loop sleeps a commit", "commits", "starved persists", "froze",
+                          *server], rows, "rlrrrrrrrr" + "r" * len(server)))
     print(f"\n# load average after: {_load()}")
     return 0
 
@@ -505,7 +582,9 @@ def busy_rows(n: int, configs: dict, state: dict, args: argparse.Namespace) -> l
                 runs[name].append(out)
                 print(f"busy {n}, round {r + 1}: {name}: {out.rate:.0f} steps/s, {out.commits} "
                       f"commits, {out.starved} starved{', froze' if out.froze else ''}, slept "
-                      f"{1e3 * out.slept:.0f} ms in {out.sleeps}", file=sys.stderr, flush=True)
+                      f"{1e3 * out.slept:.0f} ms in {out.sleeps}"
+                      + (f", S3 server {out.server:.2f} CPU-s" if REMOTE is not None else ""),
+                      file=sys.stderr, flush=True)
     finally:
         if busy:
             busy.close()
@@ -526,6 +605,9 @@ def busy_rows(n: int, configs: dict, state: dict, args: argparse.Namespace) -> l
                      f"{statistics.median(k for _, k in per_commit):.0f}" if per_commit else "–",
                      f"{statistics.median(x[1] for x in v):.0f}",
                      f"{sum(x[3] for x in v)}", f"{sum(x[2] for x in v)}/{len(v)}"])
+        if REMOTE is not None:
+            rows[-1].append(f"{statistics.median(x.server / x.commits for x in v):.2f}"
+                            if per_commit else "–")
     return rows
 
 

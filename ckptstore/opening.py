@@ -107,11 +107,11 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
 def _worker(url: str | os.PathLike, background: str, local: object,
             kwargs: dict[str, Any], collective: bool = False) -> WorkerSpec | None:
     """How a persist process opens the store (``background="process"``, or ``"auto"`` for a
-    local store that is not tiered), or None (a thread)."""
+    store that is neither tiered nor ``memory://``), or None (a thread)."""
     if background not in ("auto", "thread", "process"):
         raise ValueError(f"background must be 'auto', 'thread' or 'process', not {background!r}")
-    if background == "thread" or (background == "auto" and (local is not None
-                                                            or "://" in str(url))):
+    if background == "thread" or (background == "auto" and (
+            local is not None or str(url).startswith("memory://"))):
         return None
     if str(url).startswith("memory://"):
         raise ValueError("background='process' needs a store another process can open: "

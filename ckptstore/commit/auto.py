@@ -18,11 +18,13 @@ commit, and on a thread where it cannot:
   process could start (a warning says why).
 
 Each change of way starts the chains anew (the next commit stores each tensor whole: the other
-way's chain memory is dropped). Stores the process cannot open are not given one: tiered stores,
-object stores (for now), ``memory://``, ``device_encode="always"``, a ``staging_budget`` (a
-process needs a shared copy of every commit, ``commit`` and ``staged=True`` ones too),
-configurations it cannot receive, frozen applications and platforms other than POSIX ones;
-nor are collective stores under a process group of several ranks.
+way's chain memory is dropped). Local and object stores get one (an object store's HTTP client
+then runs in the persist process too). Stores the process cannot open are not given one:
+tiered stores, ``memory://``, ``device_encode="always"``, a ``staging_budget`` (a process
+needs a shared copy of every commit, ``commit`` and ``staged=True`` ones too), configurations
+and storage options it cannot receive (a client session object), frozen applications and
+platforms other than POSIX ones; nor are collective stores under a process group of several
+ranks.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def test_a_policy_the_process_cannot_take_moves_the_store_to_a_thread(tmp_path):
         assert len(store.log()) == 3
 
 
-@pytest.mark.parametrize("how", ["memory", "tiered", "device_encode", "policy", "s3",
+@pytest.mark.parametrize("how", ["memory", "tiered", "device_encode", "policy", "s3 client",
                                  "budget"])
 def test_stores_a_process_cannot_take_get_a_thread(tmp_path, how, request):
     model = torch.nn.Linear(4, 4)
@@ -106,13 +106,46 @@ def test_stores_a_process_cannot_take_get_a_thread(tmp_path, how, request):
             tmp_path / "d", options=EncodingOptions(device_encode="always")),
         "policy": lambda: ckptstore.open(tmp_path / "p", policy=Policy(
             quantize=QuantSpec(bits=4, protect=0.01), sensitivity=GradientEMA(model))),
-        "s3": lambda: ckptstore.open(f"s3://ckpt-tests/auto-{tmp_path.name}",
-                                     **request.getfixturevalue("s3_server")),
+        # storage options a process cannot receive (the client's session object)
+        "s3 client": lambda: ckptstore.open(
+            f"s3://ckpt-tests/auto-{tmp_path.name}",
+            **_with_session(request.getfixturevalue("s3_server"))),
         # a process needs a shared copy of every commit: commit() and staged=True ones too
         "budget": lambda: ckptstore.open(tmp_path / "b", staging_budget=1 << 20),
     }
     with opening[how]() as store:
         assert type(store.committer) is Committer
+
+
+def _with_session(options: dict) -> dict:
+    from aiobotocore.session import AioSession
+
+    return {**options, "session": AioSession()}
+
+
+@pytest.mark.s3
+def test_an_object_store_persists_in_a_process(s3_server, tmp_path):
+    """An S3 store's commit_async persists in a persist process too (its uploads off
+    training's interpreter); training's store and an independent client see every commit."""
+    url = f"s3://ckpt-tests/auto-process-{tmp_path.name}"
+    with ckptstore.open(url, **s3_server) as store:
+        assert isinstance(store.committer, AutoCommitter)
+        first = store.commit(_state(0))  # the caller's thread
+        assert store.committer.way == "thread" and store.committer._worker is None
+        second = store.commit_async(_state(1)).wait()
+        assert store.committer.way == "process" and store.committer._worker.alive()
+        store.tag("v1", second.id)  # a ref written by training's process meanwhile
+        third = store.commit_async(_state(2), tags=["v2"]).wait()
+        assert [c.id for c in store.log()] == [third.id, second.id, first.id]
+        assert_bit_exact(store.checkout("v1"), _state(1))
+        with ckptstore.open(url, create=False, background="thread", **s3_server) as other:
+            assert [c.id for c in other.log()] == [third.id, second.id, first.id]
+            assert_bit_exact(other.checkout("v2"), _state(2))
+        fourth = store.commit_async(_state(3)).wait()  # after the other client's reads
+        assert store.log()[0].id == fourth.id
+    with ckptstore.open(url, create=False, background="thread", **s3_server) as reopened:
+        for info, seed in ((first, 0), (second, 1), (third, 2), (fourth, 3)):
+            assert_bit_exact(reopened.checkout(info.id), _state(seed))
 
 
 @pytest.mark.parametrize("error", [OSError(24, "Too many open files"),
