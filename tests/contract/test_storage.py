@@ -296,3 +296,27 @@ def test_local_chunk_is_one_writev_and_fsynced_only_when_durable(tmp_path, monke
 
 
 # The local large-chunk reads (reused buffers, never mapped): tests/store/test_mapped_reads.py.
+
+
+@pytest.mark.s3
+def test_an_s3_chunk_names_its_crc32c(s3_server):
+    """A chunk PUT to S3 carries its CRC32C: S3 keeps it with the object and refuses a body that
+    does not match it (moto keeps it, without checking), and botocore sends no CRC-32 of its own
+    (zlib's, about 4x the time)."""
+    import base64
+
+    import boto3
+    import crc32c
+
+    storage = open_storage(f"s3://ckpt-tests/crc-{uuid.uuid4().hex}", **s3_server)
+    body = np.random.default_rng(0).integers(0, 256, (1 << 20) + 3, np.uint8).tobytes()
+    storage.put_chunk("data/c/0", [body[:1000], body[1000:]])
+    client = boto3.client("s3", endpoint_url=s3_server["client_kwargs"]["endpoint_url"],
+                          region_name="us-east-1", aws_access_key_id="testing",
+                          aws_secret_access_key="testing")
+    bucket, key = storage.path("data/c/0").split("/", 1)
+    head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+    assert head["ChecksumCRC32C"] == base64.b64encode(
+        crc32c.crc32c(body).to_bytes(4, "big")).decode()
+    assert "ChecksumCRC32" not in head
+    assert storage.read("data/c/0") == body
