@@ -391,6 +391,8 @@ def run_loop(config: tuple | None, state: dict, seconds: float, interval: float,
     if config is not None and config != BARE:
         options, policy = config
         store = open_store(folder, options, policy, io_workers, priority, cached, background)
+        if background == "auto":  # the persist process running before the timed loop
+            store.reserve(state).result()
         store.commit_async(state).wait()  # warm: staging buffers, compiled kernels
     fired = threading.Event()
 

@@ -7,10 +7,12 @@ training state beside two busy processes, 1.16x with a persist process). ``"auto
 ``commit_async`` in a persist process (:mod:`ckptstore.commit.process`) where one can take the
 commit, and on a thread where it cannot:
 
-- ``commit`` runs on the caller's thread until the first ``commit_async`` (or
-  :meth:`~AutoCommitter.reserve`) starts the persist process (a fresh interpreter: about a second
-  once, which ``store.reserve(state)`` at the start of training moves off the first commit);
-  from then on every commit goes there, so that one chain memory serves them all;
+- ``commit`` runs on the caller's thread until the first ``commit_async`` starts the persist
+  process in the background (a fresh interpreter: about a second once) and persists on the
+  thread meanwhile, so that no commit waits for the start; the first commit once it runs
+  (and the thread's commit in flight ended) moves there, and every commit after it, so that
+  one chain memory serves them all (:meth:`~AutoCommitter.reserve` starts it and moves at
+  once, waiting for the start);
 - a commit the process cannot take -- a policy object it cannot receive (a ``sensitivity``
   average, a custom rebase predictor), a tensor off the CPU (its device snapshot, pinned
   staging and device encoding stay on a thread), a collective commit -- and every commit after
@@ -80,10 +82,13 @@ class AutoCommitter(ProcessCommitter):
         super().__init__(repo, options, policy, spec, staging_budget, background_priority)
         self.way = "thread"
         self.thread_for_good = False  # a commit the process could not take came
+        self._starting: Future[Any] | None = None  # the persist process's start, once begun
 
     # -- the changes of way ------------------------------------------------------------------
-    def _to_process(self) -> bool:
-        """Start the persist process (once); False, with a warning, where it cannot start."""
+    def _to_process(self, block: bool = True) -> bool:
+        """Move to the persist process, started in the background at the first call; without
+        ``block``, only once it runs and the thread's commit in flight ended (False before).
+        False, with a warning, where it could not start."""
         if self.way == "process":
             return True
         if self.thread_for_good:
@@ -91,17 +96,26 @@ class AutoCommitter(ProcessCommitter):
         if self.spec.collective and process_group():  # its ranks commit together: a thread
             self.thread_for_good = True
             return False
+        if self._starting is None:
+            self._starting = self._exchange.submit(self._started)
+        if not block and not (self._starting.done() and self.thread_idle()):
+            return False
         Committer.wait(self)
         try:
-            self._exchange.submit(self._started).result()
+            self._starting.result()
         except Exception as e:  # noqa: BLE001 - whatever kept it from starting or opening
             warnings.warn(f"background='auto': no persist process could start ({e!r}); commits "
                           "persist on a thread", PersistProcessWarning, stacklevel=4)
             self.thread_for_good = True
             return False
         Committer.forget_chains(self)  # the process's chain memory serves from now on
+        self.staging.clear()  # the thread's staging buffers: the shared file holds commits now
         self.way = "process"
         return True
+
+    def thread_idle(self) -> bool:
+        """Whether no commit is in flight (the thread's, before a move to the process)."""
+        return self.inflight is None or self.inflight.done()
 
     def _to_thread(self, wait: bool = True) -> None:
         """Commit on a thread from now on; the persist process ends (its chains with it) once
@@ -109,6 +123,8 @@ class AutoCommitter(ProcessCommitter):
         commit in flight is the one it forks for)."""
         self.thread_for_good = True
         if self.way == "thread":
+            if self._starting is not None:  # started in the background: ended once it runs
+                self._stop_worker(wait=False)
             return
         if wait:
             self.wait()
@@ -127,14 +143,16 @@ class AutoCommitter(ProcessCommitter):
     def commit(self, state: object, message: str, branch: str, tags: Sequence[str],
                metadata: Metadata | None, policy: Policy, tracker: RowTracker | None
                ) -> CommitInfo:
-        if self._way_for(state, policy) == "process":
+        if self._way_for(state, policy) == "process" or (
+                self._starting is not None and self._to_process(block=False)):
             return super().commit(state, message, branch, tags, metadata, policy, tracker)
         return Committer.commit(self, state, message, branch, tags, metadata, policy, tracker)
 
     def commit_async(self, state: object, message: str, branch: str, tags: Sequence[str],
                      metadata: Metadata | None, policy: Policy, tracker: RowTracker | None,
                      staged: bool) -> PendingCommit:
-        if self._way_for(state, policy) == "process" or self._to_process():
+        # the first starts the process in the background and persists on the thread meanwhile
+        if self._way_for(state, policy) == "process" or self._to_process(block=False):
             return super().commit_async(state, message, branch, tags, metadata, policy,
                                         tracker, staged)
         return Committer.commit_async(self, state, message, branch, tags, metadata, policy,

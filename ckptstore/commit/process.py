@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,15 +142,12 @@ class _Worker:
         so in a frame, not only by the end of its pipe: a process forked from training since
         (a DataLoader worker) holds a copy of the pipe, which would keep it open."""
         if not self.broken and self.proc.poll() is None:
-            try:  # (SIGPIPE is blocked on the exchange thread: a broken pipe raises)
+            # an OSError: it ended meanwhile (SIGPIPE is blocked on the exchange thread)
+            with suppress(OSError):
                 write_frame(self._to_child, {"op": "end"})
-            except OSError:  # it ended meanwhile
-                pass
         for fd in (self._to_child, self._from_child):
-            try:
+            with suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -371,13 +368,16 @@ class ProcessCommitter(Committer):
             self._stop_worker()
             self._exchange.shutdown(wait=True)
 
-    def _stop_worker(self) -> None:
-        """End the persist process (after the commit in flight: the caller waited for it)."""
+    def _stop_worker(self, wait: bool = True) -> None:
+        """End the persist process after the exchanges queued (the commit in flight: the caller
+        waited for it); ``wait``: return once it ended."""
         def stop() -> None:
             if self._worker is not None:
                 self._worker.close()
                 self._worker = None
-        self._exchange.submit(stop).result()
+        ended = self._exchange.submit(stop)
+        if wait:
+            ended.result()
 
 
 def _tracked_rows(leaves: list[Leaf], tracker: RowTracker | None) -> dict[int, torch.Tensor]:

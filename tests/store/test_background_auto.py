@@ -4,6 +4,7 @@ can take the commits, on a thread where it cannot (ckptstore.commit.auto)."""
 from __future__ import annotations
 
 import signal
+from concurrent import futures
 import subprocess
 import sys
 import textwrap
@@ -29,20 +30,44 @@ def _entry_kinds(store: ckptstore.Store, commit_id: str) -> dict[str, str]:
     return {e.path: str(e.kind.value) for e in store.manifest(commit_id).tensors}
 
 
-def test_the_default_commits_on_a_thread_until_the_first_commit_async(tmp_path):
+def _in_process(store: ckptstore.Store) -> None:
+    """The store moved to its persist process (reserve() waits for the process to start)."""
+    store.reserve(_state()).result()
+    assert store.committer.way == "process"
+
+
+def test_the_default_commits_on_a_thread_until_its_persist_process_runs(tmp_path):
+    """The first commit_async starts the process in the background and persists on the
+    thread (its stall is the thread's, not the start's); once the process runs, the next commit
+    moves there, and every one after it."""
     with ckptstore.open(tmp_path / "s") as store:
         committer = store.committer
         assert isinstance(committer, AutoCommitter) and committer.way == "thread"
         first = store.commit(_state(0))
         assert committer.way == "thread" and committer._worker is None  # no process started
         pending = store.commit_async(_state(1))
-        assert committer.way == "process" and committer._worker.alive()
+        assert committer.way == "thread" and committer._starting is not None
         second = pending.wait()
-        third = store.commit(_state(2))  # once a process runs, every commit goes there
+        assert committer.staging_nbytes > 0  # the thread's staging buffers
+        committer._starting.result()  # the process runs
+        third = store.commit(_state(2))
+        assert committer.way == "process" and committer._worker.alive()
+        assert committer.staging.nbytes == 0  # the thread's buffers are given back
+        fourth = store.commit_async(_state(3)).wait()
         assert committer.way == "process"
-        assert [c.id for c in store.log()] == [third.id, second.id, first.id]
-        for info, seed in ((first, 0), (second, 1), (third, 2)):
+        assert [c.id for c in store.log()] == [fourth.id, third.id, second.id, first.id]
+        for info, seed in ((first, 0), (second, 1), (third, 2), (fourth, 3)):
             assert_bit_exact(store.checkout(info.id), _state(seed))
+
+
+def test_a_store_closed_while_its_process_starts_ends_it(tmp_path):
+    store = ckptstore.open(tmp_path / "s")
+    info = store.commit_async(_state()).wait()
+    starting = store.committer._starting
+    store.close()
+    assert starting.done() and starting.result().proc.poll() is not None
+    with ckptstore.open(tmp_path / "s", background="thread") as again:
+        assert_bit_exact(again.checkout(info.id), _state())
 
 
 def test_auto_writes_the_bytes_a_thread_writes(tmp_path):
@@ -53,6 +78,8 @@ def test_auto_writes_the_bytes_a_thread_writes(tmp_path):
     for background in ("thread", "auto"):
         state = _state()
         with ckptstore.open(tmp_path / background, policy=policy, background=background) as s:
+            if background == "auto":
+                _in_process(s)
             ids = []
             for i in range(3):
                 state["emb"][i * 7:i * 7 + 5] += 1.0
@@ -71,7 +98,14 @@ def test_a_change_of_way_starts_the_chains_anew(tmp_path):
         state["w"] += 1.0
         assert any(k != "full" for k in _entry_kinds(store, store.commit(state).id).values())
         state["w"] += 1.0
+        # the first commit_async persists on the thread (its chain goes on) while the process
+        # starts in the background
+        started = store.commit_async(state).wait()
+        assert any(k != "full" for k in _entry_kinds(store, started.id).values())
+        store.committer._starting.result()
+        state["w"] += 1.0
         switched = store.commit_async(state).wait()  # the process: its chains start here
+        assert store.committer.way == "process"
         assert set(_entry_kinds(store, switched.id).values()) == {"full"}
         assert store.committer.reference_bytes()[0] > 0  # its references, over there
         state["w"] += 1.0
@@ -83,6 +117,7 @@ def test_a_policy_the_process_cannot_take_moves_the_store_to_a_thread(tmp_path):
     model = torch.nn.Linear(4, 4)
     odd = Policy(quantize=QuantSpec(bits=4, protect=0.01), sensitivity=GradientEMA(model))
     with ckptstore.open(tmp_path / "s") as store:
+        _in_process(store)
         store.commit_async(_state(0)).wait()
         worker = store.committer._worker
         assert store.committer.way == "process"
@@ -93,6 +128,21 @@ def test_a_policy_the_process_cannot_take_moves_the_store_to_a_thread(tmp_path):
         assert store.committer.way == "thread"
         assert_bit_exact(store.checkout(info.id), _state(1))
         assert len(store.log()) == 3
+
+
+def test_a_commit_the_process_cannot_take_while_it_starts_ends_it(tmp_path):
+    model = torch.nn.Linear(4, 4)
+    odd = Policy(quantize=QuantSpec(bits=4, protect=0.01), sensitivity=GradientEMA(model))
+    with ckptstore.open(tmp_path / "s") as store:
+        store.commit_async(_state(0)).wait()  # the process starts in the background
+        starting = store.committer._starting
+        store.commit_async(model, policy=odd).wait()
+        assert store.committer.way == "thread" and store.committer.thread_for_good
+        worker = starting.result()
+        store.committer._exchange.submit(lambda: None).result()  # the end queued after it
+        assert store.committer._worker is None and worker.proc.poll() is not None
+        info = store.commit_async(_state(1)).wait()
+        assert_bit_exact(store.checkout(info.id), _state(1))
 
 
 @pytest.mark.parametrize("how", ["memory", "tiered", "device_encode", "policy", "s3 client",
@@ -132,10 +182,11 @@ def test_an_object_store_persists_in_a_process(s3_server, tmp_path):
         assert isinstance(store.committer, AutoCommitter)
         first = store.commit(_state(0))  # the caller's thread
         assert store.committer.way == "thread" and store.committer._worker is None
-        second = store.commit_async(_state(1)).wait()
-        assert store.committer.way == "process" and store.committer._worker.alive()
+        second = store.commit_async(_state(1)).wait()  # the thread; the process starts
+        store.committer._starting.result()
         store.tag("v1", second.id)  # a ref written by training's process meanwhile
         third = store.commit_async(_state(2), tags=["v2"]).wait()
+        assert store.committer.way == "process" and store.committer._worker.alive()
         assert [c.id for c in store.log()] == [third.id, second.id, first.id]
         assert_bit_exact(store.checkout("v1"), _state(1))
         with ckptstore.open(url, create=False, background="thread", **s3_server) as other:
@@ -156,11 +207,17 @@ def test_a_process_that_cannot_start_leaves_a_thread(tmp_path, monkeypatch, erro
 
     monkeypatch.setattr(process._Worker, "__init__", refuse)
     with ckptstore.open(tmp_path / "s") as store:
-        with pytest.warns(PersistProcessWarning, match=str(error.args[-1])):
-            info = store.commit_async(_state()).wait()
+        # the first persists on the thread while the start fails; the failure is told once the
+        # start ended (the first call or the next)
+        with pytest.warns(PersistProcessWarning, match=str(error.args[-1])) as told:
+            first = store.commit_async(_state()).wait()
+            futures.wait([store.committer._starting])
+            info = store.commit_async(_state(1)).wait()
+            store.commit_async(_state(2)).wait()  # no second try, no second warning
+        assert len([w for w in told if w.category is PersistProcessWarning]) == 1
         assert store.committer.way == "thread" and store.committer.thread_for_good
-        assert_bit_exact(store.checkout(info.id), _state())
-        store.commit_async(_state(1)).wait()  # no second try, no second warning
+        assert_bit_exact(store.checkout(first.id), _state())
+        assert_bit_exact(store.checkout(info.id), _state(1))
 
 
 def test_tensors_off_the_cpu_stay_on_a_thread():
@@ -170,6 +227,7 @@ def test_tensors_off_the_cpu_stay_on_a_thread():
 
 def test_a_collective_commit_moves_the_store_to_a_thread(tmp_path):
     with ckptstore.open(tmp_path / "s") as store:
+        _in_process(store)
         store.commit_async(_state()).wait()
         store.committer.fork(0, [], Policy(), "main", None, None, "", "_packed",
                              lambda path: (path, (), ()))  # a rank's part: an empty one
@@ -195,6 +253,7 @@ def test_a_persist_process_that_died_is_replaced_whatever_sigpipe_does(tmp_path)
         import os, signal, time, torch, ckptstore
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         store = ckptstore.open({str(tmp_path / "s")!r})
+        store.reserve({{"w": torch.randn(64)}}).result()
         store.commit_async({{"w": torch.randn(64)}}).wait()
         proc = store.committer._worker.proc
         os.kill(proc.pid, signal.SIGKILL)
@@ -213,7 +272,7 @@ def test_the_persist_process_ignores_sigttou(tmp_path):
     """In a background process group of the terminal's session, a write to a terminal set to
     tostop would stop it: SIGTTOU is ignored before anything runs there."""
     with ckptstore.open(tmp_path / "s") as store:
-        store.commit_async(_state()).wait()
+        _in_process(store)
         with open(f"/proc/{store.committer._worker.proc.pid}/status") as f:
             ignored = int(next(line.split()[1] for line in f if line.startswith("SigIgn")), 16)
         assert ignored >> (signal.SIGTTOU - 1) & 1
