@@ -269,7 +269,12 @@ class Remote:
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True,
                                      preexec_fn=(lambda: os.nice(nice)) if nice else None)
-        self.options = json.loads(self.proc.stdout.readline())
+        try:
+            self.options = json.loads(self.proc.stdout.readline())
+        except BaseException:  # the server did not start: no process left behind
+            self.proc.kill()
+            self.proc.wait()
+            raise
 
     def url(self, folder: str) -> str:
         return f"s3://{self.BUCKET}/{os.path.basename(folder)}"
@@ -288,7 +293,11 @@ class Remote:
 
     def close(self) -> None:
         self.proc.stdin.close()
-        self.proc.wait(30)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 #: ``--remote s3``: the stores of a run are on this server, not in a local folder
@@ -452,10 +461,14 @@ def gil_hold(config: tuple, state: dict, root: str, priority: str = "low"
     total seconds of this thread's pauses longer than 0.2 ms."""
     options, policy = config[:2]
     folder = tempfile.mkdtemp(dir=root)
-    with (encoded_in_steps(_stepwise(config)),
-          native_switch("adaptive_early_end", False, _whole_walk(config))):
-        return _gil_hold(open_store(folder, options, policy, None, priority, _cached(config)),
-                         state, folder)
+    try:
+        with (encoded_in_steps(_stepwise(config)),
+              native_switch("adaptive_early_end", False, _whole_walk(config))):
+            return _gil_hold(open_store(folder, options, policy, None, priority,
+                                        _cached(config)), state, folder)
+    finally:
+        if REMOTE is not None:
+            REMOTE.remove(folder)
 
 
 def _gil_hold(store: ckptstore.Store, state: dict, folder: str) -> tuple[float, int, float]:
@@ -608,7 +621,7 @@ def busy_rows(n: int, configs: dict, state: dict, args: argparse.Namespace) -> l
                      f"{statistics.median(x[1] for x in v):.0f}",
                      f"{sum(x[3] for x in v)}", f"{sum(x[2] for x in v)}/{len(v)}"])
         if REMOTE is not None:
-            rows[-1].append(f"{statistics.median(x.server / x.commits for x in v):.2f}"
+            rows[-1].append(f"{statistics.median(x.server / x.commits for x in v if x.commits):.2f}"
                             if per_commit else "–")
     return rows
 

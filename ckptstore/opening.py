@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from fsspec.implementations.cached import CachingFileSystem
+
 from .commit.plan import EncodingOptions
 from .errors import NotAStoreError
 from .format.layout import MARKER
@@ -14,7 +16,7 @@ from .history.manifest import decode_marker, encode_marker
 from .policy import Policy
 from .policy.retention import Retention, check_retention
 from .priority import DEFAULT_PRIORITY, check_priority
-from .storage import LocalStorage, Retry, Storage, open_storage
+from .storage import FsspecStorage, LocalStorage, MemoryStorage, Retry, Storage, open_storage
 from .commit.process import WorkerSpec
 from .store import Store
 from .tiers import Tiers
@@ -80,13 +82,13 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
     Other keywords (``storage_options``) go to fsspec.
     """
     check_priority(background_priority)  # before anything is created
-    worker = _worker(url, background, local, {"durable": durable, "retry": retry,
-                                              "io_workers": io_workers, "keep": keep,
-                                              **storage_options}, collective)
     check_retention(keep)
     if local is None and (upload_budget is not None or local_keep is not None):
         raise TypeError("upload_budget= and local_keep= need local= (a tiered store)")
-    storage = open_storage(url, durable=durable, retry=retry, **storage_options)
+    storage = open_storage(url, durable=durable, retry=retry, **storage_options)  # writes nothing
+    worker = _worker(storage, url, background, local, {
+        "durable": durable, "retry": retry, "io_workers": io_workers, "keep": keep},
+        storage_options, collective)
     tiers = None
     if local is None:
         storage = _opened(storage, url, create)
@@ -104,23 +106,36 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
                  keep=keep, tiers=tiers, worker=worker)
 
 
-def _worker(url: str | os.PathLike, background: str, local: object,
-            kwargs: dict[str, Any], collective: bool = False) -> WorkerSpec | None:
-    """How a persist process opens the store (``background="process"``, or ``"auto"`` for a
-    store that is neither tiered nor ``memory://``), or None (a thread)."""
+def _worker(storage: Storage, url: str | os.PathLike, background: str, local: object,
+            kwargs: dict[str, Any], storage_options: dict[str, Any], collective: bool = False
+            ) -> WorkerSpec | None:
+    """How a persist process opens the store at ``url`` (``storage``: as this process opened
+    it) with ``kwargs``: ``background="process"``, or ``"auto"`` for a store another process
+    sees as this one does; None: a thread. A local store goes by its absolute root (a relative
+    path, ``~`` or ``file://`` as this process resolved them, whatever its working folder is
+    later); an fsspec store with the options its filesystem was made with (``fsspec.config``
+    set in this process's code included)."""
     if background not in ("auto", "thread", "process"):
         raise ValueError(f"background must be 'auto', 'thread' or 'process', not {background!r}")
-    if background == "thread" or (background == "auto" and (
-            local is not None or str(url).startswith("memory://"))):
+    # a caching URL (simplecache::s3://...) keeps what it read in this process: training's
+    # store would not see the process's commits
+    cached = isinstance(getattr(storage, "fs", None), CachingFileSystem)
+    private = isinstance(storage, MemoryStorage)
+    if background == "thread" or (background == "auto" and (local is not None or private
+                                                            or cached)):
         return None
-    if str(url).startswith("memory://"):
-        raise ValueError("background='process' needs a store another process can open: "
-                         "memory:// is private to this one")
+    if private or cached:
+        why = ("memory:// is private to this one" if private
+               else "a caching URL keeps what it read in this one")
+        raise ValueError(f"background='process' needs a store another process sees as this one "
+                         f"does: {why}; use background='thread'")
     if local is not None:
         raise TypeError("background='process' does not take local= (a tiered store) yet: use "
                         "background='thread' there")
-    return WorkerSpec(str(url) if "://" in str(url) else os.path.abspath(url), kwargs,
-                      background == "auto", collective)
+    where = storage.root if isinstance(storage, LocalStorage) else os.fspath(url)
+    made = getattr(getattr(storage, "fs", None), "storage_options", None)
+    options = dict(made) if isinstance(storage, FsspecStorage) and made else storage_options
+    return WorkerSpec(where, {**kwargs, **options}, background == "auto", collective)
 
 
 def _opened(storage: Storage, url: str | os.PathLike, create: bool) -> Storage:

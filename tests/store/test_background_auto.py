@@ -3,6 +3,7 @@ can take the commits, on a thread where it cannot (ckptstore.commit.auto)."""
 
 from __future__ import annotations
 
+import os
 import signal
 from concurrent import futures
 import subprocess
@@ -18,6 +19,7 @@ from ckptstore import EncodingOptions, GradientEMA, Policy, QuantSpec
 from ckptstore.commit import auto, process
 from ckptstore.commit.auto import AutoCommitter, PersistProcessWarning
 from ckptstore.commit.committer import Committer
+from ckptstore.errors import RefNotFound
 
 
 def _state(seed: int = 0) -> dict:
@@ -197,6 +199,62 @@ def test_an_object_store_persists_in_a_process(s3_server, tmp_path):
     with ckptstore.open(url, create=False, background="thread", **s3_server) as reopened:
         for info, seed in ((first, 0), (second, 1), (third, 2), (fourth, 3)):
             assert_bit_exact(reopened.checkout(info.id), _state(seed))
+
+
+@pytest.mark.s3
+def test_a_caching_url_keeps_a_thread(s3_server, tmp_path):
+    """simplecache::s3://... keeps what it read in training's process: a persist process's
+    commits would be invisible to it (its log stale), so auto keeps the thread."""
+    url = f"simplecache::s3://ckpt-tests/auto-cached-{tmp_path.name}"
+    with ckptstore.open(url, s3=s3_server) as store:
+        assert type(store.committer) is Committer
+        for seed in range(3):
+            info = store.commit_async(_state(seed)).wait()
+            assert store.log()[0].id == info.id
+    with pytest.raises(ValueError, match="caching URL"):
+        ckptstore.open(url, s3=s3_server, background="process")
+
+
+@pytest.mark.s3
+def test_fsspec_config_set_in_code_reaches_the_persist_process(s3_server, tmp_path,
+                                                               monkeypatch):
+    """Options set in training's code (fsspec.config.conf, as for a MinIO endpoint) reach the
+    persist process with the filesystem's own: it commits where training reads."""
+    import fsspec.config
+
+    monkeypatch.setitem(fsspec.config.conf, "s3", dict(s3_server))
+    url = f"s3://ckpt-tests/auto-conf-{tmp_path.name}"
+    with ckptstore.open(url) as store:
+        assert store.committer.spec.kwargs["client_kwargs"] == s3_server["client_kwargs"]
+        store.reserve(_state()).result()
+        info = store.commit_async(_state(1)).wait()
+        assert store.committer.way == "process" and store.log()[0].id == info.id
+        assert_bit_exact(store.checkout(), _state(1))
+
+
+def test_a_local_store_goes_by_its_absolute_root(tmp_path, monkeypatch):
+    """A relative path, file:// URL or ~ is resolved as training's process resolved it when it
+    opened the store: a later change of working folder sends no commit elsewhere."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for url, root in (("st", tmp_path / "a" / "st"), ("file://fst", tmp_path / "a" / "fst"),
+                      ("~/hst", tmp_path / "home" / "hst")):
+        ckptstore.open(tmp_path / "b" / os.path.basename(str(root))).close()  # a decoy there
+        with ckptstore.open(url) as store:
+            assert store.committer.spec.url == str(root)
+            monkeypatch.chdir(tmp_path / "b")
+            store.reserve(_state()).result()
+            infos = [store.commit_async(_state(seed)).wait() for seed in range(2)]
+            assert store.committer.way == "process"
+            assert [c.id for c in store.log()] == [i.id for i in reversed(infos)]
+            monkeypatch.chdir(tmp_path / "a")
+        with ckptstore.open(root, create=False) as again:
+            assert_bit_exact(again.checkout(), _state(1))
+        with ckptstore.open(tmp_path / "b" / root.name, create=False) as decoy:
+            with pytest.raises(RefNotFound):  # no commit went there
+                decoy.log()
 
 
 @pytest.mark.parametrize("error", [OSError(24, "Too many open files"),
