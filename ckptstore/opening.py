@@ -133,8 +133,8 @@ def _worker(storage: Storage, url: str | os.PathLike, background: str, local: ob
         raise TypeError("background='process' does not take local= (a tiered store) yet: use "
                         "background='thread' there")
     where = storage.root if isinstance(storage, LocalStorage) else os.fspath(url)
-    made = getattr(getattr(storage, "fs", None), "storage_options", None)
-    options = dict(made) if isinstance(storage, FsspecStorage) and made else storage_options
+    options = (dict(storage.fs.storage_options) if isinstance(storage, FsspecStorage)
+               else storage_options)
     return WorkerSpec(where, {**kwargs, **options}, background == "auto", collective)
 
 

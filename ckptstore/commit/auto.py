@@ -125,6 +125,7 @@ class AutoCommitter(ProcessCommitter):
         if self.way == "thread":
             if self._starting is not None:  # started in the background: ended once it runs
                 self._stop_worker(wait=False)
+                self._starting = None
             return
         if wait:
             self.wait()
