@@ -113,6 +113,15 @@ class AutoCommitter(ProcessCommitter):
         self.way = "process"
         return True
 
+    def close(self) -> None:
+        """As :class:`ProcessCommitter`; a persist process still starting in the background is
+        killed, not waited for (nothing was sent to it: an endpoint that does not answer its
+        open would hold ``close`` for the client's timeouts)."""
+        starting, booting = self._starting, self.booting
+        if starting is not None and not starting.done() and booting is not None:
+            booting.kill()
+        super().close()
+
     def thread_idle(self) -> bool:
         """Whether no commit is in flight (the thread's, before a move to the process)."""
         return self.inflight is None or self.inflight.done()

@@ -58,9 +58,8 @@ _BOOT = ("import signal; signal.signal(signal.SIGTTOU, signal.SIG_IGN); "
          "alter_sys=True)")
 
 
-#: how the persist process leaves the terminal's process group: a group of its own in training's
-#: session (3.11+), not a session: Linux shares the CPU between sessions first, and beside busy
-#: cores a persist in its own outlasted the interval (docs/benchmarks.md, seventeenth slice)
+#: a group of its own in training's session (3.11+), not a session: Linux shares the CPU between
+#: sessions first (a persist in its own outlasted the interval: docs/benchmarks.md, 17th slice)
 _OWN_GROUP: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11)
                               else {"start_new_session": True})
 
@@ -82,7 +81,7 @@ class _Worker:
     committer's one exchange thread)."""
 
     def __init__(self, spec: WorkerSpec, options: EncodingOptions, policy: Policy,
-                 priority: str):
+                 priority: str, owner: ProcessCommitter | None = None):
         opening = {"url": spec.url, "kwargs": to_plain_kwargs(
             {**spec.kwargs, "options": options, "policy": policy,
              "background_priority": priority})}
@@ -109,6 +108,8 @@ class _Worker:
         self.mapped: SharedFile | None = None
         self.broken = False
         try:
+            if owner is not None:
+                owner.booting = self.proc  # killed by a close that will not wait for the open
             self.call({"op": "open", **opening})
         except BaseException:
             self.close()
@@ -138,9 +139,8 @@ class _Worker:
         return not self.broken and self.proc.poll() is None
 
     def close(self, timeout: float = 60.0) -> None:
-        """Ask the process to end (its commit in flight ended first), then reap it. It is told
-        so in a frame, not only by the end of its pipe: a process forked from training since
-        (a DataLoader worker) holds a copy of the pipe, which would keep it open."""
+        """Ask the process to end (after its commit in flight), then reap it: in a frame, as a
+        process forked from training since (a DataLoader worker) keeps a copy of the pipe."""
         if not self.broken and self.proc.poll() is None:
             # an OSError: it ended meanwhile (SIGPIPE is blocked on the exchange thread)
             with suppress(OSError):
@@ -181,6 +181,7 @@ class ProcessCommitter(Committer):
         self.spec = spec
         self.default_policy = policy
         self._worker: _Worker | None = None
+        self.booting: subprocess.Popen | None = None  # the last process started
         self._layout: Layout | None = None
         self._exchange = ThreadPoolExecutor(1, "ckptstore-persist-process",
                                             initializer=_exchange_thread)
@@ -200,7 +201,7 @@ class ProcessCommitter(Committer):
             self._worker = None
         if self._worker is None:
             self._worker = _Worker(self.spec, self.options, self.default_policy,
-                                   self.background_priority)
+                                   self.background_priority, self)
             self._layout = None  # a new process maps the next snapshot's file
         return self._worker
 
@@ -369,8 +370,7 @@ class ProcessCommitter(Committer):
             self._exchange.shutdown(wait=True)
 
     def _stop_worker(self, wait: bool = True) -> None:
-        """End the persist process after the exchanges queued (the commit in flight: the caller
-        waited for it); ``wait``: return once it ended."""
+        """End the persist process after the queued exchanges; ``wait``: until it ended."""
         def stop() -> None:
             if self._worker is not None:
                 self._worker.close()

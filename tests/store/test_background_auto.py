@@ -9,6 +9,7 @@ from concurrent import futures
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -66,8 +67,25 @@ def test_a_store_closed_while_its_process_starts_ends_it(tmp_path):
     store = ckptstore.open(tmp_path / "s")
     info = store.commit_async(_state()).wait()
     starting = store.committer._starting
+    store.close()  # killed if it still starts: nothing was sent to it
+    assert starting.done() and store.committer.booting.poll() is not None
+    with ckptstore.open(tmp_path / "s", background="thread") as again:
+        assert_bit_exact(again.checkout(info.id), _state())
+
+
+def test_a_start_that_does_not_end_does_not_hold_close(tmp_path, monkeypatch):
+    """A persist process whose open does not answer (an endpoint that never replies; here a
+    boot that sleeps) is killed by close(), not waited for: commits stayed on the thread."""
+    monkeypatch.setattr(process, "_BOOT", "import time; time.sleep(600); " + process._BOOT)
+    store = ckptstore.open(tmp_path / "s")
+    info = store.commit_async(_state()).wait()
+    starting = store.committer._starting
+    futures.wait([starting], timeout=0.5)
+    assert not starting.done()
+    t0 = time.monotonic()
     store.close()
-    assert starting.done() and starting.result().proc.poll() is not None
+    assert time.monotonic() - t0 < 60  # not the 600 s the boot sleeps
+    assert starting.done() and store.committer.booting.poll() is not None
     with ckptstore.open(tmp_path / "s", background="thread") as again:
         assert_bit_exact(again.checkout(info.id), _state())
 
