@@ -59,6 +59,9 @@ What is measured
   column "S3 server CPU-s a commit" is that process's CPU over the loop by commit. The server
   shares the machine's cores with the loop, which a remote S3 does not: its share of the
   slowdown is the rig's, the HTTP client's (in the persist's process) is the store's.
+* ``--remote tiered`` / ``tiered-s3``: every store a tiered one (``local=`` a folder of the
+  run), its remote a local folder or a prefix on the moto server; the uploads run on the
+  store's upload thread in the loop's process whatever the persist's way.
 * ``--gil``: instead, what one persist takes from a thread that only wants the GIL: the main
   thread spins on ``time.perf_counter()`` while one ``commit_async`` persists, and every pause
   of more than 0.2 ms between two of its reads counts as time the persist's threads held the
@@ -302,6 +305,8 @@ class Remote:
 
 #: ``--remote s3``: the stores of a run are on this server, not in a local folder
 REMOTE: Remote | None = None
+#: ``--remote tiered``/``tiered-s3``: each store a tiered one, its local tier in the run's folder
+TIERED = False
 
 #: benchmark-only priorities: SCHED_IDLE never raised (before issue 26); nice +19 for "low"
 VARIANTS = {"idle-old": "idle", "low-19": "low"}
@@ -315,12 +320,15 @@ def open_store(folder: str, options: EncodingOptions, policy: Policy, io_workers
     through the page cache, as before O_DIRECT; ``background``: open's."""
     ckptstore.priority.LOW_NICE = 19 if priority == "low-19" else LOW_NICE
     where = (folder, {}) if REMOTE is None else (REMOTE.url(folder), REMOTE.options)
+    tier = {"local": os.path.join(folder, "local")} if TIERED else {}
+    if TIERED and REMOTE is None:
+        where = (os.path.join(folder, "remote"), {})
     store = ckptstore.open(where[0], options=options, policy=policy, io_workers=io_workers,
                            background_priority=VARIANTS.get(priority, priority),
-                           background=background, **where[1])
+                           background=background, **tier, **where[1])
     if priority == "idle-old":
         store._committer.background.boosted = nullcontext
-    if REMOTE is None:
+    if REMOTE is None and not TIERED:
         store.storage.direct_writes = not cached
     return store
 
@@ -537,16 +545,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="synthetic: --size MB of async_writer.py's normal_ floats; minilm: "
                          "MiniLM's weights and AdamW moments after a short fine-tune (271 MB, "
                          "a real training state; --size ignored)")
-    ap.add_argument("--remote", choices=["local", "s3"], default="local",
-                    help="s3: every store on a moto S3 server in a process of its own")
+    ap.add_argument("--remote", choices=["local", "s3", "tiered", "tiered-s3"], default="local",
+                    help="s3: every store on a moto S3 server in a process of its own; tiered: "
+                         "a tiered store, its remote a local folder (tiered-s3: on that server)")
     ap.add_argument("--server-nice", type=int, default=0,
                     help="--remote s3: the server's nice value (19: it runs mostly on what the "
                          "loop and the persist leave, closer to a server on another machine)")
     args = ap.parse_args(argv)
     print(f"# {command_line(__file__, argv)}\n# {machine_description()}\n"
           f"# load average before: {_load()}\n")
-    global REMOTE
-    REMOTE = Remote(args.server_nice) if args.remote == "s3" else None
+    global REMOTE, TIERED
+    REMOTE = Remote(args.server_nice) if args.remote in ("s3", "tiered-s3") else None
+    TIERED = args.remote.startswith("tiered")
     try:
         return _main(args)
     finally:

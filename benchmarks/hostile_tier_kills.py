@@ -7,7 +7,10 @@ Each trial runs a child (``python hostile_tier_kills.py child ...``) that opens 
 pushes. It is SIGKILLed at one point of one kind, rotating over :data:`KINDS`: before the k-th
 chunk write of the local tier (``local``; ``async``: during a ``commit_async`` persist), before
 the k-th journal record (the local ref has moved), before the k-th chunk upload, after the k-th
-remote manifest, before or after the k-th remote ref, or after a random delay (``timer``).
+remote manifest, before or after the k-th remote ref, right after the k-th ``commit_async``
+returned while the store's persist process persists it (``process``: the persist process
+outlives the child, finishes that commit on the local tier, and the next open queues it), or
+after a random delay (``timer``).
 
 After each kill the campaign requires: a second, independent client of the remote
 (``skip_instance_cache=True``) sees no commit whose data is not all there (verify of every
@@ -42,7 +45,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 from reliability import Tally, start_moto  # noqa: E402
 
-KINDS = ("local", "journal", "chunk", "manifest", "before-ref", "after-ref", "async", "timer")
+KINDS = ("local", "journal", "chunk", "manifest", "before-ref", "after-ref", "async", "process",
+         "timer")
 COMMITS = 3  # states a child commits
 CHUNK_BYTES = 32 * 1024
 HANG_S = 180  # a child or a push running longer is a hang
@@ -110,12 +114,18 @@ def child(local: str, url: str, opts: dict, kind: str, k: int, first: int) -> No
     """Commit ``COMMITS`` states from seed ``first``, print each one that returned, push."""
     store = open_tiered(local, url, opts)
     states = [(s, build(s)) for s in range(first, first + COMMITS)]
+    if kind == "process":  # the persist process runs: every commit_async goes there
+        store.reserve(states[0][1]).result()
+        assert store.committer.way == "process", store.committer.way
     print("ready", flush=True)
     arm(kind, k)
-    for s, state in states:
+    for n, (s, state) in enumerate(states, 1):
         meta = {"seed": s}
-        if kind == "async":
-            info = store.commit_async(state, message=f"seed {s}", metadata=meta).wait()
+        if kind in ("async", "process"):
+            pending = store.commit_async(state, message=f"seed {s}", metadata=meta)
+            if kind == "process" and n == k:
+                _kill()  # its persist in flight in the persist process
+            info = pending.wait()
         else:
             info = store.commit(state, message=f"seed {s}", metadata=meta)
         print(f"committed {info.id} {s}", flush=True)

@@ -20,6 +20,8 @@ from .storage import FsspecStorage, LocalStorage, MemoryStorage, Retry, Storage,
 from .commit.process import WorkerSpec
 from .store import Store
 from .tiers import Tiers
+from .tiers.parts import read_rank
+from .tiers.storage import TieredStorage
 
 __all__ = ["open"]
 
@@ -86,17 +88,15 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
     if local is None and (upload_budget is not None or local_keep is not None):
         raise TypeError("upload_budget= and local_keep= need local= (a tiered store)")
     storage = open_storage(url, durable=durable, retry=retry, **storage_options)  # writes nothing
-    worker = _worker(storage, url, background, local, {
+    local_storage = None if local is None else _local_tier(local, durable)
+    worker = _worker(storage, url, background, local_storage, {
         "durable": durable, "retry": retry, "io_workers": io_workers, "keep": keep},
         storage_options, collective)
     tiers = None
-    if local is None:
+    if local_storage is None:
         storage = _opened(storage, url, create)
     else:  # a remote that does not answer yet: commits land locally, uploads wait for it
         remote = storage
-        local_storage = open_storage(local, durable=durable)
-        if isinstance(local_storage, LocalStorage):
-            local_storage.keep_written = True  # the uploader reads each commit's chunks next
         tiers = Tiers(_opened(local_storage, local, True), remote,
                       storage_options, upload_budget, local_keep,
                       lambda: _opened(remote, url, create), remote_keep=keep)
@@ -106,36 +106,62 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
                  keep=keep, tiers=tiers, worker=worker)
 
 
-def _worker(storage: Storage, url: str | os.PathLike, background: str, local: object,
+def _local_tier(local: str | os.PathLike, durable: bool) -> Storage:
+    """A tiered store's local tier, not checked yet (writes nothing)."""
+    storage = open_storage(local, durable=durable)
+    if isinstance(storage, LocalStorage):
+        storage.keep_written = True  # the uploader reads each commit's chunks next
+    return storage
+
+
+def _worker(storage: Storage, url: str | os.PathLike, background: str, local: Storage | None,
             kwargs: dict[str, Any], storage_options: dict[str, Any], collective: bool = False
             ) -> WorkerSpec | None:
     """How a persist process opens the store at ``url`` (``storage``: as this process opened
-    it) with ``kwargs``: ``background="process"``, or ``"auto"`` for a store another process
-    sees as this one does; None: a thread. A local store goes by its absolute root (a relative
-    path, ``~`` or ``file://`` as this process resolved them, whatever its working folder is
-    later); an fsspec store with the options its filesystem was made with (``fsspec.config``
-    set in this process's code included)."""
+    it; ``local``: a tiered store's local tier) with ``kwargs``: ``background="process"``, or
+    ``"auto"`` for a store another process sees as this one does; None: a thread. A local store
+    goes by its absolute root (a relative path, ``~`` or ``file://`` as this process resolved
+    them, whatever its working folder is later); an fsspec store with the options its
+    filesystem was made with (``fsspec.config`` set in this process's code included). A tiered
+    store's persist process commits to its local tier over the remote (:func:`open_tier`); its
+    uploads stay with this process's :class:`~ckptstore.tiers.Tiers`."""
     if background not in ("auto", "thread", "process"):
         raise ValueError(f"background must be 'auto', 'thread' or 'process', not {background!r}")
     # a caching URL (simplecache::s3://...) keeps what it read in this process: training's
     # store would not see the process's commits
     cached = isinstance(getattr(storage, "fs", None), CachingFileSystem)
     private = isinstance(storage, MemoryStorage)
-    if background == "thread" or (background == "auto" and (local is not None or private
-                                                            or cached)):
+    tier = local is not None and not isinstance(local, LocalStorage)
+    if background == "thread" or (background == "auto" and (private or cached or tier)):
         return None
-    if private or cached:
+    if private or cached or tier:
         why = ("memory:// is private to this one" if private
-               else "a caching URL keeps what it read in this one")
+               else "a caching URL keeps what it read in this one" if cached
+               else "a local tier is a local path")
         raise ValueError(f"background='process' needs a store another process sees as this one "
                          f"does: {why}; use background='thread'")
-    if local is not None:
-        raise TypeError("background='process' does not take local= (a tiered store) yet: use "
-                        "background='thread' there")
     where = storage.root if isinstance(storage, LocalStorage) else os.fspath(url)
     options = (dict(storage.fs.storage_options) if isinstance(storage, FsspecStorage)
                else storage_options)
-    return WorkerSpec(where, {**kwargs, **options}, background == "auto", collective)
+    if local is not None:
+        kwargs = {k: v for k, v in kwargs.items() if k != "keep"}  # the remote's: after uploads
+    return WorkerSpec(where, {**kwargs, **options}, background == "auto", collective,
+                      None if local is None else local.root)
+
+
+def open_tier(url: str, local: str, options: EncodingOptions | None = None,
+              policy: Policy | None = None, io_workers: int | None = None,
+              durable: bool = True, retry: Retry | None = None,
+              background_priority: str = DEFAULT_PRIORITY, **storage_options: Any) -> Store:
+    """A tiered store as its persist process commits to it: the local tier at ``local`` (an
+    absolute path, a store already) over the remote at ``url`` (not asked at open: its reads
+    are the fallback of the local tier's), without a journal or uploads -- the store's own
+    process queues each commit once it landed (``Tiers.queue_pending``)."""
+    remote = open_storage(url, durable=durable, retry=retry, **storage_options)
+    tier = _opened(_local_tier(local, durable), local, create=False)
+    storage = TieredStorage(tier, remote, partial=read_rank(tier) is not None)
+    return Store(storage, options, io_workers=io_workers, policy=policy, collective=False,
+                 background_priority=background_priority)
 
 
 def _opened(storage: Storage, url: str | os.PathLike, create: bool) -> Storage:

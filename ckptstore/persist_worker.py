@@ -2,9 +2,10 @@
 (:mod:`ckptstore.commit.process`): ``python -m ckptstore.persist_worker <in fd> <out fd>``.
 
 It answers the frames its store sends on ``<in fd>`` (:mod:`ckptstore.commit.wire`), one at a
-time, on ``<out fd>``: ``open`` (``ckptstore.open(url, create=False, **kwargs)``), ``map`` (the
-shared file the next snapshots are in), ``commit`` (the leaves rebuilt over that file, committed
-with ``commit_async(..., staged=True)`` at the store's background priority; the answer is the
+time, on ``<out fd>``: ``open`` (``ckptstore.open(url, create=False, **kwargs)``; a tiered
+store's local tier over its remote, ``opening.open_tier``), ``map`` (the shared file the next
+snapshots are in), ``commit`` (the leaves rebuilt over that file, committed with
+``commit_async(..., staged=True)`` at the store's background priority; the answer is the
 commit's :class:`~ckptstore.info.CommitInfo`), ``forget`` and ``references`` (its chain memory).
 It ends at an ``end`` frame or when its store closes the pipe; a commit in flight is finished
 first. Nothing here is reached from the library's import graph: it is the one module that runs
@@ -24,6 +25,7 @@ from .commit.shared import Layout, SentRows, leaves_in
 from .commit.wire import error_to_plain, from_plain, read_frame, write_frame
 from .errors import PersistProcessError
 from .opening import open as open_store
+from .opening import open_tier
 from .state.tree import Flattened
 from .store import Store
 
@@ -45,8 +47,11 @@ class _Worker:
         op = message.get("op") if isinstance(message, dict) else None
         if op == "open":
             kwargs = {k: from_plain(v) for k, v in message["kwargs"].items()}
-            self.store = open_store(message["url"], create=False, collective=False,
-                                    **kwargs, background="thread")
+            if message.get("local"):  # a tiered store: its uploads stay in the store's process
+                self.store = open_tier(message["url"], message["local"], **kwargs)
+            else:
+                self.store = open_store(message["url"], create=False, collective=False,
+                                        **kwargs, background="thread")
             return os.getpid()
         if self.store is None:
             raise PersistProcessError(f"{op!r} before 'open'")

@@ -12,9 +12,10 @@ lives in the persist process.
 
 A row tracker stays in the store's process: each commit sends the touched rows of the tables it
 tracks, and copies only those rows of a table whose region already holds the rest (a new file or
-a load in place copies it whole). Not taken by a persist process (refused with
-:class:`PersistProcessError` or ``TypeError``): a policy or option object outside :data:`~ckptstore.commit.wire.CONFIG_TYPES` (a
-``sensitivity`` average, a custom rebase predictor), tiered stores, collective commits.
+a load in place copies it whole). Refused (:class:`PersistProcessError`, ``TypeError``): a
+policy or option object outside :data:`~ckptstore.commit.wire.CONFIG_TYPES` (a ``sensitivity``
+average, a custom rebase predictor), collective commits. A tiered store's persist process
+commits to its local tier, its uploads stay here (``ckptstore.opening.open_tier``).
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ from typing import Any
 import torch
 
 from ..errors import PersistProcessError, StagingBudgetError
+from ..history.repository import Repository
 from ..info import CommitInfo
 from ..policy import Policy
 from ..priority import block_interrupts
+from ..state.tree import Leaf, flatten
 from ..tracking.rows import RowTracker
 from .committer import Committer
 from .pending import PendingCommit
@@ -43,8 +46,6 @@ from .pipeline import Metadata
 from .plan import EncodingOptions
 from .shared import Layout, SharedFile, copy_in, identity, layout, partial_rows
 from .wire import error_from_plain, read_frame, to_plain, write_frame
-from ..history.repository import Repository
-from ..state.tree import Leaf, flatten
 
 __all__ = ["ProcessCommitter", "WorkerSpec"]
 
@@ -57,7 +58,6 @@ _BOOT = ("import signal; signal.signal(signal.SIGTTOU, signal.SIG_IGN); "
          "sys.argv = sys.argv[1:]; runpy.run_module(sys.argv[0], run_name='__main__', "
          "alter_sys=True)")
 
-
 #: a group of its own in training's session (3.11+), not a session: Linux shares the CPU between
 #: sessions first (a persist in its own outlasted the interval: docs/benchmarks.md, 17th slice)
 _OWN_GROUP: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11)
@@ -66,14 +66,15 @@ _OWN_GROUP: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """How the persist process opens the store: ``ckptstore.open(url, create=False, **kwargs)``
-    with these keywords (plain values and configuration objects); ``auto``: the store's
-    ``background="auto"`` (:mod:`ckptstore.commit.auto`), not ``"process"``."""
+    """How the persist process opens the store: ``open(url, create=False, **kwargs)`` (or
+    ``open_tier(url, local, **kwargs)``) with these keywords (plain values and configuration
+    objects); ``auto``: the store's ``background="auto"`` (:mod:`.auto`), not ``"process"``."""
 
     url: str
     kwargs: dict[str, Any] = field(default_factory=dict)
     auto: bool = False
     collective: bool = False  # open's collective=: under a process group, auto keeps a thread
+    local: str | None = None  # a tiered store's local tier (absolute): ``opening.open_tier``
 
 
 class _Worker:
@@ -82,7 +83,7 @@ class _Worker:
 
     def __init__(self, spec: WorkerSpec, options: EncodingOptions, policy: Policy,
                  priority: str, owner: ProcessCommitter | None = None):
-        opening = {"url": spec.url, "kwargs": to_plain_kwargs(
+        opening = {"url": spec.url, "local": spec.local, "kwargs": to_plain_kwargs(
             {**spec.kwargs, "options": options, "policy": policy,
              "background_priority": priority})}
         to_child, self._to_child = os.pipe()
@@ -178,8 +179,7 @@ class ProcessCommitter(Committer):
         to_plain(policy, "policy")  # refused now, not at the first commit
         to_plain(options, "options")
         to_plain_kwargs(spec.kwargs)
-        self.spec = spec
-        self.default_policy = policy
+        self.spec, self.default_policy = spec, policy
         self._worker: _Worker | None = None
         self.booting: subprocess.Popen | None = None  # the last process started
         self._layout: Layout | None = None

@@ -165,13 +165,15 @@ def test_a_commit_the_process_cannot_take_while_it_starts_ends_it(tmp_path):
         assert_bit_exact(store.checkout(info.id), _state(1))
 
 
-@pytest.mark.parametrize("how", ["memory", "tiered", "device_encode", "policy", "s3 client",
-                                 "budget"])
+@pytest.mark.parametrize("how", ["memory", "tiered over memory", "device_encode", "policy",
+                                 "s3 client", "budget"])
 def test_stores_a_process_cannot_take_get_a_thread(tmp_path, how, request):
     model = torch.nn.Linear(4, 4)
     opening = {
         "memory": lambda: ckptstore.open("memory://ckpt-auto-thread"),
-        "tiered": lambda: ckptstore.open(tmp_path / "remote", local=tmp_path / "local"),
+        # the persist process would open a memory:// remote of its own
+        "tiered over memory": lambda: ckptstore.open(f"memory://ckpt-auto-{tmp_path.name}",
+                                                     local=tmp_path / "local"),
         "device_encode": lambda: ckptstore.open(
             tmp_path / "d", options=EncodingOptions(device_encode="always")),
         "policy": lambda: ckptstore.open(tmp_path / "p", policy=Policy(

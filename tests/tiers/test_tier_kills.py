@@ -39,6 +39,16 @@ def test_a_kill_after_the_remote_ref_loses_nothing():
 
 
 @pytest.mark.s3
+def test_a_kill_while_the_persist_process_persists_loses_nothing():
+    """Killed right after a commit_async returned, its persist in flight in the store's persist
+    process: that process finishes the commit on the local tier, the next open uploads it."""
+    result = hostile_tier_kills.campaign(2, seed=11, kinds=("process",))
+    assert result["failures"] == [] and result["kills"] == 2
+    assert (result["lost"], result["remote_missing_data"], result["raw"], result["hangs"]) == (
+        0, 0, 0, 0)
+
+
+@pytest.mark.s3
 @pytest.mark.slow  # 9 kills, each 2 gloo ranks then 2 resuming processes: 2-4 min
 def test_a_rank_killed_at_each_kind_of_point_loses_nothing():
     """The tier-rank-kills campaign, short: one of 2 gloo ranks committing sharded states to

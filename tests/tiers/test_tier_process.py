@@ -1,0 +1,103 @@
+"""A tiered store's persist process (issue 28): commits are encoded and land on the local tier
+in a process of their own; the journal and the uploads stay in the store's process."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import torch
+
+import ckptstore
+from ckptstore import LatestN, Policy
+from ckptstore.commit.auto import AutoCommitter
+
+
+def state(step: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(step)
+    return {"emb": torch.randn(2048, 16, generator=g), "w": torch.randn(64, 64, generator=g)}
+
+
+def same(x: dict, y: dict) -> bool:
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def in_process(store: ckptstore.Store) -> None:
+    store.reserve(state(0)).result()  # waits for the process to start
+    assert isinstance(store.committer, AutoCommitter) and store.committer.way == "process"
+
+
+def test_commits_land_locally_in_the_process_and_upload_from_the_store(tmp_path):
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    with ckptstore.open(remote, local=local) as store:
+        assert store.committer.spec.local == str(local)
+        in_process(store)
+        ids = [store.commit_async(state(i), tags=[f"v{i}"] if i == 1 else ()).wait().id
+               for i in range(3)]
+        assert store.committer.way == "process"
+        assert sorted(p.stem for p in (local / "commits").iterdir()) == sorted(ids)
+        store.push()
+        assert [u.state for u in store.uploads] == ["uploaded"] * 3
+        assert [c.id for c in store.log()] == ids[::-1]
+    with ckptstore.open(remote, create=False, background="thread") as other:
+        assert [c.id for c in other.log()] == ids[::-1] and other.tags() == {"v1": ids[1]}
+        for i, commit in enumerate(ids):
+            assert same(other.checkout(commit), state(i))
+
+
+def test_the_remote_rule_stays_off_the_local_tier(tmp_path):
+    """keep= is the remote's rule, applied after each upload by the store's process: the persist
+    process does not apply it to the local tier."""
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    with ckptstore.open(remote, local=local, keep=LatestN(1)) as store:
+        in_process(store)
+        ids = [store.commit_async(state(i)).wait().id for i in range(3)]
+        store.push()
+    assert sorted(p.stem for p in (local / "commits").iterdir()) == sorted(ids)
+    assert [p.stem for p in (remote / "commits").iterdir()] == [ids[-1]]
+
+
+def test_local_keep_removes_uploaded_commits_beside_the_process(tmp_path):
+    """local_keep (the store's process, after each upload) removes uploaded commits from the
+    local tier while the persist process goes on with its increments: their base stays local,
+    the others are read from the remote."""
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    policy = Policy(incremental="one-shot", max_chain=8)
+    with ckptstore.open(remote, local=local, local_keep=LatestN(1), policy=policy) as store:
+        in_process(store)
+        states, ids = [], []
+        for i in range(4):
+            s = state(0)
+            s["emb"][i * 10:i * 10 + 5] += i + 1  # a few rows change: increments
+            states.append(s)
+            ids.append(store.commit_async(s).wait().id)
+            store.push()
+        kinds = {e.path: e.kind.value for e in store.manifest(ids[-1]).tensors}
+        assert kinds["emb"] != "full"  # an increment on the first commit
+        assert sorted(p.stem for p in (local / "commits").iterdir()) == sorted(
+            [ids[0], ids[-1]])  # the newest and the base it reads
+        for s, commit in zip(states, ids):
+            assert same(store.checkout(commit), s)
+    with ckptstore.open(remote, create=False, background="thread") as other:
+        assert same(other.checkout(), states[-1])
+
+
+def test_a_remote_only_this_process_holds_keeps_the_thread(tmp_path):
+    with ckptstore.open(f"memory://tier-{uuid.uuid4().hex[:8]}", local=tmp_path / "l") as store:
+        assert not isinstance(store.committer, AutoCommitter)
+    with pytest.raises(ValueError, match="memory://"):
+        ckptstore.open(f"memory://tier-{uuid.uuid4().hex[:8]}", local=tmp_path / "l2",
+                       background="process")
+
+
+@pytest.mark.s3
+def test_an_s3_remote_gets_the_process_and_another_client_sees_the_uploads(tmp_path,
+                                                                           s3_server):
+    url = f"s3://ckpt-tests/tier-process-{uuid.uuid4().hex[:8]}"
+    with ckptstore.open(url, local=tmp_path / "local", **s3_server) as store:
+        in_process(store)
+        ids = [store.commit_async(state(i)).wait().id for i in range(2)]
+        store.push()
+    with ckptstore.open(url, create=False, background="thread", **s3_server) as other:
+        assert [c.id for c in other.log()] == ids[::-1]
+        assert same(other.checkout(ids[0]), state(0))
