@@ -60,8 +60,8 @@ What is measured
   shares the machine's cores with the loop, which a remote S3 does not: its share of the
   slowdown is the rig's, the HTTP client's (in the persist's process) is the store's.
 * ``--remote tiered`` / ``tiered-s3``: every store a tiered one (``local=`` a folder of the
-  run), its remote a local folder or a prefix on the moto server; the uploads run on the
-  store's upload thread in the loop's process whatever the persist's way.
+  run), its remote a local folder or a prefix on the moto server; the warm-up commit is pushed
+  before the timed loop (with ``background="auto"``, its upload process then runs).
 * ``--gil``: instead, what one persist takes from a thread that only wants the GIL: the main
   thread spins on ``time.perf_counter()`` while one ``commit_async`` persists, and every pause
   of more than 0.2 ms between two of its reads counts as time the persist's threads held the
@@ -93,7 +93,7 @@ from common import command_line, machine_description, markdown_table  # noqa: E4
 
 import ckptstore  # noqa: E402
 from ckptstore import EncodingOptions, Policy, QuantSpec  # noqa: E402
-from ckptstore.commit import process  # noqa: E402
+from ckptstore.commit import child, process  # noqa: E402
 from ckptcodecs import Quantize, _backend, planes, rle_huffman  # noqa: E402
 
 CONFIGS = {
@@ -357,15 +357,15 @@ def _background(config: tuple | str | None) -> str:
 @contextmanager
 def own_session(on: bool) -> Iterator[None]:
     """Persist processes started in a session of their own, as before issue 28's seventeenth
-    slice (``process._OWN_GROUP``)."""
+    slice (``child.OWN_GROUP``)."""
     if not on:
         yield
         return
-    before, process._OWN_GROUP = process._OWN_GROUP, {"start_new_session": True}
+    before, child.OWN_GROUP = child.OWN_GROUP, {"start_new_session": True}
     try:
         yield
     finally:
-        process._OWN_GROUP = before
+        child.OWN_GROUP = before
 
 
 def _every_call(config: tuple | str | None) -> bool:
@@ -411,6 +411,8 @@ def run_loop(config: tuple | None, state: dict, seconds: float, interval: float,
         if background == "auto":  # the persist process running before the timed loop
             store.reserve(state).result()
         store.commit_async(state).wait()  # warm: staging buffers, compiled kernels
+        if store.tiers is not None:  # uploaded (an upload process running) before the loop
+            store.push()
     fired = threading.Event()
 
     def watchdog() -> None:

@@ -7,10 +7,11 @@ Each trial runs a child (``python hostile_tier_kills.py child ...``) that opens 
 pushes. It is SIGKILLed at one point of one kind, rotating over :data:`KINDS`: before the k-th
 chunk write of the local tier (``local``; ``async``: during a ``commit_async`` persist), before
 the k-th journal record (the local ref has moved), before the k-th chunk upload, after the k-th
-remote manifest, before or after the k-th remote ref, right after the k-th ``commit_async``
-returned while the store's persist process persists it (``process``: the persist process
-outlives the child, finishes that commit on the local tier, and the next open queues it), or
-after a random delay (``timer``).
+remote manifest, before or after the k-th remote ref (these four in the store's upload
+process, which kills the child and itself there: :mod:`upload_kill_child`), right after the
+k-th ``commit_async`` returned while the store's persist process persists it (``process``: the
+persist process outlives the child, finishes that commit on the local tier, and the next open
+queues it), or after a random delay (``timer``).
 
 After each kill the campaign requires: a second, independent client of the remote
 (``skip_instance_cache=True``) sees no commit whose data is not all there (verify of every
@@ -44,6 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
 
 from reliability import Tally, start_moto  # noqa: E402
+from upload_kill_child import arm_uploads  # noqa: E402
 
 KINDS = ("local", "journal", "chunk", "manifest", "before-ref", "after-ref", "async", "process",
          "timer")
@@ -86,19 +88,19 @@ def _arm(cls: type, name: str, k: int, after: bool = False, prefix: str = "") ->
 
 def arm(kind: str, k: int) -> None:
     """Install the kill point of ``kind`` (``k``: which call, or ms for ``timer``)."""
-    from ckptstore.storage import FsspecStorage, LocalStorage
+    from ckptstore.storage import LocalStorage
     from ckptstore.tiers import Journal
 
     if kind in ("local", "async"):
         _arm(LocalStorage, "put_chunk", k)
     elif kind == "journal":
         _arm(Journal, "add", k)
-    elif kind == "chunk":
-        _arm(FsspecStorage, "put_chunk", k)
+    elif kind == "chunk":  # the remote's writes: in the store's upload process (.offload)
+        arm_uploads("put_chunk", k)
     elif kind == "manifest":
-        _arm(FsspecStorage, "put_if_absent", k, after=True, prefix="commits/")
+        arm_uploads("put_if_absent", k, after=True, prefix="commits/")
     elif kind in ("before-ref", "after-ref"):
-        _arm(FsspecStorage, "put_if_absent", k, after=kind == "after-ref", prefix="refs/heads/")
+        arm_uploads("put_if_absent", k, after=kind == "after-ref", prefix="refs/heads/")
     elif kind == "timer":
         threading.Timer(k / 1000, _kill).start()
 

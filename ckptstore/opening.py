@@ -5,6 +5,7 @@ an empty location), the options checked before anything is created."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 from fsspec.implementations.cached import CachingFileSystem
@@ -17,6 +18,7 @@ from .policy import Policy
 from .policy.retention import Retention, check_retention
 from .priority import DEFAULT_PRIORITY, check_priority
 from .storage import FsspecStorage, LocalStorage, MemoryStorage, Retry, Storage, open_storage
+from .commit.auto import helpers_start, sendable
 from .commit.process import WorkerSpec
 from .store import Store
 from .tiers import Tiers
@@ -99,7 +101,8 @@ def open(url: str | os.PathLike, create: bool = True, options: EncodingOptions |
         remote = storage
         tiers = Tiers(_opened(local_storage, local, True), remote,
                       storage_options, upload_budget, local_keep,
-                      lambda: _opened(remote, url, create), remote_keep=keep)
+                      lambda: _opened(remote, url, create), remote_keep=keep,
+                      upload_process=_uploads(worker, background_priority))
         storage, keep = tiers.storage, None  # the remote's rule: applied after uploads
     return Store(storage, options, io_workers=io_workers, policy=policy, collective=collective,
                  staging_budget=staging_budget, background_priority=background_priority,
@@ -147,6 +150,17 @@ def _worker(storage: Storage, url: str | os.PathLike, background: str, local: St
         kwargs = {k: v for k, v in kwargs.items() if k != "keep"}  # the remote's: after uploads
     return WorkerSpec(where, {**kwargs, **options}, background == "auto", collective,
                       None if local is None else local.root)
+
+
+def _uploads(worker: WorkerSpec | None, priority: str) -> WorkerSpec | None:
+    """How a tiered store's upload process opens its tiers, and its CPU priority: where its
+    persist may run in a process (``background="process"``, or ``"auto"`` where helpers start
+    and the storage options can be sent)."""
+    if worker is None or worker.local is None:
+        return None
+    if worker.auto and not (helpers_start() and sendable(*worker.kwargs.values())):
+        return None
+    return replace(worker, kwargs={**worker.kwargs, "background_priority": priority})
 
 
 def open_tier(url: str, local: str, options: EncodingOptions | None = None,

@@ -22,6 +22,7 @@ FOREIGN_PRIVATE = {
     "_metadata": "torch: the state_dict's version metadata (nn.Module.state_dict sets it)",
     "_indices": "torch: a sparse gradient's indices without the coalesce .indices() forces",
     "_SubParsersAction": "argparse: the type of add_subparsers' result, for a type hint",
+    "_exit": "os: an upload process's watcher thread ends it (sys.exit there ends a thread)",
 }
 
 

@@ -56,11 +56,13 @@ def is_local_tier(ctx: Context) -> bool:
 def open_tiered(ctx: Context) -> tuple[str, Store]:
     """``(remote URL, the tiered store)`` of the local tier STORE_URL, opened as the library
     opens it: the uploads its journal holds resume while it is open (``close()`` stops them
-    after the keys under way)."""
+    after the keys under way). Its uploads stay on the upload thread: nothing here trains, and
+    an upload process would add its start to the command's time."""
     from ..opening import open as open_store
 
     url, options = _remote(ctx)
-    return url, open_store(url, create=False, local=ctx.args.store, **options)
+    return url, open_store(url, create=False, local=ctx.args.store, background="thread",
+                           **options)
 
 
 def run_status(ctx: Context) -> int:

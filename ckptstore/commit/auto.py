@@ -213,6 +213,12 @@ def _on_cpu(state: object) -> bool:
                for leaf in leaves)
 
 
+def helpers_start() -> bool:
+    """Whether helper processes can start here: POSIX, and not a frozen application (whose
+    ``sys.executable`` is the application itself)."""
+    return os.name == "posix" and not getattr(sys, "frozen", False)
+
+
 def committer_for(repo: Repository, options: EncodingOptions, policy: Policy,
                   staging_budget: int | None, priority: str, worker: WorkerSpec | None
                   ) -> Committer:
@@ -223,7 +229,7 @@ def committer_for(repo: Repository, options: EncodingOptions, policy: Policy,
         return Committer(repo, options, staging_budget, priority)
     if not worker.auto:
         return ProcessCommitter(repo, options, policy, worker, staging_budget, priority)
-    if (os.name == "posix" and not getattr(sys, "frozen", False)  # sys.executable: the app
+    if (helpers_start()
             and staging_budget is None  # a shared copy of every commit, commit() too
             and options.device_encode != "always"
             and sendable(policy, options, *worker.kwargs.values())):

@@ -23,11 +23,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,31 +36,20 @@ from ..errors import PersistProcessError, StagingBudgetError
 from ..history.repository import Repository
 from ..info import CommitInfo
 from ..policy import Policy
-from ..priority import block_interrupts
 from ..state.tree import Leaf, flatten
 from ..tracking.rows import RowTracker
+from .child import Child, exchange_thread
 from .committer import Committer
 from .pending import PendingCommit
 from .pipeline import Metadata
 from .plan import EncodingOptions
 from .shared import Layout, SharedFile, copy_in, identity, layout, partial_rows
-from .wire import error_from_plain, read_frame, to_plain, write_frame
+from .wire import to_plain
 
 __all__ = ["ProcessCommitter", "WorkerSpec"]
 
 #: the module the persist process runs
 WORKER_MODULE = "ckptstore.persist_worker"
-#: how it is started: ``python -c _BOOT <module> <in fd> <out fd>``, without the working folder
-#: (SIGTTOU ignored: in a background group, a write to a ``tostop`` terminal would stop it)
-_BOOT = ("import signal; signal.signal(signal.SIGTTOU, signal.SIG_IGN); "
-         "import runpy, sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
-         "sys.argv = sys.argv[1:]; runpy.run_module(sys.argv[0], run_name='__main__', "
-         "alter_sys=True)")
-
-#: a group of its own in training's session (3.11+), not a session: Linux shares the CPU between
-#: sessions first (a persist in its own outlasted the interval: docs/benchmarks.md, 17th slice)
-_OWN_GROUP: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11)
-                              else {"start_new_session": True})
 
 
 @dataclass(frozen=True)
@@ -77,37 +65,20 @@ class WorkerSpec:
     local: str | None = None  # a tiered store's local tier (absolute): ``opening.open_tier``
 
 
-class _Worker:
+class _Worker(Child):
     """The persist process and its two pipes; every exchange runs on the caller's thread (the
     committer's one exchange thread)."""
+
+    failure = PersistProcessError
+    next_time = "the next commit starts a new one"
 
     def __init__(self, spec: WorkerSpec, options: EncodingOptions, policy: Policy,
                  priority: str, owner: ProcessCommitter | None = None):
         opening = {"url": spec.url, "local": spec.local, "kwargs": to_plain_kwargs(
             {**spec.kwargs, "options": options, "policy": policy,
              "background_priority": priority})}
-        to_child, self._to_child = os.pipe()
-        self._from_child, from_child = os.pipe()
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        try:
-            # the training script's folder off sys.path (python -m would put the working folder
-            # first); a process group of its own, so that a terminal's Ctrl-C stops training,
-            # not the persist in flight (it ends when its store closes it)
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, WORKER_MODULE, str(to_child), str(from_child)],
-                pass_fds=(to_child, from_child), env=env, stdin=subprocess.DEVNULL,
-                **_OWN_GROUP)
-        except BaseException:
-            os.close(self._to_child)
-            os.close(self._from_child)
-            raise
-        finally:
-            os.close(to_child)
-            os.close(from_child)
+        super().__init__(WORKER_MODULE, "persist process")
         self.mapped: SharedFile | None = None
-        self.broken = False
         try:
             if owner is not None:
                 owner.booting = self.proc  # killed by a close that will not wait for the open
@@ -115,53 +86,6 @@ class _Worker:
         except BaseException:
             self.close()
             raise
-
-    def call(self, message: dict[str, Any]) -> Any:
-        """Send ``message``, return the answer's ``"ok"``, raise what the process reported."""
-        try:
-            write_frame(self._to_child, message)
-            answer = read_frame(self._from_child)
-        except (EOFError, BrokenPipeError) as e:
-            self.broken = True  # replaced at the next commit, whatever poll() says yet
-            try:
-                code = self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                code = None
-            raise PersistProcessError(
-                f"the persist process ended (exit status {code}) during {message['op']!r}: "
-                "its own output above says why; the next commit starts a new one") from e
-        if not isinstance(answer, dict) or ("ok" not in answer and "error" not in answer):
-            raise PersistProcessError(f"the persist process answered {answer!r:.200}")
-        if "error" in answer:
-            raise error_from_plain(answer["error"])
-        return answer["ok"]
-
-    def alive(self) -> bool:
-        return not self.broken and self.proc.poll() is None
-
-    def close(self, timeout: float = 60.0) -> None:
-        """Ask the process to end (after its commit in flight), then reap it: in a frame, as a
-        process forked from training since (a DataLoader worker) keeps a copy of the pipe."""
-        if not self.broken and self.proc.poll() is None:
-            # an OSError: it ended meanwhile (SIGPIPE is blocked on the exchange thread)
-            with suppress(OSError):
-                write_frame(self._to_child, {"op": "end"})
-        for fd in (self._to_child, self._from_child):
-            with suppress(OSError):
-                os.close(fd)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def _exchange_thread() -> None:
-    """The exchange thread: no Ctrl-C, and no SIGPIPE (a write to a persist process that died
-    raises ``BrokenPipeError`` there, whatever the training script set SIGPIPE to)."""
-    block_interrupts()
-    if hasattr(signal, "pthread_sigmask") and hasattr(signal, "SIGPIPE"):
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
 
 
 def to_plain_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -184,7 +108,7 @@ class ProcessCommitter(Committer):
         self.booting: subprocess.Popen | None = None  # the last process started
         self._layout: Layout | None = None
         self._exchange = ThreadPoolExecutor(1, "ckptstore-persist-process",
-                                            initializer=_exchange_thread)
+                                            initializer=exchange_thread)
         self._closed = False
         # the tensor each leaf's region of the shared file holds a copy of (identity): a tracked
         # table copied from the same tensor again copies its touched rows alone (cleared by a

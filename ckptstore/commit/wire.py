@@ -7,6 +7,7 @@ anything else is refused with :class:`~ckptstore.errors.PersistProcessError`.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import struct
 from typing import Any
@@ -15,21 +16,27 @@ import msgpack
 
 from .. import errors
 from ..errors import PersistProcessError
-from ..policy import Policy, QuantSpec
-from ..policy.bitwidth import BitWidth
-from ..policy.rebase import Intermittent, MaxChain
-from ..policy.retention import AnyOf, BestN, EveryN, LatestN
-from ..policy.shrink import Shrink
-from ..storage.retry import Retry
-from .plan import EncodingOptions
 
-__all__ = ["CONFIG_TYPES", "error_from_plain", "error_to_plain", "from_plain", "read_frame",
-           "to_plain", "write_frame"]
+__all__ = ["CONFIG_TYPES", "config_type", "error_from_plain", "error_to_plain", "from_plain",
+           "read_frame", "to_plain", "write_frame"]
 
-#: the classes a persist process can be given, by name (frozen dataclasses of plain fields)
-CONFIG_TYPES: dict[str, type] = {c.__name__: c for c in (
-    EncodingOptions, Policy, QuantSpec, BitWidth, Intermittent, MaxChain, Shrink, Retry, LatestN,
-    EveryN, BestN, AnyOf)}
+#: the classes a persist process can be given (frozen dataclasses of plain fields), by name: the
+#: module each lives in, imported when one is first met (a tiered store's upload process takes a
+#: ``Retry`` and imports no policy, nor torch)
+CONFIG_TYPES: dict[str, str] = {
+    "EncodingOptions": "ckptstore.commit.plan", "Policy": "ckptstore.policy",
+    "QuantSpec": "ckptstore.policy", "BitWidth": "ckptstore.policy.bitwidth",
+    "Intermittent": "ckptstore.policy.rebase", "MaxChain": "ckptstore.policy.rebase",
+    "Shrink": "ckptstore.policy.shrink", "Retry": "ckptstore.storage.retry",
+    "LatestN": "ckptstore.policy.retention", "EveryN": "ckptstore.policy.retention",
+    "BestN": "ckptstore.policy.retention", "AnyOf": "ckptstore.policy.retention"}
+
+
+def config_type(name: object) -> type | None:
+    """The class of :data:`CONFIG_TYPES` called ``name``, or None."""
+    module = CONFIG_TYPES.get(name) if isinstance(name, str) else None
+    return None if module is None else getattr(importlib.import_module(module), name)
+
 
 _HEADER = struct.Struct("<Q")
 #: the largest frame either side accepts (a state's tree and leaf table, not its bytes)
@@ -80,7 +87,7 @@ def to_plain(obj: object, where: str = "configuration") -> object:
     if isinstance(obj, dict) and all(isinstance(k, str) for k in obj):  # storage options
         return {"dict": {k: to_plain(v, where) for k, v in obj.items()}}
     name = type(obj).__name__
-    if dataclasses.is_dataclass(obj) and CONFIG_TYPES.get(name) is type(obj):
+    if dataclasses.is_dataclass(obj) and name in CONFIG_TYPES and config_type(name) is type(obj):
         return {"type": name, "fields": {f.name: to_plain(getattr(obj, f.name), where)
                                          for f in dataclasses.fields(obj) if f.init}}
     raise PersistProcessError(
@@ -98,7 +105,7 @@ def from_plain(data: object) -> object:
     if isinstance(data, dict) and set(data) == {"dict"} and isinstance(data["dict"], dict):
         return {str(k): from_plain(v) for k, v in data["dict"].items()}
     if isinstance(data, dict) and set(data) == {"type", "fields"}:
-        cls = CONFIG_TYPES.get(data["type"]) if isinstance(data["type"], str) else None
+        cls = config_type(data["type"])
         if cls is not None and isinstance(data["fields"], dict):
             return cls(**{k: from_plain(v) for k, v in data["fields"].items()})
     raise PersistProcessError(f"not a configuration a persist process takes: {data!r:.200}")
@@ -118,14 +125,14 @@ def error_to_plain(error: BaseException) -> dict[str, object]:
 
 _BUILTIN_ERRORS: dict[str, type[BaseException]] = {c.__name__: c for c in (
     ValueError, TypeError, KeyError, OSError, MemoryError, RuntimeError, FileNotFoundError,
-    PermissionError)}
+    PermissionError, InterruptedError)}
 
 
-def error_from_plain(data: object) -> BaseException:
-    """The exception a persist process reported: the ckptstore error (or common built-in) of
-    that name with its message, else :class:`PersistProcessError` naming it."""
+def error_from_plain(data: object, source: str = "persist process") -> BaseException:
+    """The exception a helper process (``source``) reported: the ckptstore error (or common
+    built-in) of that name with its message, else :class:`PersistProcessError` naming it."""
     if not isinstance(data, dict):
-        return PersistProcessError(f"the persist process failed: {data!r:.200}")
+        return PersistProcessError(f"the {source} failed: {data!r:.200}")
     name, message = str(data.get("type")), str(data.get("message"))
     cls = getattr(errors, name, None) or _BUILTIN_ERRORS.get(name)
     if isinstance(cls, type) and issubclass(cls, BaseException) and name in (
@@ -140,4 +147,4 @@ def error_from_plain(data: object) -> BaseException:
                 if k in _ERROR_ATTRIBUTES and isinstance(v, (str, int)):
                     setattr(error, k, v)
             return error
-    return PersistProcessError(f"the persist process failed: {name}: {message}")
+    return PersistProcessError(f"the {source} failed: {name}: {message}")

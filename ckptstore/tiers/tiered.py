@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..commit.pending import PendingCommit
+from ..commit.process import WorkerSpec
 from ..errors import ConcurrentUpdateError, NotAStoreError, TierError, UploadError
 from ..format.layout import data_dir, manifest_key
 from ..history.refs import Refs
@@ -35,6 +36,7 @@ from ..priority import block_interrupts
 from ..storage import Storage
 from .copy import copy_tags
 from .journal import Journal, Record
+from .offload import UploadProcess
 from .parts import RankInfo, claim_rank, part_key, read_rank
 from .retention import Protect, reads
 from .storage import TieredStorage
@@ -58,10 +60,11 @@ class Tiers:
     def __init__(self, local: Storage, remote: Storage, remote_options: dict[str, Any],
                  upload_budget: int | None = None, local_keep: Retention | None = None,
                  open_remote: Callable[[], object] | None = None,
-                 remote_keep: Retention | None = None):
+                 remote_keep: Retention | None = None, upload_process: WorkerSpec | None = None):
         """``open_remote`` checks (or creates) the remote store; if the remote does not answer
         (an ``OSError`` other than :class:`NotAStoreError`), the store opens with a warning and
-        its uploads wait for the remote."""
+        its uploads wait for the remote. ``upload_process``: how an upload process opens both
+        tiers to copy each commit (:mod:`.offload`); None: on the upload thread."""
         check_retention(local_keep)
         check_retention(remote_keep)
         if upload_budget is not None and upload_budget < 0:
@@ -82,7 +85,9 @@ class Tiers:
         self.remote_view = Repository(remote, 2)  # the remote alone (its gc and rule)
         self.view = Repository(self.storage, 2)  # both tiers: what a queued commit reads
         answers = self._reach(open_remote)
-        self.uploader = Uploader(local, remote, self.journal, self._landed)
+        self.uploader = Uploader(local, remote, self.journal, self._landed, None if
+                                 upload_process is None else
+                                 UploadProcess(upload_process, local, remote))
         self._queuer = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-upload-queue",
                                           initializer=block_interrupts)
         self._resume(reconcile=answers)

@@ -19,12 +19,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
+from ..commit.child import exchange_thread
 from ..errors import UploadError
 from ..format.layout import data_dir
 from ..priority import block_interrupts
 from ..storage import Storage
 from .copy import copy_commit
 from .journal import Journal, Record
+from .offload import UploadProcess
 from .parts import publish_parts, upload_part
 from .refops import replay_ref_change
 
@@ -64,8 +66,10 @@ class Uploader:
     returns once it ran."""
 
     def __init__(self, local: Storage, remote: Storage, journal: Journal,
-                 landed: Callable[[str], None] | None = None):
+                 landed: Callable[[str], None] | None = None,
+                 offload: UploadProcess | None = None):
         self.local, self.remote, self.journal, self.landed = local, remote, journal, landed
+        self.offload = offload  # a commit's copy in an upload process (.offload)
         self.part_timeout = PART_TIMEOUT
         self._cond = threading.Condition()
         self._queue: list[Record] = []
@@ -75,6 +79,7 @@ class Uploader:
         self._attempts = 0  # uploads begun so far
         self._failed_at = 0  # the number of the attempt that failed last
         self._landing: str | None = None  # uploaded, its rules (``landed``) still running
+        self._waiting = 0  # callers in wait(): the next copy is urgent (.offload)
         self._copies = ThreadPoolExecutor(_THREADS, thread_name_prefix="ckptstore-upload-io",
                                           initializer=block_interrupts)
         # held by the thread from an upload's first key to the end of what follows it
@@ -118,21 +123,30 @@ class Uploader:
         ``TimeoutError``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            begun = self._attempts  # only a failure of an attempt begun after this counts
+            self._waiting += 1
+            try:
+                self._wait(deadline, timeout, below, commit)
+            finally:
+                self._waiting -= 1
+
+    def _wait(self, deadline: float | None, timeout: float | None, below: int | None,
+              commit: str | None) -> None:
+        """:meth:`wait`, under the condition's lock."""
+        begun = self._attempts  # only a failure of an attempt begun after this counts
+        if self._halted is not None:
+            self._halted = None
+            self._cond.notify_all()
+        while not self._reached(below, commit):
             if self._halted is not None:
-                self._halted = None
+                if self._failed_at > begun:
+                    raise self._halted
+                self._halted = None  # an attempt begun before this wait: try once more
                 self._cond.notify_all()
-            while not self._reached(below, commit):
-                if self._halted is not None:
-                    if self._failed_at > begun:
-                        raise self._halted
-                    self._halted = None  # an attempt begun before this wait: try once more
-                    self._cond.notify_all()
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"uploads still running after {timeout} s" + (
-                        "" if commit is None else f" (commit {commit[:12]} not uploaded yet)"))
-                self._cond.wait(left)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"uploads still running after {timeout} s" + (
+                    "" if commit is None else f" (commit {commit[:12]} not uploaded yet)"))
+            self._cond.wait(left)
 
     def _reached(self, below: int | None, commit: str | None) -> bool:
         if commit is not None:
@@ -146,12 +160,16 @@ class Uploader:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+        if self.offload is not None:
+            self.offload.interrupt()
         self._thread.join()
         self._copies.shutdown(wait=True)
+        if self.offload is not None:
+            self.offload.close()
 
     # -- the thread ------------------------------------------------------------------------
     def _run(self) -> None:
-        block_interrupts()
+        exchange_thread()  # no Ctrl-C, no SIGPIPE (the upload process's pipe)
         while True:
             with self._cond:
                 while not self._stopping and (not self._queue or self._halted is not None):
@@ -162,8 +180,10 @@ class Uploader:
                 self._attempts += 1
                 attempt = self._attempts
                 self._set(rec, state="uploading", error=None)
+                # behind the commits (another queued) or waited for: at normal priority
+                urgent = len(self._queue) > 1 or self._waiting > 0
             with self.busy:
-                error = self._upload(rec)
+                error = self._upload(rec, urgent)
                 self._settle(rec, attempt, error)
                 if error is None:
                     self._after(rec.commit)
@@ -194,7 +214,7 @@ class Uploader:
             warnings.warn(f"commit {commit[:12]} was uploaded, but what follows an "
                           f"upload failed: {type(e).__name__}: {e}", stacklevel=1)
 
-    def _upload(self, rec: Record) -> UploadError | None:
+    def _upload(self, rec: Record, urgent: bool = False) -> UploadError | None:
         def sent(n: int) -> None:
             with self._cond:
                 s = self._status[_status_key(rec)]
@@ -202,7 +222,10 @@ class Uploader:
 
         try:
             stop = lambda: self._stopping  # noqa: E731
-            if rec.op == "commit":
+            if rec.op == "commit" and self.offload is not None:
+                self.offload.copy_commit(rec.commit, rec.branch, self._copies, sent, stop,
+                                         urgent)
+            elif rec.op == "commit":
                 copy_commit(self.local, self.remote, rec.commit, rec.branch, self._copies,
                             sent, stop)
             elif rec.op == "part" and rec.rank == 0:

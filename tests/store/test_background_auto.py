@@ -17,7 +17,7 @@ from helpers import assert_bit_exact
 
 import ckptstore
 from ckptstore import EncodingOptions, GradientEMA, Policy, QuantSpec
-from ckptstore.commit import auto, process
+from ckptstore.commit import auto, child, process
 from ckptstore.commit.auto import AutoCommitter, PersistProcessWarning
 from ckptstore.commit.committer import Committer
 from ckptstore.errors import RefNotFound
@@ -76,7 +76,7 @@ def test_a_store_closed_while_its_process_starts_ends_it(tmp_path):
 def test_a_start_that_does_not_end_does_not_hold_close(tmp_path, monkeypatch):
     """A persist process whose open does not answer (an endpoint that never replies; here a
     boot that sleeps) is killed by close(), not waited for: commits stayed on the thread."""
-    monkeypatch.setattr(process, "_BOOT", "import time; time.sleep(600); " + process._BOOT)
+    monkeypatch.setattr(child, "BOOT", "import time; time.sleep(600); " + child.BOOT)
     store = ckptstore.open(tmp_path / "s")
     info = store.commit_async(_state()).wait()
     starting = store.committer._starting

@@ -148,7 +148,7 @@ def test_a_persist_process_ends_with_its_store(tmp_path):
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="Popen(process_group=) is Python 3.11+")
 def test_the_persist_process_is_in_training_s_session_in_a_group_of_its_own(tmp_path):
     """Linux shares the CPU between sessions first: in a session of its own the persist
-    process was not scheduled as training's background work is (process.py's _OWN_GROUP)."""
+    process was not scheduled as training's background work is (child.py's OWN_GROUP)."""
     with ckptstore.open(tmp_path / "s", background="process") as store:
         store.commit({"w": torch.randn(8)})
         pid = store.committer._worker.proc.pid

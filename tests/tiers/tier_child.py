@@ -1,5 +1,5 @@
-"""A child process for tests/tiers: commits to a tiered store and SIGKILLs itself at its N-th
-remote write (the fault injection of tests/workers.py, on the remote's put_chunk only).
+"""A child process for tests/tiers: commits to a tiered store and is SIGKILLed at its N-th
+remote chunk write (by its upload process, which dies with it: benchmarks/upload_kill_child.py).
 
     python tier_child.py LOCAL REMOTE_URL OPTIONS_JSON COMMITS KILL_AT
 
@@ -10,27 +10,19 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
-from typing import Any
 
 import torch
 
 import ckptstore
-from ckptstore.storage import FsspecStorage
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "benchmarks"))
+from upload_kill_child import arm_uploads  # noqa: E402
 
 
 def arm(kill_at: int) -> None:
-    count = [0]
-    original = FsspecStorage.put_chunk
-
-    def put_chunk(self: FsspecStorage, key: str, data: Any) -> None:
-        count[0] += 1
-        if count[0] >= kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
-        original(self, key, data)
-
-    FsspecStorage.put_chunk = put_chunk  # type: ignore[method-assign]
+    """The job killed at the remote's ``kill_at``-th chunk write (in its upload process)."""
+    arm_uploads("put_chunk", kill_at)
 
 
 def main() -> None:

@@ -1,0 +1,113 @@
+"""The upload process of a tiered store (:mod:`.offload`):
+``python -m ckptstore.tiers.upload_worker <in fd> <out fd>``.
+
+It answers its store's frames (:mod:`ckptstore.commit.wire`) one at a time: ``open`` (the local
+tier at ``local`` and the remote at ``url`` as storages, with the remote's storage options and
+``retry``; ``priority``: the store's background priority), ``copy`` (one commit to the
+remote, :func:`.copy.copy_commit`, its progress sent as ``{"sent": n}`` frames before the
+answer; its key copies at that priority unless ``urgent``). SIGUSR1 stops the copy under way
+between keys (its store closes). It ends at an ``end`` frame, when its store closes the pipe,
+or within a second of its store's process ending (the copy under way is left as a kill leaves
+it: the next open copies it again).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..commit.wire import error_to_plain, from_plain, read_frame, write_frame
+from ..errors import PersistProcessError
+from ..priority import LOW_NICE
+from ..storage import Storage, open_storage
+from .copy import copy_commit
+
+_THREADS = 8  # concurrent key copies of one commit, as the upload thread's
+
+
+class _Worker:
+    def __init__(self, sink: int) -> None:
+        self.sink, self.sending = sink, threading.Lock()
+        self.local: Storage | None = None
+        self.remote: Storage | None = None
+        self.stopping = False
+        # the key copies: at the store's background priority while the uploads keep up, at
+        # normal priority for a copy the store marks urgent (behind, or waited for)
+        self.copies = ThreadPoolExecutor(_THREADS, thread_name_prefix="ckptstore-upload-io")
+        self.low = self.copies
+        signal.signal(signal.SIGUSR1, self._stop)
+
+    def _stop(self, signum: int, frame: object) -> None:
+        self.stopping = True
+
+    def handle(self, message: Any) -> Any:
+        op = message.get("op") if isinstance(message, dict) else None
+        if op == "open":
+            if message.get("priority") in ("low", "idle"):
+                self.low = ThreadPoolExecutor(_THREADS, thread_name_prefix="ckptstore-upload-low",
+                                              initializer=_lower)
+            kwargs = {k: from_plain(v) for k, v in message["kwargs"].items()}
+            self.local = open_storage(message["local"])
+            self.remote = open_storage(message["url"], **kwargs)  # durable=, retry=, options
+            return os.getpid()
+        if self.local is None or self.remote is None:
+            raise PersistProcessError(f"{op!r} before 'open'")
+        if op == "copy":
+            self.stopping = False
+            copy_commit(self.local, self.remote, str(message["commit"]), message["branch"],
+                        self.copies if message.get("urgent") else self.low, self.sent,
+                        lambda: self.stopping)
+            return True
+        raise PersistProcessError(f"an unknown request {op!r}")
+
+    def sent(self, n: int) -> None:
+        with self.sending:  # the copies' threads
+            write_frame(self.sink, {"sent": n})
+
+
+def _lower() -> None:
+    """A low key-copy thread: nice ``LOW_NICE`` for ``"low"`` and ``"idle"`` alike (never
+    ``SCHED_IDLE``: a copy starved there would hold ``push`` for as long as the cores stay
+    busy)."""
+    try:
+        os.nice(LOW_NICE)
+    except OSError:
+        pass  # not permitted here: the process's own priority
+
+
+def _orphaned(parent: int) -> None:
+    """End this process once its store's process ended (its uploads resume at the next open)."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def main(argv: list[str]) -> int:
+    source, sink = int(argv[0]), int(argv[1])
+    threading.Thread(target=_orphaned, args=(os.getppid(),), daemon=True).start()
+    worker = _Worker(sink)
+    while True:
+        try:
+            message = read_frame(source)
+        except EOFError:
+            return 0
+        if isinstance(message, dict) and message.get("op") == "end":
+            return 0
+        try:
+            answer = {"ok": worker.handle(message)}
+        except Exception as e:  # noqa: BLE001 - reported to the store, which raises it
+            answer = {"error": error_to_plain(e)}
+        try:
+            with worker.sending:
+                write_frame(sink, answer)
+        except BrokenPipeError:
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
