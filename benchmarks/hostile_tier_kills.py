@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
 
 from reliability import Tally, start_moto  # noqa: E402
-from upload_kill_child import arm_uploads  # noqa: E402
+from upload_kill_child import arm_calls, arm_uploads  # noqa: E402
 
 KINDS = ("local", "journal", "chunk", "manifest", "before-ref", "after-ref", "async", "process",
          "timer")
@@ -71,19 +71,7 @@ def _kill() -> None:
 def _arm(cls: type, name: str, k: int, after: bool = False, prefix: str = "") -> None:
     """SIGKILL this process at the ``k``-th call of ``cls.name`` (on a key starting with
     ``prefix``), before or ``after`` the call itself."""
-    original, count = getattr(cls, name), [0]
-
-    def hooked(self: Any, key: str, *args: Any, **kwargs: Any) -> Any:
-        hit = str(key).startswith(prefix) and count[0] + 1 == k
-        count[0] += str(key).startswith(prefix)
-        if hit and not after:
-            _kill()
-        out = original(self, key, *args, **kwargs)
-        if hit:
-            _kill()
-        return out
-
-    setattr(cls, name, hooked)
+    arm_calls(cls, name, k, after, prefix, _kill)
 
 
 def arm(kind: str, k: int) -> None:

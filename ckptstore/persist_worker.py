@@ -21,8 +21,9 @@ import sys
 from contextlib import ExitStack
 from typing import Any
 
+from .commit.child import serve
 from .commit.shared import Layout, SentRows, leaves_in
-from .commit.wire import error_to_plain, from_plain, read_frame, write_frame
+from .commit.wire import from_plain
 from .errors import PersistProcessError
 from .opening import open as open_store
 from .opening import open_tier
@@ -97,24 +98,9 @@ class _Worker:
 
 
 def main(argv: list[str]) -> int:
-    source, sink = int(argv[0]), int(argv[1])
     worker = _Worker()
     try:
-        while True:
-            try:
-                message = read_frame(source)
-            except EOFError:
-                return 0
-            if isinstance(message, dict) and message.get("op") == "end":
-                return 0  # its store closed (a forked process may still hold the pipe)
-            try:
-                answer = {"ok": worker.handle(message)}
-            except Exception as e:  # noqa: BLE001 - reported to the store, which raises it
-                answer = {"error": error_to_plain(e)}
-            try:
-                write_frame(sink, answer)
-            except BrokenPipeError:  # the store's process ended meanwhile
-                return 0
+        return serve(int(argv[0]), int(argv[1]), worker.handle)
     finally:
         if worker.store is not None:
             worker.store.close()

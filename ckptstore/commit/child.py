@@ -1,9 +1,9 @@
 """A helper process of a store's own that answers frames (:mod:`.wire`) on two pipes: the persist
 process (:mod:`.process`) and a tiered store's upload process (:mod:`ckptstore.tiers.offload`).
 
-It runs ``python -c BOOT <module> <in fd> <out fd>``: the module's ``main`` reads a frame, answers
-it (``{"ok": ...}`` or ``{"error": ...}``, with any number of ``{"sent": n}`` progress frames
-before the answer), and ends at an ``end`` frame or when its pipe closes.
+It runs ``python -c BOOT <module> <in fd> <out fd>``: the module's ``main`` (:func:`serve`) reads
+a frame, answers it (``{"ok": ...}`` or ``{"error": ...}``, with any number of ``{"sent": n}``
+progress frames before the answer), and ends at an ``end`` frame or when its pipe closes.
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from typing import Any
 
 from ..priority import block_interrupts
-from .wire import error_from_plain, read_frame, write_frame
+from .wire import error_from_plain, error_to_plain, read_frame, write_frame
 
-__all__ = ["BOOT", "Child", "exchange_thread"]
+__all__ = ["BOOT", "Child", "exchange_thread", "serve"]
 
 #: how a helper starts: ``python -c BOOT <module> <in fd> <out fd>``, without the working folder
 #: (SIGTTOU ignored: in a background group, a write to a ``tostop`` terminal would stop it)
@@ -119,3 +120,28 @@ class Child:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def serve(source: int, sink: int, handle: Callable[[Any], Any],
+          sending: threading.Lock | None = None) -> int:
+    """The helper's side (its ``main``): answer each frame read on ``source`` with
+    ``handle(message)``'s result (or the exception it raised) on ``sink``, holding ``sending``
+    where other threads write progress frames there; 0 at an ``end`` frame (its store closed:
+    a process forked from training since may still hold the pipe), at the pipe's end, or where
+    the store's process ended."""
+    while True:
+        try:
+            message = read_frame(source)
+        except EOFError:
+            return 0
+        if isinstance(message, dict) and message.get("op") == "end":
+            return 0
+        try:
+            answer = {"ok": handle(message)}
+        except Exception as e:  # noqa: BLE001 - reported to the store, which raises it
+            answer = {"error": error_to_plain(e)}
+        try:
+            with sending or nullcontext():
+                write_frame(sink, answer)
+        except BrokenPipeError:
+            return 0

@@ -21,7 +21,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..commit.wire import error_to_plain, from_plain, read_frame, write_frame
+from ..commit.child import serve
+from ..commit.wire import from_plain, write_frame
 from ..errors import PersistProcessError
 from ..priority import LOW_NICE
 from ..storage import Storage, open_storage
@@ -88,25 +89,9 @@ def _orphaned(parent: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    source, sink = int(argv[0]), int(argv[1])
     threading.Thread(target=_orphaned, args=(os.getppid(),), daemon=True).start()
-    worker = _Worker(sink)
-    while True:
-        try:
-            message = read_frame(source)
-        except EOFError:
-            return 0
-        if isinstance(message, dict) and message.get("op") == "end":
-            return 0
-        try:
-            answer = {"ok": worker.handle(message)}
-        except Exception as e:  # noqa: BLE001 - reported to the store, which raises it
-            answer = {"error": error_to_plain(e)}
-        try:
-            with worker.sending:
-                write_frame(sink, answer)
-        except BrokenPipeError:
-            return 0
+    worker = _Worker(int(argv[1]))
+    return serve(int(argv[0]), int(argv[1]), worker.handle, worker.sending)
 
 
 if __name__ == "__main__":
