@@ -8,7 +8,7 @@ pushes. It is SIGKILLed at one point of one kind, rotating over :data:`KINDS`: b
 chunk write of the local tier (``local``; ``async``: during a ``commit_async`` persist), before
 the k-th journal record (the local ref has moved), before the k-th chunk upload, after the k-th
 remote manifest, before or after the k-th remote ref (these four in the store's upload
-process, which kills the child and itself there: :mod:`upload_kill_child`), right after the
+process, which kills the child and itself there: :mod:`upload_child`), right after the
 k-th ``commit_async`` returned while the store's persist process persists it (``process``: the
 persist process outlives the child, finishes that commit on the local tier, and the next open
 queues it), or after a random delay (``timer``).
@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
 
 from reliability import Tally, start_moto  # noqa: E402
-from upload_kill_child import arm_calls, arm_uploads  # noqa: E402
+from upload_child import arm_calls, arm_uploads  # noqa: E402
 
 KINDS = ("local", "journal", "chunk", "manifest", "before-ref", "after-ref", "async", "process",
          "timer")

@@ -18,7 +18,8 @@ import mmap
 import os
 import signal
 import sys
-from contextlib import ExitStack
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
 from .commit.child import serve
@@ -28,6 +29,7 @@ from .errors import PersistProcessError
 from .opening import open as open_store
 from .opening import open_tier
 from .state.tree import Flattened
+from .tiers.landing import landing
 from .store import Store
 
 
@@ -39,6 +41,8 @@ class _Worker:
         # before its frame): that commit runs at normal priority (priority inheritance)
         self.boost_asked = False
         self.boosted = 0  # commits run raised so far ('stats')
+        # a tiered store's local tier: the lock held while a commit lands (tiers.landing)
+        self.landing: Callable[[], AbstractContextManager[None]] = nullcontext
         signal.signal(signal.SIGUSR1, self._ask_boost)
 
     def _ask_boost(self, signum: int, frame: object) -> None:
@@ -50,6 +54,7 @@ class _Worker:
             kwargs = {k: from_plain(v) for k, v in message["kwargs"].items()}
             if message.get("local"):  # a tiered store: its uploads stay in the store's process
                 self.store = open_tier(message["url"], message["local"], **kwargs)
+                self.landing = lambda: landing(self.store.storage.local)
             else:
                 self.store = open_store(message["url"], create=False, collective=False,
                                         **kwargs, background="thread")
@@ -81,11 +86,12 @@ class _Worker:
         shape = Layout(message["slots"], message["groups"], len(self.memory))
         leaves = leaves_in(shape, self.memory)
         rows = SentRows(leaves, message["rows"]) if message["rows"] else None
-        pending = self.store.commit_async(
-            Flattened(message["tree"], leaves), message["message"], message["branch"],
-            tuple(message["tags"]), message["metadata"], from_plain(message["policy"]),
-            tracker=rows, staged=True)
         with ExitStack() as raised:
+            raised.enter_context(self.landing())  # until its ref moved (a tiered store)
+            pending = self.store.commit_async(
+                Flattened(message["tree"], leaves), message["message"], message["branch"],
+                tuple(message["tags"]), message["metadata"], from_plain(message["policy"]),
+                tracker=rows, staged=True)
             up = False
             while True:  # at the background priority until the store waits
                 if self.boost_asked and not up:

@@ -125,7 +125,10 @@ def error_to_plain(error: BaseException) -> dict[str, object]:
 
 _BUILTIN_ERRORS: dict[str, type[BaseException]] = {c.__name__: c for c in (
     ValueError, TypeError, KeyError, OSError, MemoryError, RuntimeError, FileNotFoundError,
-    PermissionError, InterruptedError)}
+    PermissionError, InterruptedError, NotADirectoryError, IsADirectoryError, FileExistsError,
+    BlockingIOError, BrokenPipeError, ChildProcessError, ConnectionError,
+    ConnectionAbortedError, ConnectionRefusedError, ConnectionResetError, ProcessLookupError,
+    TimeoutError)}
 
 
 def error_from_plain(data: object, source: str = "persist process") -> BaseException:

@@ -41,10 +41,18 @@ __all__ = ["Journal", "MirroredRefs", "Record", "TieredStorage", "Tiers", "Uploa
            "pending_uploads"]
 
 
+_MODULES = {"copy", "journal", "landing", "offload", "parts", "refops", "retention", "storage",
+            "tiered", "upload_worker", "uploader"}
+
+
 def __getattr__(name: str) -> Any:
-    """Import a public name on first use."""
+    """Import a public name, or a module of the package (``ckptstore.tiers.tiered``), on first
+    use."""
     if name in _LAZY:
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    elif name in _MODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value

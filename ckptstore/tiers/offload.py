@@ -72,11 +72,13 @@ class UploadProcess:
             self.child.close()
             self.child = None
         if self.child is None and self.failed is None:
-            child = Child(UPLOAD_MODULE, "upload process")
+            child = None
             try:
+                child = Child(UPLOAD_MODULE, "upload process")
                 child.call(self.opening)
             except Exception as e:  # noqa: BLE001 - the thread copies instead, said once
-                child.close(timeout=5)
+                if child is not None:
+                    child.close(timeout=5)
                 self.failed = f"{type(e).__name__}: {e}"
                 warnings.warn(f"a tiered store's upload process could not start ({self.failed})"
                               f": its uploads run on the upload thread", UploadProcessWarning,
@@ -87,14 +89,23 @@ class UploadProcess:
 
     def interrupt(self) -> None:
         """Stop the copy under way between keys (the store closes; from any thread)."""
+        self._signal(signal.SIGUSR1)
+
+    def hurry(self) -> None:
+        """Run the rest of the copy under way at normal priority (someone waits for it, or a
+        commit queued behind it; from any thread)."""
+        self._signal(signal.SIGUSR2)
+
+    def _signal(self, signum: int) -> None:
         child = self.child
         if child is not None and child.alive():
             try:
-                os.kill(child.proc.pid, signal.SIGUSR1)
+                os.kill(child.proc.pid, signum)
             except ProcessLookupError:
                 pass
 
     def close(self) -> None:
+        """End the upload process (on the upload thread: SIGPIPE blocked there)."""
         if self.child is not None:
             self.child.close()
             self.child = None

@@ -36,6 +36,7 @@ from ..priority import block_interrupts
 from ..storage import Storage
 from .copy import copy_tags
 from .journal import Journal, Record
+from .landing import wait_landed
 from .offload import UploadProcess
 from .parts import RankInfo, claim_rank, part_key, read_rank
 from .retention import Protect, reads
@@ -43,6 +44,9 @@ from .storage import TieredStorage
 from .uploader import Upload, Uploader
 
 __all__ = ["Tiers", "UploadBudgetWarning", "UploadWarning", "pending_uploads"]
+
+#: seconds an open waits for a commit a persist process still lands (an earlier run's)
+LANDING_TIMEOUT = 120.0
 
 
 class UploadWarning(UserWarning):
@@ -85,6 +89,10 @@ class Tiers:
         self.remote_view = Repository(remote, 2)  # the remote alone (its gc and rule)
         self.view = Repository(self.storage, 2)  # both tiers: what a queued commit reads
         answers = self._reach(open_remote)
+        if not wait_landed(local, LANDING_TIMEOUT):
+            warnings.warn(f"a persist process still lands a commit on {local.url} after "
+                          f"{LANDING_TIMEOUT:.0f} s (an earlier run's?): the next open queues "
+                          "it", UploadWarning, stacklevel=3)
         self.uploader = Uploader(local, remote, self.journal, self._landed, None if
                                  upload_process is None else
                                  UploadProcess(upload_process, local, remote))
@@ -288,9 +296,27 @@ class Tiers:
             return collect(self.remote_view, protect=self._remote_protected(), **options)
 
     def _local_protected(self) -> set[str]:
-        """What the local tier keeps whatever its rules: the queued commits and what they read
-        (an upload copies a base or a dedup'd folder the remote lacks from here)."""
-        return reads(self.view, self.uploader.pending() | self._journalled_parts())
+        """What the local tier keeps whatever its rules: the queued commits, the commits of a
+        local branch the remote lacks (landed, perhaps not journalled yet: a ``commit_async``
+        one is journalled once its handle completes), and what they read (an upload copies a
+        base or a dedup'd folder the remote lacks from here)."""
+        return reads(self.view, self.uploader.pending() | self._journalled_parts()
+                     | self._not_uploaded())
+
+    def _not_uploaded(self) -> set[str]:
+        """The commits of each local branch from its tip back to one the remote holds."""
+        out: set[str] = set()
+        for tip in Refs(self.local).branches().values():
+            commit: str | None = tip
+            while commit is not None and commit not in out:
+                if self.remote.exists(manifest_key(commit)):
+                    break
+                out.add(commit)
+                try:
+                    commit = self.local_view.summary(commit).parent
+                except FileNotFoundError:  # not on this tier (a rank's part)
+                    break
+        return out
 
     def _journalled_parts(self) -> set[str]:
         with self._parts_lock:

@@ -80,6 +80,7 @@ class Uploader:
         self._failed_at = 0  # the number of the attempt that failed last
         self._landing: str | None = None  # uploaded, its rules (``landed``) still running
         self._waiting = 0  # callers in wait(): the next copy is urgent (.offload)
+        self._low = False  # a copy under way at the background priority (.offload)
         self._copies = ThreadPoolExecutor(_THREADS, thread_name_prefix="ckptstore-upload-io",
                                           initializer=block_interrupts)
         # held by the thread from an upload's first key to the end of what follows it
@@ -100,7 +101,16 @@ class Uploader:
                                                     rec.bytes, op=rec.op, rank=rec.rank,
                                                     world=rec.world)
             self._halted = None
+            if len(self._queue) > 1:
+                self._hurry()
             self._cond.notify_all()
+
+    def _hurry(self) -> None:
+        """A copy under way at the background priority goes on at normal priority (under the
+        condition's lock)."""
+        if self._low and self.offload is not None:
+            self._low = False
+            self.offload.hurry()
 
     def queued_bytes(self) -> int:
         with self._cond:
@@ -124,6 +134,7 @@ class Uploader:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._waiting += 1
+            self._hurry()
             try:
                 self._wait(deadline, timeout, below, commit)
             finally:
@@ -162,14 +173,19 @@ class Uploader:
             self._cond.notify_all()
         if self.offload is not None:
             self.offload.interrupt()
-        self._thread.join()
+        self._thread.join()  # it ends the upload process
         self._copies.shutdown(wait=True)
-        if self.offload is not None:
-            self.offload.close()
 
     # -- the thread ------------------------------------------------------------------------
     def _run(self) -> None:
         exchange_thread()  # no Ctrl-C, no SIGPIPE (the upload process's pipe)
+        try:
+            self._serve()
+        finally:
+            if self.offload is not None:
+                self.offload.close()
+
+    def _serve(self) -> None:
         while True:
             with self._cond:
                 while not self._stopping and (not self._queue or self._halted is not None):
@@ -182,8 +198,11 @@ class Uploader:
                 self._set(rec, state="uploading", error=None)
                 # behind the commits (another queued) or waited for: at normal priority
                 urgent = len(self._queue) > 1 or self._waiting > 0
+                self._low = not urgent
             with self.busy:
                 error = self._upload(rec, urgent)
+            with self._cond:
+                self._low = False
                 self._settle(rec, attempt, error)
                 if error is None:
                     self._after(rec.commit)

@@ -3,6 +3,10 @@ in a process of their own; the journal and the uploads stay in the store's proce
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+import time
 import uuid
 
 import pytest
@@ -101,3 +105,68 @@ def test_an_s3_remote_gets_the_process_and_another_client_sees_the_uploads(tmp_p
     with ckptstore.open(url, create=False, background="thread", **s3_server) as other:
         assert [c.id for c in other.log()] == ids[::-1]
         assert same(other.checkout(ids[0]), state(0))
+
+
+def test_an_open_waits_for_a_commit_an_earlier_persist_process_still_lands(tmp_path):
+    """Training killed while its persist process lands a commit: the persist process holds the
+    local tier's landing lock until its ref moved, and a new open waits for it before it
+    reconciles -- so that commit is queued and uploaded, and the next one builds on it."""
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    with ckptstore.open(remote, local=local) as store:
+        first = store.commit(state(0)).id
+        store.push()
+    orphan = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time, torch
+        from ckptstore.opening import open_tier
+        from ckptstore.tiers.landing import landing
+        store = open_tier({str(remote)!r}, {str(local)!r})
+        with landing(store.storage.local):
+            print("holding", flush=True)
+            time.sleep(1.5)  # a long persist
+            g = torch.Generator().manual_seed(1)
+            print(store.commit({{"emb": torch.randn(2048, 16, generator=g),
+                                 "w": torch.randn(64, 64, generator=g)}}).id, flush=True)
+    """)], stdout=subprocess.PIPE, text=True)
+    assert orphan.stdout.readline().strip() == "holding"
+    with ckptstore.open(remote, local=local) as store:  # waits for the landing
+        landed = orphan.stdout.readline().strip()
+        assert [u.commit for u in store.uploads] == [landed]  # queued by the open
+        third = store.commit(state(2)).id
+        store.push()
+    assert orphan.wait(30) == 0
+    with ckptstore.open(remote, create=False, background="thread") as other:
+        assert [c.id for c in other.log()] == [third, landed, first]
+        assert same(other.checkout(landed), state(1))
+
+
+def test_local_keep_spares_a_commit_not_journalled_yet(tmp_path, monkeypatch):
+    """A commit_async commit is journalled once its handle completes; local_keep, applied
+    after an upload meanwhile, must not delete it although a newer commit is the local tip."""
+    from ckptstore.storage import LocalStorage
+    from ckptstore.tiers import journal
+
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    put, add, calls = LocalStorage.put_chunk, journal.Journal.add, [0]
+
+    def slow_remote(self, key, data):  # the first upload takes a while
+        if self.root.startswith(str(remote)):
+            time.sleep(0.05)
+        return put(self, key, data)
+
+    def slow_record(self, *args, **kwargs):  # the second commit's record: a slow fsync
+        calls[0] += 1
+        if calls[0] == 2:
+            time.sleep(2.0)
+        return add(self, *args, **kwargs)
+
+    monkeypatch.setattr(LocalStorage, "put_chunk", slow_remote)
+    monkeypatch.setattr(journal.Journal, "add", slow_record)
+    with ckptstore.open(remote, local=local, local_keep=LatestN(1),
+                        background="thread") as store:
+        ids = [store.commit(state(0)).id]
+        ids += [store.commit_async(state(i)).wait().id for i in (1, 2)]
+        time.sleep(2.5)  # the first upload landed and its rule ran
+        store.push()
+    with ckptstore.open(remote, create=False, background="thread") as other:
+        assert [c.id for c in other.log()] == ids[::-1]
+        assert same(other.checkout(ids[1]), state(1))

@@ -17,6 +17,10 @@ import ckptstore
 from ckptstore.tiers import offload
 from ckptstore.tiers.offload import UploadProcessWarning
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "benchmarks"))
+import upload_child  # noqa: E402
+from upload_child import slow_uploads  # noqa: E402
+
 
 def state(step: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(step)
@@ -201,3 +205,41 @@ def test_a_copy_behind_the_commits_or_waited_for_is_urgent(tmp_path, monkeypatch
         store.commit(state(2))
         _uploaded(store)
         assert _Recording.urgent[-1] is False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_a_wait_hurries_the_copy_under_way(tmp_path):
+    """push() called while a copy runs at the background priority: the rest of its keys are
+    copied at normal priority (SIGUSR2 to the upload process)."""
+    log = tmp_path / "writes"
+    slow_uploads(0.15, str(log))
+    try:
+        with ckptstore.open(tmp_path / "r", local=tmp_path / "l") as store:
+            store.commit({f"t{i}": torch.randn(20_000) for i in range(24)})
+            deadline = time.monotonic() + 60
+            while not log.exists() or len(log.read_text().split("\n")) < 4:
+                assert time.monotonic() < deadline  # the copy is under way, nobody waits
+                time.sleep(0.05)
+            begun = time.monotonic()
+            store.push()
+        writes = [(float(t), int(n)) for t, n in (ln.split() for ln in log.read_text().split("\n")
+                                                  if ln)]
+    finally:
+        offload.UPLOAD_MODULE = "ckptstore.tiers.upload_worker"
+        os.environ.pop(upload_child.ARM, None)
+    before = [n for t, n in writes if t < begun]
+    after = [n for t, n in writes if t > begun + 0.5]
+    assert before and all(n >= ckptstore.priority.LOW_NICE for n in before)
+    assert after and all(n == 0 for n in after)
+
+
+def test_where_the_upload_process_cannot_even_be_spawned_the_thread_uploads(tmp_path,
+                                                                             monkeypatch):
+    from ckptstore.commit import child
+
+    monkeypatch.setattr(child.sys, "executable", str(tmp_path / "no-such-python"))
+    with ckptstore.open(tmp_path / "r", local=tmp_path / "l") as store:
+        info = store.commit(state(0))  # commit() on the caller's thread: no persist process
+        with pytest.warns(UploadProcessWarning, match="no-such-python"):
+            store.push()
+    assert remote_log(tmp_path / "r") == [info.id]

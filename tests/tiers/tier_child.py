@@ -1,5 +1,5 @@
 """A child process for tests/tiers: commits to a tiered store and is SIGKILLed at its N-th
-remote chunk write (by its upload process, which dies with it: benchmarks/upload_kill_child.py).
+remote chunk write (by its upload process, which dies with it: benchmarks/upload_child.py).
 
     python tier_child.py LOCAL REMOTE_URL OPTIONS_JSON COMMITS KILL_AT
 
@@ -17,7 +17,7 @@ import torch
 import ckptstore
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "benchmarks"))
-from upload_kill_child import arm_uploads  # noqa: E402
+from upload_child import arm_uploads  # noqa: E402
 
 
 def arm(kill_at: int) -> None:
