@@ -10,7 +10,7 @@ skips what the remote already holds, so a copy interrupted anywhere simply runs 
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, wait
 
 from ..errors import RefExists, UploadError
 from ..format.layout import MARKER, data_dir, manifest_key
@@ -74,8 +74,15 @@ def copy_folder(local: Storage, remote: Storage, folder: str, executor: Executor
         remote.put_chunk(key, data)
         sent(memoryview(data).nbytes)
 
-    for f in [executor.submit(one, k) for k in missing]:
-        f.result()
+    copies = [executor.submit(one, k) for k in missing]
+    try:
+        for f in copies:
+            f.result()
+    except BaseException:  # no copy of this attempt goes on (or reports progress) after it
+        for f in copies:
+            f.cancel()
+        wait(copies)
+        raise
     if stop():
         raise InterruptedError("upload stopped")
 

@@ -243,3 +243,30 @@ def test_where_the_upload_process_cannot_even_be_spawned_the_thread_uploads(tmp_
         with pytest.warns(UploadProcessWarning, match="no-such-python"):
             store.push()
     assert remote_log(tmp_path / "r") == [info.id]
+
+
+def test_a_failed_copy_leaves_no_key_copy_running(tmp_path):
+    """copy_folder raises only once every key copy of the attempt ended: none goes on writing
+    (or reporting progress, which the next attempt would count) after the failure."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ckptstore.storage import LocalStorage
+    from ckptstore.tiers.copy import copy_folder
+
+    class SlowRemote(LocalStorage):  # every key but the failing one takes a while
+        def put_chunk(self, key, data):
+            if not key.endswith("/k0"):
+                time.sleep(0.3)
+            super().put_chunk(key, data)
+
+    local, remote = LocalStorage(str(tmp_path / "l")), SlowRemote(str(tmp_path / "r"))
+    for i in range(6):
+        local.put_chunk(f"data/c/k{i}", b"x" * 100)
+    (tmp_path / "r" / "data" / "c" / "k0").mkdir(parents=True)  # k0 cannot be written
+    sent: list[int] = []
+    with ThreadPoolExecutor(8) as pool:
+        with pytest.raises(OSError):
+            copy_folder(local, remote, "data/c", pool, sent.append, lambda: False)
+        at_raise = len(sent)
+        time.sleep(0.5)
+    assert len(sent) == at_raise == 5
