@@ -127,7 +127,8 @@ def _worker(storage: Storage, url: str | os.PathLike, background: str, local: St
     them, whatever its working folder is later); an fsspec store with the options its
     filesystem was made with (``fsspec.config`` set in this process's code included). A tiered
     store's persist process commits to its local tier over the remote (:func:`open_tier`); its
-    uploads stay with this process's :class:`~ckptstore.tiers.Tiers`."""
+    journal and uploads stay with this process's :class:`~ckptstore.tiers.Tiers`, which copies
+    each commit in an upload process (:func:`_uploads`)."""
     if background not in ("auto", "thread", "process"):
         raise ValueError(f"background must be 'auto', 'thread' or 'process', not {background!r}")
     # a caching URL (simplecache::s3://...) keeps what it read in this process: training's
@@ -140,7 +141,7 @@ def _worker(storage: Storage, url: str | os.PathLike, background: str, local: St
     if private or cached or tier:
         why = ("memory:// is private to this one" if private
                else "a caching URL keeps what it read in this one" if cached
-               else "a local tier is a local path")
+               else "its local tier is not a local folder")
         raise ValueError(f"background='process' needs a store another process sees as this one "
                          f"does: {why}; use background='thread'")
     where = storage.root if isinstance(storage, LocalStorage) else os.fspath(url)

@@ -15,7 +15,7 @@ tracks, and copies only those rows of a table whose region already holds the res
 a load in place copies it whole). Refused (:class:`PersistProcessError`, ``TypeError``): a
 policy or option object outside :data:`~ckptstore.commit.wire.CONFIG_TYPES` (a ``sensitivity``
 average, a custom rebase predictor), collective commits. A tiered store's persist process
-commits to its local tier, its uploads stay here (``ckptstore.opening.open_tier``).
+commits to its local tier; its journal stays here (``ckptstore.opening.open_tier``).
 """
 
 from __future__ import annotations
