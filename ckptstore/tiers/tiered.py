@@ -304,12 +304,17 @@ class Tiers:
                      | self._not_uploaded())
 
     def _not_uploaded(self) -> set[str]:
-        """The commits of each local branch from its tip back to one the remote holds."""
+        """The commits of each local branch from its tip back to one the remote holds (where
+        the remote does not answer, the ones walked so far: local gc works offline)."""
         out: set[str] = set()
         for tip in Refs(self.local).branches().values():
             commit: str | None = tip
             while commit is not None and commit not in out:
-                if self.remote.exists(manifest_key(commit)):
+                try:
+                    if self.remote.exists(manifest_key(commit)):
+                        break
+                except OSError:
+                    out.add(commit)
                     break
                 out.add(commit)
                 try:

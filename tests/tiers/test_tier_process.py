@@ -170,3 +170,24 @@ def test_local_keep_spares_a_commit_not_journalled_yet(tmp_path, monkeypatch):
     with ckptstore.open(remote, create=False, background="thread") as other:
         assert [c.id for c in other.log()] == ids[::-1]
         assert same(other.checkout(ids[1]), state(1))
+
+
+def test_local_gc_works_while_the_remote_does_not_answer(tmp_path, monkeypatch):
+    """What local retention spares is asked of the remote; a remote that does not answer
+    spares the local tips alone, and gc(tier="local") still runs."""
+    from ckptstore.storage import LocalStorage
+
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    with ckptstore.open(remote, local=local, background="thread") as store:
+        ids = [store.commit(state(i)).id for i in range(3)]
+        store.push()
+        remote_exists = LocalStorage.exists
+
+        def unreachable(self, key):
+            if self.root.startswith(str(remote)):
+                raise ConnectionError("the remote does not answer")
+            return remote_exists(self, key)
+
+        monkeypatch.setattr(LocalStorage, "exists", unreachable)
+        result = store.gc(tier="local", keep_last=1, grace_period=0)
+        assert sorted(result.commits_removed) == sorted(ids[:2])
