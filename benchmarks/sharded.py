@@ -77,8 +77,8 @@ def _du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def _state(world: int, rows: int, placement: str, zeros: bool = False,
-           bump: int = 0) -> dict:
+def sharded_state(world: int, rows: int, placement: str, zeros: bool = False,
+                  bump: int = 0) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     mesh = init_device_mesh("cpu", (world,))
@@ -118,7 +118,7 @@ def _rank(rank: int, world: int, args: argparse.Namespace, root: str) -> None:
         dist.barrier()
         return time.perf_counter() - t0
 
-    state = _state(world, args.rows, "rows")
+    state = sharded_state(world, args.rows, "rows")
     workers = {"io_workers": args.io_workers} if args.io_workers else {}
     stores = {"ckptstore": lambda: ckptstore.open(f"{root}/store", **workers),
               "ckptstore-raw": lambda: ckptstore.open(
@@ -138,7 +138,7 @@ def _rank(rank: int, world: int, args: argparse.Namespace, root: str) -> None:
                 out["commit"][tool].append(took)
         for kind in args.loads:
             for tool in args.tools:
-                loaded = _state(world, args.rows, LOADS[kind], zeros=True)
+                loaded = sharded_state(world, args.rows, LOADS[kind], zeros=True)
                 took = timed(lambda: dcp.load(loaded, storage_reader=readers[tool]()))
                 if r >= 0:
                     out[kind][tool].append(took)
@@ -156,7 +156,7 @@ def _rank(rank: int, world: int, args: argparse.Namespace, root: str) -> None:
         inc = ckptstore.open(f"{root}/inc")
         out["intervals"] = {"dcp": [], "ckptstore": []}
         for i in range(5):
-            sd = _state(world, args.rows, "rows", bump=i)
+            sd = sharded_state(world, args.rows, "rows", bump=i)
             path = f"{root}/int{i}"
             dcp.save(sd, storage_writer=dcp.FileSystemWriter(path, sync_files=False))
             w = StorageWriter(inc, message=f"interval {i}", policy=policy)

@@ -6,7 +6,9 @@ time, on ``<out fd>``: ``open`` (``ckptstore.open(url, create=False, **kwargs)``
 store's local tier over its remote, ``opening.open_tier``), ``map`` (the shared file the next
 snapshots are in), ``commit`` (the leaves rebuilt over that file, committed with
 ``commit_async(..., staged=True)`` at the store's background priority; the answer is the
-commit's :class:`~ckptstore.info.CommitInfo`), ``forget`` and ``references`` (its chain memory).
+commit's :class:`~ckptstore.info.CommitInfo`), ``part`` (a rank's part of a sharded commit
+over that file, written on the persist thread; the answer is its part entries), ``forget``
+and ``references`` (its chain memory).
 It ends at an ``end`` frame or when its store closes the pipe; a commit in flight is finished
 first. Nothing here is reached from the library's import graph: it is the one module that runs
 only in that process.
@@ -19,6 +21,8 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
@@ -28,7 +32,7 @@ from .commit.wire import from_plain
 from .errors import PersistProcessError
 from .opening import open as open_store
 from .opening import open_tier
-from .state.tree import Flattened
+from .state.tree import Flattened, Leaf
 from .tiers.landing import landing
 from .store import Store
 
@@ -70,6 +74,8 @@ class _Worker:
             return True
         if op == "commit":
             return self.commit(message)
+        if op == "part":
+            return self.part(message)
         if op == "forget":
             self.store.committer.forget_chains(message.get("branch"))
             return True
@@ -80,11 +86,25 @@ class _Worker:
                     "starved": self.store.committer.background.starved_persists}
         raise PersistProcessError(f"an unknown request {op!r}")
 
-    def commit(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _leaves(self, message: dict[str, Any]) -> list[Leaf]:
         if self.memory is None:
-            raise PersistProcessError("a commit before its snapshot's file was mapped")
-        shape = Layout(message["slots"], message["groups"], len(self.memory))
-        leaves = leaves_in(shape, self.memory)
+            raise PersistProcessError(f"a {message['op']} before its snapshot's file was mapped")
+        return leaves_in(Layout(message["slots"], message["groups"], len(self.memory)),
+                         self.memory)
+
+    def _raised_when_asked(self, done: Callable[[float], bool], raised: ExitStack) -> None:
+        """Wait until ``done(timeout)``, at the background priority until the store waits."""
+        up = False
+        while True:
+            if self.boost_asked and not up:
+                raised.enter_context(self.store.committer.background.boosted())
+                raised.callback(setattr, self, "boost_asked", False)
+                self.boosted, up = self.boosted + 1, True
+            if done(0.05):
+                return
+
+    def commit(self, message: dict[str, Any]) -> dict[str, Any]:
+        leaves = self._leaves(message)
         rows = SentRows(leaves, message["rows"]) if message["rows"] else None
         with ExitStack() as raised:
             raised.enter_context(self.landing())  # until its ref moved (a tiered store)
@@ -92,15 +112,34 @@ class _Worker:
                 Flattened(message["tree"], leaves), message["message"], message["branch"],
                 tuple(message["tags"]), message["metadata"], from_plain(message["policy"]),
                 tracker=rows, staged=True)
-            up = False
-            while True:  # at the background priority until the store waits
-                if self.boost_asked and not up:
-                    raised.enter_context(self.store.committer.background.boosted())
-                    raised.callback(setattr, self, "boost_asked", False)
-                    self.boosted, up = self.boosted + 1, True
-                if pending.join(0.05):
-                    break
+            self._raised_when_asked(pending.join, raised)
         return pending.wait().to_json()
+
+    def part(self, message: dict[str, Any]) -> list[dict[str, object]]:
+        """A rank's part of a sharded commit (``dcp.shards.write_part``) on the persist thread;
+        the answer is its part entries, for the coordinator's merge."""
+        from .dcp.shards import LocalTensor, write_part
+
+        tensors = [LocalTensor(str(fqn), tuple(offsets), tuple(shape), leaf.value)
+                   for (fqn, offsets, shape), leaf in zip(message["blocks"],
+                                                          self._leaves(message), strict=True)]
+        committer = self.store.committer
+        parent = message["parent"]
+        written = committer.in_background(lambda pool: write_part(
+            committer, str(message["commit"]), int(message["rank"]), tensors,
+            from_plain(message["policy"]), str(message["branch"]),
+            None if parent is None else str(parent), executor=pool))
+        with ExitStack() as raised:
+            self._raised_when_asked(lambda t: _done(written, t), raised)
+        return [p.to_plain() for p in written.result()]
+
+
+def _done(future: Future[Any], timeout: float) -> bool:
+    try:
+        future.exception(timeout)
+    except FutureTimeout:
+        return False
+    return True
 
 
 def main(argv: list[str]) -> int:

@@ -459,3 +459,56 @@ def sharded_tensor_round_trip(rank: int, world: int, url: str, opts: dict) -> No
         back = {"w": distribute_tensor(torch.zeros(10, 6), mesh, [Shard(1)])}
         dcp.load(back, storage_reader=StorageReader(store))
         assert torch.equal(back["w"].full_tensor(), full)
+
+
+def parts_in_persist_process(rank: int, world: int, url: str, opts: dict) -> None:
+    """Collective commits whose rank parts the persist process writes (``background="auto"``):
+    ``reserve`` starts it; ``commit_async`` copies the local shards into its shared file and
+    keeps the values of the call while training changes the tensors; ``commit`` and a further
+    ``commit_async`` go there too, one-shot increments of each rank's shard across them (its
+    chain memory); the part entries travel back for the coordinator's merge."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import ckptstore
+    from ckptstore.policy import Policy
+
+    state = sharded_state(world)
+    full = torch.randn(4096, 16, generator=torch.Generator().manual_seed(5))
+    emb = state["emb"]["user"] = distribute_tensor(full, init_device_mesh("cpu", (world,)),
+                                                   [Shard(0)])
+    policy = Policy(incremental="one-shot", min_rows=256)
+    with ckptstore.open(url, **opts) as store:
+        assert store.reserve(state).result() > 0
+        committer = store._committer
+        assert committer.way == "process", committer.way
+        pid = committer.call_stats() is not None and committer._worker.proc.pid
+        assert pid != os.getpid()
+        pending = store.commit_async(state, message="one", policy=policy)
+        with torch.no_grad():  # training goes on at once: the commit keeps the call's values
+            emb.to_local().add_(1.0)
+        first = pending.wait(120)
+        with torch.no_grad():
+            emb.to_local()[:3].add_(1.0)  # three rows of each rank's shard change
+        second = store.commit(state, message="two", policy=policy)
+        with torch.no_grad():
+            emb.to_local()[5:7].add_(1.0)
+        third = store.commit_async(state, message="three", policy=policy).wait(120)
+        assert committer.way == "process" and committer._worker.proc.pid == pid
+        assert [third.parent, second.parent] == [second.id, first.id]
+        m = store.manifest(third.id)
+        assert [s.kind.value for s in m.shards if s.path.startswith("emb.user@")] == \
+            ["incremental"] * world, m.shards
+        now = emb.full_tensor()
+        dist.barrier()
+        if rank == 0:
+            assert torch.equal(store.checkout(first.id)["emb"]["user"], full)
+            got = store.checkout(third.id)
+            assert torch.equal(got["emb"]["user"], now)
+            assert torch.equal(got["emb"]["item"], tables()["emb.item"])
+            assert torch.equal(got["mlp"]["weight"], tables()["mlp.weight"])
+            assert got["step"] == 7
+            assert store.verify().problems == []

@@ -15,9 +15,12 @@ commit, and on a thread where it cannot:
   once, waiting for the start);
 - a commit the process cannot take -- a policy object it cannot receive (a ``sensitivity``
   average, a custom rebase predictor), a tensor off the CPU (its device snapshot, pinned
-  staging and device encoding stay on a thread), a collective commit -- and every commit after
-  it run on a thread, as with ``background="thread"``; so do all commits where no persist
-  process could start (a warning says why).
+  staging and device encoding stay on a thread), a rank's part of a sharded commit that a
+  row tracker sees, or one a ``StorageWriter`` of the caller's own plans -- and every commit
+  after it run on a thread, as with ``background="thread"``; so do all commits where no persist
+  process could start (a warning says why);
+- under a process group a rank's part of a collective commit goes the way a commit goes
+  (:meth:`AutoCommitter.parts_in_process`).
 
 Each change of way starts the chains anew (the next commit stores each tensor whole: the other
 way's chain memory is dropped). Local and object stores get one (an object store's HTTP client
@@ -25,8 +28,8 @@ then runs in the persist process too). Stores the process cannot open are not gi
 tiered stores, ``memory://``, ``device_encode="always"``, a ``staging_budget`` (a process
 needs a shared copy of every commit, ``commit`` and ``staged=True`` ones too), configurations
 and storage options it cannot receive (a client session object), frozen applications and
-platforms other than POSIX ones; nor are collective stores under a process group of several
-ranks.
+platforms other than POSIX ones; tiered collective stores under a process group of several
+ranks keep the thread too (each rank journals its parts).
 """
 
 from __future__ import annotations
@@ -93,8 +96,8 @@ class AutoCommitter(ProcessCommitter):
             return True
         if self.thread_for_good:
             return False
-        if self.spec.collective and process_group():  # its ranks commit together: a thread
-            self.thread_for_good = True
+        if self.spec.collective and self.spec.local is not None and process_group():
+            self.thread_for_good = True  # a tiered rank journals its parts: a thread
             return False
         if self._starting is None:
             self._starting = self._exchange.submit(self._started)
@@ -175,9 +178,25 @@ class AutoCommitter(ProcessCommitter):
             return super().reserve(state)
         return Committer.reserve(self, state)
 
+    def parts_in_process(self, state: object, policy: Policy, tracker: RowTracker | None,
+                         asynchronous: bool) -> bool:
+        """Whether a rank's part goes to the persist process, as ``commit_async`` and
+        ``commit`` choose their way; a tracker's part runs on a thread, for good."""
+        if tracker is not None:
+            self._to_thread()
+            return False
+        if self._way_for(state, policy) == "process":
+            return True
+        if asynchronous or self._starting is not None:
+            return self._to_process(block=False)
+        return False
+
     def fork(self, *args: object, **kwargs: object) -> Any:
-        """A rank's part of a sharded commit: on a thread, for good."""
-        self._to_thread(wait=False)
+        """A rank's part of a sharded commit planned on this thread (a ``StorageWriter`` the
+        collective paths did not make, ``commit_shards``): on a thread, for good, where the
+        persist process held the chains."""
+        if self.way == "process":
+            self._to_thread(wait=False)
         return Committer.fork(self, *args, **kwargs)
 
     def forget_chains(self, branch: str | None = None) -> None:

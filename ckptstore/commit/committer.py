@@ -13,9 +13,10 @@ thread; the distributed paths (:mod:`ckptstore.dcp.collective`, :mod:`ckptstore.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import nullcontext
+from typing import TypeVar
 
 from ..errors import StagingBudgetError
 from ..format.ids import new_commit_id
@@ -28,12 +29,15 @@ from ..policy import Policy
 from ..priority import DEFAULT_PRIORITY, BackgroundThreads
 from .publish import publish, reporting
 from .records import build_manifest
+from .shared import local_shard
 from ..history.repository import Repository
 from .snapshot import Snapshot
 from ..state.tree import flatten
 from ..tracking.rows import RowTracker
 
 __all__ = ["Committer"]
+
+T = TypeVar("T")
 
 
 class Committer(Pipeline):
@@ -124,6 +128,10 @@ class Committer(Pipeline):
         waits for it; resolves to the bytes allocated."""
         self.wait()
         _, leaves = flatten(state)
+        if any(local_shard(leaf.value) is not leaf.value for leaf in leaves):
+            done: Future[int] = Future()  # DTensors: a collective commit_async, which DCP's
+            done.set_result(0)            # stager copies on this thread (nothing to reserve)
+            return done
         plan = plan_commit(leaves, self.options)
 
         placements = place(plan, self.options.device_encode, pooled=True, host_values=True)
@@ -184,6 +192,27 @@ class Committer(Pipeline):
         self.inflight = pending
         self._persister.submit(run)
         return pending
+
+    def parts_in_process(self, state: object, policy: Policy, tracker: RowTracker | None,
+                         asynchronous: bool) -> bool:
+        """Whether this rank's part of a sharded commit of ``state`` goes to a persist process
+        (``ProcessCommitter.part``); asked on the caller's thread before the collective starts.
+        Here, a thread's committer: never."""
+        return False
+
+    def in_background(self, fn: Callable[[Executor], T]) -> Future[T]:
+        """``fn(io_pool)`` on the persist thread at the background priority, as a persist runs
+        (raised from the start after a starved one; the background I/O pool); not a commit in
+        flight (a persist process's part of a sharded commit)."""
+        executor = self._persist_executor()
+
+        def run() -> T:
+            self.background.begin()
+            try:
+                return fn(executor)
+            finally:
+                self.background.settle()
+        return self._persister.submit(run)
 
     def finish(self, job: CommitJob, snap: Snapshot, progress: Progress | None = None,
                executor: Executor | None = None) -> CommitInfo:

@@ -14,8 +14,14 @@ A row tracker stays in the store's process: each commit sends the touched rows o
 tracks, and copies only those rows of a table whose region already holds the rest (a new file or
 a load in place copies it whole). Refused (:class:`PersistProcessError`, ``TypeError``): a
 policy or option object outside :data:`~ckptstore.commit.wire.CONFIG_TYPES` (a ``sensitivity``
-average, a custom rebase predictor), collective commits. A tiered store's persist process
-commits to its local tier; its journal stays here (``ckptstore.opening.open_tier``).
+average, a custom rebase predictor). A tiered store's persist process commits to its local tier;
+its journal stays here (``ckptstore.opening.open_tier``).
+
+Under a process group a rank's part of a collective commit goes there too
+(:meth:`ProcessCommitter.part`: the DCP save's collectives, planning and merge stay on the
+store's side; the rank's encoding and writes run in the persist process, with its chain memory);
+a collective ``commit_async`` copies the rank's tensors into the shared file as its snapshot
+(:meth:`ProcessCommitter.stage`).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -43,10 +49,12 @@ from .committer import Committer
 from .pending import PendingCommit
 from .pipeline import Metadata
 from .plan import EncodingOptions
-from .shared import Layout, SharedFile, copy_in, identity, layout, partial_rows
+from .records import PartEntry
+from .shared import (Layout, SharedFile, copy_in, identity, layout, leaves_in, local_shard,
+                     located, partial_rows)
 from .wire import to_plain
 
-__all__ = ["ProcessCommitter", "WorkerSpec"]
+__all__ = ["ProcessCommitter", "RankTensor", "WorkerSpec"]
 
 #: the module the persist process runs
 WORKER_MODULE = "ckptstore.persist_worker"
@@ -63,6 +71,15 @@ class WorkerSpec:
     auto: bool = False
     collective: bool = False  # open's collective=: under a process group, auto keeps a thread
     local: str | None = None  # a tiered store's local tier (absolute): ``opening.open_tier``
+
+
+class RankTensor(Protocol):
+    """A tensor a rank writes (``dcp.shards.LocalTensor``): all of ``fqn``, or its block."""
+
+    fqn: str
+    offsets: tuple[int, ...]
+    global_shape: tuple[int, ...]
+    tensor: torch.Tensor
 
 
 class _Worker(Child):
@@ -189,7 +206,8 @@ class ProcessCommitter(Committer):
         into, in the background; resolves to its bytes (0 where the last one fits)."""
         self.wait()
         _, leaves = flatten(state)
-        shape, _ = layout(leaves)
+        shape, _ = layout([Leaf(leaf.path, local_shard(leaf.value)) for leaf in leaves])
+
         def run() -> int:  # the bytes of a new file; 0 where the last one fits
             worker = self._worker
             last = worker.mapped if worker is not None and worker.alive() else None
@@ -256,10 +274,57 @@ class ProcessCommitter(Committer):
         self._exchange.submit(run)
         return pending
 
+    # -- a rank's part of a sharded commit ----------------------------------------------------
+    def parts_in_process(self, state: object, policy: Policy, tracker: RowTracker | None,
+                         asynchronous: bool) -> bool:
+        """Every part goes to the persist process; one with a row tracker, or a tiered
+        store's (each rank journals its parts here), is refused."""
+        if tracker is not None or self.spec.local is not None:
+            what = "with a tracker" if tracker is not None else "of a tiered store"
+            raise TypeError(f"a sharded commit {what} cannot run in a persist process yet: "
+                            "open the store with background='thread' (or 'auto')")
+        to_plain(policy, "policy")
+        return True
+
+    def stage(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Copies of ``tensors`` in the shared file (a collective ``commit_async``'s snapshot,
+        on the caller's thread: its stall), as tensors over it: :meth:`part` sends where they
+        lie, without copying them again. After :meth:`wait`."""
+        leaves = [Leaf(str(i), t) for i, t in enumerate(tensors)]
+        shape, copies = layout(leaves)
+        mapped = self._exchange.submit(self._memory, shape).result()
+        copy_in(shape, copies, mapped.memory)
+        self._copied = {}  # its regions hold these copies now
+        return [leaf.value for leaf in leaves_in(shape, mapped.map)]
+
+    def part(self, commit_id: str, rank: int, tensors: Sequence[RankTensor], policy: Policy,
+             branch: str, parent_id: str | None) -> list[PartEntry]:
+        """Rank ``rank``'s part of sharded commit ``commit_id`` (``dcp.shards.write_part``),
+        written by the persist process with its chain memory: ``tensors`` where :meth:`stage`
+        put them, else copied into the shared file first. The caller (DCP's save, on its
+        thread) waits on the pipe, without the interpreter lock."""
+        worker, values = self._worker, [t.tensor for t in tensors]
+        found = located(values, worker.mapped) \
+            if worker is not None and worker.mapped is not None else None
+        if found is None:
+            shape, copies = layout([Leaf(str(i), v) for i, v in enumerate(values)])
+            mapped = self._exchange.submit(self._memory, shape).result()
+            copy_in(shape, copies, mapped.memory)
+            self._copied, found, worker = {}, shape, self._worker
+        request = {"op": "part", "commit": commit_id, "rank": rank,
+                   "blocks": [[t.fqn, list(t.offsets), list(t.global_shape)] for t in tensors],
+                   "slots": found.slots, "groups": found.groups,
+                   "policy": to_plain(policy, "policy"), "branch": branch, "parent": parent_id}
+        answer = self._exchange.submit(worker.call, request).result()
+        if not isinstance(answer, list):
+            raise PersistProcessError(f"the persist process answered {answer!r:.200}")
+        return [PartEntry.from_plain(p) for p in answer]
+
     def fork(self, *args: object, **kwargs: object) -> Any:
-        """A rank's part of a sharded commit: not in a persist process (yet)."""
-        raise TypeError("a collective commit cannot run in a persist process yet: open the "
-                        "store with background='thread' (or collective=False)")
+        """A rank's part planned here: not beside a persist process (its chain memory is
+        there); the collective paths send parts (:meth:`part`)."""
+        raise TypeError("a sharded commit outside the collective paths cannot run beside a "
+                        "persist process: open the store with background='thread'")
 
     def forget_chains(self, branch: str | None = None) -> None:
         """Drop the persist process's chain memory (of ``branch``, or all); the next snapshot

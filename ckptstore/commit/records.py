@@ -110,6 +110,27 @@ class PartEntry:
     pack: PackedInfo | None  # the rank's packed array, if it packed anything
     stored_bytes: int = 0    # what its chunks take on the store (a rank's packed array: its first)
 
+    def to_plain(self) -> dict[str, object]:
+        """As plain values (msgpack-able): a persist process's answer to a rank's part."""
+        return {"fqn": self.fqn, "offsets": list(self.offsets), "whole": self.whole,
+                "entry": self.entry.model_dump(mode="python"),
+                "pack": None if self.pack is None else self.pack.model_dump(mode="python"),
+                "stored": self.stored_bytes}
+
+    @classmethod
+    def from_plain(cls, raw: object) -> PartEntry:
+        """The inverse of :meth:`to_plain`, validated; :class:`DistributedError` if malformed."""
+        try:
+            assert isinstance(raw, dict)
+            offsets = tuple(int(o) for o in raw["offsets"])
+            pack = raw["pack"]
+            return cls(str(raw["fqn"]), offsets, bool(raw["whole"]),
+                       TensorEntry.model_validate(raw["entry"]),
+                       None if pack is None else PackedInfo.model_validate(pack),
+                       int(raw["stored"]))
+        except (AssertionError, KeyError, TypeError, ValueError, ValidationError) as e:
+            raise DistributedError(f"a rank's part entry that is not ckptstore's: {e}") from None
+
 
 def _sharded_entry(commit_id: str, fqn: str, shape: list[int], got: list[PartEntry],
                    shards: list[TensorEntry]) -> TensorEntry:

@@ -23,7 +23,8 @@ import torch
 from ..errors import PersistProcessError, UnsupportedLeafError
 from ..state.tree import Leaf
 
-__all__ = ["Layout", "SentRows", "SharedFile", "copy_in", "layout", "leaves_in", "partial_rows"]
+__all__ = ["Layout", "SentRows", "SharedFile", "copy_in", "layout", "leaves_in", "local_shard",
+           "located", "partial_rows"]
 
 _ALIGN = 64
 
@@ -180,6 +181,32 @@ def copy_in(shape: Layout, copies: list[Copy], memory: torch.Tensor,
             dst.index_copy_(0, index, source.index_select(0, index.to(source.device)).cpu())
         else:
             dst.copy_(source)
+
+
+def local_shard(value: object) -> object:
+    """A DTensor's local shard (what a rank's collective ``commit_async`` stages), else the
+    value itself."""
+    to_local = getattr(value, "to_local", None) if isinstance(value, torch.Tensor) else None
+    return value if to_local is None else to_local()
+
+
+def located(tensors: list[torch.Tensor], file: SharedFile) -> Layout | None:
+    """The layout of ``tensors`` where they already lie in ``file`` (views :func:`leaves_in`
+    made over it: a staged snapshot), a group each; None where one lies elsewhere or is not a
+    dense CPU view (it is then copied in)."""
+    base, slots, groups = file.memory.data_ptr(), [], []
+    for i, t in enumerate(tensors):
+        if t.device.type != "cpu" or t.layout != torch.strided or t.is_conj() or t.is_neg():
+            return None
+        g = -1
+        if t.numel():
+            start, nbytes = t.data_ptr() - base, _span(t) * t.element_size()
+            if _overlaps(t) or start < 0 or start + nbytes > file.nbytes:
+                return None
+            g = len(groups)
+            groups.append([start, nbytes])
+        slots.append([str(i), "torch", _name(t.dtype), list(t.shape), list(t.stride()), 0, g])
+    return Layout(slots, groups, file.nbytes)
 
 
 def identity(leaf: Leaf, t: torch.Tensor) -> tuple[object, ...]:

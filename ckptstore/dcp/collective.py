@@ -10,14 +10,16 @@ shards, straight into them, no collective.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint import async_save as dcp_async_save
 
 from . import StorageReader, StorageWriter
 from ..errors import CkptStoreError, DistributedError, StagingBudgetError
@@ -89,10 +91,12 @@ def _commit_collective(store: Store, state: object, message: str, branch: str,
                        process_group: Any) -> CommitInfo:
     import torch.distributed.checkpoint as dcp
 
-    store.committer.wait()
+    committer = store.committer
+    committer.wait()
     tree, leaves = flatten(state)
     writer = StorageWriter(store, message, branch, tags, policy, plain_metadata(metadata, state),
                            tracker, tree, [leaf.path for leaf in leaves])
+    writer.in_process = committer.parts_in_process(state, policy, tracker, asynchronous=False)
     with _unwrapped():
         md = dcp.save(_dcp_state(leaves), storage_writer=writer, process_group=process_group)
     writer.adopt(md)  # a tiered store: this rank's local tier keeps the manifest and ref
@@ -104,7 +108,9 @@ def commit_async_collective(store: Store, state: object, message: str, branch: s
                             policy: Policy, tracker: RowTracker | None = None) -> PendingCommit:
     """``Store.commit_async`` on every rank: DCP's ``async_save`` stages the local shards, then
     a background thread commits them over a gloo group of the store's own, so the commit's
-    collectives never interleave with training's."""
+    collectives never interleave with training's. Where the store's persist process writes
+    this rank's part (``committer.parts_in_process``), the snapshot is the shards' copies in its
+    shared file (:func:`_staged`), and the thread only plans, waits and merges."""
     import torch.distributed.checkpoint as dcp
 
     if tracker is not None:
@@ -123,8 +129,13 @@ def commit_async_collective(store: Store, state: object, message: str, branch: s
     nbytes = sum(_local_nbytes(leaf.value) for leaf in leaves)
     _check_staging_budget(nbytes, committer.staging.budget, committer.async_group)
     sd = _dcp_state(leaves)
+    staging: dict[str, Any] = {}
+    writer.in_process = committer.parts_in_process(state, policy, None, asynchronous=True)
+    if writer.in_process and _STAGER:  # else DCP stages, and the part copies its copies
+        sd, staging = _staged(committer.stage, sd), {"async_stager": _AsStaged()}
     with _unwrapped():
-        fut = dcp.async_save(sd, storage_writer=writer, process_group=committer.async_group)
+        fut = dcp.async_save(sd, storage_writer=writer, process_group=committer.async_group,
+                             **staging)
     pending = PendingCommit(time.perf_counter() - t0, nbytes)
     future = getattr(fut, "upload_completion", fut)
 
@@ -141,6 +152,43 @@ def commit_async_collective(store: Store, state: object, message: str, branch: s
     committer.inflight = pending
     future.add_done_callback(done)
     return pending
+
+
+#: whether this torch's ``async_save`` takes a stager (older ones stage with their own, and a
+#: rank's part sent to the persist process is copied into its shared file on the save's thread)
+_STAGER = "async_stager" in inspect.signature(dcp_async_save).parameters
+
+
+def _staged(stage: Callable[[list[torch.Tensor]], list[torch.Tensor]],
+            sd: dict[str, Any]) -> dict[str, Any]:
+    """``sd`` with each tensor (a DTensor: its local shard) replaced by its copy ``stage``
+    made (in the persist process's shared file), DTensors rewrapped over their copies."""
+    from torch.distributed.tensor import DTensor
+
+    with torch.no_grad():
+        copies = stage([v.to_local() if isinstance(v, DTensor) else v for v in sd.values()])
+        return {k: DTensor.from_local(c, v.device_mesh, v.placements, run_check=False,
+                                      shape=v.shape, stride=v.stride())
+                if isinstance(v, DTensor) else c for (k, v), c in zip(sd.items(), copies)}
+
+
+class _AsStaged:
+    """DCP's stager for a state already copied (:func:`_staged`): hands it on as it is."""
+
+    _synchronize_after_execute = False
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return False
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        return state_dict
+
+    def synchronize_staging(self) -> None:
+        """Nothing to wait for: the copies were made before ``async_save``."""
+
+    def close(self) -> None:
+        """Nothing to release: the shared file is the store's."""
 
 
 def _local_nbytes(value: Any) -> int:

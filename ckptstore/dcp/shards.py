@@ -16,6 +16,7 @@ No collective lives here: :mod:`ckptstore.dcp` drives these steps from DCP's sav
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -83,7 +84,8 @@ def _unshared(tensors: list[LocalTensor]) -> list[LocalTensor]:
 
 def write_part(pipeline: Pipeline, commit_id: str, rank: int, tensors: list[LocalTensor],
                policy: Policy, branch: str, parent_id: str | None,
-               tracker: RowTracker | None = None) -> list[PartEntry]:
+               tracker: RowTracker | None = None, executor: Executor | None = None
+               ) -> list[PartEntry]:
     """Rank ``rank``'s fork of commit ``commit_id``: prepare, capture and write its tensors.
 
     The chain memory is updated at once (:meth:`~ckptstore.commit.pipeline.Pipeline.write`): a
@@ -94,13 +96,14 @@ def write_part(pipeline: Pipeline, commit_id: str, rank: int, tensors: list[Loca
     the rank's local embedding modules) supplies the touched rows of the shards it tracks: a
     shard whose local tensor is a tracked weight (a DTensor made with ``DTensor.from_local``
     over it, say) or its row-aligned optimizer state; it is cleared once the snapshot is taken.
+    ``executor``: the I/O pool (default: the store's).
     """
     tensors = _unshared(tensors)
     blocks = {t.path: (t.fqn, t.offsets, t.global_shape) for t in tensors}
     name = pack_name(rank)
     job = pipeline.fork(rank, [Leaf(t.path, t.tensor) for t in tensors], policy, branch,
                         parent_id, tracker, f"r{rank}.", name, blocks.__getitem__)
-    done = pipeline.write(job, pipeline.capture(job), commit_id).done
+    done = pipeline.write(job, pipeline.capture(job), commit_id, executor).done
     pack = plan_packed_info(job.plan, name)
     entries = plan_entries(job.plan, commit_id, done, name)
     stored = [done.results[p.index].stored_bytes if p.index in done.results else 0

@@ -103,6 +103,9 @@ class StorageWriter(dcp_storage.StorageWriter):
         self._tree = tree
         self._order = list(order) if order is not None else None
         self._commit_id = ""
+        # the collective paths set it where the store's persist process writes this rank's
+        # part (``committer.parts_in_process``): sent there, not forked on this thread
+        self.in_process = False
 
     @property
     def commit_id(self) -> str:
@@ -157,8 +160,13 @@ class StorageWriter(dcp_storage.StorageWriter):
         if tiers is not None and a.parent is not None and a.parent_manifest is not None \
                 and not self.is_coordinator:
             tiers.adopt(a.parent_manifest, a.parent, self.branch)
-        parts = write_part(store.committer, a.commit_id, a.rank, tensors,
-                           self.policy or store.policy, self.branch, a.parent, self.tracker)
+        policy = self.policy or store.policy
+        if self.in_process:
+            parts = store.committer.part(a.commit_id, a.rank, tensors, policy,
+                                         self.branch, a.parent)
+        else:
+            parts = write_part(store.committer, a.commit_id, a.rank, tensors, policy,
+                               self.branch, a.parent, self.tracker)
         if tiers is not None:  # durable locally: journalled before any ref moves
             tiers.part_written(a.commit_id, self.branch, a.rank, a.world)
         results += [dcp_storage.WriteResult(

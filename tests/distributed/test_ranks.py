@@ -12,7 +12,8 @@ import ckptstore
 from ckptstore.dcp import StorageReader
 from dist_ranks import (async_errors, check_ranks, die_while_writing, fsdp_commit_checkout,
                         fsdp_sensitivity_commit, fsdp_shrink_commits, load_tables,
-                        one_rank_recovers, policy_commits, run_ranks, save_tables,
+                        one_rank_recovers, parts_in_persist_process, policy_commits,
+                        run_ranks, save_tables,
                         sharded_tensor_round_trip, tables, tracked_shards)
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -97,4 +98,9 @@ def test_collective_commit_async_raises_ckptstore_errors(tmp_path):
 
 def test_sharded_tensor_saves_and_loads_as_dtensor(tmp_path):
     check_ranks(run_ranks(sharded_tensor_round_trip, 2, tmp_path / "ranks",
+                          str(tmp_path / "s"), {}))
+
+
+def test_collective_parts_persist_in_the_persist_process(tmp_path):
+    check_ranks(run_ranks(parts_in_persist_process, 2, tmp_path / "ranks",
                           str(tmp_path / "s"), {}))

@@ -313,15 +313,35 @@ def test_a_collective_commit_moves_the_store_to_a_thread(tmp_path):
 
 
 @pytest.mark.parametrize("collective", [True, False])
-def test_a_collective_store_under_a_process_group_keeps_a_thread(tmp_path, monkeypatch,
-                                                                  collective):
-    """Its ranks commit together (forks of the thread's pipeline): no persist process, not even
-    after reserve(); a store opened with collective=False (one rank commits) takes one."""
+def test_a_store_under_a_process_group_takes_a_persist_process(tmp_path, monkeypatch,
+                                                               collective):
+    """Under a process group a collective store's ranks send their parts to their persist
+    processes (``parts_in_process``), as a store of one rank sends its commits."""
     monkeypatch.setattr(auto, "process_group", lambda: True)
     with ckptstore.open(tmp_path / "s", collective=collective) as store:
         store.reserve(_state()).result()
-        assert store.committer.way == ("thread" if collective else "process")
-        assert (store.committer._worker is None) == collective
+        assert store.committer.way == "process" and store.committer._worker is not None
+        assert store.committer.parts_in_process(_state(), Policy(), None, asynchronous=False)
+
+
+def test_a_tiered_collective_store_under_a_process_group_keeps_a_thread(tmp_path,
+                                                                         monkeypatch):
+    """Each rank of a tiered store journals its parts: its commits stay on a thread."""
+    monkeypatch.setattr(auto, "process_group", lambda: True)
+    with ckptstore.open(tmp_path / "remote", local=tmp_path / "local") as store:
+        store.reserve(_state()).result()
+        assert store.committer.way == "thread" and store.committer._worker is None
+        assert not store.committer.parts_in_process(_state(), Policy(), None, True)
+
+
+def test_a_tracked_part_moves_the_store_to_a_thread(tmp_path):
+    """A row tracker stays in training's process: a part it sees runs on a thread, for
+    good."""
+    with ckptstore.open(tmp_path / "s") as store:
+        _in_process(store)
+        tracker = ckptstore.track(torch.nn.Embedding(4, 2))
+        assert not store.committer.parts_in_process(_state(), Policy(), tracker, False)
+        assert store.committer.way == "thread" and store.committer.thread_for_good
 
 
 def test_a_persist_process_that_died_is_replaced_whatever_sigpipe_does(tmp_path):

@@ -326,10 +326,12 @@ def test_frames_cross_a_pipe_and_a_closed_pipe_is_eof():
             os.close(w)
 
 
-def test_a_sharded_commit_is_refused_in_a_persist_process(tmp_path):
-    """Collective commits fork the pipeline on every rank: not in a persist process yet."""
+def test_a_part_planned_outside_the_collective_paths_is_refused_beside_a_persist_process(
+        tmp_path):
+    """A rank's part forked here would use a chain memory the persist process holds: refused
+    (the collective paths send parts there, ``test_parts_in_process.py``)."""
     with ckptstore.open(tmp_path / "s", background="process") as store:
-        with pytest.raises(TypeError, match="collective commit"):
+        with pytest.raises(TypeError, match="outside the collective paths"):
             store.committer.fork(0, [], Policy(), "main", None, None, "", "_packed",
                                  lambda path: (path, (), ()))
 
