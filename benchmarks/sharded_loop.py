@@ -33,7 +33,9 @@ What is measured
   checkpoint, the median over the rounds of each round's step time against the same round's
   bare copy ("paired"), the median stall of ``commit_async`` on rank 0, the commits, and the
   loop thread's sleeps a commit (seconds it neither ran nor waited for a core: waiting for the
-  interpreter lock, or for the other rank in the all-reduce).
+  interpreter lock, or for the other rank in the all-reduce), and the CPU rank 0's process
+  spent a commit off the loop's thread during the loop (the persist thread, DCP's save thread,
+  the I/O pool: what shares the rank's interpreter; a persist process's own is not counted).
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def _rank(rank: int, world: int, args: argparse.Namespace, config: str | None,
     sync = torch.zeros(1026)
     steps, commits, stalls = 0, 0, []
     dist.barrier()
-    before = thread_clock()
+    before, cpu0 = thread_clock(), time.process_time()
     t0 = last = time.perf_counter()
     while True:
         for _ in range(6):
@@ -113,14 +115,15 @@ def _rank(rank: int, world: int, args: argparse.Namespace, config: str | None,
         if sync[1025] > 0:
             break
     wall = time.perf_counter() - t0
-    after = thread_clock()
+    after, cpu1 = thread_clock(), time.process_time()
     slept = wall - (after[0] - before[0]) - (after[1] - before[1])
+    beside = cpu1 - cpu0 - (after[0] - before[0])  # this process's CPU off the loop's thread
     if store is not None:
         store.close()  # the last commit's persist (not timed)
     dist.barrier()
     if rank == 0:
         Path(root, "result.json").write_text(json.dumps({
-            "rate": steps / wall, "commits": commits, "slept": slept,
+            "rate": steps / wall, "commits": commits, "slept": slept, "beside": beside,
             "stall": statistics.median(stalls) if stalls else 0.0}))
     dist.destroy_process_group()
 
@@ -142,8 +145,9 @@ def table(runs: dict[str, list[dict]]) -> list[str]:
     base = runs[names[0]]
     bare = runs.get("bare copy into preallocated buffers")
     lines = ["| configuration | steps/s | slowdown | step time / bare copy's (paired) | "
-             "stall ms (median) | loop slept ms a commit | commits |",
-             "|:--|--:|--:|--:|--:|--:|--:|"]
+             "stall ms (median) | loop slept ms a commit | rank's CPU-s a commit off its loop | "
+             "commits |",
+             "|:--|--:|--:|--:|--:|--:|--:|--:|"]
     for name in names:
         r = runs[name]
         rate = statistics.median(x["rate"] for x in r)
@@ -154,9 +158,11 @@ def table(runs: dict[str, list[dict]]) -> list[str]:
         slept = (f"{1e3 * statistics.median(x['slept'] / max(x['commits'], 1) for x in r):.0f}"
                  if commits else "–")
         stall = f"{1e3 * statistics.median(x['stall'] for x in r):.1f}" if commits else "–"
+        beside = (f"{statistics.median(x['beside'] / x['commits'] for x in r):.3f}"
+                  if commits else "–")
         lines.append(f"| {name} | {rate:.0f} | "
                      f"{'–' if name == names[0] else f'{100 * slow:+.1f} %'} | {paired} | "
-                     f"{stall} | {slept} | {commits:.0f} |")
+                     f"{stall} | {slept} | {beside} | {commits:.0f} |")
     return lines
 
 

@@ -239,6 +239,9 @@ def fsdp_shrink_commits(rank: int, world: int, url: str, opts: dict) -> None:
     policy = Policy(shrink=Shrink.of(model, opt, keep=0.5))
     g = torch.Generator().manual_seed(rank)
     with ckptstore.open(url, **opts) as store:
+        if opts.get("background") == "auto":  # in the persist process from the first commit
+            store.reserve({"model": model, "optim": opt}).result()
+            assert store.committer.way == "process"
         first = store.commit({"model": model, "optim": opt}, policy=policy)
         for step in range(3):
             for _ in range(5):
@@ -419,13 +422,13 @@ def async_errors(rank: int, world: int, url: str, opts: dict) -> None:
             raise AssertionError("a second commit with tag 't' went through")
         assert store.resolve("main") == first.id
     # staging_budget: rank 0's shard (512 bytes) is over its budget, rank 1 has none; both
-    # refuse before staging anything (no rank is left waiting in DCP's collectives)
+    # refuse before writing anything (no rank is left waiting in DCP's collectives)
     from ckptstore.errors import StagingBudgetError
     with ckptstore.open(url, staging_budget=100 if rank == 0 else None, **opts) as store:
         try:
             store.commit_async(state)
         except StagingBudgetError as e:
-            assert "nothing was staged or written on any rank" in str(e), e
+            assert "nothing was written on any rank" in str(e), e
         else:
             raise AssertionError("commit_async went over rank 0's staging budget")
         assert store.resolve("main") == first.id
@@ -493,7 +496,9 @@ def parts_in_persist_process(rank: int, world: int, url: str, opts: dict) -> Non
         first = pending.wait(120)
         with torch.no_grad():
             emb.to_local()[:3].add_(1.0)  # three rows of each rank's shard change
+        boosted = committer.call_stats()["boosted"]
         second = store.commit(state, message="two", policy=policy)
+        assert committer.call_stats()["boosted"] == boosted + 1  # the caller waited: raised
         with torch.no_grad():
             emb.to_local()[5:7].add_(1.0)
         third = store.commit_async(state, message="three", policy=policy).wait(120)
@@ -512,3 +517,32 @@ def parts_in_persist_process(rank: int, world: int, url: str, opts: dict) -> Non
             assert torch.equal(got["mlp"]["weight"], tables()["mlp.weight"])
             assert got["step"] == 7
             assert store.verify().problems == []
+
+
+def one_rank_cannot_stage(rank: int, world: int, url: str, opts: dict) -> None:
+    """Rank 1's snapshot does not fit its staging_budget (the shared file's aligned layout is
+    larger than its raw bytes): every rank raises StagingBudgetError at once, before the save's
+    first collective (no rank waits for the one that failed), and nothing is written."""
+    import time
+
+    import ckptstore
+    from ckptstore.errors import StagingBudgetError
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(0)  # rank 1 holds one row (20 bytes) of each
+    state = {k: distribute_tensor(torch.randn(3, 5, generator=g), mesh, [Shard(0)])
+             for k in ("a", "b")}
+    budget = 40 if rank == 1 else None  # its raw bytes: 84 in the file (64-byte aligned)
+    with ckptstore.open(url, background="process", staging_budget=budget) as store:
+        t0 = time.perf_counter()
+        try:
+            store.commit_async(state)
+        except StagingBudgetError as e:
+            assert ("another rank" in str(e)) == (rank == 0), e
+        else:
+            raise AssertionError("commit_async went over rank 1's shared staging budget")
+        assert time.perf_counter() - t0 < 20
+        assert store.refs.branches() == {}  # nothing committed

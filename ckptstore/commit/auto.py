@@ -16,9 +16,10 @@ commit, and on a thread where it cannot:
 - a commit the process cannot take -- a policy object it cannot receive (a ``sensitivity``
   average, a custom rebase predictor), a tensor off the CPU (its device snapshot, pinned
   staging and device encoding stay on a thread), a rank's part of a sharded commit that a
-  row tracker sees, or one a ``StorageWriter`` of the caller's own plans -- and every commit
-  after it run on a thread, as with ``background="thread"``; so do all commits where no persist
-  process could start (a warning says why);
+  row tracker sees, or one a ``StorageWriter`` of the caller's own plans once the store runs in
+  the process (before, such a part simply runs on the thread, where the store is) -- and every
+  commit after it run on a thread, as with ``background="thread"``; so do all commits where no
+  persist process could start (a warning says why);
 - under a process group a rank's part of a collective commit goes the way a commit goes
   (:meth:`AutoCommitter.parts_in_process`).
 
@@ -39,6 +40,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import Future
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -190,6 +192,11 @@ class AutoCommitter(ProcessCommitter):
         if asynchronous or self._starting is not None:
             return self._to_process(block=False)
         return False
+
+    def raised(self) -> AbstractContextManager[None]:
+        if self.way == "process":
+            return super().raised()
+        return Committer.raised(self)
 
     def fork(self, *args: object, **kwargs: object) -> Any:
         """A rank's part of a sharded commit planned on this thread (a ``StorageWriter`` the

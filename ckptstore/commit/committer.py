@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from typing import TypeVar
 
 from ..errors import StagingBudgetError
@@ -192,6 +192,11 @@ class Committer(Pipeline):
         self.inflight = pending
         self._persister.submit(run)
         return pending
+
+    def raised(self) -> AbstractContextManager[None]:
+        """While the caller waits for a persist: it runs at normal priority (priority
+        inheritance; the collective paths wrap their waits in it)."""
+        return self.background.boosted()
 
     def parts_in_process(self, state: object, policy: Policy, tracker: RowTracker | None,
                          asynchronous: bool) -> bool:

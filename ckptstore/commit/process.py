@@ -32,7 +32,7 @@ import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -149,10 +149,12 @@ class ProcessCommitter(Committer):
     def _exchange_now(self, message: dict[str, Any]) -> Any:
         return self._exchange.submit(lambda: self._started().call(message)).result()
 
-    def _memory(self, shape: Layout) -> SharedFile:
-        """The shared file ``shape`` fits in: the last one, or a new one the process maps."""
+    def _memory(self, shape: Layout, fresh: bool = False) -> SharedFile:
+        """The shared file ``shape`` fits in: the last one (unless ``fresh``: values to copy in
+        lie in it), or a new one the process maps."""
         worker = self._started()
-        if worker.mapped is not None and self._layout is not None and self._layout.fits(shape):
+        if worker.mapped is not None and self._layout is not None and self._layout.fits(shape) \
+                and not fresh:
             return worker.mapped
         if self.staging.budget is not None and shape.nbytes > self.staging.budget:
             raise StagingBudgetError(
@@ -191,6 +193,10 @@ class ProcessCommitter(Committer):
             except ProcessLookupError:
                 pass
         yield
+
+    def raised(self) -> AbstractContextManager[None]:
+        """The persist process's commit or part in flight (or the next it starts) raised."""
+        return self._boosted()
 
     def wait(self) -> None:
         """Wait for the commit in flight (its persist raised meanwhile), then as ``Committer``."""
@@ -306,9 +312,11 @@ class ProcessCommitter(Committer):
         worker, values = self._worker, [t.tensor for t in tensors]
         found = located(values, worker.mapped) \
             if worker is not None and worker.mapped is not None else None
-        if found is None:
+        if found is None:  # a file of their own where some lie in the current one
+            inside = worker is not None and worker.mapped is not None and any(
+                located([v], worker.mapped) is not None for v in values)
             shape, copies = layout([Leaf(str(i), v) for i, v in enumerate(values)])
-            mapped = self._exchange.submit(self._memory, shape).result()
+            mapped = self._exchange.submit(self._memory, shape, inside).result()
             copy_in(shape, copies, mapped.memory)
             self._copied, found, worker = {}, shape, self._worker
         request = {"op": "part", "commit": commit_id, "rank": rank,

@@ -26,12 +26,14 @@ from ..errors import CkptStoreError, DistributedError, StagingBudgetError
 from ..info import CommitInfo
 from ..history.manifest import Manifest
 from ..commit.pending import PendingCommit
+from ..commit.shared import local_shard
 from ..commit.pipeline import plain_metadata
 from ..policy import Policy
 from ..state.tree import Leaf, flatten
 from ..tracking.rows import RowTracker
 
 if TYPE_CHECKING:
+    from ..commit.committer import Committer
     from ..store import Store
 
 __all__ = ["commit_async_collective", "commit_collective", "load_shards"]
@@ -96,9 +98,11 @@ def _commit_collective(store: Store, state: object, message: str, branch: str,
     tree, leaves = flatten(state)
     writer = StorageWriter(store, message, branch, tags, policy, plain_metadata(metadata, state),
                            tracker, tree, [leaf.path for leaf in leaves])
-    writer.in_process = committer.parts_in_process(state, policy, tracker, asynchronous=False)
-    with _unwrapped():
-        md = dcp.save(_dcp_state(leaves), storage_writer=writer, process_group=process_group)
+    sd, _ = _snapshot(committer, writer, state, policy, tracker, _dcp_state(leaves), None,
+                      process_group)
+    # the caller waits for the parts: a persist process writes its part raised
+    with committer.raised() if writer.in_process else contextlib.nullcontext(), _unwrapped():
+        md = dcp.save(sd, storage_writer=writer, process_group=process_group)
     writer.adopt(md)  # a tiered store: this rank's local tier keeps the manifest and ref
     return writer.last_commit or CommitInfo.from_manifest(store.manifest(writer.commit_id))
 
@@ -127,16 +131,14 @@ def commit_async_collective(store: Store, state: object, message: str, branch: s
     writer = StorageWriter(store, message, branch, tags, policy, plain_metadata(metadata, state),
                            None, tree, [leaf.path for leaf in leaves])
     nbytes = sum(_local_nbytes(leaf.value) for leaf in leaves)
-    _check_staging_budget(nbytes, committer.staging.budget, committer.async_group)
-    sd = _dcp_state(leaves)
-    staging: dict[str, Any] = {}
-    writer.in_process = committer.parts_in_process(state, policy, None, asynchronous=True)
-    if writer.in_process and _STAGER:  # else DCP stages, and the part copies its copies
-        sd, staging = _staged(committer.stage, sd), {"async_stager": _AsStaged()}
-    with _unwrapped():
+    sd, staged = _snapshot(committer, writer, state, policy, None, _dcp_state(leaves), nbytes,
+                           committer.async_group)
+    with _unwrapped():  # staged: DCP's own stager would copy the copies
         fut = dcp.async_save(sd, storage_writer=writer, process_group=committer.async_group,
-                             **staging)
-    pending = PendingCommit(time.perf_counter() - t0, nbytes)
+                             **({"async_stager": _AsStaged()} if staged else {}))
+    # a wait raises the part in a persist process (priority inheritance, as for a commit)
+    pending = PendingCommit(time.perf_counter() - t0, nbytes,
+                            committer.raised if writer.in_process else contextlib.nullcontext)
     future = getattr(fut, "upload_completion", fut)
 
     def done(f: Any) -> None:
@@ -154,9 +156,41 @@ def commit_async_collective(store: Store, state: object, message: str, branch: s
     return pending
 
 
-#: whether this torch's ``async_save`` takes a stager (older ones stage with their own, and a
-#: rank's part sent to the persist process is copied into its shared file on the save's thread)
+#: whether this torch's ``async_save`` takes a stager (2.8 and later; older ones stage with their
+#: own, and a rank's part sent to the persist process is copied into its shared file on the
+#: save's thread)
 _STAGER = "async_stager" in inspect.signature(dcp_async_save).parameters
+
+
+def _snapshot(committer: Committer, writer: StorageWriter, state: object, policy: Policy,
+              tracker: RowTracker | None, sd: dict[str, Any], nbytes: int | None,
+              group: Any) -> tuple[dict[str, Any], bool]:
+    """Choose the way of this rank's part (``writer.in_process``) and, where the persist
+    process writes it and the local shards are CPU tensors, copy them into its shared file:
+    ``(the state DCP saves, whether it is those copies)``. ``nbytes``: a ``commit_async``'s
+    staging bytes, checked against the budget. One all-reduce, always run, tells every rank
+    whether any failed here, so that all raise before the save's first collective."""
+    staged, failed = False, None
+    budget = committer.staging.budget if nbytes is not None else None
+    over = budget is not None and nbytes is not None and nbytes > budget  # refused below
+    try:
+        writer.in_process = committer.parts_in_process(state, policy, tracker,
+                                                       asynchronous=nbytes is not None)
+        if writer.in_process and _stageable(sd) and (_STAGER or nbytes is None) and not over:
+            sd, staged = _staged(committer.stage, sd), True
+    except Exception as e:  # noqa: BLE001 - raised below, once every rank knows
+        failed = e
+    _agree(nbytes or 0, budget, group, failed)
+    return sd, staged
+
+
+def _stageable(sd: dict[str, Any]) -> bool:
+    """Whether every value is a CPU tensor or a DTensor over one (a ShardedTensor, a device's
+    tensors: DCP stages them, and a part copies what it hands over)."""
+    from torch.distributed.tensor import DTensor
+
+    return all((type(v) is torch.Tensor or isinstance(v, DTensor))
+               and local_shard(v).device.type == "cpu" for v in sd.values())
 
 
 def _staged(stage: Callable[[list[torch.Tensor]], list[torch.Tensor]],
@@ -202,13 +236,15 @@ def _local_nbytes(value: Any) -> int:
     return value.numel() * value.element_size()
 
 
-def _check_staging_budget(nbytes: int, budget: int | None, group: Any) -> None:
-    """``staging_budget`` for a collective ``commit_async``: every rank learns whether any rank's
-    staging copy would exceed its budget (one all-reduce, always run, so ranks opened with
-    different budgets cannot disagree into a hang) and all raise
-    :class:`StagingBudgetError` before anything is staged or written."""
+def _agree(nbytes: int, budget: int | None, group: Any, failed: Exception | None) -> None:
+    """Every rank learns whether any rank's staging copy would exceed its ``staging_budget``
+    (a collective ``commit_async``), or its snapshot failed (``failed``): one all-reduce, always
+    run, so ranks opened with different budgets, or one whose persist process could not take
+    the copy, cannot disagree into a hang. All raise before anything is written: the rank that
+    failed its own error, the others :class:`StagingBudgetError` or :class:`DistributedError`."""
+    code = 0 if failed is None else 2 if isinstance(failed, StagingBudgetError) else 1
     over = torch.tensor([nbytes if budget is not None and nbytes > budget else 0,
-                         nbytes], dtype=torch.int64)
+                         nbytes, code], dtype=torch.int64)
     dist.all_reduce(over, op=dist.ReduceOp.MAX, group=group)
     if over[0] > 0:
         mine = (f"this rank needs {nbytes} bytes against staging_budget={budget}"
@@ -216,8 +252,17 @@ def _check_staging_budget(nbytes: int, budget: int | None, group: Any) -> None:
         raise StagingBudgetError(
             f"commit_async would stage {int(over[0])} bytes on one rank, more than its "
             f"staging_budget ({mine}; the largest rank needs {int(over[1])}): raise the budget, "
-            "shard the state over more ranks, or use commit(); nothing was staged or written "
-            "on any rank")
+            "shard the state over more ranks, or use commit(); nothing was written on any "
+            "rank") from failed
+    if failed is not None:
+        raise failed
+    if over[2] == 2:
+        raise StagingBudgetError(
+            "another rank's snapshot does not fit its staging_budget (its error says how much "
+            "it needs): raise the budget there, or use commit(); nothing was written on any rank")
+    if over[2]:
+        raise DistributedError("another rank could not take its snapshot of the commit (its "
+                               "error says why); nothing was written on any rank")
 
 
 def load_shards(store: Store, m: Manifest, shards: dict[str, Any]) -> None:

@@ -125,3 +125,25 @@ def test_what_a_persist_process_cannot_take_is_refused_before_the_collective(tmp
     with ckptstore.open(tmp_path / "r", local=tmp_path / "l", background="process") as store:
         with pytest.raises(TypeError, match="of a tiered store"):
             store.committer.parts_in_process({}, Policy(), None, asynchronous=False)
+
+
+def test_a_part_whose_tensors_partly_lie_in_the_file_gets_a_file_of_its_own(tmp_path):
+    """Copied in whole where one tensor lies elsewhere: never into the file the others are
+    views over (a reordered list would overwrite a region before it is read)."""
+    x, y, w, z = (torch.full((64,), float(v)) for v in (1, 2, 3, 4))
+    with ckptstore.open(tmp_path / "s", background="process") as store:
+        committer = store.committer
+        xs, ys, _ = committer.stage([x, y, w])
+        before = committer._worker.mapped
+        commit_id = new_commit_id()
+        parts = committer.part(commit_id, 0, [LocalTensor("y", (0,), (64,), ys),
+                                              LocalTensor("x", (0,), (64,), xs),
+                                              LocalTensor("z", (0,), (64,), z)],
+                               Policy(), "main", None)
+        assert committer._worker.mapped is not before
+        tree = {"dict": [["x", {"tensor": 0}], ["y", {"tensor": 1}], ["z", {"tensor": 2}]]}
+        m = merge(committer, Target("main", None), commit_id, "", {}, tree,
+                  {"x": [64], "y": [64], "z": [64]}, parts)
+        got = store.checkout(m.id)
+        for k, want in (("x", x), ("y", y), ("z", z)):
+            assert torch.equal(got[k], want), k

@@ -12,7 +12,8 @@ import ckptstore
 from ckptstore.dcp import StorageReader
 from dist_ranks import (async_errors, check_ranks, die_while_writing, fsdp_commit_checkout,
                         fsdp_sensitivity_commit, fsdp_shrink_commits, load_tables,
-                        one_rank_recovers, parts_in_persist_process, policy_commits,
+                        one_rank_cannot_stage, one_rank_recovers, parts_in_persist_process,
+                        policy_commits,
                         run_ranks, save_tables,
                         sharded_tensor_round_trip, tables, tracked_shards)
 
@@ -55,8 +56,12 @@ def test_fsdp2_collective_commit_and_local_checkout(tmp_path):
     check_ranks(run_ranks(fsdp_commit_checkout, 2, tmp_path / "ranks", str(tmp_path / "s"), {}))
 
 
-def test_fsdp2_shrink_stores_residual_blocks_per_rank(tmp_path):
-    check_ranks(run_ranks(fsdp_shrink_commits, 2, tmp_path / "ranks", str(tmp_path / "s"), {}))
+@pytest.mark.parametrize("background", ["thread", "auto"])
+def test_fsdp2_shrink_stores_residual_blocks_per_rank(tmp_path, background):
+    """On the thread, and in the persist process from the first commit (``reserve``: a change
+    of way in between would start the chains anew)."""
+    check_ranks(run_ranks(fsdp_shrink_commits, 2, tmp_path / "ranks", str(tmp_path / "s"),
+                          {"background": background}))
 
 
 def test_fsdp2_sensitivity_ranks_each_rank_block(tmp_path):
@@ -104,3 +109,8 @@ def test_sharded_tensor_saves_and_loads_as_dtensor(tmp_path):
 def test_collective_parts_persist_in_the_persist_process(tmp_path):
     check_ranks(run_ranks(parts_in_persist_process, 2, tmp_path / "ranks",
                           str(tmp_path / "s"), {}))
+
+
+def test_a_rank_that_cannot_stage_fails_every_rank_at_once(tmp_path):
+    check_ranks(run_ranks(one_rank_cannot_stage, 2, tmp_path / "ranks", str(tmp_path / "s"),
+                          {}, timeout=120))
