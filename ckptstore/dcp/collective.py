@@ -229,10 +229,7 @@ def _local_nbytes(value: Any) -> int:
     """Bytes DCP's staging copies of a leaf on this rank (a DTensor: its local shard)."""
     if not isinstance(value, torch.Tensor):
         return int(getattr(value, "nbytes", 0))
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(value, DTensor):
-        value = value.to_local()
+    value = local_shard(value)
     return value.numel() * value.element_size()
 
 
