@@ -30,7 +30,10 @@ What is measured
   before planes that save under 2 % stayed raw (issue 28); lossless and 8-bit with every
   compiled kernel call releasing the GIL, as before calls on less than 128 KiB kept it (issue
   28); lossless, raw bits, 8-bit and 4-bit persisted in a process of the store's own
-  (``open(..., background="process")``: no interpreter lock shared with the loop); each at the
+  (``open(..., background="process")``: no interpreter lock shared with the loop); lossless
+  with ``background="auto"`` (the default), in a session of its own as before issue 28's
+  seventeenth slice, and with each chunk file and folder fsynced as before batched durability
+  (``CKPTSTORE_DURABILITY=file``); each at the
   ``background_priority`` values of ``--priority`` (default: the store's default, ``low``);
   ``idle-old`` is ``SCHED_IDLE`` without the priority inheritance of issue 26 (the default
   before it), ``low-19`` is ``low`` at nice +19 instead of +10.
@@ -94,6 +97,7 @@ from common import command_line, machine_description, markdown_table  # noqa: E4
 import ckptstore  # noqa: E402
 from ckptstore import EncodingOptions, Policy, QuantSpec  # noqa: E402
 from ckptstore.commit import child, process  # noqa: E402
+from ckptstore.storage.local import DURABILITY_ENV  # noqa: E402
 from ckptcodecs import Quantize, _backend, planes, rle_huffman  # noqa: E402
 
 CONFIGS = {
@@ -155,6 +159,10 @@ CONFIGS = {
     # shares the CPU between sessions first)
     "commit_async, lossless, background='auto', a session of its own (before)": (
         EncodingOptions(), Policy(), "auto", "own session"),
+    # before batched durability: each chunk file and folder of a commit fsynced
+    # (CKPTSTORE_DURABILITY=file, which the persist process inherits)
+    "commit_async, lossless, background='auto', each file fsynced (before)": (
+        EncodingOptions(), Policy(), "auto", "each file fsynced"),
 }
 
 
@@ -368,6 +376,24 @@ def own_session(on: bool) -> Iterator[None]:
         child.OWN_GROUP = before
 
 
+@contextmanager
+def each_file_fsynced(on: bool) -> Iterator[None]:
+    """Durable stores opened meanwhile fsync each chunk file and folder (the persist process
+    they start inherits the environment), as before batched durability (issue 28)."""
+    if not on:
+        yield
+        return
+    before = os.environ.get(DURABILITY_ENV)
+    os.environ[DURABILITY_ENV] = "file"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[DURABILITY_ENV]
+        else:
+            os.environ[DURABILITY_ENV] = before
+
+
 def _every_call(config: tuple | str | None) -> bool:
     return _marked(config, "every call")
 
@@ -386,7 +412,8 @@ def run(config: tuple | None, state: dict, seconds: float, interval: float, root
           native_switch("adaptive_early_end", False, _whole_walk(config)),
           native_switch("nogil_min", 0, _every_call(config)),
           huffman_below(_huffman_below(config)),
-          own_session(_marked(config, "own session"))):
+          own_session(_marked(config, "own session")),
+          each_file_fsynced(_marked(config, "each file fsynced"))):
         return run_loop(config[:2] if isinstance(config, tuple) else config, state, seconds,
                         interval, root, io_workers, priority, busy, _cached(config),
                         _background(config))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import stat
 from collections.abc import Sequence
 
 try:
@@ -32,18 +33,26 @@ try:  # this module's compiled half (loaded by name, as ckptcodecs loads its ker
 except ImportError:  # not built (a platform without a C compiler at install): the Python steps
     _files = None
 
-__all__ = ["fsync_tree", "make_folders", "native", "resolve_existing", "write_new"]
+__all__ = ["SYNC_DATA", "SYNC_FILE", "SYNC_NONE", "batch_fs", "fsync_tree", "make_folders",
+           "native", "resolve_existing", "sync_store", "write_new"]
+
+#: what :func:`write_new` makes durable (its ``fsync``): nothing; the file (``fsync``); its data
+#: only, written out and waited for, its inode and name left for one :func:`sync_store` of the
+#: folder it lies in (batched durability)
+SYNC_NONE, SYNC_FILE, SYNC_DATA = 0, 1, 2
 
 _IOV_MAX = 1024  # buffers one writev takes (Linux)
 #: whether the compiled steps run (False where not built; tests set it to run the Python ones)
 native = _files is not None
 
 
-def write_new(path: str, parts: Sequence[Buffer], fsync: bool, inside: str | None = None,
+def write_new(path: str, parts: Sequence[Buffer], fsync: int, inside: str | None = None,
               drop: bool = False, direct: bool = False) -> int:
     """A new file at ``path`` holding ``parts`` in order (a file there is unlinked first, so a
-    write never goes into a file a link shares or a reader maps), fsynced when ``fsync``; the
-    bytes written.
+    write never goes into a file a link shares or a reader maps), made durable as ``fsync``
+    says (:data:`SYNC_NONE`, :data:`SYNC_FILE` or :data:`SYNC_DATA`; a bool: none or file); the
+    bytes written. :data:`SYNC_DATA` writes the data out with ``sync_file_range`` (compiled) or
+    ``fdatasync`` (Python has no ``sync_file_range``: durable data, a stronger step).
 
     ``inside`` (a store root's resolved path): make the file's folder and its missing parents
     first (up to 8), after checking that the nearest that exists resolves inside, and check the
@@ -53,6 +62,9 @@ def write_new(path: str, parts: Sequence[Buffer], fsync: bool, inside: str | Non
     ``direct`` (with both): write the page-aligned front of buffers that start on a page past
     the page cache (``O_DIRECT``, straight from them), where the file system takes it; the rest
     goes through the cache."""
+    fsync = int(fsync)
+    if fsync not in (SYNC_NONE, SYNC_FILE, SYNC_DATA):
+        raise ValueError(f"write_new: fsync is {SYNC_NONE}, {SYNC_FILE} or {SYNC_DATA}")
     if native:
         return _files.write_new(path, parts, fsync, inside, drop, direct)
     if inside is not None and not _made_inside(os.path.dirname(path), inside):
@@ -67,7 +79,7 @@ def write_new(path: str, parts: Sequence[Buffer], fsync: bool, inside: str | Non
         while views:  # writev takes at most _IOV_MAX buffers and may write short
             views = _advance(views, os.writev(fd, views[:_IOV_MAX]))
         if fsync:
-            os.fsync(fd)
+            (os.fsync if fsync == SYNC_FILE else os.fdatasync)(fd)
             if drop and hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
@@ -206,17 +218,52 @@ def make_folders(path: str) -> list[str]:
     return made
 
 
-def fsync_tree(path: str, root: str) -> None:
+def fsync_tree(path: str, root: str, files: bool = False) -> None:
     """Fsync every folder under ``path`` (itself included, links not followed, the deepest
-    first), then each folder above it up to ``root``."""
+    first), then each folder above it up to ``root``; with ``files``, every regular file under
+    ``path`` first."""
     if native:
-        _files.fsync_tree(path, root)
+        _files.fsync_tree(path, root, files)
         return
-    for folder, _, _ in os.walk(path, topdown=False):
+    walked = list(os.walk(path))
+    for folder, _, names in walked if files else ():
+        for name in names:
+            _fsync_file(os.path.join(folder, name))
+    for folder, _, _ in reversed(walked):
         fsync_folder(folder)
     while path != root and os.path.dirname(path) != path:
         path = os.path.dirname(path)
         fsync_folder(path)
+
+
+def _fsync_file(path: str) -> None:
+    """Fsync a regular file (a missing one, a link, anything else: nothing to make durable)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def batch_fs(path: str) -> bool:
+    """Whether the file system holding ``path`` is one where one ``syncfs`` makes every file
+    and folder on it durable (ext2-4, xfs, btrfs, f2fs, tmpfs, overlayfs): batched durability,
+    :func:`sync_store`. Needs the compiled steps (Python has no ``syncfs``): False without."""
+    return bool(native and _files.batch_fs(path))
+
+
+def sync_store(path: str, root: str) -> bool:
+    """Make the folder ``path`` and everything under it durable at once (``syncfs`` of its file
+    system, then each folder above it up to ``root`` that lies on another one); False, with
+    nothing done, where its file system is not one of :func:`batch_fs`'s or the compiled steps
+    are not built: the caller fsyncs each file and folder (``fsync_tree(..., files=True)``)."""
+    return bool(native and _files.sync_store(path, root))
 
 
 def fsync_folder(path: str) -> None:

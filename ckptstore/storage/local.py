@@ -6,11 +6,16 @@ fails if the key exists (POSIX ``link`` is atomic), and removes the temporary na
 ``os.writev`` of their parts. Folders this object created are remembered, so a commit of
 thousands of chunks calls ``makedirs`` once per folder.
 
-Durability (:attr:`LocalStorage.durable`, the default of ``ckptstore.open``): every chunk file is
-fsynced, :meth:`~LocalStorage.fsync_dir` fsyncs every folder of a commit's data and the folders
-above it, and ``put_if_absent`` fsyncs the folder it linked into (and any it made): a commit's
-data, then its manifest, then its ref reach the disk in that order, each before the next is
-written. Reads and writes never leave the root nor touch anything but regular files and folders
+Durability (:attr:`LocalStorage.durable`, the default of ``ckptstore.open``): a commit's data is
+made durable by :meth:`~LocalStorage.fsync_dir` once its chunks are written, and
+``put_if_absent`` fsyncs the folder it linked into (and any it made): a commit's data, then its
+manifest, then its ref reach the disk in that order, each before the next is written. On the
+file systems where one ``syncfs`` makes everything on them durable (ext4, xfs, btrfs, f2fs,
+tmpfs, overlayfs: :func:`~ckptstore.storage.fileops.batch_fs`) a chunk file's data is written
+out as it is written and ``fsync_dir`` syncs the file system once (batched durability, as git's
+``core.fsyncMethod=batch``: one journal commit and one device flush a commit instead of one a
+file and folder); elsewhere every chunk file is fsynced and ``fsync_dir`` fsyncs every folder of
+the commit's data and the folders above it. Reads and writes never leave the root nor touch anything but regular files and folders
 (:mod:`~ckptstore.storage.localfiles`).
 """
 
@@ -26,7 +31,10 @@ from . import fileops
 from .base import TEMP_PREFIX, Buffer, Storage, as_parts
 from .localfiles import Root, open_regular, read_bounded, read_into_bounded
 
-__all__ = ["LocalStorage", "cpu_share"]
+__all__ = ["DURABILITY_ENV", "LocalStorage", "cpu_share"]
+
+#: ``file``: a durable store fsyncs each chunk file and folder of a commit, never batches them
+DURABILITY_ENV = "CKPTSTORE_DURABILITY"
 
 
 def cpu_share() -> int:
@@ -72,6 +80,11 @@ class LocalStorage(Storage):
         #: through the cache): no page-cache pages to fill, write back and drop, about 14 % less
         #: CPU a lossless commit (docs/benchmarks.md)
         self.direct_writes = True
+        #: batched durability where the file system takes it (see the module's docstring);
+        #: False: fsync each chunk file and folder (the default where the environment variable
+        #: ``CKPTSTORE_DURABILITY`` is ``file``: it reaches a persist process too)
+        self.batch_sync = os.environ.get(DURABILITY_ENV, "batch").strip().lower() != "file"
+        self._batch_fs: bool | None = None  # whether the root's file system takes it
         self._root = Root(self.root)
         self._made_dirs: set[str] = set()
         self._dirs_lock = threading.Lock()
@@ -155,14 +168,15 @@ class LocalStorage(Storage):
         parts = as_parts(data)
         path = self.path(key)
         folder = os.path.dirname(path)
+        sync = self._chunk_sync()
         if folder not in self._made_dirs:  # a new chunk's folder: made, checked and written in
             # one call (the checked way takes four, each a wait for the GIL beside a busy loop)
-            if fileops.write_new(path, parts, self.durable, self._root.real(),
+            if fileops.write_new(path, parts, sync, self._root.real(),
                                  not self.keep_written, self.direct_writes) >= 0:
                 self._made(folder)
                 return
         self._makedirs(folder, key)
-        fileops.write_new(path, parts, self.durable, drop=not self.keep_written,
+        fileops.write_new(path, parts, sync, drop=not self.keep_written,
                           direct=self.direct_writes)
 
     def link_chunk(self, source: str, key: str) -> bool:
@@ -209,16 +223,40 @@ class LocalStorage(Storage):
             self._made_dirs = {d for d in self._made_dirs if not d.startswith(path)}
 
     def fsync_dir(self, key: str) -> None:
-        """When :attr:`durable`: fsync every folder under ``key`` (deepest first), then each
-        folder above it up to the root, so that every entry a commit's data made is on disk.
-        Not durable: nothing."""
+        """When :attr:`durable`: make every chunk file under ``key``, every folder under it and
+        the folders above it up to the root durable, so that every entry a commit's data made
+        is on disk (batched: one ``syncfs``; else each folder fsynced, deepest first, its
+        chunk files fsynced when written). Not durable: nothing."""
         if not self.durable:
             return
         path = self.path(key)
         self._root.check_folder(path, key)
+        if self._batched():
+            # chunk files were written out, not fsynced: all at once, or each now where
+            # ``path`` lies on another file system than the root (a mount inside the store)
+            if not fileops.sync_store(path, self.root):
+                fileops.fsync_tree(path, self.root, files=True)
+            return
         fileops.fsync_tree(path, self.root)
 
     # -- helpers ---------------------------------------------------------------------------
+    def _batched(self) -> bool:
+        """Whether chunk files are made durable by one :meth:`fsync_dir` (batched durability):
+        :attr:`batch_sync`, the compiled steps, and a root on a file system that takes it
+        (checked once, on the root or the nearest folder above it that exists)."""
+        if not (self.batch_sync and fileops.native):
+            return False
+        if self._batch_fs is None:
+            found = fileops.resolve_existing(self.root, os.sep)
+            self._batch_fs = found is not None and fileops.batch_fs(found[0])
+        return self._batch_fs
+
+    def _chunk_sync(self) -> int:
+        """How :meth:`put_chunk` makes a chunk file durable."""
+        if not self.durable:
+            return fileops.SYNC_NONE
+        return fileops.SYNC_DATA if self._batched() else fileops.SYNC_FILE
+
     def _makedirs(self, path: str, key: str) -> None:
         """Make a chunk's folder (checked to lie in the root once per folder and object)."""
         if path in self._made_dirs:

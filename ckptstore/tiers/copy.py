@@ -85,6 +85,7 @@ def copy_folder(local: Storage, remote: Storage, folder: str, executor: Executor
         raise
     if stop():
         raise InterruptedError("upload stopped")
+    remote.fsync_dir(folder)  # a local folder's files and entries durable before its manifest
 
 
 def move_ref(remote: Storage, m: Manifest, branch: str) -> None:

@@ -53,10 +53,11 @@ def _both(monkeypatch, fn, *args, reset=None):
     [bytes([i % 251]) * (i % 7) for i in range(2500)],  # more buffers than one writev takes
     [],
 ])
-def test_write_new_writes_every_part_in_order(tmp_path, steps, parts):
+@pytest.mark.parametrize("sync", [fileops.SYNC_NONE, fileops.SYNC_FILE, fileops.SYNC_DATA])
+def test_write_new_writes_every_part_in_order(tmp_path, steps, parts, sync):
     path = str(tmp_path / "f")
     expected = b"".join(memoryview(p).cast("B").tobytes() for p in parts)
-    assert fileops.write_new(path, parts, fsync=True) == len(expected)
+    assert fileops.write_new(path, parts, fsync=sync) == len(expected)
     with open(path, "rb") as f:
         assert f.read() == expected
     assert oct(os.stat(path).st_mode & 0o777) == oct(0o644 & ~_umask())
@@ -82,11 +83,12 @@ def _aligned(nbytes: int, offset: int = 0) -> np.ndarray:
     [bytes([i % 251]) * (i % 7) for i in range(2500)],
     [],
 ], ids=["aligned", "unaligned", "two", "mixed", "large", "small", "block", "many", "empty"])
-def test_direct_writes_write_every_part_in_order(tmp_path, steps, parts):
+@pytest.mark.parametrize("sync", [fileops.SYNC_FILE, fileops.SYNC_DATA])
+def test_direct_writes_write_every_part_in_order(tmp_path, steps, parts, sync):
     """``direct`` (a durable store's chunks): the same file, whatever the parts' alignment."""
     path = str(tmp_path / "f")
     expected = b"".join(memoryview(p).cast("B").tobytes() for p in parts)
-    assert fileops.write_new(path, parts, True, None, True, True) == len(expected)
+    assert fileops.write_new(path, parts, sync, None, True, True) == len(expected)
     with open(path, "rb") as f:
         assert f.read() == expected
 
@@ -161,8 +163,15 @@ def test_write_new_inside_makes_and_checks_the_folder(tmp_path, monkeypatch):
     assert os.listdir(outside) == []
 
 
+def test_write_new_refuses_an_unknown_sync(tmp_path, steps):
+    with pytest.raises(ValueError, match="fsync is 0, 1 or 2"):
+        fileops.write_new(str(tmp_path / "f"), [b"x"], 3)
+    assert not (tmp_path / "f").exists()
+
+
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise here")
-def test_write_new_drops_a_durable_file_from_the_page_cache(tmp_path, steps):
+@pytest.mark.parametrize("sync", [fileops.SYNC_FILE, fileops.SYNC_DATA])
+def test_write_new_drops_a_durable_file_from_the_page_cache(tmp_path, steps, sync):
     """``drop``: the file's pages leave the page cache once fsynced (mincore through a mapping
     says which are resident); without it they stay."""
     import ctypes
@@ -183,8 +192,8 @@ def test_write_new_drops_a_durable_file_from_the_page_cache(tmp_path, steps):
 
     data = [np.ones(4 << 20, np.uint8)]
     kept, dropped = str(tmp_path / "kept"), str(tmp_path / "dropped")
-    fileops.write_new(kept, data, fsync=True)
-    fileops.write_new(dropped, data, fsync=True, drop=True)
+    fileops.write_new(kept, data, fsync=sync)
+    fileops.write_new(dropped, data, fsync=sync, drop=True)
     assert resident(kept) > 0.9 * (4 << 20) // mmap.PAGESIZE
     assert resident(dropped) < 0.1 * (4 << 20) // mmap.PAGESIZE
     assert open(dropped, "rb").read() == bytes(data[0])
@@ -251,9 +260,38 @@ def test_fsync_tree_walks_folders_and_skips_what_is_gone(tmp_path, monkeypatch):
     (root / "data" / "c1" / "c" / "1").mkdir()
     (root / "data" / "c1" / "c" / "0" / "0").write_bytes(b"chunk")
     os.symlink("/proc", root / "data" / "c1" / "linked")  # never walked
+    os.mkfifo(root / "data" / "c1" / "fifo")  # not a file to fsync (opening it would block)
     for path in (root / "data" / "c1", root / "data" / "gone"):
-        a, b = _both(monkeypatch, fileops.fsync_tree, str(path), str(root))
-        assert a == b == ("ok", None)
+        for files in (False, True):
+            a, b = _both(monkeypatch, fileops.fsync_tree, str(path), str(root), files)
+            assert a == b == ("ok", None)
+
+
+def _fs_magic(path) -> int:
+    """The file system type of ``path`` (statfs's f_type, from coreutils' stat)."""
+    out = subprocess.run(["stat", "-f", "-c", "%t", str(path)], capture_output=True, text=True,
+                         check=True).stdout
+    return int(out, 16)
+
+
+_BATCH_MAGICS = {0xEF53, 0x58465342, 0x9123683E, 0xF2F52010, 0x01021994, 0x794C7630}
+
+
+@pytest.mark.skipif(sys.platform != "linux" or shutil.which("stat") is None,
+                    reason="syncfs and statfs are Linux's")
+def test_batch_fs_and_sync_store_know_their_file_systems(tmp_path, monkeypatch):
+    """Batched durability on the file systems whose syncfs makes everything durable; elsewhere
+    (procfs here stands for a network or FUSE file system) nothing is done and False says so.
+    The Python steps have no syncfs: False."""
+    batch = _fs_magic(tmp_path) in _BATCH_MAGICS
+    assert fileops.batch_fs(str(tmp_path)) is batch
+    assert fileops.sync_store(str(tmp_path), str(tmp_path.parent)) is batch
+    assert fileops.batch_fs("/proc") is False
+    assert fileops.sync_store("/proc/self", "/") is False
+    assert fileops.sync_store(str(tmp_path / "gone"), str(tmp_path)) is False
+    monkeypatch.setattr(fileops, "native", False)
+    assert fileops.batch_fs(str(tmp_path)) is False
+    assert fileops.sync_store(str(tmp_path), str(tmp_path.parent)) is False
 
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed here")
@@ -276,6 +314,38 @@ def test_compiled_steps_make_the_expected_system_calls(tmp_path):
     r = str(tmp_path)
     assert synced == [r + "/d/c/0", r + "/d/c", r + "/d", r]
     assert calls.count("fsync") == 5
+
+
+@pytest.mark.skipif(shutil.which("strace") is None or sys.platform != "linux",
+                    reason="strace is not installed here")
+def test_batched_durability_makes_the_expected_system_calls(tmp_path):
+    """SYNC_DATA writes a file's data out (sync_file_range, no fsync); sync_store syncs its
+    file system once (syncfs, after statfs says which); fsync_tree with files fsyncs each
+    file, then each folder."""
+    if _fs_magic(tmp_path) not in _BATCH_MAGICS:
+        pytest.skip("the temporary folder's file system does not take batched durability")
+    script = (
+        "import sys; from ckptstore.storage import fileops as f; r = sys.argv[1]\n"
+        "f.make_folders(r + '/d/c'); f.write_new(r + '/d/c/0', [b'a' * 5000], 2, None, True)\n"
+        "assert f.sync_store(r + '/d', r)\n"
+        "f.fsync_tree(r + '/d', r, True)\n")
+    trace = subprocess.run(
+        ["strace", "-f", "-e", "trace=openat,writev,fsync,fdatasync,sync_file_range,syncfs,"
+         "statfs,fadvise64", sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True, text=True, check=True).stderr
+    r = str(tmp_path)
+    ours = [line for line in trace.splitlines() if r in line or any(
+        f"{c}(" in line for c in ("writev", "fsync", "sync_file_range", "syncfs", "fadvise64"))]
+    calls = [line.split("(")[0].split("]")[-1].strip() for line in ours]
+    start = calls.index("writev") - 1
+    assert calls[start:start + 4] == ["openat", "writev", "sync_file_range", "fadvise64"]
+    assert "fsync" not in calls[:start + 4] and "fdatasync" not in calls
+    sync = calls.index("syncfs")
+    assert calls[sync - 2:sync + 1] == ["statfs", "openat", "syncfs"]
+    assert calls.count("syncfs") == 1
+    synced = [ours[i].split('"')[1] for i in range(sync + 1, len(ours) - 1)
+              if calls[i] == "openat" and calls[i + 1] == "fsync"]
+    assert synced == [r + "/d/c/0", r + "/d/c", r + "/d", r]  # the file, the folders, above
 
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed here")

@@ -270,3 +270,38 @@ def test_a_failed_copy_leaves_no_key_copy_running(tmp_path):
         at_raise = len(sent)
         time.sleep(0.5)
     assert len(sent) == at_raise == 5
+
+
+def test_a_folder_copied_to_a_local_remote_is_made_durable_after_its_keys(tmp_path):
+    """A remote that is a local folder gets the folder's files and entries made durable (its
+    fsync_dir) once every key is copied, before the caller writes the manifest that names
+    them; an interrupted copy does not."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ckptstore.storage import LocalStorage
+    from ckptstore.tiers.copy import copy_folder
+
+    events: list[str] = []
+
+    class Remote(LocalStorage):
+        def put_chunk(self, key, data):
+            super().put_chunk(key, data)
+            events.append(key)
+
+        def fsync_dir(self, key):
+            super().fsync_dir(key)
+            events.append("fsync_dir " + key)
+
+    local, remote = LocalStorage(str(tmp_path / "l")), Remote(str(tmp_path / "r"), durable=True)
+    for i in range(4):
+        local.put_chunk(f"data/c/k{i}", b"x" * 100)
+    with ThreadPoolExecutor(2) as pool:
+        copy_folder(local, remote, "data/c", pool, lambda n: None, lambda: False)
+        assert sorted(events[:4]) == [f"data/c/k{i}" for i in range(4)]
+        assert events[4:] == ["fsync_dir data/c"]
+        events.clear()
+        local.put_chunk("data/d/k0", b"y")
+        with pytest.raises(InterruptedError):
+            copy_folder(local, remote, "data/d", pool, lambda n: None, lambda: True)
+    assert events == []
+    assert (tmp_path / "r" / "data" / "c" / "k3").read_bytes() == b"x" * 100

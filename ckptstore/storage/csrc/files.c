@@ -10,6 +10,9 @@
    errors (an OSError of the failing call's errno and path). ckptstore/storage/fileops.py holds
    the Python twins these must match, used where this extension is not built. */
 #define PY_SSIZE_T_CLEAN
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sync_file_range, syncfs */
+#endif
 #include <Python.h>
 
 #include <dirent.h>
@@ -226,6 +229,34 @@ out:
     return rc;
 }
 
+/* What write_new makes durable: nothing; the file (fsync: its data, its inode, and on the
+   usual journaling file systems the journal they are in); or its data only, written out and
+   waited for (sync_file_range), with the inode and its folder's entry left for one syncfs of
+   the whole commit (sync_store): a commit's hundreds of files then cost one journal commit and
+   one device cache flush instead of one each. */
+#define SYNC_NONE 0
+#define SYNC_FILE 1
+#define SYNC_WRITEOUT 2
+
+/* Write out `fd`'s dirty pages and wait for them (no metadata, no device flush). */
+static int writeout(int fd)
+{
+#ifdef SYNC_FILE_RANGE_WRITE
+    for (;;) {
+        if (sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE
+                                          | SYNC_FILE_RANGE_WAIT_AFTER) == 0)
+            return 0;
+        if (errno == EINTR)
+            continue;
+        if (errno == ENOSYS || errno == EINVAL || errno == ESPIPE)
+            return fdatasync(fd); /* not here: the data, durably */
+        return -1;
+    }
+#else
+    return fdatasync(fd);
+#endif
+}
+
 /* Create `path` anew (unlinking one there first, as LocalStorage's _create_anew), write every
    buffer in order (writev, short writes finished), fsync when asked, close; with `root`, make
    its folder first (make_folder_inside). 1: not written (the caller takes the checked way). */
@@ -274,7 +305,12 @@ static int write_new_nogil(const char *path, struct iovec *iov, int count, int s
         *written += done;
         advance(iov, count, &first, (size_t)done);
     }
-    if (sync && fsync(fd) != 0) {
+    if (sync == SYNC_FILE && fsync(fd) != 0) {
+        fail(f, NULL);
+        close(fd);
+        return -1;
+    }
+    if (sync == SYNC_WRITEOUT && writeout(fd) != 0) {
         fail(f, NULL);
         close(fd);
         return -1;
@@ -305,9 +341,14 @@ static PyObject *write_new(PyObject *self, PyObject *args)
 {
     PyObject *path_obj = NULL, *parts, *inside_obj = Py_None, *root_obj = NULL;
     int sync, drop = 0, direct = 0;
-    if (!PyArg_ParseTuple(args, "O&Op|Opp:write_new", PyUnicode_FSConverter, &path_obj, &parts,
+    if (!PyArg_ParseTuple(args, "O&Oi|Opp:write_new", PyUnicode_FSConverter, &path_obj, &parts,
                           &sync, &inside_obj, &drop, &direct))
         return NULL;
+    if (sync < SYNC_NONE || sync > SYNC_WRITEOUT) {
+        PyErr_SetString(PyExc_ValueError, "write_new: fsync is 0, 1 or 2");
+        Py_DECREF(path_obj);
+        return NULL;
+    }
     if (inside_obj != Py_None && !PyUnicode_FSConverter(inside_obj, &root_obj)) {
         Py_DECREF(path_obj);
         return NULL;
@@ -563,9 +604,28 @@ static int fsync_folder(const char *path, failure *f)
     return 0;
 }
 
+/* Fsync a file's data and inode; a missing file has nothing to make durable. */
+static int fsync_file(const char *path, failure *f)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return 0;
+        fail(f, path);
+        return -1;
+    }
+    if (fsync(fd) != 0) {
+        fail(f, path);
+        close(fd);
+        return -1;
+    }
+    close(fd);
+    return 0;
+}
+
 /* Every folder under `top` (itself first), links not followed, folders that cannot be listed
-   not entered (as os.walk). */
-static int list_folders(const char *top, paths *out)
+   not entered (as os.walk); with `files`, every regular file in them too. */
+static int list_folders(const char *top, paths *out, paths *files)
 {
     if (paths_add(out, top) != 0)
         return -1;
@@ -588,12 +648,16 @@ static int list_folders(const char *top, paths *out)
             memcpy(child, base, blen);
             child[blen] = '/';
             memcpy(child + blen + 1, e->d_name, nlen + 1);
-            int folder = e->d_type == DT_DIR;
+            int folder = e->d_type == DT_DIR, regular = e->d_type == DT_REG;
             if (e->d_type == DT_UNKNOWN) {
                 struct stat st;
-                folder = lstat(child, &st) == 0 && S_ISDIR(st.st_mode);
+                int known = lstat(child, &st) == 0;
+                folder = known && S_ISDIR(st.st_mode);
+                regular = known && S_ISREG(st.st_mode);
             }
             int rc = folder ? paths_add(out, child) : 0;
+            if (rc == 0 && regular && files)
+                rc = paths_add(files, child);
             free(child);
             base = out->items[i]; /* the list may have moved */
             if (rc != 0) {
@@ -607,26 +671,30 @@ static int list_folders(const char *top, paths *out)
 }
 
 PyDoc_STRVAR(fsync_tree_doc,
-"fsync_tree(path, root) -> None\n\n"
+"fsync_tree(path, root, files=False) -> None\n\n"
 "Fsync every folder under ``path`` (itself included, links not followed, the deepest first),\n"
-"then each folder above it up to ``root``. One call with the GIL released.");
+"then each folder above it up to ``root``; with ``files``, every regular file under ``path``\n"
+"first. One call with the GIL released.");
 
 static PyObject *fsync_tree(PyObject *self, PyObject *args)
 {
     PyObject *path_obj = NULL, *root_obj = NULL;
-    if (!PyArg_ParseTuple(args, "O&O&:fsync_tree", PyUnicode_FSConverter, &path_obj,
-                          PyUnicode_FSConverter, &root_obj))
+    int with_files = 0;
+    if (!PyArg_ParseTuple(args, "O&O&|p:fsync_tree", PyUnicode_FSConverter, &path_obj,
+                          PyUnicode_FSConverter, &root_obj, &with_files))
         return NULL;
     const char *path = PyBytes_AS_STRING(path_obj), *root = PyBytes_AS_STRING(root_obj);
-    paths folders = {NULL, 0, 0};
+    paths folders = {NULL, 0, 0}, files = {NULL, 0, 0};
     failure f = {0, NULL};
     int rc = 0, nomem = 0;
     char *up = strdup(path);
     Py_BEGIN_ALLOW_THREADS
-    if (!up || list_folders(path, &folders) != 0) {
+    if (!up || list_folders(path, &folders, with_files ? &files : NULL) != 0) {
         nomem = 1;
         rc = -1;
     }
+    for (size_t i = 0; rc == 0 && i < files.count; i++)
+        rc = fsync_file(files.items[i], &f);
     for (size_t i = folders.count; rc == 0 && i-- > 0;) /* a folder's children come after it */
         rc = fsync_folder(folders.items[i], &f);
     while (rc == 0 && strcmp(up, root) != 0) {
@@ -639,6 +707,7 @@ static PyObject *fsync_tree(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     free(up);
     paths_free(&folders);
+    paths_free(&files);
     PyObject *out = NULL;
     if (nomem)
         PyErr_NoMemory();
@@ -651,11 +720,133 @@ static PyObject *fsync_tree(PyObject *self, PyObject *args)
     return out;
 }
 
+/* -- batched durability ------------------------------------------------------------------
+
+   A durable commit used to fsync each of its files and folders: a MiniLM commit, about 250
+   chunk files and 360 folders, made some 620 journal commits and device cache flushes, each a
+   wait and a trip through the hypervisor's block device, about a tenth of the persist's CPU
+   (docs/benchmarks.md, "Batched durability"). On the file systems below, syncfs makes every
+   file's data and inode and every folder's entries durable at once (the journal's commit and
+   one cache flush), as git's core.fsyncMethod=batch relies on: the chunk files are written out
+   (SYNC_WRITEOUT: their pages clean, so they can be dropped) and the commit's folder is synced
+   once. Elsewhere (network and FUSE file systems, whose syncfs may not reach the server) each
+   file and folder is fsynced as before. */
+#ifdef __linux__
+#include <sys/vfs.h>
+static int batch_magic(long type)
+{
+    switch ((unsigned long)type & 0xffffffffUL) {
+    case 0xEF53UL:     /* ext2, ext3, ext4 */
+    case 0x58465342UL: /* xfs */
+    case 0x9123683EUL: /* btrfs */
+    case 0xF2F52010UL: /* f2fs */
+    case 0x01021994UL: /* tmpfs (nothing to make durable) */
+    case 0x794C7630UL: /* overlayfs: its syncfs syncs the upper file system */
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Whether `path`'s file system takes batched durability; 0 where statfs fails. */
+static int on_batch_fs(const char *path)
+{
+    struct statfs st;
+    return statfs(path, &st) == 0 && batch_magic((long)st.f_type);
+}
+#endif
+
+PyDoc_STRVAR(batch_fs_doc,
+"batch_fs(path) -> bool\n\n"
+"Whether the file system that holds ``path`` (which must exist) is one where one ``syncfs``\n"
+"makes every file and folder written on it durable (ext2-4, xfs, btrfs, f2fs, tmpfs,\n"
+"overlayfs); False elsewhere and where this system has no ``syncfs``.");
+
+static PyObject *batch_fs(PyObject *self, PyObject *args)
+{
+    PyObject *path_obj = NULL;
+    if (!PyArg_ParseTuple(args, "O&:batch_fs", PyUnicode_FSConverter, &path_obj))
+        return NULL;
+    int ok = 0;
+#ifdef __linux__
+    const char *path = PyBytes_AS_STRING(path_obj);
+    Py_BEGIN_ALLOW_THREADS
+    ok = on_batch_fs(path);
+    Py_END_ALLOW_THREADS
+#endif
+    Py_DECREF(path_obj);
+    return PyBool_FromLong(ok);
+}
+
+PyDoc_STRVAR(sync_store_doc,
+"sync_store(path, root) -> bool\n\n"
+"Make the folder ``path`` and everything under it durable at once: ``syncfs`` of its file\n"
+"system (every file's data and inode, every folder's entries, written by anyone), then an\n"
+"fsync of each folder above it up to ``root`` that lies on another file system. False, with\n"
+"nothing done, where that file system is not one of ``batch_fs``'s or this system has no\n"
+"``syncfs``: the caller fsyncs each file and folder. One call with the GIL released.");
+
+static PyObject *sync_store(PyObject *self, PyObject *args)
+{
+    PyObject *path_obj = NULL, *root_obj = NULL;
+    if (!PyArg_ParseTuple(args, "O&O&:sync_store", PyUnicode_FSConverter, &path_obj,
+                          PyUnicode_FSConverter, &root_obj))
+        return NULL;
+#ifdef __linux__
+    const char *path = PyBytes_AS_STRING(path_obj), *root = PyBytes_AS_STRING(root_obj);
+    failure f = {0, NULL};
+    int rc = 0, synced = 0;
+    char *up = strdup(path);
+    Py_BEGIN_ALLOW_THREADS
+    struct stat st, above;
+    int fd = -1;
+    if (!up) {
+        errno = ENOMEM;
+        fail(&f, NULL);
+        rc = -1;
+    } else if (on_batch_fs(path)) {
+        fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0 || fstat(fd, &st) != 0 || syncfs(fd) != 0) {
+            fail(&f, NULL);
+            rc = -1;
+        } else {
+            synced = 1;
+        }
+        if (fd >= 0)
+            close(fd);
+    }
+    while (synced && rc == 0 && strcmp(up, root) != 0) { /* folders above on another device */
+        size_t here = strlen(up);
+        dirname_in_place(up);
+        if (strlen(up) == here)
+            break;
+        if (stat(up, &above) != 0) {
+            fail(&f, up);
+            rc = -1;
+        } else if (above.st_dev != st.st_dev) {
+            rc = fsync_folder(up, &f);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    free(up);
+    PyObject *out = rc == 0 ? PyBool_FromLong(synced) : raise_failure(&f, path_obj);
+    Py_DECREF(path_obj);
+    Py_DECREF(root_obj);
+    return out;
+#else
+    Py_DECREF(path_obj);
+    Py_DECREF(root_obj);
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyMethodDef methods[] = {
     {"write_new", write_new, METH_VARARGS, write_new_doc},
     {"resolve_existing", resolve_existing, METH_VARARGS, resolve_existing_doc},
     {"make_folders", make_folders, METH_VARARGS, make_folders_doc},
     {"fsync_tree", fsync_tree, METH_VARARGS, fsync_tree_doc},
+    {"sync_store", sync_store, METH_VARARGS, sync_store_doc},
+    {"batch_fs", batch_fs, METH_VARARGS, batch_fs_doc},
     {NULL, NULL, 0, NULL},
 };
 
