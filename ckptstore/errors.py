@@ -28,6 +28,7 @@ input)::
     │   ├── UploadError                          a tiered store's upload to its remote failed
     │   └── UnsafeFileError                      a FIFO, device, link out of the root
     ├── InvalidRetry (ValueError)                a Retry policy with values out of range
+    ├── InvalidSetting (ValueError)              an environment variable set to a value it lacks
     ├── ExportError (ValueError)                 an export file that cannot be written
     ├── ImportSourceError (ValueError)           a source `ckpt import` refuses (crafted, damaged)
     └── DistributedError (RuntimeError)          a sharded commit or load across ranks failed
@@ -46,6 +47,7 @@ __all__ = [
     "FormatVersionError",
     "InvalidRefName",
     "InvalidRetry",
+    "InvalidSetting",
     "ManifestError",
     "NotAStoreError",
     "PendingCommitError",
@@ -206,6 +208,11 @@ class UnsafeFileError(StorageError):
 class InvalidRetry(CkptStoreError, ValueError):
     """A :class:`~ckptstore.storage.Retry` policy with values out of range (raised when it is
     made, or when something else is passed as one)."""
+
+
+class InvalidSetting(CkptStoreError, ValueError):
+    """An environment variable ckptstore reads (``CKPTSTORE_DURABILITY``) set to a value it does
+    not know: the message lists the values it takes."""
 
 
 class ExportError(CkptStoreError, ValueError):

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import platform
+import re
 import stat
 from collections.abc import Sequence
 
@@ -253,16 +255,25 @@ def _fsync_file(path: str) -> None:
 
 def batch_fs(path: str) -> bool:
     """Whether the file system holding ``path`` is one where one ``syncfs`` makes every file
-    and folder on it durable (ext2-4, xfs, btrfs, f2fs, tmpfs, overlayfs): batched durability,
-    :func:`sync_store`. Needs the compiled steps (Python has no ``syncfs``): False without."""
-    return bool(native and _files.batch_fs(path))
+    and folder on it durable (ext2-4, xfs, btrfs, f2fs, tmpfs), on a Linux that reports
+    writeback errors to ``syncfs`` (5.8 or later): batched durability, :func:`sync_store`.
+    Needs the compiled steps (Python has no ``syncfs``): False without."""
+    return bool(native and _kernel_reports_syncfs_errors() and _files.batch_fs(path))
+
+
+def _kernel_reports_syncfs_errors() -> bool:
+    """Linux 5.8 or later (``syncfs`` returns the file system's writeback errors)."""
+    numbers = re.match(r"(\d+)\.(\d+)", platform.release())
+    return platform.system() == "Linux" and numbers is not None and (
+        int(numbers[1]), int(numbers[2])) >= (5, 8)
 
 
 def sync_store(path: str, root: str) -> bool:
     """Make the folder ``path`` and everything under it durable at once (``syncfs`` of its file
     system, then each folder above it up to ``root`` that lies on another one); False, with
-    nothing done, where its file system is not one of :func:`batch_fs`'s or the compiled steps
-    are not built: the caller fsyncs each file and folder (``fsync_tree(..., files=True)``)."""
+    nothing done, where ``path`` is missing, its file system is not one of :func:`batch_fs`'s or
+    the compiled steps are not built: the caller fsyncs each file and folder
+    (``fsync_tree(..., files=True)``)."""
     return bool(native and _files.sync_store(path, root))
 
 

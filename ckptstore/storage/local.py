@@ -10,12 +10,12 @@ Durability (:attr:`LocalStorage.durable`, the default of ``ckptstore.open``): a 
 made durable by :meth:`~LocalStorage.fsync_dir` once its chunks are written, and
 ``put_if_absent`` fsyncs the folder it linked into (and any it made): a commit's data, then its
 manifest, then its ref reach the disk in that order, each before the next is written. On the
-file systems where one ``syncfs`` makes everything on them durable (ext4, xfs, btrfs, f2fs,
-tmpfs, overlayfs: :func:`~ckptstore.storage.fileops.batch_fs`) a chunk file's data is written
-out as it is written and ``fsync_dir`` syncs the file system once (batched durability, as git's
-``core.fsyncMethod=batch``: one journal commit and one device flush a commit instead of one a
-file and folder); elsewhere every chunk file is fsynced and ``fsync_dir`` fsyncs every folder of
-the commit's data and the folders above it. Reads and writes never leave the root nor touch anything but regular files and folders
+file systems where one ``syncfs`` makes everything on them durable (ext4, xfs, btrfs, f2fs and
+tmpfs on Linux 5.8 or later: :func:`~ckptstore.storage.fileops.batch_fs`) a chunk file's data is
+written out as it is written and ``fsync_dir`` syncs the file system once (batched durability:
+one journal commit and one device flush a commit instead of one a file and folder; git's
+``core.fsyncMethod=batch`` is the same idea with a final fsync); elsewhere every chunk file is
+fsynced and ``fsync_dir`` fsyncs every folder of the commit's data and the folders above it. Reads and writes never leave the root nor touch anything but regular files and folders
 (:mod:`~ckptstore.storage.localfiles`).
 """
 
@@ -27,13 +27,15 @@ import tempfile
 import threading
 from collections.abc import Sequence
 
+from ..errors import InvalidSetting
 from . import fileops
 from .base import TEMP_PREFIX, Buffer, Storage, as_parts
 from .localfiles import Root, open_regular, read_bounded, read_into_bounded
 
 __all__ = ["DURABILITY_ENV", "LocalStorage", "cpu_share"]
 
-#: ``file``: a durable store fsyncs each chunk file and folder of a commit, never batches them
+#: ``file``: a durable store fsyncs each chunk file and folder of a commit, never batches them;
+#: ``batch`` (the default): batched where the file system takes it
 DURABILITY_ENV = "CKPTSTORE_DURABILITY"
 
 
@@ -82,9 +84,13 @@ class LocalStorage(Storage):
         self.direct_writes = True
         #: batched durability where the file system takes it (see the module's docstring);
         #: False: fsync each chunk file and folder (the default where the environment variable
-        #: ``CKPTSTORE_DURABILITY`` is ``file``: it reaches a persist process too)
-        self.batch_sync = os.environ.get(DURABILITY_ENV, "batch").strip().lower() != "file"
+        #: ``CKPTSTORE_DURABILITY`` is ``file``, which reaches a persist process too; this
+        #: attribute set on a store's storage does not)
+        self.batch_sync = _durability_from_environment() == "batch"
         self._batch_fs: bool | None = None  # whether the root's file system takes it
+        #: a chunk file was written out, not fsynced: fsync_dir syncs it whatever batch_sync
+        #: says by then
+        self._wrote_data_only = False
         self._root = Root(self.root)
         self._made_dirs: set[str] = set()
         self._dirs_lock = threading.Lock()
@@ -169,6 +175,8 @@ class LocalStorage(Storage):
         path = self.path(key)
         folder = os.path.dirname(path)
         sync = self._chunk_sync()
+        if sync == fileops.SYNC_DATA:
+            self._wrote_data_only = True
         if folder not in self._made_dirs:  # a new chunk's folder: made, checked and written in
             # one call (the checked way takes four, each a wait for the GIL beside a busy loop)
             if fileops.write_new(path, parts, sync, self._root.real(),
@@ -231,9 +239,9 @@ class LocalStorage(Storage):
             return
         path = self.path(key)
         self._root.check_folder(path, key)
-        if self._batched():
+        if self._batched() or self._wrote_data_only:
             # chunk files were written out, not fsynced: all at once, or each now where
-            # ``path`` lies on another file system than the root (a mount inside the store)
+            # ``path`` lies on a file system that does not take it (a mount inside the store)
             if not fileops.sync_store(path, self.root):
                 fileops.fsync_tree(path, self.root, files=True)
             return
@@ -273,6 +281,17 @@ class LocalStorage(Storage):
         if self.durable:
             for folder in [os.path.dirname(path), *(os.path.dirname(m) for m in reversed(made))]:
                 fileops.fsync_folder(folder)
+
+
+def _durability_from_environment() -> str:
+    """``CKPTSTORE_DURABILITY``: ``batch`` (the default: batched where the file system takes
+    it) or ``file``; another value raises :class:`~ckptstore.errors.InvalidSetting`."""
+    value = os.environ.get(DURABILITY_ENV, "batch").strip().lower() or "batch"
+    if value not in ("batch", "file"):
+        raise InvalidSetting(f"{DURABILITY_ENV}={os.environ[DURABILITY_ENV]!r}: it takes 'batch' "
+                             f"(the default: one syncfs a commit where the file system takes it) "
+                             f"or 'file' (fsync each chunk file and folder)")
+    return value
 
 
 def _write_temp(path: str, data: bytes, fsync: bool) -> str:

@@ -85,7 +85,8 @@ def copy_folder(local: Storage, remote: Storage, folder: str, executor: Executor
         raise
     if stop():
         raise InterruptedError("upload stopped")
-    remote.fsync_dir(folder)  # a local folder's files and entries durable before its manifest
+    if missing:  # a local folder's files and entries durable before a manifest names them
+        remote.fsync_dir(folder)  # (a folder copied whole before was made durable then)
 
 
 def move_ref(remote: Storage, m: Manifest, branch: str) -> None:

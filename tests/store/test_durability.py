@@ -274,7 +274,11 @@ def test_the_environment_turns_batched_durability_off(tmp_path, monkeypatch):
     from ckptstore.storage import LocalStorage
     from ckptstore.storage.local import DURABILITY_ENV
 
+    monkeypatch.delenv(DURABILITY_ENV, raising=False)
     assert LocalStorage(str(tmp_path / "a"), durable=True).batch_sync
+    monkeypatch.setenv(DURABILITY_ENV, "files")
+    with pytest.raises(ckptstore.InvalidSetting, match="'batch'.*'file'"):
+        ckptstore.open(tmp_path / "typo")
     monkeypatch.setenv(DURABILITY_ENV, "file")
     store = ckptstore.open(tmp_path / "b", background="thread")
     assert not store.storage.batch_sync
@@ -283,3 +287,21 @@ def test_the_environment_turns_batched_durability_off(tmp_path, monkeypatch):
     store.close()
     assert not [e for e in calls.events if e[0] == "sync_store"]
     assert {e[2] for e in calls.events if e[0] == "write"} == {fileops.SYNC_FILE}
+
+
+@pytest.mark.skipif(not fileops.native, reason="batched durability needs the compiled steps")
+def test_a_chunk_written_out_is_synced_though_batching_was_turned_off_since(tmp_path,
+                                                                           monkeypatch):
+    """fsync_dir syncs chunk files written out only (SYNC_DATA) even where batching was turned
+    off between their writes and it: their inodes are durable only once synced."""
+    if not _batch_here(tmp_path):
+        pytest.skip("the temporary folder's file system does not take batched durability")
+    from ckptstore.storage import LocalStorage
+
+    storage = LocalStorage(str(tmp_path / "s"), durable=True)
+    calls = Batched(monkeypatch)
+    storage.put_chunk("data/c1/a/c/0", [b"chunk" * 100])
+    storage.batch_sync = False
+    storage.fsync_dir("data/c1")
+    path = storage.path("data/c1")
+    assert calls.events[calls.index("sync_store", path)][2] is True

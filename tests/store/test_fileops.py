@@ -274,7 +274,7 @@ def _fs_magic(path) -> int:
     return int(out, 16)
 
 
-_BATCH_MAGICS = {0xEF53, 0x58465342, 0x9123683E, 0xF2F52010, 0x01021994, 0x794C7630}
+_BATCH_MAGICS = {0xEF53, 0x58465342, 0x9123683E, 0xF2F52010, 0x01021994}
 
 
 @pytest.mark.skipif(sys.platform != "linux" or shutil.which("stat") is None,
@@ -284,7 +284,7 @@ def test_batch_fs_and_sync_store_know_their_file_systems(tmp_path, monkeypatch):
     (procfs here stands for a network or FUSE file system) nothing is done and False says so.
     The Python steps have no syncfs: False."""
     batch = _fs_magic(tmp_path) in _BATCH_MAGICS
-    assert fileops.batch_fs(str(tmp_path)) is batch
+    assert fileops.batch_fs(str(tmp_path)) is (batch and fileops._kernel_reports_syncfs_errors())
     assert fileops.sync_store(str(tmp_path), str(tmp_path.parent)) is batch
     assert fileops.batch_fs("/proc") is False
     assert fileops.sync_store("/proc/self", "/") is False
@@ -316,6 +316,60 @@ def test_compiled_steps_make_the_expected_system_calls(tmp_path):
     assert calls.count("fsync") == 5
 
 
+def test_fsync_tree_with_files_fsyncs_each_regular_file_before_the_folders(tmp_path,
+                                                                            monkeypatch):
+    """The Python steps (the compiled ones: the strace test below): every regular file under the
+    folder, then the folders deepest first and those above; links and FIFOs are not opened."""
+    root = tmp_path / "root"
+    (root / "d" / "c").mkdir(parents=True)
+    for name in ("d/zarr.json", "d/c/0", "d/c/1"):
+        (root / name).write_bytes(b"x")
+    os.symlink(root / "d" / "c" / "0", root / "d" / "c" / "link")
+    os.mkfifo(root / "d" / "fifo")
+    monkeypatch.setattr(fileops, "native", False)
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        real(fd)
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    fileops.fsync_tree(str(root / "d"), str(tmp_path), files=True)
+    files = {str(root / n) for n in ("d/zarr.json", "d/c/0", "d/c/1")}
+    assert set(synced[:3]) == files
+    assert synced[3:] == [str(root / "d" / "c"), str(root / "d"), str(root), str(tmp_path)]
+    synced.clear()
+    fileops.fsync_tree(str(root / "d"), str(tmp_path))
+    assert not files & set(synced)
+
+
+@pytest.mark.skipif(shutil.which("strace") is None or sys.platform != "linux",
+                    reason="strace is not installed here")
+def test_sync_store_fsyncs_the_folders_above_on_other_file_systems(tmp_path):
+    """A store folder on a tmpfs under a root on another file system: syncfs of the tmpfs, then
+    an fsync of each folder above it whose device differs (not of those on the tmpfs)."""
+    shm = "/dev/shm"
+    if not os.path.isdir(shm) or _fs_magic(shm) != 0x01021994 or (
+            os.stat(shm).st_dev == os.stat("/dev").st_dev):
+        pytest.skip("no tmpfs at /dev/shm on another device than /dev here")
+    import tempfile
+    folder = tempfile.mkdtemp(dir=shm)
+    try:
+        os.mkdir(os.path.join(folder, "c"))
+        script = ("import sys; from ckptstore.storage import fileops as f\n"
+                  "assert f.sync_store(sys.argv[1] + '/c', '/')\n")
+        trace = subprocess.run(
+            ["strace", "-f", "-e", "trace=openat,fsync,syncfs", sys.executable, "-c", script,
+             folder], capture_output=True, text=True, check=True).stderr.splitlines()
+    finally:
+        shutil.rmtree(folder)
+    start = next(i for i, line in enumerate(trace) if "syncfs(" in line)
+    synced = [trace[i].split('"')[1] for i in range(start + 1, len(trace) - 1)
+              if "openat(" in trace[i] and "fsync(" in trace[i + 1]]
+    assert synced == ["/dev", "/"]
+
+
 @pytest.mark.skipif(shutil.which("strace") is None or sys.platform != "linux",
                     reason="strace is not installed here")
 def test_batched_durability_makes_the_expected_system_calls(tmp_path):
@@ -325,27 +379,33 @@ def test_batched_durability_makes_the_expected_system_calls(tmp_path):
     if _fs_magic(tmp_path) not in _BATCH_MAGICS:
         pytest.skip("the temporary folder's file system does not take batched durability")
     script = (
-        "import sys; from ckptstore.storage import fileops as f; r = sys.argv[1]\n"
+        "import mmap, sys; from ckptstore.storage import fileops as f; r = sys.argv[1]\n"
         "f.make_folders(r + '/d/c'); f.write_new(r + '/d/c/0', [b'a' * 5000], 2, None, True)\n"
+        "m = mmap.mmap(-1, 2 * 4096 + 10); m.write(b'y' * (2 * 4096 + 10))\n"
+        "f.write_new(r + '/d/c/1', [memoryview(m)], 2, None, True, True)\n"
         "assert f.sync_store(r + '/d', r)\n"
         "f.fsync_tree(r + '/d', r, True)\n")
     trace = subprocess.run(
-        ["strace", "-f", "-e", "trace=openat,writev,fsync,fdatasync,sync_file_range,syncfs,"
-         "statfs,fadvise64", sys.executable, "-c", script, str(tmp_path)],
+        ["strace", "-f", "-e", "trace=openat,write,writev,fsync,fdatasync,sync_file_range,"
+         "syncfs,fstatfs,fadvise64", sys.executable, "-c", script, str(tmp_path)],
         capture_output=True, text=True, check=True).stderr
     r = str(tmp_path)
     ours = [line for line in trace.splitlines() if r in line or any(
-        f"{c}(" in line for c in ("writev", "fsync", "sync_file_range", "syncfs", "fadvise64"))]
+        f"{c}(" in line for c in ("writev", "fsync", "sync_file_range", "syncfs", "fstatfs",
+                                  "fadvise64")) or line.split("(")[0].endswith("write")]
     calls = [line.split("(")[0].split("]")[-1].strip() for line in ours]
     start = calls.index("writev") - 1
     assert calls[start:start + 4] == ["openat", "writev", "sync_file_range", "fadvise64"]
-    assert "fsync" not in calls[:start + 4] and "fdatasync" not in calls
+    # the page-aligned buffer: its front past the cache (write), the tail written out
+    assert calls[start + 4:start + 9] == ["openat", "write", "writev", "sync_file_range",
+                                          "fadvise64"]
     sync = calls.index("syncfs")
-    assert calls[sync - 2:sync + 1] == ["statfs", "openat", "syncfs"]
+    assert "fsync" not in calls[:sync] and "fdatasync" not in calls
+    assert calls[sync - 2:sync + 1] == ["openat", "fstatfs", "syncfs"]
     assert calls.count("syncfs") == 1
     synced = [ours[i].split('"')[1] for i in range(sync + 1, len(ours) - 1)
               if calls[i] == "openat" and calls[i + 1] == "fsync"]
-    assert synced == [r + "/d/c/0", r + "/d/c", r + "/d", r]  # the file, the folders, above
+    assert synced == [r + "/d/c/0", r + "/d/c/1", r + "/d/c", r + "/d", r]  # files, folders
 
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed here")

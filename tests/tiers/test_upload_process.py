@@ -275,7 +275,7 @@ def test_a_failed_copy_leaves_no_key_copy_running(tmp_path):
 def test_a_folder_copied_to_a_local_remote_is_made_durable_after_its_keys(tmp_path):
     """A remote that is a local folder gets the folder's files and entries made durable (its
     fsync_dir) once every key is copied, before the caller writes the manifest that names
-    them; an interrupted copy does not."""
+    them; a folder already there whole, or an interrupted copy, does not."""
     from concurrent.futures import ThreadPoolExecutor
 
     from ckptstore.storage import LocalStorage
@@ -300,6 +300,8 @@ def test_a_folder_copied_to_a_local_remote_is_made_durable_after_its_keys(tmp_pa
         assert sorted(events[:4]) == [f"data/c/k{i}" for i in range(4)]
         assert events[4:] == ["fsync_dir data/c"]
         events.clear()
+        copy_folder(local, remote, "data/c", pool, lambda n: None, lambda: False)
+        assert events == []  # nothing missing: nothing copied, nothing to sync again
         local.put_chunk("data/d/k0", b"y")
         with pytest.raises(InterruptedError):
             copy_folder(local, remote, "data/d", pool, lambda n: None, lambda: True)

@@ -329,8 +329,10 @@ static int write_new_nogil(const char *path, struct iovec *iov, int count, int s
 PyDoc_STRVAR(write_new_doc,
 "write_new(path, parts, fsync, inside=None, drop=False, direct=False) -> int\n\n"
 "A new file at ``path`` holding the byte buffers ``parts`` in order (a file there is unlinked\n"
-"first), fsynced when ``fsync``; with ``drop`` too, its pages advised out of the page cache\n"
-"once fsynced (POSIX_FADV_DONTNEED), and with ``direct`` as well, the page-aligned front of the\n"
+"first), made durable as ``fsync`` says: 0 not, 1 fsynced, 2 its data written out and waited\n"
+"for (sync_file_range; its inode and name left for a sync_store); with ``drop`` too, its pages\n"
+"advised out of the page cache once on disk (POSIX_FADV_DONTNEED), and with ``direct`` as\n"
+"well, the page-aligned front of the\n"
 "buffers that start on a page written past the cache (O_DIRECT) where the file system takes\n"
 "it; the bytes written. ``inside`` (a store root's resolved path): make the file's folder\n"
 "and its missing parents first, the nearest that exists and the folder checked to resolve\n"
@@ -727,10 +729,13 @@ static PyObject *fsync_tree(PyObject *self, PyObject *args)
    wait and a trip through the hypervisor's block device, about a tenth of the persist's CPU
    (docs/benchmarks.md, "Batched durability"). On the file systems below, syncfs makes every
    file's data and inode and every folder's entries durable at once (the journal's commit and
-   one cache flush), as git's core.fsyncMethod=batch relies on: the chunk files are written out
-   (SYNC_WRITEOUT: their pages clean, so they can be dropped) and the commit's folder is synced
-   once. Elsewhere (network and FUSE file systems, whose syncfs may not reach the server) each
-   file and folder is fsynced as before. */
+   one cache flush; git's core.fsyncMethod=batch is the same idea with a final fsync): the
+   chunk files are written out (SYNC_WRITEOUT: their pages clean, so they can be dropped) and
+   the commit's folder is synced once. Elsewhere each file and folder is fsynced as before:
+   network and FUSE file systems, whose syncfs may not reach the server, and overlayfs, whose
+   files have no pages of their own for sync_file_range to write out and whose syncfs reached
+   the upper file system only from Linux 4.18. (ckptstore/storage/fileops.py adds the kernel:
+   5.8 or later, where syncfs reports writeback errors.) */
 #ifdef __linux__
 #include <sys/vfs.h>
 static int batch_magic(long type)
@@ -741,7 +746,6 @@ static int batch_magic(long type)
     case 0x9123683EUL: /* btrfs */
     case 0xF2F52010UL: /* f2fs */
     case 0x01021994UL: /* tmpfs (nothing to make durable) */
-    case 0x794C7630UL: /* overlayfs: its syncfs syncs the upper file system */
         return 1;
     default:
         return 0;
@@ -759,8 +763,8 @@ static int on_batch_fs(const char *path)
 PyDoc_STRVAR(batch_fs_doc,
 "batch_fs(path) -> bool\n\n"
 "Whether the file system that holds ``path`` (which must exist) is one where one ``syncfs``\n"
-"makes every file and folder written on it durable (ext2-4, xfs, btrfs, f2fs, tmpfs,\n"
-"overlayfs); False elsewhere and where this system has no ``syncfs``.");
+"makes every file and folder written on it durable (ext2-4, xfs, btrfs, f2fs, tmpfs); False\n"
+"elsewhere and where this system has no ``syncfs``.");
 
 static PyObject *batch_fs(PyObject *self, PyObject *args)
 {
@@ -804,16 +808,20 @@ static PyObject *sync_store(PyObject *self, PyObject *args)
         errno = ENOMEM;
         fail(&f, NULL);
         rc = -1;
-    } else if (on_batch_fs(path)) {
-        fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (fd < 0 || fstat(fd, &st) != 0 || syncfs(fd) != 0) {
-            fail(&f, NULL);
-            rc = -1;
-        } else {
-            synced = 1;
+    } else if ((fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0) {
+        struct statfs fs;
+        if (fstatfs(fd, &fs) == 0 && batch_magic((long)fs.f_type)) {
+            if (fstat(fd, &st) != 0 || syncfs(fd) != 0) {
+                fail(&f, NULL);
+                rc = -1;
+            } else {
+                synced = 1;
+            }
         }
-        if (fd >= 0)
-            close(fd);
+        close(fd);
+    } else if (errno != ENOENT && errno != ENOTDIR) { /* missing: nothing synced, False */
+        fail(&f, NULL);
+        rc = -1;
     }
     while (synced && rc == 0 && strcmp(up, root) != 0) { /* folders above on another device */
         size_t here = strlen(up);
