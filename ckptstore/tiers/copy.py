@@ -62,10 +62,14 @@ def _copy_objects(local: Storage, remote: Storage, m: Manifest, executor: Execut
 
 def copy_folder(local: Storage, remote: Storage, folder: str, executor: Executor, sent: Sent,
                  stop: Callable[[], bool]) -> None:
-    """Every file of ``folder`` the remote lacks (present there = complete: object stores and
-    the local tier write a key whole)."""
+    """Every file of ``folder`` the remote lacks (present there = complete on an object store,
+    which writes a key whole; on a local-disk remote, where a killed copy can leave a file
+    short under its name, one of another size than the local file's is copied again)."""
     have = remote.walk_sizes(folder)
-    missing = [k for k in local.walk_sizes(folder) if k not in have]
+    keys = list(local.walk_sizes(folder))
+    missing = [k for k in keys if k not in have]
+    if remote.local_disk:  # walk_sizes shares a linked file's size out: compare whole sizes
+        missing += [k for k in keys if k in have and remote.size(k) != local.size(k)]
 
     def one(key: str) -> None:
         if stop():

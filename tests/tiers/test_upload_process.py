@@ -307,3 +307,27 @@ def test_a_folder_copied_to_a_local_remote_is_made_durable_after_its_keys(tmp_pa
             copy_folder(local, remote, "data/d", pool, lambda n: None, lambda: True)
     assert events == []
     assert (tmp_path / "r" / "data" / "c" / "k3").read_bytes() == b"x" * 100
+
+
+def test_a_file_a_killed_copy_left_short_on_a_local_remote_is_copied_again(tmp_path):
+    """A local-disk remote's file of another size than the local one (a copy killed part way
+    wrote it under its final name) is copied again, not taken as complete; a whole one is
+    left alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ckptstore.storage import LocalStorage
+    from ckptstore.tiers.copy import copy_folder
+
+    local, remote = LocalStorage(str(tmp_path / "l")), LocalStorage(str(tmp_path / "r"))
+    local.put_chunk("data/c/k0", b"x" * 1000)
+    local.put_chunk("data/c/k1", b"y" * 1000)
+    assert local.link_chunk("data/c/k1", "data/c2/k1")  # a linked local file: its whole size
+    remote.put_chunk("data/c/k0", b"x" * 300)  # short: a killed copy's
+    remote.put_chunk("data/c/k1", b"y" * 1000)
+    before = os.stat(tmp_path / "r" / "data" / "c" / "k1").st_ino
+    sent: list[int] = []
+    with ThreadPoolExecutor(2) as pool:
+        copy_folder(local, remote, "data/c", pool, sent.append, lambda: False)
+    assert (tmp_path / "r" / "data" / "c" / "k0").read_bytes() == b"x" * 1000
+    assert sent == [1000]
+    assert os.stat(tmp_path / "r" / "data" / "c" / "k1").st_ino == before
