@@ -240,17 +240,11 @@ def fsync_tree(path: str, root: str, files: bool = False) -> None:
 
 def _fsync_file(path: str) -> None:
     """Fsync a regular file (a missing one, a link, anything else: nothing to make durable)."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
-            return
-        fd = os.open(path, flags)
+        if stat.S_ISREG(os.lstat(path).st_mode):
+            _fsync_opened(path, getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def batch_fs(path: str) -> bool:
@@ -279,8 +273,13 @@ def sync_store(path: str, root: str) -> bool:
 
 def fsync_folder(path: str) -> None:
     """Fsync a folder's entries (a missing folder: nothing to make durable)."""
+    _fsync_opened(path, getattr(os, "O_DIRECTORY", 0))
+
+
+def _fsync_opened(path: str, flags: int) -> None:
+    """Fsync what ``path`` opened read-only with ``flags`` names (missing: nothing)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        fd = os.open(path, os.O_RDONLY | flags)
     except FileNotFoundError:
         return
     try:

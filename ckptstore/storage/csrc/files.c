@@ -587,10 +587,10 @@ static void paths_free(paths *p)
     free(p->items);
 }
 
-/* Fsync a folder's entries; a missing folder has nothing to make durable. */
-static int fsync_folder(const char *path, failure *f)
+/* Fsync what `path` opened with `flags` names; a missing one has nothing to make durable. */
+static int fsync_opened(const char *path, int flags, failure *f)
 {
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int fd = open(path, flags | O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         if (errno == ENOENT)
             return 0;
@@ -606,23 +606,16 @@ static int fsync_folder(const char *path, failure *f)
     return 0;
 }
 
-/* Fsync a file's data and inode; a missing file has nothing to make durable. */
+/* Fsync a folder's entries. */
+static int fsync_folder(const char *path, failure *f)
+{
+    return fsync_opened(path, O_DIRECTORY, f);
+}
+
+/* Fsync a file's data and inode (never through a link, never waiting on a FIFO). */
 static int fsync_file(const char *path, failure *f)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (fd < 0) {
-        if (errno == ENOENT)
-            return 0;
-        fail(f, path);
-        return -1;
-    }
-    if (fsync(fd) != 0) {
-        fail(f, path);
-        close(fd);
-        return -1;
-    }
-    close(fd);
-    return 0;
+    return fsync_opened(path, O_NOFOLLOW | O_NONBLOCK, f);
 }
 
 /* Every folder under `top` (itself first), links not followed, folders that cannot be listed
