@@ -618,6 +618,26 @@ static int fsync_file(const char *path, failure *f)
     return fsync_opened(path, O_NOFOLLOW | O_NONBLOCK, f);
 }
 
+/* Fsync each folder above `path` (a writable copy, consumed) up to `root`; with `skip`, only
+   those on another device than it (what its syncfs did not reach). */
+static int fsync_above(char *path, const char *root, const struct stat *skip, failure *f)
+{
+    struct stat above;
+    while (strcmp(path, root) != 0) {
+        size_t here = strlen(path);
+        dirname_in_place(path);
+        if (strlen(path) == here)
+            return 0;
+        if (skip && stat(path, &above) != 0) {
+            fail(f, path);
+            return -1;
+        }
+        if ((!skip || above.st_dev != skip->st_dev) && fsync_folder(path, f) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* Every folder under `top` (itself first), links not followed, folders that cannot be listed
    not entered (as os.walk); with `files`, every regular file in them too. */
 static int list_folders(const char *top, paths *out, paths *files)
@@ -692,13 +712,8 @@ static PyObject *fsync_tree(PyObject *self, PyObject *args)
         rc = fsync_file(files.items[i], &f);
     for (size_t i = folders.count; rc == 0 && i-- > 0;) /* a folder's children come after it */
         rc = fsync_folder(folders.items[i], &f);
-    while (rc == 0 && strcmp(up, root) != 0) {
-        size_t here = strlen(up);
-        dirname_in_place(up);
-        if (strlen(up) == here)
-            break;
-        rc = fsync_folder(up, &f);
-    }
+    if (rc == 0)
+        rc = fsync_above(up, root, NULL, &f);
     Py_END_ALLOW_THREADS
     free(up);
     paths_free(&folders);
@@ -795,7 +810,7 @@ static PyObject *sync_store(PyObject *self, PyObject *args)
     int rc = 0, synced = 0;
     char *up = strdup(path);
     Py_BEGIN_ALLOW_THREADS
-    struct stat st, above;
+    struct stat st;
     int fd = -1;
     if (!up) {
         errno = ENOMEM;
@@ -816,18 +831,8 @@ static PyObject *sync_store(PyObject *self, PyObject *args)
         fail(&f, NULL);
         rc = -1;
     }
-    while (synced && rc == 0 && strcmp(up, root) != 0) { /* folders above on another device */
-        size_t here = strlen(up);
-        dirname_in_place(up);
-        if (strlen(up) == here)
-            break;
-        if (stat(up, &above) != 0) {
-            fail(&f, up);
-            rc = -1;
-        } else if (above.st_dev != st.st_dev) {
-            rc = fsync_folder(up, &f);
-        }
-    }
+    if (synced && rc == 0) /* the folders above it on another device */
+        rc = fsync_above(up, root, &st, &f);
     Py_END_ALLOW_THREADS
     free(up);
     PyObject *out = rc == 0 ? PyBool_FromLong(synced) : raise_failure(&f, path_obj);
