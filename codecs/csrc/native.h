@@ -190,6 +190,18 @@ int ck_vector(void);
             name##_base args;                                                                \
     }
 
+/* A hint to read the line `ahead` bytes past p into the cache, for a loop that streams through
+   memory (the address may lie past the buffer: a prefetch never faults, and is made from an
+   integer). The hardware's prefetcher did not keep up on the machines measured: BytePlanes'
+   encoder ran at 1.6 GB/s on a 32 MB plane and at 3.2 on one that fits in the cache; with a
+   hint 2 KiB ahead once a 64-byte line, at 2.8. */
+#define CK_AHEAD 2048
+#if defined(__GNUC__)
+#define CK_PREFETCH(p, ahead) __builtin_prefetch((const void *)((uintptr_t)(p) + (ahead)))
+#else
+#define CK_PREFETCH(p, ahead) ((void)0)
+#endif
+
 /* BytePlanes' split and sampling steps, unchecked (bytegroup.c): plane p of the n items of src
    at out + p * stride; the strided histograms, contiguous histograms and repeats of each plane
    added into freq[p], near[p] and set in repeats[p] (sample_rows). */

@@ -28,6 +28,12 @@
 #define PL_BMI2
 #endif
 #define PL_INLINE static inline __attribute__((always_inline))
+/* A compiler barrier: the loads above it are emitted before the stores below it. */
+#if defined(__GNUC__)
+#define PL_LOADS_FIRST() __asm__ volatile("" ::: "memory")
+#else
+#define PL_LOADS_FIRST() ((void)0)
+#endif
 
 /* 1 when the kernels run their BMI2 loops (read with the GIL held). */
 static inline int pl_bmi2(void)

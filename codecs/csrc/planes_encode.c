@@ -64,31 +64,39 @@ PL_INLINE int64_t stream_body(const uint8_t *restrict plane, int64_t i, int64_t 
         const uint8_t *restrict plens = c->plens;
         if (c->pairs) {  /* both codes placed from nbits: a shorter chain of dependences */
             const uint8_t *restrict x = plane + i, *end = x + 4 * groups;
-            for (; x < end; x += 4) {
-                uint32_t x0 = pl_load16le(x), x1 = pl_load16le(x + 2);
-                uint64_t n1 = nbits + plens[x0];
-                acc |= (pcodes[x0] >> nbits) | (pcodes[x1] >> n1);
-                nbits = n1 + plens[x1];
-                store_be64(w, acc);
-                w += nbits >> 3;
-                acc <<= nbits & ~(uint64_t)7;
-                nbits &= 7;
+            while (x < end) {  /* a line of the plane at a time (CK_PREFETCH) */
+                const uint8_t *line = end - x > 64 ? x + 64 : end;
+                CK_PREFETCH(x, CK_AHEAD);
+                for (; x < line; x += 4) {
+                    uint32_t x0 = pl_load16le(x), x1 = pl_load16le(x + 2);
+                    uint64_t n1 = nbits + plens[x0];
+                    acc |= (pcodes[x0] >> nbits) | (pcodes[x1] >> n1);
+                    nbits = n1 + plens[x1];
+                    store_be64(w, acc);
+                    w += nbits >> 3;
+                    acc <<= nbits & ~(uint64_t)7;
+                    nbits &= 7;
+                }
             }
-            i += 4 * groups;
         } else {
-            for (int64_t g = 0; g < groups; g++, i += 4) {
-                const uint8_t *x = plane + i;
-                uint64_t n1 = nbits + ulens[x[0]], n2 = n1 + ulens[x[1]];
-                uint64_t n3 = n2 + ulens[x[2]];
-                acc |= (codes[x[0]] >> nbits) | (codes[x[1]] >> n1) | (codes[x[2]] >> n2)
-                       | (codes[x[3]] >> n3);
-                nbits = n3 + ulens[x[3]];
-                store_be64(w, acc);
-                w += nbits >> 3;
-                acc <<= nbits & ~(uint64_t)7;
-                nbits &= 7;
+            const uint8_t *restrict x = plane + i, *end = x + 4 * groups;
+            while (x < end) {
+                const uint8_t *line = end - x > 64 ? x + 64 : end;
+                CK_PREFETCH(x, CK_AHEAD);
+                for (; x < line; x += 4) {
+                    uint64_t n1 = nbits + ulens[x[0]], n2 = n1 + ulens[x[1]];
+                    uint64_t n3 = n2 + ulens[x[2]];
+                    acc |= (codes[x[0]] >> nbits) | (codes[x[1]] >> n1) | (codes[x[2]] >> n2)
+                           | (codes[x[3]] >> n3);
+                    nbits = n3 + ulens[x[3]];
+                    store_be64(w, acc);
+                    w += nbits >> 3;
+                    acc <<= nbits & ~(uint64_t)7;
+                    nbits &= 7;
+                }
             }
         }
+        i += 4 * groups;
         o = w - out;
     }
     for (; i < stop; i++) {  /* a byte at a time, each store checked */

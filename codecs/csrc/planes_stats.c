@@ -7,15 +7,26 @@
 /* One block's histogram into freq[0..256): eight histograms, one a byte of a word (a run of
    one byte does not wait on its own counter). Each byte by its own load, as numba's: a load
    costs a load port, while a byte taken out of a 64-bit word costs two or three ALU
-   instructions (mov, shr, movzbl), and the loop was bound by their issue. */
+   instructions (mov, shr, movzbl), and the loop was bound by their issue. The eight bytes are
+   all loaded before the first count (a compiler barrier between, as numba's code orders them):
+   interleaved, each load waited behind the read-modify-write before it, 0.85x numba's speed on
+   a float32 exponent plane. */
 PL_INLINE void block_stats(const uint8_t *restrict plane, int64_t i, int64_t stop,
                            int64_t *restrict freq)
 {
     uint32_t h[8][256];  /* 16 histograms measured slower (L1 pressure) */
     memset(h, 0, sizeof h);
-    for (; i + 16 <= stop; i += 16)
-        for (int k = 0; k < 16; k++)
-            h[k & 7][plane[i + k]]++;
+    for (; i + 64 <= stop; i += 64) {  /* a line at a time, the one CK_AHEAD on asked for */
+        CK_PREFETCH(plane + i, CK_AHEAD);
+        for (int64_t j = i; j < i + 64; j += 8) {
+            uint8_t b[8];
+            for (int k = 0; k < 8; k++)
+                b[k] = plane[j + k];
+            PL_LOADS_FIRST();
+            for (int k = 7; k >= 0; k--)
+                h[k][b[k]]++;
+        }
+    }
     for (; i < stop; i++)
         h[0][plane[i]]++;
     for (int v = 0; v < 256; v++)

@@ -38,13 +38,24 @@
                 if (!excl[i] && u < inf_bits)                                                 \
                     counts[u >> shift]++;                                                     \
             }                                                                                 \
-        } else                                                                                \
-            _Pragma("GCC unroll 4")                                                           \
-            for (Py_ssize_t i = 0; i < n; i++) {                                              \
+        } else {                                                                              \
+            const Py_ssize_t line = 64 / sizeof(W);                                           \
+            Py_ssize_t i = 0;                                                                 \
+            for (; i + line <= n; i += line) { /* a line at a time (CK_PREFETCH) */           \
+                CK_PREFETCH(xb + i, CK_AHEAD);                                                \
+                _Pragma("GCC unroll 4")                                                       \
+                for (Py_ssize_t j = i; j < i + line; j++) {                                   \
+                    W u = xb[j] & mag;                                                        \
+                    if (u < inf_bits)                                                         \
+                        counts[u >> shift]++;                                                 \
+                }                                                                             \
+            }                                                                                 \
+            for (; i < n; i++) {                                                              \
                 W u = xb[i] & mag;                                                            \
                 if (u < inf_bits)                                                             \
                     counts[u >> shift]++;                                                     \
             }                                                                                 \
+        }                                                                                     \
     }                                                                                         \
     /* 0, or -1 when sure or cand would overflow (sizes that do not match the counts). A     \
        block of indices at a time into local lists without a branch (which side a value       \
