@@ -161,6 +161,20 @@ def test_pack_in_place_as_the_reference(bits):
     _same(got, want)
 
 
+@pytest.mark.parametrize("bits", [1, 3, 4])
+def test_unpack_refuses_its_own_bytes(bits):
+    """Codes unpacked over their own packed bytes: a ValueError, where the reference's codes
+    depend on its loop (the only caller, bitpack.unpack_bits, unpacks into a new array)."""
+    c, _ = _twins("bitpack")
+    stream = np.random.default_rng(bits).integers(0, 256, 1001, dtype=np.uint8)
+    kept = stream.copy()
+    with pytest.raises(ValueError, match="share memory"):
+        c.unpack(stream, bits, 1001, stream)
+    with pytest.raises(ValueError, match="share memory"):
+        c.unpack(stream[:500], bits, 600, stream[400:])
+    _same(stream, kept)
+
+
 @settings(max_examples=150, deadline=None)
 @given(n=SIZES, k=st.one_of(st.integers(1, 256), st.sampled_from([1, 2, 255, 256])),
        seed=st.integers(0, 2**32 - 1))
