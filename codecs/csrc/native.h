@@ -196,6 +196,9 @@ int ck_vector(void);
    encoder ran at 1.6 GB/s on a 32 MB plane and at 3.2 on one that fits in the cache; with a
    hint 2 KiB ahead once a 64-byte line, at 2.8. */
 #define CK_AHEAD 2048
+/* Bytes from which a streamed buffer is taken as out of the cache (a kernel that pays for its
+   prefetching loop in the cache runs it only from here). */
+#define CK_FAR ((int64_t)4 << 20)
 #if defined(__GNUC__)
 #define CK_PREFETCH(p, ahead) __builtin_prefetch((const void *)((uintptr_t)(p) + (ahead)))
 #else

@@ -37,6 +37,7 @@ typedef struct {
     uint8_t *plens;
     int pairs, maxl;      /* maxl: the longest length in ulens */
     int bmi2;             /* run the BMI2 build of the stream loop */
+    int far;              /* run the far build (a plane of CK_FAR bytes or more) */
 } code_t;
 
 static inline void store_be64(uint8_t *p, uint64_t x)
@@ -45,10 +46,13 @@ static inline void store_be64(uint8_t *p, uint64_t x)
     memcpy(p, &x, 8);
 }
 
-/* Code plane[i:stop] as one stream at out[o] (size bytes); returns where it ends. */
+/* Code plane[i:stop] as one stream at out[o] (size bytes); returns where it ends. `far` (a
+   constant in each build): a plane too large for the cache, read a line at a time with a
+   prefetch hint (CK_PREFETCH; 1.6 -> 2.9 GB/s on a 32 MB float32 exponent plane); a plane in
+   the cache runs the plain loop (the lines' loop cost it 5-8 %). */
 PL_INLINE int64_t stream_body(const uint8_t *restrict plane, int64_t i, int64_t stop,
                              const code_t *restrict c, uint8_t *restrict out, int64_t o,
-                             int64_t size)
+                             int64_t size, const int far)
 {
     const uint64_t *restrict codes = c->codes, *restrict ulens = c->ulens;
     uint64_t acc = 0, nbits = 0;
@@ -64,9 +68,10 @@ PL_INLINE int64_t stream_body(const uint8_t *restrict plane, int64_t i, int64_t 
         const uint8_t *restrict plens = c->plens;
         if (c->pairs) {  /* both codes placed from nbits: a shorter chain of dependences */
             const uint8_t *restrict x = plane + i, *end = x + 4 * groups;
-            while (x < end) {  /* a line of the plane at a time (CK_PREFETCH) */
-                const uint8_t *line = end - x > 64 ? x + 64 : end;
-                CK_PREFETCH(x, CK_AHEAD);
+            while (x < end) {  /* a line of the plane at a time where far */
+                const uint8_t *line = far && end - x > 64 ? x + 64 : end;
+                if (far)
+                    CK_PREFETCH(x, CK_AHEAD);
                 for (; x < line; x += 4) {
                     uint32_t x0 = pl_load16le(x), x1 = pl_load16le(x + 2);
                     uint64_t n1 = nbits + plens[x0];
@@ -81,8 +86,9 @@ PL_INLINE int64_t stream_body(const uint8_t *restrict plane, int64_t i, int64_t 
         } else {
             const uint8_t *restrict x = plane + i, *end = x + 4 * groups;
             while (x < end) {
-                const uint8_t *line = end - x > 64 ? x + 64 : end;
-                CK_PREFETCH(x, CK_AHEAD);
+                const uint8_t *line = far && end - x > 64 ? x + 64 : end;
+                if (far)
+                    CK_PREFETCH(x, CK_AHEAD);
                 for (; x < line; x += 4) {
                     uint64_t n1 = nbits + ulens[x[0]], n2 = n1 + ulens[x[1]];
                     uint64_t n3 = n2 + ulens[x[2]];
@@ -118,13 +124,25 @@ PL_INLINE int64_t stream_body(const uint8_t *restrict plane, int64_t i, int64_t 
 static int64_t stream_base(const uint8_t *plane, int64_t i, int64_t stop, const code_t *c,
                            uint8_t *out, int64_t o, int64_t size)
 {
-    return stream_body(plane, i, stop, c, out, o, size);
+    return stream_body(plane, i, stop, c, out, o, size, 0);
 }
 
 PL_BMI2 static int64_t stream_bmi2(const uint8_t *plane, int64_t i, int64_t stop,
                                    const code_t *c, uint8_t *out, int64_t o, int64_t size)
 {
-    return stream_body(plane, i, stop, c, out, o, size);
+    return stream_body(plane, i, stop, c, out, o, size, 0);
+}
+
+static int64_t stream_base_far(const uint8_t *plane, int64_t i, int64_t stop, const code_t *c,
+                               uint8_t *out, int64_t o, int64_t size)
+{
+    return stream_body(plane, i, stop, c, out, o, size, 1);
+}
+
+PL_BMI2 static int64_t stream_bmi2_far(const uint8_t *plane, int64_t i, int64_t stop,
+                                       const code_t *c, uint8_t *out, int64_t o, int64_t size)
+{
+    return stream_body(plane, i, stop, c, out, o, size, 1);
 }
 
 /* The block's canonical code from its lengths blens (see _pkernels.huffman_encode_lengths). */
@@ -181,8 +199,11 @@ static int64_t encode_block(const uint8_t *plane, int64_t start, int64_t stop,
     int64_t q = (stop - start + 3) / 4, end = pos + 16;
     for (int k = 0; k < 4; k++) {
         int64_t begin = end, a = start + k * q, b = start + k * q + q;
-        end = (c->bmi2 ? stream_bmi2 : stream_base)(plane, a < stop ? a : stop,
-                                                    b < stop ? b : stop, c, out, begin, size);
+        int64_t (*stream)(const uint8_t *, int64_t, int64_t, const code_t *, uint8_t *,
+                          int64_t, int64_t) =
+            c->far ? (c->bmi2 ? stream_bmi2_far : stream_base_far)
+                   : (c->bmi2 ? stream_bmi2 : stream_base);
+        end = stream(plane, a < stop ? a : stop, b < stop ? b : stop, c, out, begin, size);
         if (end < 0)
             return end;
         uint64_t len = (uint64_t)(end - begin);
@@ -197,6 +218,7 @@ int64_t pl_encode_lengths(const uint8_t *plane, int64_t n, int64_t block, const 
 {
     code_t c;
     c.bmi2 = bmi2;
+    c.far = n >= CK_FAR;
     memset(c.codes, 0, sizeof c.codes);
     memset(c.ulens, 0, sizeof c.ulens);
     pairs_t *pairs = take_pairs();

@@ -104,6 +104,25 @@ def test_encode(n, kind, block, seed):
     assert outs[0].tobytes() == outs[1].tobytes() and outs[2].tobytes() == outs[3].tobytes()
 
 
+#: the plane size from which the C encoder runs its prefetching loop (CK_FAR in native.h)
+FAR = 4 << 20
+
+
+@pytest.mark.parametrize("kind", ["exponent", "skewed"])
+@pytest.mark.parametrize("n", [FAR - 1, FAR + 4099])
+def test_encode_either_side_of_the_prefetching_loop(kind, n):
+    """Planes just below and above CK_FAR (pair-coded and byte-coded, a block and its streams
+    not a multiple of a line): the numba kernel's bytes; an output a byte short of the code
+    refused."""
+    data = _data(n, n, kind)
+    c, nb = _twins()
+    freq, lens, bound = _stats(nb, data, 1 << 17)
+    outs = [np.zeros(nb.huffman_bound(n, 1 << 17), np.uint8) for _ in range(2)]
+    sizes = [k.huffman_encode(data, 1 << 17, freq, o) for k, o in zip((c, nb), outs)]
+    assert sizes[0] == sizes[1] and outs[0].tobytes() == outs[1].tobytes()
+    with pytest.raises(ValueError, match="too small"):
+        c.huffman_encode_lengths(data, 1 << 17, lens, outs[0][:sizes[0] - 1])
+
 def _decode_both(payload: np.ndarray, block: int, n: int, seed: int) -> np.ndarray:
     c, nb = _twins()
     fill = np.random.default_rng(seed).integers(0, 256, n, np.uint8)
