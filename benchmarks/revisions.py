@@ -36,7 +36,9 @@ How it works
   ``ckptstore.dcp.StorageWriter`` (sharded commit) and ``dcp.load`` into ``Shard(1)`` tables
   through ``StorageReader`` (resharded load), after one untimed round; ``--scale`` scales the
   rows, ``--quick`` divides them by 10 more; ``persist`` -- the CPU seconds (all threads) a
-  ``commit`` of a 256 MB synthetic state takes under lossless, 8-bit and 4-bit.
+  ``commit`` of a 256 MB synthetic state takes under lossless, 8-bit and 4-bit; ``kernels`` --
+  the CPU time of BytePlanes' statistics and encoder on planes in and past the cache, of the
+  selection's histogram, and of a whole BytePlanes encode of a chunk (compiled kernels only).
 * A revision with compiled kernels (a ``setup.py``) is built in its archive first
   (``build_ext --inplace``, its own sources and flags): about a minute.
 """
@@ -62,7 +64,7 @@ sys.path.insert(0, HERE)
 from common import command_line, load_average, machine_description, markdown_table  # noqa: E402
 from common import write_text  # noqa: E402
 
-CASES = ("store_io", "stall", "train", "sharded", "persist")
+CASES = ("store_io", "stall", "train", "sharded", "persist", "kernels")
 
 
 # -- inside a subprocess: one case against whatever ckptstore is importable ---------------------
@@ -111,6 +113,8 @@ def _worker(case: str, args: argparse.Namespace) -> dict[str, Any]:
                 100 * (statistics.mean(none) / run - 1))
         elif case == "persist":
             out.update(_persist_cpu(root, args))
+        elif case == "kernels":
+            out.update(_kernels_cpu(args))
         elif case == "sharded":
             import sharded as D
 
@@ -150,6 +154,53 @@ def _persist_cpu(root: str, args: argparse.Namespace) -> dict[str, float]:
             cpu.append(time.process_time() - t0)
         store.close()
         out[f"persist CPU {label} (s)"] = statistics.median(cpu)
+    return out
+
+
+def _kernels_cpu(args: argparse.Namespace) -> dict[str, float]:
+    """CPU milliseconds of the streaming kernels on planes in the cache (2 MB: a float32
+    plane of an 8 MB chunk) and past it (32 MB), of the selection's histogram, and of a whole
+    BytePlanes encode of one chunk: the compiled kernels (revisions from issue 28's third slice
+    on), median of 5 x ``--repeat`` calls after one."""
+    import numpy as np
+    import torch
+
+    import ckptcodecs
+    from ckptcodecs import _backend
+
+    planes, select = _backend.implementation("planes", "c"), _backend.implementation("select", "c")
+    rng, block, out = np.random.default_rng(0), 1 << 17, {}
+
+    def cpu_ms(label: str, call) -> None:
+        call()
+        times = []
+        for _ in range(5 * args.repeat):
+            t0 = time.process_time()
+            call()
+            times.append(time.process_time() - t0)
+        out[f"{label} (ms)"] = 1e3 * statistics.median(times)
+
+    for mb in (2, 32):
+        w = rng.standard_normal(mb << 18).astype(np.float32) * 0.02
+        for name, plane in (("float32 exponent", (w.view(np.uint32) >> 23).astype(np.uint8)),
+                            ("float16 high byte",
+                             (w.astype(np.float16).view(np.uint16) >> 8).astype(np.uint8))):
+            plane = np.tile(plane, 4)  # mb MB
+            freq = np.zeros(((plane.size + block - 1) // block, 256), np.int64)
+            code = np.empty(planes.huffman_bound(plane.size, block), np.uint8)
+            cpu_ms(f"plane_stats, {name}, {mb} MB",
+                   lambda p=plane, f=freq: planes.plane_stats(p, block, f))
+            cpu_ms(f"huffman_encode, {name}, {mb} MB",
+                   lambda p=plane, f=freq, c=code: planes.huffman_encode(p, block, f, c))
+        bits = rng.standard_normal(mb << 18).astype(np.float32).view(np.uint32)
+        cpu_ms(f"keys_hist, float32, {mb} MB",
+               lambda b=bits: select.keys_hist(b, np.zeros(0, np.uint8), np.uint32(16),
+                                               np.uint32(0x7F800000), np.zeros(1 << 15, np.int64)))
+    for dtype, itemsize in ((torch.float32, 4), (torch.bfloat16, 2), (torch.float16, 2)):
+        x = (torch.randn((8 << 20) // itemsize) * 0.02).to(dtype)
+        data = x.view(torch.int32 if itemsize == 4 else torch.int16).numpy()
+        cpu_ms(f"planes_encode, {str(dtype)[6:]}, an 8 MB chunk",
+               lambda d=data, i=itemsize: ckptcodecs.planes_encode(d, i))
     return out
 
 

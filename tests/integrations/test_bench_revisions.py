@@ -80,3 +80,13 @@ def test_the_sharded_case_runs_on_two_ranks() -> None:
     assert len(got["imported"]) == 3
     assert all(any(f.endswith(os.path.join("dcp", "writer.py")) for f in files)
                for files in got["imported"][1:])
+
+
+def test_the_kernels_case_times_each_kernel_in_and_past_the_cache() -> None:
+    """The case ``kernels`` against this tree: a CPU time for each kernel, plane size and chunk
+    dtype, every one measured (positive)."""
+    got = revisions._kernels_cpu(argparse.Namespace(repeat=1))
+    sizes = {key.split(", ")[-1] for key in got if key.startswith("huffman_encode")}
+    assert sizes == {"2 MB (ms)", "32 MB (ms)"}
+    assert sum(key.startswith("planes_encode") for key in got) == 3
+    assert len(got) == 13 and all(value > 0 for value in got.values())
