@@ -519,6 +519,73 @@ def parts_in_persist_process(rank: int, world: int, url: str, opts: dict) -> Non
             assert store.verify().problems == []
 
 
+def offset_shards_async(rank: int, world: int, url: str, opts: dict) -> None:
+    """``commit_async`` of DTensors whose local shards start past their storage's beginning
+    (``DTensor.from_local`` over views: a transposed block of rows, and a slice; one of them
+    at two paths), on each way: the commit holds the call's values while training changes the
+    shards. DCP's own stager (the thread's way) failed on them before: "copy_() on an invalid
+    python storage"."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    import ckptstore
+
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(3)
+    base, flat = torch.randn(6, 5 * world, generator=g), torch.randn(64, generator=g)
+    rows = DTensor.from_local(base.t()[5 * rank:5 * rank + 5], mesh, [Shard(0)],
+                              run_check=False, shape=torch.Size([5 * world, 6]), stride=(6, 1))
+    sliced = DTensor.from_local(flat[8 + 4 * rank:8 + 4 * rank + 4].view(2, 2), mesh,
+                                [Shard(0)], run_check=False)
+    state = {"rows": rows, "sliced": sliced, "again": sliced}
+    with ckptstore.open(url, **opts) as store:
+        want = {k: v.full_tensor().clone() for k, v in state.items()}
+        pending = store.commit_async(state)
+        with torch.no_grad():
+            base.add_(1.0)
+            flat.add_(1.0)
+        info = pending.wait(120)
+        dist.barrier()
+        if rank == 0:
+            got = store.checkout(info.id)
+            assert all(torch.equal(got[k], v) for k, v in want.items()), got
+            assert store.verify().problems == []
+
+
+def one_rank_cannot_copy(rank: int, world: int, url: str, opts: dict) -> None:
+    """background="thread": rank 1's staging copy fails (out of memory, here made to): every
+    rank raises at once -- rank 1 its error, the others DistributedError -- instead of the
+    others waiting in the save's first collective, and nothing is written."""
+    import time
+
+    import ckptstore
+    from ckptstore.dcp import collective
+    from ckptstore.errors import DistributedError
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    def no_memory(tensors):
+        raise MemoryError("no memory for the staging copy (made to fail)")
+
+    if rank == 1:
+        collective._copies = no_memory
+    mesh = init_device_mesh("cpu", (world,))
+    state = {"w": distribute_tensor(torch.randn(8, 4, generator=torch.Generator().manual_seed(0)),
+                                    mesh, [Shard(0)])}
+    with ckptstore.open(url, background="thread") as store:
+        t0 = time.perf_counter()
+        try:
+            store.commit_async(state)
+        except (MemoryError, DistributedError) as e:
+            assert isinstance(e, MemoryError) == (rank == 1), e
+        else:
+            raise AssertionError("commit_async went on past rank 1's failed copy")
+        assert time.perf_counter() - t0 < 20
+        assert store.refs.branches() == {}
+
+
 def one_rank_cannot_stage(rank: int, world: int, url: str, opts: dict) -> None:
     """Rank 1's snapshot does not fit its staging_budget (the shared file's aligned layout is
     larger than its raw bytes): every rank raises StagingBudgetError at once, before the save's

@@ -110,7 +110,8 @@ def _commit_collective(store: Store, state: object, message: str, branch: str,
 def commit_async_collective(store: Store, state: object, message: str, branch: str,
                             tags: Sequence[str], metadata: dict[str, object] | None,
                             policy: Policy, tracker: RowTracker | None = None) -> PendingCommit:
-    """``Store.commit_async`` on every rank: DCP's ``async_save`` stages the local shards, then
+    """``Store.commit_async`` on every rank: the local shards are copied (CPU ones here, by
+    :func:`_copies`; device tensors and ShardedTensors by DCP's stager in ``async_save``), then
     a background thread commits them over a gloo group of the store's own, so the commit's
     collectives never interleave with training's. Where the store's persist process writes
     this rank's part (``committer.parts_in_process``), the snapshot is the shards' copies in its
@@ -133,6 +134,8 @@ def commit_async_collective(store: Store, state: object, message: str, branch: s
     nbytes = sum(_local_nbytes(leaf.value) for leaf in leaves)
     sd, staged = _snapshot(committer, writer, state, policy, None, _dcp_state(leaves), nbytes,
                            committer.async_group)
+    if not staged:
+        sd = _past_dcp_stager(sd)
     with _unwrapped():  # staged: DCP's own stager would copy the copies
         fut = dcp.async_save(sd, storage_writer=writer, process_group=committer.async_group,
                              **({"async_stager": _AsStaged()} if staged else {}))
@@ -178,6 +181,8 @@ def _snapshot(committer: Committer, writer: StorageWriter, state: object, policy
                                                        asynchronous=nbytes is not None)
         if writer.in_process and _stageable(sd) and (_STAGER or nbytes is None) and not over:
             sd, staged = _staged(committer.stage, sd), True
+        elif nbytes is not None and _STAGER and _stageable(sd) and not over:
+            sd, staged = _staged(_copies, sd), True  # a thread's: here, where a failure is agreed
     except Exception as e:  # noqa: BLE001 - raised below, once every rank knows
         failed = e
     _agree(nbytes or 0, budget, group, failed)
@@ -206,6 +211,43 @@ def _staged(stage: Callable[[list[torch.Tensor]], list[torch.Tensor]],
                 if isinstance(v, DTensor) else c for (k, v), c in zip(sd.items(), copies)}
 
 
+def _past_dcp_stager(sd: dict[str, Any]) -> dict[str, Any]:
+    """``sd`` as DCP's own stager can copy it. That stager takes a DTensor whose local shard
+    starts past its storage's beginning (``DTensor.from_local`` over a view) for a tensor with
+    storage of its own -- the wrapper's ``data_ptr()`` is the offset, not 0 -- and fails
+    ("copy_() on an invalid python storage", torch 2.13). Such a DTensor goes to it rewrapped
+    over a copy of its shard; a copy only of those, one per DTensor however many paths hold it."""
+    from torch.distributed.tensor import DTensor
+
+    copies: dict[int, DTensor] = {}
+
+    def passable(v: Any) -> Any:
+        if not isinstance(v, DTensor) or v.to_local().storage_offset() == 0:
+            return v
+        if id(v) not in copies:
+            with torch.no_grad():
+                copies[id(v)] = DTensor.from_local(
+                    v.to_local().clone(), v.device_mesh, v.placements, run_check=False,
+                    shape=v.shape, stride=v.stride())
+        return copies[id(v)]
+
+    return {k: passable(v) for k, v in sd.items()}
+
+
+def _copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A thread's staging copy of a ``commit_async``'s CPU tensors: one copy of each tensor
+    (of a view, the view alone; of a tensor at several paths, one), made before the agreeing
+    all-reduce so that a rank whose copy fails (memory) fails every rank at once. DCP's own
+    stager copied after it -- a rank that failed there left the others waiting in the save's
+    first collective -- and whole storages, and could not copy a DTensor over a view that
+    starts past its storage's beginning (:func:`_past_dcp_stager`)."""
+    made: dict[int, torch.Tensor] = {}
+    for t in tensors:
+        if id(t) not in made:
+            made[id(t)] = t.clone()
+    return [made[id(t)] for t in tensors]
+
+
 class _AsStaged:
     """DCP's stager for a state already copied (:func:`_staged`): hands it on as it is."""
 
@@ -222,7 +264,7 @@ class _AsStaged:
         """Nothing to wait for: the copies were made before ``async_save``."""
 
     def close(self) -> None:
-        """Nothing to release: the shared file is the store's."""
+        """Nothing to release: the copies are the store's (its shared file) or the commit's."""
 
 
 def _local_nbytes(value: Any) -> int:

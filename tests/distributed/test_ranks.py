@@ -12,10 +12,10 @@ import ckptstore
 from ckptstore.dcp import StorageReader
 from dist_ranks import (async_errors, check_ranks, die_while_writing, fsdp_commit_checkout,
                         fsdp_sensitivity_commit, fsdp_shrink_commits, load_tables,
-                        one_rank_cannot_stage, one_rank_recovers, parts_in_persist_process,
-                        policy_commits,
-                        run_ranks, save_tables,
-                        sharded_tensor_round_trip, tables, tracked_shards)
+                        offset_shards_async, one_rank_cannot_copy, one_rank_cannot_stage,
+                        one_rank_recovers, parts_in_persist_process, policy_commits,
+                        run_ranks, save_tables, sharded_tensor_round_trip, tables,
+                        tracked_shards)
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -114,3 +114,14 @@ def test_collective_parts_persist_in_the_persist_process(tmp_path):
 def test_a_rank_that_cannot_stage_fails_every_rank_at_once(tmp_path):
     check_ranks(run_ranks(one_rank_cannot_stage, 2, tmp_path / "ranks", str(tmp_path / "s"),
                           {}, timeout=120))
+
+
+def test_a_rank_whose_staging_copy_fails_fails_every_rank_at_once(tmp_path):
+    check_ranks(run_ranks(one_rank_cannot_copy, 2, tmp_path / "ranks", str(tmp_path / "s"),
+                          {}, timeout=120))
+
+
+@pytest.mark.parametrize("background", ["thread", "process"])
+def test_commit_async_of_shards_past_their_storages_start(tmp_path, background):
+    check_ranks(run_ranks(offset_shards_async, 2, tmp_path / "ranks", str(tmp_path / "s"),
+                          {"background": background}))
