@@ -72,10 +72,9 @@ class _Worker:
             finally:
                 os.close(fd)
             return True
-        if op == "commit":
-            return self.commit(message)
-        if op == "part":
-            return self.part(message)
+        if op in ("commit", "part"):  # the caller's storage switches, as they are now
+            self.store.storage.tune(message.get("storage") or {})
+            return self.commit(message) if op == "commit" else self.part(message)
         if op == "forget":
             self.store.committer.forget_chains(message.get("branch"))
             return True
@@ -83,7 +82,8 @@ class _Worker:
             return list(self.store.reference_bytes)
         if op == "stats":
             return {"boosted": self.boosted,  # raised by a wait, and because starved
-                    "starved": self.store.committer.background.starved_persists}
+                    "starved": self.store.committer.background.starved_persists,
+                    "storage": self.store.storage.tunables()}
         raise PersistProcessError(f"an unknown request {op!r}")
 
     def _leaves(self, message: dict[str, Any]) -> list[Leaf]:

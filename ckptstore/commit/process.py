@@ -263,6 +263,7 @@ class ProcessCommitter(Committer):
         request = {"op": "commit", "tree": tree, "slots": shape.slots, "groups": shape.groups,
                    "message": message, "branch": branch, "tags": list(tags),
                    "metadata": metadata, "policy": plain_policy,
+                   "storage": self.repo.storage.tunables(),
                    "rows": [[i, r.numpy().astype("<i8").tobytes()] for i, r in tracked.items()]}
 
         def run() -> None:
@@ -322,7 +323,8 @@ class ProcessCommitter(Committer):
         request = {"op": "part", "commit": commit_id, "rank": rank,
                    "blocks": [[t.fqn, list(t.offsets), list(t.global_shape)] for t in tensors],
                    "slots": found.slots, "groups": found.groups,
-                   "policy": to_plain(policy, "policy"), "branch": branch, "parent": parent_id}
+                   "policy": to_plain(policy, "policy"), "branch": branch, "parent": parent_id,
+                   "storage": self.repo.storage.tunables()}
         answer = self._exchange.submit(worker.call, request).result()
         if not isinstance(answer, list):
             raise PersistProcessError(f"the persist process answered {answer!r:.200}")
@@ -349,9 +351,10 @@ class ProcessCommitter(Committer):
         host, device = self._exchange_now({"op": "references"})
         return int(host), int(device)
 
-    def call_stats(self) -> dict[str, int]:
+    def call_stats(self) -> dict[str, Any]:
         """The persist process's counters: ``boosted``, its commits raised by a wait, and
-        ``starved``, its persists raised because their threads were starved."""
+        ``starved``, its persists raised because their threads were starved; and ``storage``,
+        its storage's switches as the last commit set them (:meth:`Storage.tunables`)."""
         worker = self._worker
         return dict(self._exchange_now({"op": "stats"})) if worker and worker.alive() else {}
 

@@ -50,9 +50,27 @@ class Storage(ABC):
     url: str
     root: str
     durable: bool
+    #: the switches a caller may set on this storage after opening it (booleans, each an
+    #: attribute): a persist process's storage takes them with every commit (:meth:`tunables`)
+    TUNABLES: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+    def tunables(self) -> dict[str, bool]:
+        """The current value of each of :attr:`TUNABLES`."""
+        return {name: bool(getattr(self, name)) for name in self.TUNABLES}
+
+    def tune(self, settings: dict[str, bool]) -> None:
+        """Set switches of :attr:`TUNABLES` (another process's :meth:`tunables`); anything
+        else is refused with a ValueError before one is set."""
+        unknown = [k for k, v in settings.items()
+                   if k not in self.TUNABLES or not isinstance(v, bool)]
+        if unknown:
+            raise ValueError(f"{type(self).__name__} has no switches {unknown} (it has "
+                             f"{list(self.TUNABLES)}, each True or False)")
+        for name, value in settings.items():
+            setattr(self, name, value)
 
     # -- capabilities ----------------------------------------------------------------------
     @property

@@ -68,6 +68,8 @@ class LocalStorage(Storage):
         docstring and :attr:`Storage.durable`).
     """
 
+    TUNABLES = ("keep_written", "direct_writes", "batch_sync")
+
     def __init__(self, root: str | os.PathLike, url: str | None = None, durable: bool = False):
         self.root = os.path.abspath(os.fspath(root))
         self.url = os.fspath(root) if url is None else url
@@ -84,8 +86,8 @@ class LocalStorage(Storage):
         self.direct_writes = True
         #: batched durability where the file system takes it (see the module's docstring);
         #: False: fsync each chunk file and folder (the default where the environment variable
-        #: ``CKPTSTORE_DURABILITY`` is ``file``, which reaches a persist process too; this
-        #: attribute set on a store's storage does not)
+        #: ``CKPTSTORE_DURABILITY`` is ``file``). Like the two above, it reaches a persist
+        #: process's storage with each commit (:attr:`TUNABLES`)
         self.batch_sync = _durability_from_environment() == "batch"
         self._batch_fs: bool | None = None  # whether the root's file system takes it
         #: a chunk file was written out, not fsynced: fsync_dir syncs it whatever batch_sync

@@ -154,7 +154,7 @@ def test_the_persist_process_is_in_training_s_session_in_a_group_of_its_own(tmp_
         pid = store.committer._worker.proc.pid
         assert os.getsid(pid) == os.getsid(0)
         assert os.getpgid(pid) == pid != os.getpgid(0)  # a terminal's Ctrl-C: not its group
-        assert set(store.committer.call_stats()) == {"boosted", "starved"}
+        assert set(store.committer.call_stats()) == {"boosted", "starved", "storage"}
 
 
 def test_a_process_forked_since_does_not_keep_the_persist_process_alive(tmp_path):
@@ -355,6 +355,33 @@ def test_a_wait_raises_the_persist_in_the_other_process(tmp_path):
         os.kill(worker.proc.pid, signal.SIGCONT)  # never left stopped, whatever failed
         assert pending.done() and store.committer.call_stats()["boosted"] == before + 1
 
+
+
+def test_the_storage_switches_reach_the_persist_process_with_each_commit(tmp_path):
+    """``store.storage.batch_sync`` and its siblings, set after opening: the persist process's
+    storage takes them with the next commit, and again when they change; a switch its storage
+    does not have is refused there."""
+    from ckptstore.storage.local import LocalStorage
+
+    with ckptstore.open(tmp_path / "s", background="process") as store:
+        state = {"w": torch.randn(4096)}
+        store.commit(state)
+        assert store.committer.call_stats()["storage"] == store.storage.tunables()
+        store.storage.batch_sync, store.storage.direct_writes = False, False
+        store.commit(state)
+        got = store.committer.call_stats()["storage"]
+        assert got == {"keep_written": False, "direct_writes": False, "batch_sync": False}
+        store.storage.batch_sync = True
+        store.commit_async(state).wait()
+        assert store.committer.call_stats()["storage"]["batch_sync"] is True
+        assert_bit_exact(store.checkout("main"), state)
+    storage = LocalStorage(tmp_path / "t")
+    before = storage.tunables()
+    for bad in ({"direct_writes": not before["direct_writes"], "fsync_everything": True},
+                {"batch_sync": "yes"}):
+        with pytest.raises(ValueError, match="has no switches"):
+            storage.tune(bad)
+    assert storage.tunables() == before  # refused whole: not one set
 
 
 def _recsys(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
