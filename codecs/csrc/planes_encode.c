@@ -37,7 +37,7 @@ typedef struct {
     uint8_t *plens;
     int pairs, maxl;      /* maxl: the longest length in ulens */
     int bmi2;             /* run the BMI2 build of the stream loop */
-    int far;              /* run the far build (a plane of CK_FAR bytes or more) */
+    int far;              /* a plane of CK_FAR bytes or more: prefetch (stream_body) */
 } code_t;
 
 static inline void store_be64(uint8_t *p, uint64_t x)
@@ -46,10 +46,10 @@ static inline void store_be64(uint8_t *p, uint64_t x)
     memcpy(p, &x, 8);
 }
 
-/* Code plane[i:stop] as one stream at out[o] (size bytes); returns where it ends. `far` (a
-   constant in each build): a plane too large for the cache, read a line at a time with a
-   prefetch hint (CK_PREFETCH; 1.6 -> 2.9 GB/s on a 32 MB float32 exponent plane); a plane in
-   the cache runs the plain loop (the lines' loop cost it 5-8 %). */
+/* Code plane[i:stop] as one stream at out[o] (size bytes); returns where it ends. `far`: a
+   plane too large for the cache, read a line at a time with a prefetch hint (CK_PREFETCH;
+   1.6 -> 2.9 GB/s on a 32 MB float32 exponent plane); a plane in the cache runs the plain
+   loop, one pass of the lines' loop (which cost it 5-8 %). */
 PL_INLINE int64_t stream_body(const uint8_t *restrict plane, int64_t i, int64_t stop,
                              const code_t *restrict c, uint8_t *restrict out, int64_t o,
                              int64_t size, const int far)
@@ -124,25 +124,13 @@ PL_INLINE int64_t stream_body(const uint8_t *restrict plane, int64_t i, int64_t 
 static int64_t stream_base(const uint8_t *plane, int64_t i, int64_t stop, const code_t *c,
                            uint8_t *out, int64_t o, int64_t size)
 {
-    return stream_body(plane, i, stop, c, out, o, size, 0);
+    return stream_body(plane, i, stop, c, out, o, size, c->far);
 }
 
 PL_BMI2 static int64_t stream_bmi2(const uint8_t *plane, int64_t i, int64_t stop,
                                    const code_t *c, uint8_t *out, int64_t o, int64_t size)
 {
-    return stream_body(plane, i, stop, c, out, o, size, 0);
-}
-
-static int64_t stream_base_far(const uint8_t *plane, int64_t i, int64_t stop, const code_t *c,
-                               uint8_t *out, int64_t o, int64_t size)
-{
-    return stream_body(plane, i, stop, c, out, o, size, 1);
-}
-
-PL_BMI2 static int64_t stream_bmi2_far(const uint8_t *plane, int64_t i, int64_t stop,
-                                       const code_t *c, uint8_t *out, int64_t o, int64_t size)
-{
-    return stream_body(plane, i, stop, c, out, o, size, 1);
+    return stream_body(plane, i, stop, c, out, o, size, c->far);
 }
 
 /* The block's canonical code from its lengths blens (see _pkernels.huffman_encode_lengths). */
@@ -199,11 +187,8 @@ static int64_t encode_block(const uint8_t *plane, int64_t start, int64_t stop,
     int64_t q = (stop - start + 3) / 4, end = pos + 16;
     for (int k = 0; k < 4; k++) {
         int64_t begin = end, a = start + k * q, b = start + k * q + q;
-        int64_t (*stream)(const uint8_t *, int64_t, int64_t, const code_t *, uint8_t *,
-                          int64_t, int64_t) =
-            c->far ? (c->bmi2 ? stream_bmi2_far : stream_base_far)
-                   : (c->bmi2 ? stream_bmi2 : stream_base);
-        end = stream(plane, a < stop ? a : stop, b < stop ? b : stop, c, out, begin, size);
+        end = (c->bmi2 ? stream_bmi2 : stream_base)(plane, a < stop ? a : stop,
+                                                    b < stop ? b : stop, c, out, begin, size);
         if (end < 0)
             return end;
         uint64_t len = (uint64_t)(end - begin);
