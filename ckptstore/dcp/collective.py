@@ -181,7 +181,7 @@ def _snapshot(committer: Committer, writer: StorageWriter, state: object, policy
                                                        asynchronous=nbytes is not None)
         if writer.in_process and _stageable(sd) and (_STAGER or nbytes is None) and not over:
             sd, staged = _staged(committer.stage, sd), True
-        elif nbytes is not None and _STAGER and _stageable(sd) and not over:
+        elif nbytes is not None and _STAGER and _copyable(sd) and not over:
             sd, staged = _staged(_copies, sd), True  # a thread's: here, where a failure is agreed
     except Exception as e:  # noqa: BLE001 - raised below, once every rank knows
         failed = e
@@ -234,18 +234,52 @@ def _past_dcp_stager(sd: dict[str, Any]) -> dict[str, Any]:
     return {k: passable(v) for k, v in sd.items()}
 
 
+def _copyable(sd: dict[str, Any]) -> bool:
+    """Whether every value is a strided CPU tensor, a Parameter or a DTensor over one: what
+    :func:`_copies` stages on a thread (a ShardedTensor, a device's tensors: DCP's stager)."""
+    return all(isinstance(v, torch.Tensor) and local_shard(v).layout == torch.strided
+               and local_shard(v).device.type == "cpu" for v in sd.values())
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes of its storage that ``t`` reads: ``[lo, hi)``, empty for an empty tensor."""
+    if t.numel() == 0:
+        return 0, 0
+    last = t.storage_offset() + sum((n - 1) * k for n, k in zip(t.shape, t.stride()))
+    return t.storage_offset() * t.element_size(), (last + 1) * t.element_size()
+
+
 def _copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """A thread's staging copy of a ``commit_async``'s CPU tensors: one copy of each tensor
-    (of a view, the view alone; of a tensor at several paths, one), made before the agreeing
-    all-reduce so that a rank whose copy fails (memory) fails every rank at once. DCP's own
-    stager copied after it -- a rank that failed there left the others waiting in the save's
-    first collective -- and whole storages, and could not copy a DTensor over a view that
-    starts past its storage's beginning (:func:`_past_dcp_stager`)."""
-    made: dict[int, torch.Tensor] = {}
+    """A thread's staging copy of a ``commit_async``'s CPU tensors, made before the agreeing
+    all-reduce so that a rank whose copy fails (memory) fails every rank at once: of each
+    storage, the bytes its tensors read, once (tensors over one storage -- tied weights from
+    ``state_dict()``, views -- stay views of one copy; an expanded tensor stays expanded), and
+    each tensor rebuilt over it with its own offset, shape and strides. DCP's own stager copied
+    after that all-reduce -- a rank failing there left the others waiting in the save's first
+    collective -- and whole storages, and could not copy a DTensor over a view that starts past
+    its storage's beginning (:func:`_past_dcp_stager`). A conjugate or negative view, or one
+    whose offset is not a whole item of the copy, is cloned alone."""
+    spans: dict[int, list[Any]] = {}
     for t in tensors:
-        if id(t) not in made:
-            made[id(t)] = t.clone()
-    return [made[id(t)] for t in tensors]
+        lo, hi = _byte_span(t)
+        if hi > lo:
+            span = spans.setdefault(t.untyped_storage().data_ptr(), [lo, hi, t.untyped_storage()])
+            span[0], span[1] = min(span[0], lo), max(span[1], hi)
+    with torch.no_grad():
+        copied = {key: (lo, torch.empty(0, dtype=torch.uint8).set_(storage, lo, (hi - lo,)).clone())
+                  for key, (lo, hi, storage) in spans.items()}
+        out = []
+        for t in tensors:
+            lo, hi = _byte_span(t)
+            base, copy = copied.get(t.untyped_storage().data_ptr(), (0, None)) \
+                if hi > lo else (0, None)
+            start = lo - base
+            if copy is None or t.is_conj() or t.is_neg() or start % t.element_size():
+                out.append(t.clone())
+            else:
+                out.append(torch.empty(0, dtype=t.dtype).set_(
+                    copy.untyped_storage(), start // t.element_size(), t.shape, t.stride()))
+        return out
 
 
 class _AsStaged:

@@ -36,6 +36,14 @@ class TieredStorage(Storage):
     def __repr__(self) -> str:
         return f"TieredStorage({self.local.url!r} over {self.remote.url!r})"
 
+    def tunables(self) -> dict[str, bool]:
+        """The local tier's switches (``store.storage.local.batch_sync`` ...): where a commit
+        lands."""
+        return self.local.tunables()
+
+    def tune(self, settings: dict[str, bool]) -> None:
+        self.local.tune(settings)
+
     @property
     def local_disk(self) -> bool:
         return self.local.local_disk

@@ -359,8 +359,8 @@ def test_a_wait_raises_the_persist_in_the_other_process(tmp_path):
 
 def test_the_storage_switches_reach_the_persist_process_with_each_commit(tmp_path):
     """``store.storage.batch_sync`` and its siblings, set after opening: the persist process's
-    storage takes them with the next commit, and again when they change; a switch its storage
-    does not have is refused there."""
+    storage takes them with the next commit, and again when they change (a tiered store's:
+    its local tier's); a switch its storage does not have is refused there."""
     from ckptstore.storage.local import LocalStorage
 
     with ckptstore.open(tmp_path / "s", background="process") as store:
@@ -375,6 +375,11 @@ def test_the_storage_switches_reach_the_persist_process_with_each_commit(tmp_pat
         store.commit_async(state).wait()
         assert store.committer.call_stats()["storage"]["batch_sync"] is True
         assert_bit_exact(store.checkout("main"), state)
+    with ckptstore.open(tmp_path / "r", local=tmp_path / "l", background="process") as store:
+        store.storage.local.batch_sync = False  # a tiered store: its local tier's switches
+        store.commit(state)
+        assert store.committer.call_stats()["storage"] == {
+            "keep_written": True, "direct_writes": True, "batch_sync": False}
     storage = LocalStorage(tmp_path / "t")
     before = storage.tunables()
     for bad in ({"direct_writes": not before["direct_writes"], "fsync_everything": True},
