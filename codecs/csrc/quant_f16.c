@@ -45,20 +45,32 @@ NO_TRAPS static inline __attribute__((always_inline)) double round_one(double x,
     return (!(a < INFINITY)) | (a == 0.0) ? x : m;
 }
 
+/* Values v[i:i + 8] (a line) rounded into out, with a prefetch hint for the line CK_AHEAD on
+   (CK_PREFETCH: 32 MB of values streamed at 2.5 GB/s without it on this host). */
+#define ROUND_LINE(dir)                                                                       \
+    do {                                                                                      \
+        CK_PREFETCH(v + i, CK_AHEAD);                                                         \
+        for (int j = 0; j < 8; j++)                                                           \
+            out[i + j] = round_one(v[i + j], dir);                                            \
+    } while (0)
+
 /* One loop per direction (a constant in each), compiled twice: plain and for AVX2. */
 #define ROUND_ALL(NAME, ATTR)                                                                 \
     NO_TRAPS ATTR static void NAME(const double *v, Py_ssize_t n, Py_ssize_t direction,      \
                                    double *out)                                               \
     {                                                                                         \
+        Py_ssize_t i = 0;                                                                     \
         if (direction == 0)                                                                   \
-            for (Py_ssize_t i = 0; i < n; i++)                                                \
-                out[i] = round_one(v[i], 0);                                                  \
+            for (; i + 8 <= n; i += 8)                                                        \
+                ROUND_LINE(0);                                                                \
         else if (direction < 0)                                                               \
-            for (Py_ssize_t i = 0; i < n; i++)                                                \
-                out[i] = round_one(v[i], -1);                                                 \
+            for (; i + 8 <= n; i += 8)                                                        \
+                ROUND_LINE(-1);                                                               \
         else                                                                                  \
-            for (Py_ssize_t i = 0; i < n; i++)                                                \
-                out[i] = round_one(v[i], 1);                                                  \
+            for (; i + 8 <= n; i += 8)                                                        \
+                ROUND_LINE(1);                                                                \
+        for (; i < n; i++)                                                                    \
+            out[i] = round_one(v[i], direction == 0 ? 0 : direction < 0 ? -1 : 1);            \
     }
 ROUND_ALL(round_plain, )
 ROUND_ALL(round_avx2, QK_AVX2)
