@@ -110,8 +110,8 @@ def _commit_collective(store: Store, state: object, message: str, branch: str,
 def commit_async_collective(store: Store, state: object, message: str, branch: str,
                             tags: Sequence[str], metadata: dict[str, object] | None,
                             policy: Policy, tracker: RowTracker | None = None) -> PendingCommit:
-    """``Store.commit_async`` on every rank: the local shards are copied (CPU ones here, by
-    :func:`_copies`; device tensors and ShardedTensors by DCP's stager in ``async_save``), then
+    """``Store.commit_async`` on every rank: the local shards are copied (here, by
+    :func:`_copies`, where all are CPU tensors; else by DCP's stager in ``async_save``), then
     a background thread commits them over a gloo group of the store's own, so the commit's
     collectives never interleave with training's. Where the store's persist process writes
     this rank's part (``committer.parts_in_process``), the snapshot is the shards' copies in its
@@ -259,27 +259,25 @@ def _copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     collective -- and whole storages, and could not copy a DTensor over a view that starts past
     its storage's beginning (:func:`_past_dcp_stager`). A conjugate or negative view, or one
     whose offset is not a whole item of the copy, is cloned alone."""
-    spans: dict[int, list[Any]] = {}
-    for t in tensors:
-        lo, hi = _byte_span(t)
+    where = [(_byte_span(t), t.untyped_storage()) for t in tensors]
+    spans: dict[int, list[Any]] = {}  # storage -> [lo, hi, storage] over its tensors
+    for (lo, hi), storage in where:
         if hi > lo:
-            span = spans.setdefault(t.untyped_storage().data_ptr(), [lo, hi, t.untyped_storage()])
+            span = spans.setdefault(storage.data_ptr(), [lo, hi, storage])
             span[0], span[1] = min(span[0], lo), max(span[1], hi)
+    out = []
     with torch.no_grad():
         copied = {key: (lo, torch.empty(0, dtype=torch.uint8).set_(storage, lo, (hi - lo,)).clone())
                   for key, (lo, hi, storage) in spans.items()}
-        out = []
-        for t in tensors:
-            lo, hi = _byte_span(t)
-            base, copy = copied.get(t.untyped_storage().data_ptr(), (0, None)) \
-                if hi > lo else (0, None)
-            start = lo - base
-            if copy is None or t.is_conj() or t.is_neg() or start % t.element_size():
+        for t, ((lo, hi), storage) in zip(tensors, where):
+            base, copy = copied[storage.data_ptr()] if hi > lo else (0, None)
+            start, size = lo - base, t.element_size()
+            if copy is None or t.is_conj() or t.is_neg() or start % size:
                 out.append(t.clone())
             else:
                 out.append(torch.empty(0, dtype=t.dtype).set_(
-                    copy.untyped_storage(), start // t.element_size(), t.shape, t.stride()))
-        return out
+                    copy.untyped_storage(), start // size, t.shape, t.stride()))
+    return out
 
 
 class _AsStaged:
